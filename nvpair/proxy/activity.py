@@ -1,0 +1,27 @@
+"""In-flight dispatches per node, announced as ``discovery:node-activity`` (protocol §4)."""
+
+from __future__ import annotations
+
+from nvpair.proxy._interfaces import IBrokerSink
+
+
+class Activity:
+    """Counts this process's in-flight dispatches per node and reports every change."""
+
+    def __init__(self, sink: IBrokerSink) -> None:
+        self._sink = sink
+        self.inFlight: dict[str, int] = {}
+
+    def change(self, nodeId: str, delta: int) -> None:
+        """Add ``delta`` to ``nodeId``'s count and announce the new value."""
+        count = self.inFlight.get(nodeId, 0) + delta
+        if count <= 0:
+            self.inFlight.pop(nodeId, None)
+            count = 0
+        else:
+            self.inFlight[nodeId] = count
+        self._sink.notify("discovery:node-activity", {"nodeId": nodeId, "inFlight": count})
+
+    def total(self) -> int:
+        """All in-flight dispatches of the process."""
+        return sum(self.inFlight.values())

@@ -1,0 +1,62 @@
+"""Admission (spec §5 step 1, protocol §11): what a request is and whether it may go on.
+
+Pure code: route class, the model a body names, and the refusals (400) that need no
+engine.  The body limit (413) is enforced while the body is read, in ``site``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+
+from nvpair.proxy.engines import Engine, RouteClass
+
+
+@attrs.frozen
+class Admitted:
+    """A request that may be routed: its class and, when it names one, its normalized model."""
+
+    routeClass: RouteClass
+    model: str | None
+
+
+@attrs.frozen
+class Refused:
+    """A request answered by the proxy at admission."""
+
+    status: int
+    reason: str
+    message: str
+
+
+_decoder = json.JSONDecoder()
+
+
+def bodyModel(body: bytes) -> str | None:
+    """The string ``model`` of a JSON object body, or None when there is none."""
+    stripped = body.lstrip()
+    if not stripped.startswith(b"{"):
+        return None
+    try:
+        doc = json.loads(stripped)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    model = doc.get("model")
+    return model if isinstance(model, str) else None
+
+
+def admit(engine: Engine, method: bytes, path: bytes, body: bytes) -> Admitted | Refused:
+    """Classify a request and check an inference body names a model."""
+    routeClass = engine.classify(method, path)
+    if routeClass is RouteClass.INFERENCE:
+        model = bodyModel(body)
+        if model is None:
+            return Refused(400, "bad_request", "the body must be a JSON object with a string model")
+        return Admitted(routeClass, engine.normalize(model))
+    if routeClass is RouteClass.VERBATIM and body:
+        model = bodyModel(body)
+        return Admitted(routeClass, engine.normalize(model) if model is not None else None)
+    return Admitted(routeClass, None)

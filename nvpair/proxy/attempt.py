@@ -1,0 +1,300 @@
+"""One upstream attempt and its commit gate (spec §5.1-§5.3).
+
+An attempt dials the node's addresses in order, waits for headers (header timeout), then
+holds the response at the gate until its first body byte (first-content timeout).  The
+first byte commits; a timeout, a transport error, a retryable status (unless this is the
+final attempt) or the target leaving discovery end the attempt uncommitted.  Commit and
+cancellation are one claim on ``state``: whichever comes first wins, the other is a no-op.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet import defer
+from twisted.internet.error import ConnectError, TimeoutError
+from twisted.internet.interfaces import IDelayedCall, IPushProducer
+from twisted.internet.protocol import Protocol
+from twisted.python.failure import Failure
+from twisted.web.client import PotentialDataLoss, ResponseDone
+from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
+
+from nvpair.proxy.upstream import addressesFor
+
+if TYPE_CHECKING:
+    from nvpair.proxy.dispatch import Exchange
+
+PENDING = 0
+COMMITTED = 1
+ABANDONED = 2
+
+# Outcome kinds of an uncommitted attempt.
+TRANSPORT = "transport"
+STATUS = "status"
+NO_CONTENT = "no_content"
+LEFT = "left"
+
+# How the body of a committed response ended.
+COMPLETE = "complete"
+TRUNCATED = "truncated"
+CLIENT_GONE = "client_gone"
+
+
+def retryableStatus(status: int, inference: bool) -> bool:
+    """The §5.4 table: 408, 429 and 5xx are retried; 404 only on an inference route."""
+    return status >= 500 or status in (408, 429) or (status == 404 and inference)
+
+
+class Committed:
+    """The attempt's response is the client's answer; ``done`` fires with how its body ended."""
+
+    __slots__ = ("node", "status", "done")
+
+    def __init__(self, node: Any, status: int, done: defer.Deferred[str]) -> None:
+        self.node = node
+        self.status = status
+        self.done = done
+
+
+class Failed:
+    """The attempt ended without committing."""
+
+    __slots__ = ("kind", "status", "node")
+
+    def __init__(self, kind: str, node: Any, status: int | None = None) -> None:
+        self.kind = kind
+        self.node = node
+        self.status = status
+
+
+Outcome = Committed | Failed
+
+
+class _Discard(Protocol):
+    """Reads and drops a body we will not forward; aborts it if it is large or endless."""
+
+    def __init__(self, limit: int = 1 << 20) -> None:
+        self._left = limit
+
+    def connectionMade(self) -> None:
+        if self._left <= 0:
+            self.transport.stopProducing()  # type: ignore[union-attr]
+
+    def dataReceived(self, data: bytes) -> None:
+        self._left -= len(data)
+        if self._left < 0:
+            self.transport.stopProducing()  # type: ignore[union-attr]
+
+    def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:
+        pass
+
+
+def discard(response: IResponse, clock: Any, limit: int = 1 << 20) -> None:
+    """Drain an unwanted response so its connection can be reused, within bounds."""
+    protocol = _Discard(limit)
+    response.deliverBody(protocol)
+    timer = clock.callLater(10.0, lambda: protocol.transport and protocol.transport.stopProducing())
+
+    def cancel(_: object) -> None:
+        if timer.active():
+            timer.cancel()
+
+    protocol.connectionLost = cancel  # type: ignore[method-assign]
+
+
+class Relay(Protocol):
+    """Receives the response body: gate until the first byte, then stream to the client."""
+
+    def __init__(self, attempt: Attempt) -> None:
+        self.attempt = attempt
+        self.committed = False
+
+    def connectionMade(self) -> None:
+        self.attempt.headersArrived(self)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.committed:
+            self.attempt.exchange.write(data)
+            return
+        if self.attempt.commit(self):
+            self.committed = True
+            self.attempt.exchange.write(data)
+        else:
+            self.transport.stopProducing()  # type: ignore[union-attr]
+
+    def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:
+        self.attempt.bodyLost(self, reason)
+
+
+class Attempt:
+    """One dispatch to one node."""
+
+    def __init__(self, exchange: Exchange, node: Any, final: bool, gated: bool) -> None:
+        self.exchange = exchange
+        self.node = node
+        self.final = final
+        self.gated = gated
+        self.state = PENDING
+        self._result: defer.Deferred[Outcome] = defer.Deferred(self._cancel)
+        self._pending: defer.Deferred[IResponse] | None = None
+        self._relay: Relay | None = None
+        self._timer: IDelayedCall | None = None
+        self._response: IResponse | None = None
+        self._done: defer.Deferred[str] | None = None
+        self._unwatch = exchange.facade.watch(node.id, self._left)
+        facade = exchange.facade
+        self._addresses = addressesFor(
+            node, facade.localBackend, facade.confirmed.get(node.id)
+        )
+
+    def start(self) -> defer.Deferred[Outcome]:
+        """Begin the attempt; the Deferred fires with ``Committed`` or ``Failed``."""
+        self._dial(0)
+        return self._result
+
+    # -- before headers -------------------------------------------------------------------
+
+    def _dial(self, index: int) -> None:
+        if index >= len(self._addresses):
+            self._fail(TRANSPORT)
+            return
+        ex = self.exchange
+        address = self._addresses[index]
+        d = ex.upstream.request(self.node, address, ex.method, ex.uri, ex.forwardHeaders, ex.body)
+        if ex.settings.responseHeaderTimeout > 0:
+            d.addTimeout(ex.settings.responseHeaderTimeout, ex.clock)
+        self._pending = d
+        d.addCallbacks(self._gotResponse, self._requestFailed, (address,), None, (index,))
+
+    def _requestFailed(self, failure: Failure, index: int) -> None:
+        self._pending = None
+        if self.state != PENDING:
+            return
+        if failure.check(ConnectError) and index + 1 < len(self._addresses):
+            self._dial(index + 1)
+            return
+        self.exchange.facade.confirmed.pop(self.node.id, None)
+        self._fail(NO_CONTENT if failure.check(TimeoutError) else TRANSPORT)
+
+    def _gotResponse(self, response: IResponse, address: str) -> None:
+        self._pending = None
+        if self.state != PENDING:
+            discard(response, self.exchange.clock, 0)
+            return
+        if not self.node.isSelf:
+            self.exchange.facade.confirmed[self.node.id] = address
+        status = response.code
+        if not self.final and retryableStatus(status, self.exchange.inference):
+            discard(response, self.exchange.clock)
+            self._fail(STATUS, status)
+            return
+        self._response = response
+        relay = self._relay = Relay(self)
+        response.deliverBody(relay)
+
+    # -- the gate -------------------------------------------------------------------------
+
+    def headersArrived(self, relay: Relay) -> None:
+        """Headers are in: start the first-content timer, or commit at once when ungated."""
+        if self.state != PENDING:
+            relay.transport.stopProducing()  # type: ignore[union-attr]
+            return
+        if not self.gated:
+            if self.commit(relay):
+                relay.committed = True
+            return
+        timeout = self.exchange.settings.responseHeaderTimeout
+        if timeout > 0:
+            self._timer = self.exchange.clock.callLater(timeout, self._noContent)
+
+    def _noContent(self) -> None:
+        self._timer = None
+        if self.state != PENDING:
+            return
+        self.state = ABANDONED
+        if self._relay is not None and self._relay.transport is not None:
+            self._relay.transport.stopProducing()
+        self._fail(NO_CONTENT, abandoned=True)
+
+    def commit(self, relay: Relay) -> bool:
+        """Claim the attempt for commit; False when cancellation claimed it first."""
+        if self.state != PENDING:
+            return False
+        self.state = COMMITTED
+        self._stopTimer()
+        self._unwatch()
+        response = self._response
+        assert response is not None
+        self._done = defer.Deferred(lambda d: self._stopBody())
+        length = None if response.length is UNKNOWN_LENGTH else int(response.length)  # type: ignore[call-overload]
+        transport: IPushProducer = relay.transport  # type: ignore[assignment]
+        self.exchange.writeHead(self, response.code, response.phrase, response.headers, length,
+                                transport)
+        self._result.callback(Committed(self.node, response.code, self._done))
+        return True
+
+    def bodyLost(self, relay: Relay, reason: Failure) -> None:
+        """The upstream body ended: finish the stream, or end the attempt if nothing committed."""
+        clean = reason.check(ResponseDone, PotentialDataLoss) is not None
+        if self.state == PENDING:
+            if clean and self.commit(relay):
+                relay.committed = True
+            else:
+                self.exchange.facade.confirmed.pop(self.node.id, None)
+                self._fail(TRANSPORT, abandoned=True)
+                return
+        if self.state != COMMITTED or self._done is None or self._done.called:
+            return
+        ending = self.exchange.endBody(clean)
+        self._done.callback(ending)
+
+    def _stopBody(self) -> None:
+        relay = self._relay
+        if relay is not None and relay.transport is not None:
+            relay.transport.stopProducing()
+
+    # -- endings --------------------------------------------------------------------------
+
+    def _stopTimer(self) -> None:
+        if self._timer is not None:
+            if self._timer.active():
+                self._timer.cancel()
+            self._timer = None
+
+    def _fail(self, kind: str, status: int | None = None, abandoned: bool = False) -> None:
+        if self.state == PENDING:
+            self.state = ABANDONED
+        elif not abandoned:
+            return
+        self._stopTimer()
+        self._unwatch()
+        if not self._result.called:
+            self._result.callback(Failed(kind, self.node, status))
+
+    def _left(self) -> None:
+        """The target left discovery: abandon unless already committed."""
+        if self.state != PENDING:
+            return
+        self.state = ABANDONED
+        self._abort()
+        self._stopTimer()
+        self._unwatch()
+        if not self._result.called:
+            self._result.callback(Failed(LEFT, self.node))
+
+    def _abort(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.cancel()
+        relay = self._relay
+        if relay is not None and relay.transport is not None:
+            relay.transport.stopProducing()
+
+    def _cancel(self, d: defer.Deferred[Outcome]) -> None:
+        """The request's scope was cancelled (client gone, shutdown) before commit."""
+        if self.state != PENDING:
+            return
+        self.state = ABANDONED
+        self._stopTimer()
+        self._unwatch()
+        self._abort()

@@ -1,0 +1,350 @@
+"""The dispatch loop (spec §5, §5.1, §5.4): candidates, attempts, backoff, and the one ending.
+
+``Exchange`` is one client request on its way through the fleet.  ``runInference`` and
+``runVerbatim`` are the two policies; both end in exactly one terminal bookkeeping step
+(workload event, reservation release, in-flight count) whatever path ends the request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet import defer, task
+from twisted.internet.interfaces import IPushProducer
+from twisted.logger import Logger
+from twisted.web.http_headers import Headers
+
+from nvpair.proxy import attempt as att
+from nvpair.proxy.attempt import Attempt, Committed, Failed, Outcome
+from nvpair.proxy.candidates import orderCandidates, placeReservation
+from nvpair.proxy.relay import ClientFlow, abortClient, copyResponseHeaders
+from nvpair.proxy.stats import StatsMeter
+from nvpair.proxy.workloads import CANCELLED, COMPLETED, FAILED, Workload
+
+_MESSAGES = {
+    "no_owner": "no node advertises this model",
+    "upstream_unreachable": "the last permitted attempt failed at the transport",
+    "no_content": "the last permitted attempt produced no content in time",
+    "deadline_exceeded": "the job deadline passed while attempts were failing",
+    "owner_unavailable": "no owner of this model became available before the deadline",
+    "attempts_exhausted": "every permitted dispatch attempt failed",
+    "internal": "internal proxy error",
+}
+
+
+class Exchange:
+    """One client request on its way through the fleet, and everything its ending touches."""
+
+    log = Logger()
+
+    def __init__(
+        self,
+        context: Any,
+        facade: Any,
+        request: Any,
+        inference: bool,
+        model: str | None,
+        body: bytes,
+    ) -> None:
+        self.context = context
+        self.facade = facade
+        self.engine = facade.engine
+        self.settings = context.settings
+        self.clock = context.clock
+        self.upstream = context.upstream
+        self.request = request
+        self.method: bytes = request.method
+        self.uri: bytes = request.uri
+        self.path: bytes = request.path
+        self.forwardHeaders: Headers = context.forwardHeaders(request.requestHeaders)
+        self.body = body
+        self.inference = inference
+        self.model = model
+        self.createdAt: float = self.clock.seconds()
+        self.workload: Workload | None = None
+        self.reservation: Any = None
+        self.activeNode: str | None = None
+        self.attempts = 0
+        self.meter: StatsMeter | None = None
+        self.flow: ClientFlow | None = None
+        self.committedStatus: int | None = None
+        self.clientGone = False
+        self.stopping = False
+        self.answered = False
+        self.loop: defer.Deferred[None] | None = None
+
+    # -- life of the exchange -------------------------------------------------------------
+
+    def start(self) -> None:
+        """Admit (workload ``submitted``) and run the policy for this route class."""
+        if self.inference and self.model is not None:
+            self.workload = self.context.reporter.admit(self.engine.id, self.model)
+        runner = runInference if self.inference else runVerbatim
+        self.context.exchanges.add(self)
+        self.request.notifyFinish().addErrback(self._clientLost)
+        self.loop = defer.Deferred.fromCoroutine(self._run(runner))
+
+    async def _run(self, runner: Any) -> None:
+        try:
+            await runner(self)
+        except defer.CancelledError:
+            pass
+        except Exception as e:
+            self._internal(e)
+        finally:
+            self._terminal()
+
+    def _internal(self, e: Exception) -> None:
+        self.log.failure("request-crashed", engine=self.engine.id, path=self.path.decode("latin-1"))
+        self.context.reportInternal(type(e).__name__)
+        if self.committedStatus is None:
+            self.answerError(500, "internal")
+        elif not self.clientGone:
+            abortClient(self.request)
+        if self.workload is not None:
+            self.workload.finish(FAILED, "internal")
+
+    def _terminal(self) -> None:
+        """Release everything the request held; emit its terminal event if nothing did."""
+        self.releaseReservation()
+        self._setActive(None)
+        if self.flow is not None:
+            self.flow.cancel()
+        self.context.exchanges.discard(self)
+        if self.workload is not None and not self.workload.ended:
+            cancelled = self.clientGone or self.stopping
+            self.workload.finish(CANCELLED if cancelled else FAILED,
+                                 "cancelled" if cancelled else "internal")
+        self.context.requestEnded(self)
+
+    def _clientLost(self, _: object) -> None:
+        self.clientGone = True
+        if self.loop is not None and not self.loop.called:
+            self.loop.cancel()
+
+    def deadClient(self) -> None:
+        """The client stopped reading for longer than the write deadline: cut it off."""
+        self.clientGone = True
+        abortClient(self.request)
+
+    def shutdown(self) -> None:
+        """The process is stopping: cancel this request (reported cancelled)."""
+        self.stopping = True
+        if not self.clientGone:
+            abortClient(self.request)
+        if self.loop is not None and not self.loop.called:
+            self.loop.cancel()
+
+    # -- reservations and in-flight counts -----------------------------------------------
+
+    def reserve(self, nodeId: str) -> None:
+        """Take this round's reservation on ``nodeId``."""
+        self.releaseReservation()
+        self.reservation = self.context.reservations.reserve(nodeId)
+
+    def releaseReservation(self) -> None:
+        """Release the reservation, if any (before a backoff and at the end)."""
+        if self.reservation is not None:
+            self.reservation.release()
+            self.reservation = None
+
+    def _setActive(self, nodeId: str | None) -> None:
+        if self.activeNode is not None:
+            self.context.activity.change(self.activeNode, -1)
+        self.activeNode = nodeId
+        if nodeId is not None:
+            self.context.activity.change(nodeId, +1)
+
+    # -- attempts -------------------------------------------------------------------------
+
+    async def dispatch(self, node: Any, final: bool, gated: bool) -> Outcome:
+        """One attempt on ``node``: move the reservation, report the placement, run it."""
+        self.attempts += 1
+        if self.reservation is not None:
+            self.reservation.moveTo(node.id)
+        if self.workload is not None:
+            self.workload.submitted(node.id)
+        self._setActive(node.id)
+        outcome: Outcome = await Attempt(self, node, final, gated).start()
+        if isinstance(outcome, Failed):
+            self._setActive(None)
+            self.context.attemptFailed(self, outcome)
+        return outcome
+
+    async def serve(self, committed: Committed) -> None:
+        """The response committed: report it running, wait for its body to end, report."""
+        if self.workload is not None:
+            self.workload.started(committed.node.id)
+        ending = await committed.done
+        if self.workload is None:
+            return
+        if ending == att.CLIENT_GONE or self.clientGone:
+            self.workload.finish(CANCELLED, "client disconnected")
+            return
+        stats = None
+        if self.meter is not None:
+            stats = self.meter.result(self.clock.seconds())
+        if 200 <= committed.status < 300:
+            self.workload.finish(COMPLETED, None, stats)
+        else:
+            self.workload.finish(FAILED, f"upstream status {committed.status}", stats)
+
+    # -- writing the client's answer -------------------------------------------------------
+
+    def writeHead(
+        self,
+        attempt: Attempt,
+        code: int,
+        phrase: bytes,
+        headers: Headers,
+        length: int | None,
+        upstream: IPushProducer,
+    ) -> None:
+        """Commit: status and headers to the client, upstream registered as its producer."""
+        self.committedStatus = code
+        self.answered = True
+        request = self.request
+        request.setResponseCode(code, phrase)
+        copyResponseHeaders(headers, request.responseHeaders, length)
+        request.responseHeaders.setRawHeaders(b"x-nvpair-node", [attempt.node.id.encode()])
+        request.responseHeaders.setRawHeaders(b"x-nvpair-attempts", [b"%d" % self.attempts])
+        if self.inference and code < 400:
+            self.meter = StatsMeter(self.engine.statsDialect(self.path), self.createdAt)
+            self.meter.firstByte(self.clock.seconds())
+        self.context.committed(self, attempt.node.id)
+        if self.clientGone:
+            upstream.stopProducing()
+            return
+        self.flow = ClientFlow(
+            upstream, self.clock, self.settings.clientWriteTimeout, self.deadClient
+        )
+        request.registerProducer(self.flow, True)
+
+    def write(self, data: bytes) -> None:
+        """Forward one body chunk, exactly as received."""
+        if self.meter is not None:
+            self.meter.feed(data)
+        if not self.clientGone:
+            self.request.write(data)
+
+    def endBody(self, clean: bool) -> str:
+        """The upstream body ended; finish or cut the client's response."""
+        if self.flow is not None:
+            self.flow.cancel()
+        if self.clientGone:
+            return att.CLIENT_GONE
+        request = self.request
+        request.unregisterProducer()
+        if clean:
+            request.finish()
+            return att.COMPLETE
+        abortClient(request)
+        return att.TRUNCATED
+
+    def answerError(self, status: int, reason: str, retryAfter: int | None = None) -> None:
+        """Send a response the proxy generates itself, in the engine's error shape."""
+        self.answered = True
+        if self.workload is not None:
+            self.workload.finish(FAILED, reason)
+        if self.clientGone:
+            return
+        self.context.sendError(self.request, self.engine, status, reason,
+                               _MESSAGES.get(reason, reason), retryAfter)
+
+    def unavailable(self, reason: str) -> None:
+        """The loop ended between attempts: 503 with Retry-After naming why."""
+        self.answerError(503, reason, self.settings.retryAfter)
+
+    def answerFinal(self, outcome: Failed) -> None:
+        """The final permitted attempt failed uncommitted: it answers for itself."""
+        if outcome.kind == att.NO_CONTENT:
+            self.answerError(504, "no_content")
+        else:
+            self.answerError(502, "upstream_unreachable")
+
+    async def pause(self, seconds: float, wakeOnDiscovery: bool) -> None:
+        """Wait ``seconds`` (or until discovery changes, when asked), cancellably."""
+        sleep: defer.Deferred[Any] = task.deferLater(self.clock, max(seconds, 0.0), lambda: None)
+        if not wakeOnDiscovery:
+            await sleep
+            return
+        await defer.race([sleep, self.facade.nextSnapshot()])
+
+
+async def runInference(ex: Exchange) -> None:
+    """Inference policy: rounds over the owners, bounded by attempts and the job deadline."""
+    settings = ex.settings
+    clock = ex.clock
+    facade = ex.facade
+    reservations = ex.context.reservations
+    model = ex.model
+    deadline = ex.createdAt + settings.jobDeadline
+    backoff = settings.backoffBase
+    maxAttempts = settings.maxDispatchAttempts
+    dispatched = 0
+    while True:
+        owners = facade.snapshot.owners(model, facade.hasLocalBackend)
+        if not owners:
+            if not dispatched:
+                ex.answerError(502, "no_owner")
+                return
+            remaining = deadline - clock.seconds()
+            if remaining <= 0:
+                ex.unavailable("owner_unavailable")
+                return
+            await ex.pause(min(backoff, remaining), wakeOnDiscovery=True)
+            backoff = min(backoff * 2, settings.backoffMax)
+            continue
+        ordered, pinApplied = orderCandidates(owners, facade.pin, reservations.rank)
+        target = placeReservation(ordered, pinApplied, reservations)
+        if target is not None:
+            ex.reserve(target.id)
+        for node in ordered:
+            if dispatched >= maxAttempts:
+                ex.unavailable("attempts_exhausted")
+                return
+            if clock.seconds() >= deadline:
+                ex.unavailable("deadline_exceeded")
+                return
+            dispatched += 1
+            final = dispatched == maxAttempts
+            outcome = await ex.dispatch(node, final, gated=True)
+            if isinstance(outcome, Committed):
+                await ex.serve(outcome)
+                return
+            if final:
+                ex.answerFinal(outcome)
+                return
+            if ex.workload is not None:
+                ex.workload.submitted(None)
+        ex.releaseReservation()
+        remaining = deadline - clock.seconds()
+        if remaining <= 0:
+            ex.unavailable("deadline_exceeded")
+            return
+        await ex.pause(min(backoff, remaining), wakeOnDiscovery=False)
+        backoff = min(backoff * 2, settings.backoffMax)
+
+
+async def runVerbatim(ex: Exchange) -> None:
+    """Non-inference policy: candidates resolved once, each tried at most once, no backoff."""
+    facade = ex.facade
+    snapshot = facade.snapshot
+    owners = ()
+    if ex.model is not None:
+        owners = snapshot.owners(ex.model, facade.hasLocalBackend)
+    if not owners:
+        owners = tuple(n for n in snapshot.nodes if not n.isSelf or facade.hasLocalBackend)
+    ordered, _ = orderCandidates(owners, facade.pin, ex.context.reservations.rank)
+    if not ordered:
+        ex.answerError(502, "no_owner")
+        return
+    last = len(ordered) - 1
+    for index, node in enumerate(ordered):
+        outcome = await ex.dispatch(node, index == last, gated=False)
+        if isinstance(outcome, Committed):
+            await ex.serve(outcome)
+            return
+        if index == last:
+            ex.answerFinal(outcome)
+            return

@@ -1,0 +1,190 @@
+"""One facade per enabled engine: its listeners and its slice of broker-owned state (spec §3, §7, §8).
+
+The facade owns the primary listener (all interfaces, first-byte personality switch), the
+loopback alias listeners, the discovery snapshot, the manual pin and the local backend.
+Dispatch reads that state through the facade; nothing else writes it.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable
+from typing import Any
+
+from twisted.application.service import Service
+from twisted.internet import defer
+from twisted.internet.error import CannotListenError
+from twisted.internet.interfaces import IListeningPort, IReactorTCP, IReactorTime
+from twisted.internet.protocol import Factory
+from twisted.logger import Logger
+
+from nvpair.proxy.candidates import Snapshot
+from nvpair.proxy.engines import Engine
+
+
+class BindError(Exception):
+    """The facade's port could not be bound; ``reason`` is the operating system's words."""
+
+    def __init__(self, port: int, reason: str) -> None:
+        super().__init__(f"cannot listen on port {port}: {reason}")
+        self.port = port
+        self.reason = reason
+
+
+def parseAlias(text: object) -> int:
+    """Validate an alias address ``127.0.0.1:PORT`` (loopback only) and return its port."""
+    if not isinstance(text, str):
+        raise ValueError("alias must be a string 127.0.0.1:PORT")
+    host, sep, port = text.rpartition(":")
+    if not sep or host not in ("127.0.0.1", "localhost") or not port.isdigit():
+        raise ValueError("alias must be a loopback address 127.0.0.1:PORT")
+    value = int(port)
+    if not 1 <= value <= 65535:
+        raise ValueError("alias port must be 1..65535")
+    return value
+
+
+def _reason(e: CannotListenError) -> str:
+    err = e.socketError
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    return str(err)
+
+
+class Facade(Service):
+    """An engine's facade: listeners plus the discovery, pin and local-backend state."""
+
+    log = Logger()
+
+    def __init__(
+        self,
+        engine: Engine,
+        reactor: Any,
+        makeFactory: Callable[[bool], Factory],
+        emptySnapshot: Snapshot,
+    ) -> None:
+        self.engine = engine
+        self.name = engine.id
+        self._reactor: IReactorTCP = reactor
+        self._clock: IReactorTime = reactor
+        self._makeFactory = makeFactory
+        self.snapshot = emptySnapshot
+        self.snapshotCount = 0
+        self.pin: str | None = None
+        self.confirmed: dict[str, str] = {}
+        self.localBackend: str | None = None
+        self.port: int | None = None
+        self.aliases: list[str] = []
+        self._listener: IListeningPort | None = None
+        self._aliasListeners: list[IListeningPort] = []
+        self._waiters: list[defer.Deferred[None]] = []
+        self._watchers: dict[str, set[Callable[[], None]]] = {}
+
+    # -- listeners ----------------------------------------------------------------------
+
+    def _bindPrimary(self, port: int) -> IListeningPort:
+        factory = self._makeFactory(False)
+        try:
+            return self._reactor.listenTCP(port, factory, interface="::")
+        except CannotListenError as e:
+            err = e.socketError
+            if isinstance(err, OSError) and err.errno in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+                try:
+                    return self._reactor.listenTCP(port, factory, interface="0.0.0.0")
+                except CannotListenError as e2:
+                    raise BindError(port, _reason(e2)) from None
+            raise BindError(port, _reason(e)) from None
+
+    def listen(self, port: int, aliases: list[str]) -> list[tuple[str, str]]:
+        """Bind the primary port (raising ``BindError``) then each alias; returns alias problems."""
+        self._listener = self._bindPrimary(port)
+        self.port = port
+        problems: list[tuple[str, str]] = []
+        for alias in aliases:
+            aliasPort = parseAlias(alias)
+            try:
+                listener = self._reactor.listenTCP(
+                    aliasPort, self._makeFactory(True), interface="127.0.0.1"
+                )
+            except CannotListenError as e:
+                problems.append((alias, _reason(e)))
+                continue
+            self._aliasListeners.append(listener)
+            self.aliases.append(f"127.0.0.1:{aliasPort}")
+        return problems
+
+    def move(self, port: int) -> defer.Deferred[None]:
+        """Bind ``port`` first (raising ``BindError``), then close the old primary listener."""
+        if port == self.port:
+            return defer.succeed(None)
+        new = self._bindPrimary(port)
+        old, self._listener, self.port = self._listener, new, port
+        if old is None:
+            return defer.succeed(None)
+        return defer.maybeDeferred(old.stopListening)
+
+    def stopService(self) -> defer.Deferred[None]:
+        """Close every listener of this facade."""
+        super().stopService()
+        listeners = [lst for lst in [self._listener, *self._aliasListeners] if lst is not None]
+        self._listener = None
+        self._aliasListeners = []
+        for waiter in self._waiters:
+            waiter.cancel()
+        self._waiters = []
+        return defer.gatherResults(
+            [defer.maybeDeferred(lst.stopListening) for lst in listeners], consumeErrors=True
+        ).addCallback(lambda _: None)
+
+    # -- discovery view -----------------------------------------------------------------
+
+    @property
+    def hasLocalBackend(self) -> bool:
+        """Whether a self node can be reached (a local backend is known)."""
+        return self.localBackend is not None
+
+    def setSnapshot(self, snapshot: Snapshot) -> None:
+        """Replace the discovery snapshot; cancel attempts to nodes that left; wake waiters."""
+        self.snapshot = snapshot
+        self.snapshotCount += 1
+        gone = [nodeId for nodeId in self._watchers if nodeId not in snapshot]
+        for nodeId in gone:
+            for cancel in list(self._watchers.pop(nodeId, ())):
+                cancel()
+        self._wake()
+
+    def setLocalBackend(self, url: str) -> None:
+        """Record where this node's own engine listens; a waiting request may now have an owner."""
+        self.localBackend = url.rstrip("/")
+        self._wake()
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            waiter.callback(None)
+
+    def nextSnapshot(self) -> defer.Deferred[None]:
+        """Fires when discovery next changes (a new snapshot or local backend)."""
+        d: defer.Deferred[None] = defer.Deferred(lambda d: self._dropWaiter(d))
+        self._waiters.append(d)
+        return d
+
+    def _dropWaiter(self, d: defer.Deferred[None]) -> None:
+        try:
+            self._waiters.remove(d)
+        except ValueError:
+            pass
+
+    def watch(self, nodeId: str, cancel: Callable[[], None]) -> Callable[[], None]:
+        """Call ``cancel`` if ``nodeId`` leaves discovery; returns the function that unwatches."""
+        watchers = self._watchers.setdefault(nodeId, set())
+        watchers.add(cancel)
+
+        def unwatch() -> None:
+            current = self._watchers.get(nodeId)
+            if current is not None:
+                current.discard(cancel)
+                if not current:
+                    del self._watchers[nodeId]
+
+        return unwatch

@@ -1,0 +1,106 @@
+"""JSON-RPC 2.0 line framing shared by the proxy's broker channel and the supervisor client.
+
+One JSON object per ``\\n``-terminated line, at most ``MAX_LINE`` bytes (protocol §2).  An
+over-long line is discarded up to its terminating newline and reported once; the stream
+keeps going.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from twisted.internet.protocol import Protocol
+
+MAX_LINE = 1 << 20
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+FACADE_NOT_ENABLED = -32004
+BIND_FAILED = -32010
+
+_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """Serialize one message as a compact UTF-8 JSON line."""
+    return _encoder.encode(message).encode("utf-8") + b"\n"
+
+
+def request(id: int | str, method: str, params: object) -> dict[str, Any]:
+    """Build a JSON-RPC request object."""
+    return {"jsonrpc": "2.0", "id": id, "method": method, "params": params}
+
+
+def notification(method: str, params: object) -> dict[str, Any]:
+    """Build a JSON-RPC notification object."""
+    return {"jsonrpc": "2.0", "method": method, "params": params}
+
+
+def result(id: object, value: object) -> dict[str, Any]:
+    """Build a successful response."""
+    return {"jsonrpc": "2.0", "id": id, "result": value}
+
+
+def error(id: object, code: int, message: str, data: object = None) -> dict[str, Any]:
+    """Build an error response; ``data`` is included only when given."""
+    body: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        body["data"] = data
+    return {"jsonrpc": "2.0", "id": id, "error": body}
+
+
+class LineFramer(Protocol):
+    """Split a byte stream into lines of at most ``maxLine`` bytes.
+
+    Subclasses implement ``lineReceived`` and ``lineTooLong``.  A line over the limit is
+    dropped whole (everything up to its newline) and ``lineTooLong`` is called once for it.
+    """
+
+    maxLine: int = MAX_LINE
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._discarding = False
+
+    def dataReceived(self, data: bytes) -> None:
+        buf = self._buffer
+        start = 0
+        while True:
+            nl = data.find(b"\n", start)
+            if nl < 0:
+                break
+            if self._discarding:
+                self._discarding = False
+            elif len(buf) + (nl - start) > self.maxLine:
+                buf.clear()
+                self.lineTooLong()
+            else:
+                if buf:
+                    buf += data[start:nl]
+                    line = bytes(buf)
+                    buf.clear()
+                else:
+                    line = data[start:nl]
+                self.lineReceived(line)
+            start = nl + 1
+        if self._discarding or start >= len(data):
+            return
+        buf += data[start:]
+        if len(buf) > self.maxLine:
+            buf.clear()
+            self._discarding = True
+            self.lineTooLong()
+
+    def lineReceived(self, line: bytes) -> None:
+        raise NotImplementedError
+
+    def lineTooLong(self) -> None:
+        raise NotImplementedError
+
+    def pendingBytes(self) -> int:
+        """How many bytes of an unterminated line are buffered."""
+        return len(self._buffer)

@@ -1,0 +1,129 @@
+"""Writing a committed response to the client, with backpressure and a dead-client deadline.
+
+The upstream body transport is registered as the client's producer through ``ClientFlow``:
+when the client's socket buffer fills, the upstream read pauses (memory stays bounded);
+when the client stays paused longer than the write deadline, the client is cut off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.web.http_headers import Headers
+from zope.interface import implementer
+
+# Connection-scoped headers that never cross a proxy (RFC 9110 §7.6.1), plus the ones the
+# client library recomputes for the other side.
+HOP_BY_HOP = frozenset(
+    (
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"trailers",
+        b"transfer-encoding",
+        b"upgrade",
+        b"content-length",
+        b"host",
+    )
+)
+
+
+def _connectionTokens(headers: Headers) -> frozenset[bytes]:
+    tokens: set[bytes] = set()
+    for value in headers.getRawHeaders(b"connection", ()):
+        tokens.update(t.strip().lower() for t in value.split(b","))
+    return frozenset(tokens)
+
+
+def forwardHeaders(incoming: Headers) -> Headers:
+    """The request headers to send upstream: hop-by-hop and Host removed."""
+    named = _connectionTokens(incoming)
+    out = Headers()
+    for name, values in incoming.getAllRawHeaders():
+        lower = name.lower()
+        if lower in HOP_BY_HOP or lower in named:
+            continue
+        out.setRawHeaders(name, values)
+    return out
+
+
+def copyResponseHeaders(
+    source: Headers, target: Headers, length: int | None, drop: frozenset[bytes] = frozenset()
+) -> None:
+    """Copy an upstream response's end-to-end headers onto the client response."""
+    named = _connectionTokens(source)
+    target.removeHeader(b"server")
+    target.removeHeader(b"date")
+    for name, values in source.getAllRawHeaders():
+        lower = name.lower()
+        if lower in HOP_BY_HOP or lower in named or lower in drop:
+            continue
+        target.setRawHeaders(name, values)
+    if length is not None:
+        target.setRawHeaders(b"content-length", [b"%d" % length])
+
+
+@implementer(IPushProducer)
+class ClientFlow:
+    """The producer the client connection sees: forwards flow control to the upstream read."""
+
+    def __init__(
+        self,
+        upstream: IPushProducer,
+        clock: IReactorTime,
+        writeTimeout: float,
+        onDeadClient: Callable[[], None],
+    ) -> None:
+        self._upstream = upstream
+        self._clock = clock
+        self._writeTimeout = writeTimeout
+        self._onDeadClient = onDeadClient
+        self._timer: IDelayedCall | None = None
+        self.paused = False
+
+    def pauseProducing(self) -> None:
+        self.paused = True
+        self._upstream.pauseProducing()
+        if self._timer is None and self._writeTimeout > 0:
+            self._timer = self._clock.callLater(self._writeTimeout, self._expired)
+
+    def resumeProducing(self) -> None:
+        self.paused = False
+        self._cancelTimer()
+        self._upstream.resumeProducing()
+
+    def stopProducing(self) -> None:
+        self._cancelTimer()
+        self._upstream.stopProducing()
+
+    def _cancelTimer(self) -> None:
+        if self._timer is not None:
+            if self._timer.active():
+                self._timer.cancel()
+            self._timer = None
+
+    def _expired(self) -> None:
+        self._timer = None
+        self._onDeadClient()
+
+    def cancel(self) -> None:
+        """Stop the write deadline (the stream ended)."""
+        self._cancelTimer()
+
+
+def abortClient(request: Any) -> None:
+    """Close the client connection abruptly so a truncated body is visible as such."""
+    transport = getattr(request.channel, "transport", None) if request.channel else None
+    if transport is None:
+        return
+    abort = getattr(transport, "abortConnection", None)
+    if abort is not None:
+        abort()
+    else:
+        transport.loseConnection()

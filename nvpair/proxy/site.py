@@ -1,0 +1,184 @@
+"""The HTTP surface of a facade: request limits, generated errors, and routing by route class.
+
+``FacadeSite`` reads request bodies up to ``--max-body`` (413 beyond, read and dropped in
+constant memory), answers oversized header blocks with 431, cuts clients that take longer
+than ``--header-read-timeout`` to send their headers, and hands each request to the
+facade's ``FrontDoor``.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+from twisted.web import http, server
+from twisted.web.resource import Resource
+
+from nvpair.proxy.engines import Engine
+
+_PHRASES = {
+    400: b"Bad Request",
+    403: b"Forbidden",
+    413: b"Payload Too Large",
+    431: b"Request Header Fields Too Large",
+    500: b"Internal Server Error",
+    502: b"Bad Gateway",
+    503: b"Service Unavailable",
+    504: b"Gateway Timeout",
+}
+
+
+def sendError(
+    request: Any,
+    engine: Engine,
+    status: int,
+    reason: str,
+    message: str,
+    retryAfter: int | None = None,
+) -> None:
+    """Answer with a response the proxy generates, in the engine's shape, without CORS headers."""
+    body = engine.errorBody(request.path, reason, message)
+    request.setResponseCode(status, _PHRASES.get(status))
+    headers = request.responseHeaders
+    for name, _ in list(headers.getAllRawHeaders()):
+        if name.lower().startswith(b"access-control-"):
+            headers.removeHeader(name)
+    headers.setRawHeaders(b"content-type", [b"application/json"])
+    headers.setRawHeaders(b"content-length", [b"%d" % len(body)])
+    if retryAfter is not None:
+        headers.setRawHeaders(b"retry-after", [b"%d" % retryAfter])
+    request.write(body)
+    request.finish()
+
+
+class FacadeRequest(server.Request):
+    """A request whose body is held in memory up to the site's limit and dropped beyond it."""
+
+    defaultContentType = None
+    tooLarge = False
+    _received = 0
+
+    def gotLength(self, length: int | None) -> None:
+        self.content = io.BytesIO()
+        limit = self.channel.site.maxBody
+        if length is not None and length > limit:
+            self.tooLarge = True
+
+    def handleContentChunk(self, data: bytes) -> None:
+        if self.tooLarge:
+            return
+        self._received += len(data)
+        if self._received > self.channel.site.maxBody:
+            self.tooLarge = True
+            self.content = io.BytesIO()
+            return
+        self.content.write(data)
+
+
+class FacadeChannel(http.HTTPChannel):
+    """HTTP/1.1 channel with a header-read deadline and 431 for oversized header blocks."""
+
+    _headerTimer: IDelayedCall | None = None
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        self._armHeaderTimer()
+
+    def _armHeaderTimer(self) -> None:
+        timeout = self.site.headerReadTimeout
+        if timeout > 0 and self._headerTimer is None:
+            self._headerTimer = self.site.clock.callLater(timeout, self._headersTooSlow)
+
+    def _disarmHeaderTimer(self) -> None:
+        if self._headerTimer is not None:
+            if self._headerTimer.active():
+                self._headerTimer.cancel()
+            self._headerTimer = None
+
+    def _headersTooSlow(self) -> None:
+        self._headerTimer = None
+        self.site.slowClients += 1
+        if self.transport is not None:
+            self.transport.abortConnection()
+
+    def allHeadersReceived(self) -> None:
+        self._disarmHeaderTimer()
+        super().allHeadersReceived()
+
+    def requestDone(self, request: Any) -> None:
+        super().requestDone(request)
+        if not self.requests:
+            self._armHeaderTimer()
+
+    def connectionLost(self, reason: Any) -> None:
+        self._disarmHeaderTimer()
+        super().connectionLost(reason)
+
+    def _respondToBadRequestAndDisconnect(self) -> None:
+        if self._receivedHeaderSize > self.totalHeadersSize or (
+            self._receivedHeaderCount > self.maxHeaders
+        ):
+            self.transport.write(
+                b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                b"Content-Length: 0\r\nConnection: close\r\n\r\n"
+            )
+            self.loseConnection()
+            return
+        super()._respondToBadRequestAndDisconnect()
+
+
+class FacadeResource(Resource):
+    """The one resource of a facade site: everything goes to the front door."""
+
+    isLeaf = True
+    log = Logger()
+
+    def __init__(self, door: Any) -> None:
+        super().__init__()
+        self._door = door
+
+    def render(self, request: Any) -> int:
+        try:
+            self._door.handle(request)
+        except Exception as e:
+            self._door.crashed(request, e)
+        return server.NOT_DONE_YET
+
+
+class FacadeSite(server.Site):
+    """The twisted.web site of one facade personality (plaintext or peer TLS)."""
+
+    requestFactory = FacadeRequest
+    protocol = FacadeChannel
+    noisy = False
+
+    def __init__(
+        self,
+        door: Any,
+        clock: IReactorTime,
+        maxBody: int,
+        headerReadTimeout: float,
+        maxHeaderBytes: int,
+    ) -> None:
+        super().__init__(FacadeResource(door))
+        self.clock = clock
+        self.maxBody = maxBody
+        self.headerReadTimeout = headerReadTimeout
+        self.maxHeaderBytes = maxHeaderBytes
+        self.slowClients = 0
+        self.sessionCheckTime = 0
+
+    def buildProtocol(self, addr: Any) -> Any:
+        channel = super().buildProtocol(addr)
+        channel.totalHeadersSize = self.maxHeaderBytes
+        channel.callLater = self.clock.callLater
+        return channel
+
+    def getResourceFor(self, request: Any) -> Any:
+        request.site = self
+        return self.resource
+
+    def log(self, request: Any) -> None:
+        """Access logging is the proxy's own business (never request content)."""

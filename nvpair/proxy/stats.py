@@ -1,0 +1,205 @@
+"""Per-request statistics measured from a response body as it streams (protocol §5).
+
+The body is never buffered: :class:`StatsMeter` keeps a bounded tail window and counts stream
+events with ``bytes.count`` as chunks pass; JSON is parsed only once, at the end, and only
+inside the tail.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+
+DIALECTS = ("ollama", "openai")
+
+# A stream event starts a line: an SSE ``data:`` field, or an NDJSON object.  JSON text never
+# holds a raw newline, so these patterns cannot match inside an event's payload.
+_EVENT_PATTERNS = {"openai": b"\ndata:", "ollama": b"\n{"}
+
+_USAGE_KEY = b'"usage"'
+_EVAL_COUNT_KEY = b'"eval_count"'
+_PROMPT_EVAL_COUNT_KEY = b'"prompt_eval_count"'
+_EVAL_DURATION_KEY = b'"eval_duration"'
+_DONE_TRUE = re.compile(rb'"done"\s*:\s*true')
+_decoder = json.JSONDecoder()
+
+
+class StatsMeter:
+    """Measures one committed response body as it streams, keeping only a bounded tail.
+
+    ``dialect`` is ``"ollama"`` (native ``/api/*`` NDJSON or one JSON object) or ``"openai"``
+    (SSE ``data:`` events or one JSON object).  Token counts come from the engine's usage
+    report found in the tail (OpenAI ``usage``, Ollama ``eval_count``/``prompt_eval_count``);
+    failing that, a body streamed as more than one event has its completion tokens counted
+    from the events and flagged ``estimated``.  ``tokensPerSecond`` uses Ollama's
+    ``eval_duration`` when reported, otherwise completion tokens over the streaming time
+    (first byte to end) of a streamed body; a single non-streamed body has no meaningful
+    streaming time, so it gets no throughput from the clock.  Choice: when no token count can
+    be had but the first byte was seen, :meth:`result` still returns ``{"ttftMs": ...}``
+    because time to first token is a real measurement; it returns ``None`` only when nothing
+    at all was measured.
+    """
+
+    def __init__(self, dialect: str, createdAt: float, tailBytes: int = 8192) -> None:
+        if dialect not in _EVENT_PATTERNS:
+            raise ValueError(f"unknown dialect {dialect!r}")
+        if tailBytes < 1:
+            raise ValueError("tailBytes must be positive")
+        self._dialect = dialect
+        self._createdAt = createdAt
+        self._tailBytes = tailBytes
+        self._tail = bytearray()
+        self._pattern = _EVENT_PATTERNS[dialect]
+        # The last len(pattern) - 1 bytes seen, to count events split across chunks; the body
+        # starts as if after a newline so that an event on its first line counts.
+        self._edge = b"\n"
+        self._events = 0
+        self._firstByteAt: float | None = None
+
+    @property
+    def retainedBytes(self) -> int:
+        """How many body bytes the meter currently holds."""
+        return len(self._tail)
+
+    def firstByte(self, now: float) -> None:
+        """Record the commit time (the first call wins)."""
+        if self._firstByteAt is None:
+            self._firstByteAt = now
+
+    def feed(self, data: bytes) -> None:
+        """Account for one body chunk: count the events it starts and slide the tail."""
+        if not data:
+            return
+        pattern = self._pattern
+        keep = len(pattern) - 1
+        self._events += (self._edge + data[:keep]).count(pattern) + data.count(pattern)
+        self._edge = data[-keep:] if len(data) >= keep else (self._edge + data)[-keep:]
+        limit = self._tailBytes
+        if len(data) >= limit:
+            self._tail = bytearray(memoryview(data)[-limit:])
+            return
+        self._tail += data
+        excess = len(self._tail) - limit
+        if excess > 0:
+            del self._tail[:excess]
+
+    def result(self, now: float) -> dict[str, object] | None:
+        """The protocol §5 stats of the body fed so far, or ``None`` if nothing was measured."""
+        tail = bytes(self._tail)
+        stats: dict[str, object] = {}
+        prompt: int | None
+        completion: int | None
+        duration: float | None = None
+        if self._dialect == "openai":
+            prompt, completion = _openaiUsage(tail)
+        else:
+            prompt, completion, duration = _ollamaUsage(tail)
+        estimated = False
+        if prompt is None and completion is None and self._events > 1:
+            completion = self._events - self._trailerEvents(tail)
+            estimated = True
+        if prompt is not None:
+            stats["promptTokens"] = prompt
+        if completion is not None:
+            stats["completionTokens"] = completion
+            rate: float | None = None
+            if duration is not None and duration > 0:
+                rate = completion / (duration / 1e9)
+            elif self._events > 1 and self._firstByteAt is not None:
+                streaming = now - self._firstByteAt
+                if streaming > 0:
+                    rate = completion / streaming
+            if rate is not None:
+                stats["tokensPerSecond"] = round(rate, 2)
+        if self._firstByteAt is not None:
+            stats["ttftMs"] = max(0, round((self._firstByteAt - self._createdAt) * 1000))
+        if estimated:
+            stats["estimated"] = True
+        return stats or None
+
+    def _trailerEvents(self, tail: bytes) -> int:
+        """How many of the counted events are trailers rather than content (0 or 1)."""
+        lines = tail.rstrip().rsplit(b"\n", 1)
+        last = lines[-1].strip()
+        if self._dialect == "openai":
+            if last.startswith(b"data:") and last[5:].strip() == b"[DONE]":
+                return 1
+            return 0
+        return 1 if _DONE_TRUE.search(last) else 0
+
+
+def _keyPositions(tail: bytes, key: bytes) -> Iterator[int]:
+    """Positions of ``key`` (a quoted JSON key) in ``tail``, last first.
+
+    Inside a JSON string every quote is escaped, so ``"key"`` with both quotes bare only
+    ever matches a real key, even in a tail that starts in the middle of a string.
+    """
+    end = len(tail)
+    while (at := tail.rfind(key, 0, end)) >= 0:
+        yield at
+        end = at
+
+
+def _valueAfter(tail: bytes, keyAt: int, key: bytes) -> object:
+    """Decode the JSON value following the key at ``keyAt``, or return ``None``."""
+    text = tail[keyAt + len(key) :].decode("utf-8", "replace")
+    stripped = text.lstrip()
+    if not stripped.startswith(":"):
+        return None
+    stripped = stripped[1:].lstrip()
+    try:
+        value, _ = _decoder.raw_decode(stripped)
+    except ValueError:
+        return None
+    return value
+
+
+def _count(value: object) -> int | None:
+    """A token count if ``value`` is a non-negative integer (not a bool)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def _openaiUsage(tail: bytes) -> tuple[int | None, int | None]:
+    """The (prompt, completion) counts of the last ``usage`` object in the tail."""
+    for at in _keyPositions(tail, _USAGE_KEY):
+        usage = _valueAfter(tail, at, _USAGE_KEY)
+        if not isinstance(usage, dict):
+            continue
+        prompt = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
+        completion = _count(usage.get("completion_tokens", usage.get("output_tokens")))
+        if prompt is not None or completion is not None:
+            return prompt, completion
+    return None, None
+
+
+def _ollamaUsage(tail: bytes) -> tuple[int | None, int | None, float | None]:
+    """The (prompt, completion, eval duration ns) of the last Ollama object reporting counts."""
+    at = max(tail.rfind(_EVAL_COUNT_KEY), tail.rfind(_PROMPT_EVAL_COUNT_KEY))
+    if at < 0:
+        return None, None, None
+    # The reporting object runs from the last line starting an object before the key (or
+    # the tail's start, when the object is longer than the tail) to the next such line.
+    objectStart = tail.rfind(b"\n{", 0, at) + 1
+    objectEnd = tail.find(b"\n{", at)
+    region = tail[objectStart:] if objectEnd < 0 else tail[objectStart:objectEnd]
+    fields: dict[str, object] = {}
+    for name, key in (
+        ("eval_count", _EVAL_COUNT_KEY),
+        ("prompt_eval_count", _PROMPT_EVAL_COUNT_KEY),
+        ("eval_duration", _EVAL_DURATION_KEY),
+    ):
+        keyAt = region.rfind(key)
+        if keyAt >= 0:
+            fields[name] = _valueAfter(region, keyAt, key)
+    prompt = _count(fields.get("prompt_eval_count"))
+    completion = _count(fields.get("eval_count"))
+    rawDuration = fields.get("eval_duration")
+    duration: float | None = None
+    if isinstance(rawDuration, int | float) and not isinstance(rawDuration, bool):
+        duration = float(rawDuration)
+    if completion is None:
+        duration = None
+    return prompt, completion, duration

@@ -1,0 +1,161 @@
+"""Reaching a node (protocol §4): direct plaintext engines, the local backend, and peers over mTLS.
+
+One persistent connection pool serves every facade.  A node's addresses are tried in
+order until one connects; the one that connected is remembered per facade until a
+transport error makes dispatch forget it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet import defer
+from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
+from twisted.internet.error import ConnectError
+from twisted.internet.interfaces import IConsumer, IStreamClientEndpoint
+from twisted.web.client import Agent, HTTPConnectionPool, _HTTP11ClientFactory
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, IResponse
+from zope.interface import implementer
+
+from nvpair.proxy._interfaces import IUpstream
+
+
+@implementer(IBodyProducer)
+class BytesProducer:
+    """A request body already in memory, written in one go."""
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+        self.length = len(body)
+
+    def startProducing(self, consumer: IConsumer) -> defer.Deferred[None]:
+        consumer.write(self._body)
+        return defer.succeed(None)
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+
+class _QuietClientFactory(_HTTP11ClientFactory):
+    """The pool's connection factory, without a log line per connection."""
+
+    noisy = False
+
+
+class NotReachable(ConnectError):
+    """A node address that cannot be dialled (e.g. a peer while this node is not a member)."""
+
+
+def splitHostPort(address: str) -> tuple[str, int]:
+    """Parse ``host:port`` or ``[v6]:port``."""
+    if address.startswith("["):
+        host, sep, port = address[1:].partition("]:")
+    else:
+        host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError("address must be host:port")
+    return host, int(port)
+
+
+@implementer(IAgentEndpointFactory)
+class _PeerEndpoints:
+    """Endpoints to one peer node's facades: TLS presenting our certificate, pinned to its id."""
+
+    def __init__(self, reactor: Any, nodeId: str, trust: Any, dialTimeout: float) -> None:
+        self._reactor = reactor
+        self._nodeId = nodeId
+        self._trust = trust
+        self._dialTimeout = dialTimeout
+
+    def endpointForURI(self, uri: Any) -> IStreamClientEndpoint:
+        creator = self._trust.clientCreatorFor(self._nodeId)
+        host = uri.host.decode("ascii")
+        tcp = HostnameEndpoint(self._reactor, host, uri.port, timeout=self._dialTimeout)
+        return wrapClientTLS(creator, tcp)
+
+
+@implementer(IUpstream)
+class Upstream:
+    """Opens requests to nodes over the shared pool."""
+
+    def __init__(
+        self,
+        reactor: Any,
+        dialTimeout: float,
+        trust: Any = None,
+        maxPersistentPerHost: int = 64,
+        idleTimeout: float = 90.0,
+    ) -> None:
+        self._reactor = reactor
+        self._dialTimeout = dialTimeout
+        self.trust = trust
+        self.pool = HTTPConnectionPool(reactor, persistent=True)
+        self.pool.maxPersistentPerHost = maxPersistentPerHost
+        self.pool.cachedConnectionTimeout = idleTimeout
+        self.pool.retryAutomatically = False
+        self.pool._factory = _QuietClientFactory
+        self._direct = Agent(reactor, connectTimeout=dialTimeout or None, pool=self.pool)
+        self._peers: dict[str, Agent] = {}
+
+    def _peerAgent(self, nodeId: str) -> Agent:
+        agent = self._peers.get(nodeId)
+        if agent is None:
+            if self.trust is None:
+                raise NotReachable("not a cluster member")
+            agent = Agent.usingEndpointFactory(
+                self._reactor,
+                _PeerEndpoints(self._reactor, nodeId, self.trust, self._dialTimeout or 30.0),
+                pool=self.pool,
+            )
+            self._peers[nodeId] = agent
+        return agent
+
+    def request(
+        self,
+        node: Any,
+        address: str | None,
+        method: bytes,
+        path: bytes,
+        headers: Headers,
+        body: bytes,
+    ) -> defer.Deferred[IResponse]:
+        """Send one request to ``address`` of ``node`` (an ``http://`` URL or a peer ``host:port``)."""
+        producer = BytesProducer(body) if body or method in (b"POST", b"PUT", b"PATCH") else None
+        if address is None:
+            return defer.fail(NotReachable("no address"))
+        if address.startswith("http://"):
+            return self._direct.request(method, address.encode("ascii") + path, headers, producer)
+        try:
+            host, port = splitHostPort(address)
+            agent = self._peerAgent(node.id)
+        except Exception as e:
+            return defer.fail(NotReachable(str(e)))
+        hostPart = f"[{host}]" if ":" in host else host
+        url = f"https://{hostPart}:{port}".encode("ascii") + path
+        return agent.request(method, url, headers, producer)
+
+    def close(self) -> defer.Deferred[None]:
+        """Close every pooled connection."""
+        return self.pool.closeCachedConnections()
+
+
+def addressesFor(
+    node: Any, localBackend: str | None, confirmed: str | None
+) -> list[str]:
+    """The addresses to try for ``node``, the confirmed one first; the local backend for self."""
+    if node.isSelf:
+        return [localBackend] if localBackend else []
+    addresses = list(node.addresses)
+    if confirmed is not None and confirmed in addresses:
+        addresses.remove(confirmed)
+        addresses.insert(0, confirmed)
+    return addresses
+
