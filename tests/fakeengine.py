@@ -18,7 +18,11 @@ from typing import Any
 
 import attrs
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succeed
-from twisted.internet.interfaces import IDelayedCall, IListeningPort, IPullProducer
+from twisted.internet.interfaces import (
+    IDelayedCall,
+    IListeningPort,
+    IPullProducer,
+)
 from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -118,7 +122,7 @@ class Recorded:
 
 # -- routes ------------------------------------------------------------------------------
 
-# kind -> (is ollama native, streams by default)
+# path -> route kind, per dialect (protocol.md §11)
 _OPENAI_ROUTES = {
     b"/v1/chat/completions": "chat",
     b"/v1/completions": "completion",
@@ -175,14 +179,24 @@ def _streamPieces(kind: str, model: str, answer: Answer, name: str) -> list[byte
             pieces.append(b"data: " + _dumps(ev) + b"\n\n")
         if answer.usage:
             obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-            ev = {"id": f"chatcmpl-{name}", "object": obj, **base, "choices": [],
-                  "usage": _usage(n)}
+            ev = {
+                "id": f"chatcmpl-{name}",
+                "object": obj,
+                **base,
+                "choices": [],
+                "usage": _usage(n),
+            }
             pieces.append(b"data: " + _dumps(ev) + b"\n\n")
         pieces.append(b"data: [DONE]\n\n")
     elif kind == "responses":
         for i in range(n):
-            ev = {"type": "response.output_text.delta", "item_id": f"msg-{name}",
-                  "output_index": 0, "content_index": 0, "delta": token(i)}
+            ev = {
+                "type": "response.output_text.delta",
+                "item_id": f"msg-{name}",
+                "output_index": 0,
+                "content_index": 0,
+                "delta": token(i),
+            }
             pieces.append(b"event: response.output_text.delta\ndata: " + _dumps(ev) + b"\n\n")
         ev = {"type": "response.completed", "response": _responsesDoc(model, answer, name)}
         pieces.append(b"event: response.completed\ndata: " + _dumps(ev) + b"\n\n")
@@ -206,28 +220,49 @@ def _streamPieces(kind: str, model: str, answer: Answer, name: str) -> list[byte
 
 
 def _usage(n: int) -> dict[str, int]:
-    return {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": n,
-            "total_tokens": PROMPT_TOKENS + n}
+    return {
+        "prompt_tokens": PROMPT_TOKENS,
+        "completion_tokens": n,
+        "total_tokens": PROMPT_TOKENS + n,
+    }
 
 
 def _ollamaUsage(n: int) -> dict[str, int]:
-    return {"total_duration": 1000000 + 1000 * n, "load_duration": 1000,
-            "prompt_eval_count": PROMPT_TOKENS, "prompt_eval_duration": 1000,
-            "eval_count": n, "eval_duration": 1000 * n}
+    return {
+        "total_duration": 1000000 + 1000 * n,
+        "load_duration": 1000,
+        "prompt_eval_count": PROMPT_TOKENS,
+        "prompt_eval_duration": 1000,
+        "eval_count": n,
+        "eval_duration": 1000 * n,
+    }
 
 
 def _responsesDoc(model: str, answer: Answer, name: str) -> dict[str, Any]:
     doc: dict[str, Any] = {
-        "id": f"resp-{name}", "object": "response", "created_at": CREATED, "model": model,
+        "id": f"resp-{name}",
+        "object": "response",
+        "created_at": CREATED,
+        "model": model,
         "status": "completed",
-        "output": [{"type": "message", "id": f"msg-{name}", "status": "completed",
-                    "role": "assistant",
-                    "content": [{"type": "output_text", "text": content(answer.chunks),
-                                 "annotations": []}]}],
+        "output": [
+            {
+                "type": "message",
+                "id": f"msg-{name}",
+                "status": "completed",
+                "role": "assistant",
+                "content": [
+                    {"type": "output_text", "text": content(answer.chunks), "annotations": []}
+                ],
+            }
+        ],
     }
     if answer.usage:
-        doc["usage"] = {"input_tokens": PROMPT_TOKENS, "output_tokens": answer.chunks,
-                        "total_tokens": PROMPT_TOKENS + answer.chunks}
+        doc["usage"] = {
+            "input_tokens": PROMPT_TOKENS,
+            "output_tokens": answer.chunks,
+            "total_tokens": PROMPT_TOKENS + answer.chunks,
+        }
     return doc
 
 
@@ -237,26 +272,45 @@ def _document(kind: str, model: str, answer: Answer, name: str, inputs: int) -> 
     text = content(n)
     doc: dict[str, Any]
     if kind == "chat":
-        doc = {"id": f"chatcmpl-{name}", "object": "chat.completion", "created": CREATED,
-               "model": model,
-               "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                            "finish_reason": "stop", "logprobs": None}]}
+        doc = {
+            "id": f"chatcmpl-{name}",
+            "object": "chat.completion",
+            "created": CREATED,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "stop",
+                    "logprobs": None,
+                }
+            ],
+        }
     elif kind == "completion":
-        doc = {"id": f"cmpl-{name}", "object": "text_completion", "created": CREATED,
-               "model": model,
-               "choices": [{"index": 0, "text": text, "finish_reason": "stop",
-                            "logprobs": None}]}
+        doc = {
+            "id": f"cmpl-{name}",
+            "object": "text_completion",
+            "created": CREATED,
+            "model": model,
+            "choices": [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}],
+        }
     elif kind == "embedding":
-        doc = {"object": "list", "model": model,
-               "data": [{"object": "embedding", "index": i, "embedding": EMBEDDING}
-                        for i in range(inputs)]}
+        doc = {
+            "object": "list",
+            "model": model,
+            "data": [
+                {"object": "embedding", "index": i, "embedding": EMBEDDING} for i in range(inputs)
+            ],
+        }
         if answer.usage:
             doc["usage"] = {"prompt_tokens": PROMPT_TOKENS, "total_tokens": PROMPT_TOKENS}
         return _dumps(doc)
     elif kind == "rerank":
-        doc = {"object": "list", "model": model,
-               "results": [{"index": i, "relevance_score": 1.0 / (i + 1)}
-                           for i in range(inputs)]}
+        doc = {
+            "object": "list",
+            "model": model,
+            "results": [{"index": i, "relevance_score": 1.0 / (i + 1)} for i in range(inputs)],
+        }
         if answer.usage:
             doc["usage"] = {"prompt_tokens": PROMPT_TOKENS, "total_tokens": PROMPT_TOKENS}
         return _dumps(doc)
@@ -305,10 +359,9 @@ class _AbortWhenFlushed:
         """Count the drain notifications; the second one means the buffer is empty."""
         self._calls += 1
         if self._calls >= 2:
-            transport = self._proto.transport
-            assert transport is not None
-            transport.unregisterProducer()
-            transport.abortConnection()
+            tcp = self._proto.tcp()
+            tcp.unregisterProducer()
+            tcp.abortConnection()
 
     def stopProducing(self) -> None:
         """Nothing to stop."""
@@ -337,15 +390,19 @@ class _EngineProtocol(Protocol):
             if call.active():
                 call.cancel()
         self._calls.clear()
+        self._engine._connectionLost(self)
         lost, self._lost = self._lost, []
         for d in lost:
             d.callback(None)
-        self._engine._connectionLost(self)
+
+    def tcp(self) -> Any:
+        """Return the TCP transport of this connection."""
+        return self.transport
 
     def abort(self) -> None:
         """Abort the connection at once."""
         if self.transport is not None and not self._gone:
-            self.transport.abortConnection()
+            self.tcp().abortConnection()
 
     def later(self, delay: float, f: Callable[[], None]) -> None:
         """Call ``f`` after ``delay`` seconds unless the connection is lost first."""
@@ -361,7 +418,7 @@ class _EngineProtocol(Protocol):
     def write(self, data: bytes) -> None:
         """Write bytes to the connection."""
         if not self._gone:
-            self.transport.write(data)  # type: ignore[union-attr]
+            self.tcp().write(data)
 
     def dataReceived(self, data: bytes) -> None:
         self._buf += data
@@ -380,7 +437,7 @@ class _EngineProtocol(Protocol):
     def _badRequest(self) -> None:
         self._keepAlive = False
         self.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-        self.transport.loseConnection()  # type: ignore[union-attr]
+        self.tcp().loseConnection()
 
     def _parseOne(self) -> bool:
         buf = self._buf
@@ -417,7 +474,7 @@ class _EngineProtocol(Protocol):
             if len(buf) - start < length:
                 self._maybeContinue(headers)
                 return False
-            body, rest = buf[start:start + length], start + length
+            body, rest = buf[start : start + length], start + length
         self._buf = buf[rest:]
         self._continued = False
         conn = headers.get("connection")
@@ -442,7 +499,7 @@ class _EngineProtocol(Protocol):
         if self._gone:
             return
         if not self._keepAlive:
-            self.transport.loseConnection()  # type: ignore[union-attr]
+            self.tcp().loseConnection()
         elif self._buf and not self._parsing:
             self._parse()
 
@@ -467,7 +524,7 @@ def _dechunk(buf: bytes, pos: int) -> tuple[bytes, int] | None:
                 pos = eol + 2
         if len(buf) < pos + size + 2:
             return None
-        parts.append(buf[pos:pos + size])
+        parts.append(buf[pos : pos + size])
         pos += size + 2
 
 
@@ -525,7 +582,7 @@ class FakeEngine:
     def listen(self, port: int = 0, interface: str = "127.0.0.1") -> int:
         """Start listening and return the bound port."""
         self._listening = self._reactor.listenTCP(port, _EngineFactory(self), interface=interface)
-        self.port = self._listening.getHost().port
+        self.port = self._listening.getHost().port  # type: ignore[union-attr]
         self.url = f"http://{interface}:{self.port}"
         return self.port
 
@@ -534,7 +591,8 @@ class FakeEngine:
         listening, self._listening = self._listening, None
         if listening is None:
             return succeed(None)
-        return maybeDeferred(listening.stopListening)
+        result: Deferred[None] = maybeDeferred(listening.stopListening)  # type: ignore[call-overload]
+        return result
 
     def close(self) -> Deferred[None]:
         """Stop listening and abort every open connection; fires when all are gone."""
@@ -644,13 +702,19 @@ class FakeEngine:
     ) -> None:
         if isinstance(behaviour, Answer):
             if kind == "other":
-                self._sendDocument(proto, behaviour.status, behaviour.headers,
-                                   self._echoDoc(rec), b"application/json")
+                self._sendDocument(
+                    proto,
+                    behaviour.status,
+                    behaviour.headers,
+                    self._echoDoc(rec),
+                    b"application/json",
+                )
             else:
                 self._answer(proto, behaviour, kind, model, stream, inputs, 0.0)
         elif isinstance(behaviour, Status):
-            self._sendDocument(proto, behaviour.code, behaviour.headers, behaviour.body,
-                               b"application/json")
+            self._sendDocument(
+                proto, behaviour.code, behaviour.headers, behaviour.body, b"application/json"
+            )
         elif isinstance(behaviour, Echo):
             self._sendDocument(proto, 200, None, self._echoDoc(rec), b"application/json")
         elif isinstance(behaviour, HangAfterHeaders):
@@ -735,12 +799,18 @@ class FakeEngine:
             if stream:
                 pieces = [_frame(p) for p in _streamPieces(kind, model, answer, self.name)]
                 pieces.append(b"0\r\n\r\n")
-                cached = (self._head(answer.status, answer.headers, _streamType(kind), None),
-                          pieces, b"".join(pieces))
+                cached = (
+                    self._head(answer.status, answer.headers, _streamType(kind), None),
+                    pieces,
+                    b"".join(pieces),
+                )
             else:
                 doc = _document(kind, model, answer, self.name, inputs)
-                cached = (self._head(answer.status, answer.headers, b"application/json",
-                                     len(doc)), [doc], doc)
+                cached = (
+                    self._head(answer.status, answer.headers, b"application/json", len(doc)),
+                    [doc],
+                    doc,
+                )
             self._cache[key] = cached
         head, pieces, whole = cached
         if firstDelay <= 0 and answer.chunkDelay <= 0:
@@ -764,7 +834,11 @@ class FakeEngine:
         proto.later(firstDelay, lambda: step(0))
 
     def _dieMidStream(
-        self, proto: _EngineProtocol, behaviour: DieMidStream, kind: str, model: str,
+        self,
+        proto: _EngineProtocol,
+        behaviour: DieMidStream,
+        kind: str,
+        model: str,
         rec: Recorded,
     ) -> None:
         n = behaviour.afterChunks
@@ -773,30 +847,61 @@ class FakeEngine:
             pieces = _streamPieces(kind, model, answer, self.name)[:n]
             ctype = _streamType(kind)
         else:
-            whole = self._echoDoc(rec) if kind == "other" else _document(
-                kind, model, Answer(), self.name, 1)
+            whole = (
+                self._echoDoc(rec)
+                if kind == "other"
+                else _document(kind, model, Answer(), self.name, 1)
+            )
             size = max(1, len(whole) // (n + 1))
-            pieces = [whole[i * size:(i + 1) * size] for i in range(n)]
+            pieces = [whole[i * size : (i + 1) * size] for i in range(n)]
             ctype = b"application/json"
         proto.write(self._head(200, None, ctype, None) + b"".join(_frame(p) for p in pieces))
-        proto.transport.registerProducer(_AbortWhenFlushed(proto), False)  # type: ignore[union-attr]
+        proto.tcp().registerProducer(_AbortWhenFlushed(proto), False)
 
     def _listDoc(self, kind: str) -> bytes:
         if kind == "tags":
-            return _dumps({"models": [
-                {"name": m, "model": m, "modified_at": CREATED_AT, "size": 1,
-                 "digest": "0" * 64,
-                 "details": {"parent_model": "", "format": "gguf", "family": "fake",
-                             "families": ["fake"], "parameter_size": "1B",
-                             "quantization_level": "Q4_0"}}
-                for m in self.models]})
-        return _dumps({"object": "list", "data": [
-            {"id": m, "object": "model", "created": CREATED, "owned_by": "fake"}
-            for m in self.models]})
+            return _dumps(
+                {
+                    "models": [
+                        {
+                            "name": m,
+                            "model": m,
+                            "modified_at": CREATED_AT,
+                            "size": 1,
+                            "digest": "0" * 64,
+                            "details": {
+                                "parent_model": "",
+                                "format": "gguf",
+                                "family": "fake",
+                                "families": ["fake"],
+                                "parameter_size": "1B",
+                                "quantization_level": "Q4_0",
+                            },
+                        }
+                        for m in self.models
+                    ]
+                }
+            )
+        return _dumps(
+            {
+                "object": "list",
+                "data": [
+                    {"id": m, "object": "model", "created": CREATED, "owned_by": "fake"}
+                    for m in self.models
+                ],
+            }
+        )
 
     def _echoDoc(self, rec: Recorded) -> bytes:
-        return _dumps({"engine": self.name, "method": rec.method, "path": rec.path,
-                       "headers": rec.headers, "bodyLength": len(rec.body)})
+        return _dumps(
+            {
+                "engine": self.name,
+                "method": rec.method,
+                "path": rec.path,
+                "headers": rec.headers,
+                "bodyLength": len(rec.body),
+            }
+        )
 
 
 # -- CLI -----------------------------------------------------------------------------------
@@ -813,8 +918,13 @@ def engineFromArgs(reactor: Any, argv: Sequence[str]) -> FakeEngine:
     parser.add_argument("--chunk-delay", type=float, default=0.0)
     parser.add_argument("--record", action="store_true", help="keep every request in memory")
     args = parser.parse_args(list(argv))
-    engine = FakeEngine(reactor, args.dialect, [m for m in args.models.split(",") if m],
-                        name=args.name, record=args.record)
+    engine = FakeEngine(
+        reactor,
+        args.dialect,
+        [m for m in args.models.split(",") if m],
+        name=args.name,
+        record=args.record,
+    )
     engine.default = Answer(chunks=args.chunks, chunkDelay=args.chunk_delay)
     engine.listen(args.port)
     return engine
@@ -827,7 +937,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     engine = engineFromArgs(reactor, sys.argv[1:] if argv is None else argv)
     sys.stdout.write(json.dumps({"port": engine.port}) + "\n")
     sys.stdout.flush()
-    reactor.run()  # type: ignore[attr-defined]
+    reactor.run()
 
 
 if __name__ == "__main__":

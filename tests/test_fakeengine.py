@@ -17,7 +17,7 @@ from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
-from twisted.web.client import Agent, HTTPConnectionPool, ResponseFailed
+from twisted.web.client import Agent, HTTPConnectionPool, ResponseFailed, ResponseNeverReceived
 from twisted.web.iweb import IResponse
 
 from tests.fakeengine import (
@@ -48,10 +48,10 @@ class _Raw(Protocol):
     def __init__(self) -> None:
         self.data = b""
         self.lost: Deferred[None] = Deferred()
-        self.connected: Deferred[_Raw] = Deferred()
+        self.ready: Deferred[_Raw] = Deferred()
 
     def connectionMade(self) -> None:
-        self.connected.callback(self)
+        self.ready.callback(self)
 
     def dataReceived(self, data: bytes) -> None:
         self.data += data
@@ -70,7 +70,7 @@ class _RawFactory(ClientFactory):
         return self.proto
 
     def clientConnectionFailed(self, connector: Any, reason: Failure) -> None:
-        self.proto.connected.errback(reason)
+        self.proto.ready.errback(reason)
 
 
 class EngineTestCase(TestCase):
@@ -98,7 +98,7 @@ class EngineTestCase(TestCase):
         """Open a raw TCP connection to the engine and send ``data``."""
         proto = _Raw()
         reactor.connectTCP("127.0.0.1", self.engine.port, _RawFactory(proto))
-        await proto.connected
+        await proto.ready
         self.addCleanup(lambda: proto.lost)
         self.addCleanup(lambda: proto.transport.abortConnection())  # type: ignore[union-attr]
         proto.transport.write(data)  # type: ignore[union-attr]
@@ -128,8 +128,9 @@ class OpenAIAnswerTests(EngineTestCase):
         self.assertEqual(doc["object"], "chat.completion")
         self.assertEqual(doc["model"], "m2")
         self.assertEqual(doc["choices"][0]["message"]["content"], "tok0tok1tok2")
-        self.assertEqual(doc["usage"], {"prompt_tokens": 7, "completion_tokens": 3,
-                                        "total_tokens": 10})
+        self.assertEqual(
+            doc["usage"], {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+        )
 
     async def test_chatStreaming(self) -> None:
         """A streaming chat answer is SSE chunks, a usage chunk, then [DONE]."""
@@ -138,9 +139,8 @@ class OpenAIAnswerTests(EngineTestCase):
         self.assertEqual(response.headers.getRawHeaders("content-type"), ["text/event-stream"])
         events = (await treq.content(response)).split(b"\n\n")
         self.assertEqual(events[-2:], [b"data: [DONE]", b""])
-        docs = [json.loads(e[len(b"data: "):]) for e in events[:-2]]
-        self.assertEqual([d["choices"][0]["delta"]["content"] for d in docs[:2]],
-                         ["tok0", "tok1"])
+        docs = [json.loads(e[len(b"data: ") :]) for e in events[:-2]]
+        self.assertEqual([d["choices"][0]["delta"]["content"] for d in docs[:2]], ["tok0", "tok1"])
         self.assertEqual(docs[2]["choices"], [])
         self.assertEqual(docs[2]["usage"]["completion_tokens"], 2)
 
@@ -159,8 +159,9 @@ class OpenAIAnswerTests(EngineTestCase):
         doc = await self.postJSON("/api/v0/embeddings", {"model": "m1", "input": ["a", "b"]})
         self.assertEqual(len(doc["data"]), 2)
         self.assertEqual(doc["usage"]["prompt_tokens"], 7)
-        doc = await self.postJSON("/v1/rerank", {"model": "m1", "query": "q",
-                                                 "documents": ["a", "b", "c"]})
+        doc = await self.postJSON(
+            "/v1/rerank", {"model": "m1", "query": "q", "documents": ["a", "b", "c"]}
+        )
         self.assertEqual([r["index"] for r in doc["results"]], [0, 1, 2])
 
     async def test_answerStatusAndHeaders(self) -> None:
@@ -206,8 +207,7 @@ class OllamaAnswerTests(EngineTestCase):
     async def test_chatStreamsByDefault(self) -> None:
         """Native /api/chat streams NDJSON unless stream is false."""
         response = await self.post("/api/chat", CHAT)
-        self.assertEqual(response.headers.getRawHeaders("content-type"),
-                         ["application/x-ndjson"])
+        self.assertEqual(response.headers.getRawHeaders("content-type"), ["application/x-ndjson"])
         lines = [json.loads(x) for x in (await treq.content(response)).splitlines()]
         self.assertEqual([x["message"]["content"] for x in lines], ["tok0", "tok1", "tok2", ""])
         self.assertEqual([x["done"] for x in lines], [False, False, False, True])
@@ -219,8 +219,7 @@ class OllamaAnswerTests(EngineTestCase):
         doc = await self.postJSON("/api/chat", dict(CHAT, stream=False))
         self.assertEqual(doc["message"]["content"], "tok0tok1tok2")
         self.assertTrue(doc["done"])
-        doc = await self.postJSON("/api/generate", {"model": "m1", "prompt": "x",
-                                                    "stream": False})
+        doc = await self.postJSON("/api/generate", {"model": "m1", "prompt": "x", "stream": False})
         self.assertEqual(doc["response"], "tok0tok1tok2")
 
     async def test_openAIRoutesDoNotStreamByDefault(self) -> None:
@@ -290,7 +289,7 @@ class BehaviourTests(EngineTestCase):
         doc = await self.postJSON("/v1/chat/completions?x=1", CHAT)
         self.assertEqual(doc["path"], "/v1/chat/completions?x=1")
         self.assertEqual(doc["method"], "POST")
-        self.assertEqual(doc["bodyLength"], len(json.dumps(CHAT).encode()))
+        self.assertEqual(doc["bodyLength"], len(self.engine.requests[0].body))
         doc = await self.postJSON("/api/pull", {"name": "m1"})
         self.assertEqual(doc["path"], "/api/pull")
         self.assertEqual(doc["engine"], "fake-openai")
@@ -328,7 +327,7 @@ class BehaviourTests(EngineTestCase):
         self.assertNoResult(rec.connectionLost)
         self.assertEqual(self.engine.openConnections, 1)
         pending.cancel()
-        self.failureResultOf(pending, CancelledError)
+        self.failureResultOf(pending, ResponseNeverReceived).value.reasons[0].trap(CancelledError)
         await rec.connectionLost
         self.assertEqual(self.engine.openConnections, 0)
 
@@ -347,9 +346,8 @@ class BehaviourTests(EngineTestCase):
     async def test_drop(self) -> None:
         """Drop aborts the connection without any response."""
         self.engine.script(Drop())
-        with self.assertRaises(Exception) as caught:
+        with self.assertRaises(ResponseNeverReceived):
             await self.post("/v1/chat/completions", CHAT)
-        self.assertEqual(type(caught.exception).__name__, "ResponseNeverReceived")
 
     async def test_refuseAfterStopListening(self) -> None:
         """A stopped engine refuses connections."""
@@ -362,8 +360,7 @@ class BehaviourTests(EngineTestCase):
         waiting = self.engine.waitForRequest(2)
         await self.postJSON("/v1/models?a=b", {"model": "m1"})
         self.assertNoResult(waiting)
-        await self.http.post(self.engine.url + "/x", b"abc",
-                             headers={"Authorization": "Bearer k"})
+        await self.http.post(self.engine.url + "/x", b"abc", headers={"Authorization": "Bearer k"})
         rec = await waiting
         self.assertEqual((rec.method, rec.path, rec.body), ("POST", "/x", b"abc"))
         self.assertEqual(rec.headers["authorization"], ["Bearer k"])
@@ -378,8 +375,10 @@ class ConnectionTests(EngineTestCase):
     async def test_pipelinedKeepAlive(self) -> None:
         """Two pipelined requests on one connection get two responses in order."""
         body = json.dumps(CHAT).encode()
-        req = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
-               % (len(body), body))
+        req = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (
+            len(body),
+            body,
+        )
         self.engine.script(Status(503, b"A"))
         proto = await self.raw(req + req)
         await self.engine.waitForRequest(2)
@@ -390,8 +389,10 @@ class ConnectionTests(EngineTestCase):
 
     async def test_chunkedRequestAndClose(self) -> None:
         """A chunked request body is decoded; Connection: close closes after the answer."""
-        req = (b"POST /api/x HTTP/1.1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
-               b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
+        req = (
+            b"POST /api/x HTTP/1.1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+            b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+        )
         proto = await self.raw(req)
         await proto.lost
         self.assertEqual(self.engine.requests[0].body, b"abcde")
@@ -409,11 +410,17 @@ class OfficialClientTests(EngineTestCase):
 
         def run() -> tuple[Any, list[Any]]:
             with openai.OpenAI(base_url=url, api_key="x", max_retries=0) as client:
-                plain = client.chat.completions.create(model="m1", messages=[
-                    {"role": "user", "content": "hi"}])
-                chunks = list(client.chat.completions.create(
-                    model="m2", messages=[{"role": "user", "content": "hi"}], stream=True,
-                    stream_options={"include_usage": True}))
+                plain = client.chat.completions.create(
+                    model="m1", messages=[{"role": "user", "content": "hi"}]
+                )
+                chunks = list(
+                    client.chat.completions.create(
+                        model="m2",
+                        messages=[{"role": "user", "content": "hi"}],
+                        stream=True,
+                        stream_options={"include_usage": True},
+                    )
+                )
             return plain, chunks
 
         plain, chunks = await deferToThread(run)
@@ -475,8 +482,10 @@ class CLITests(EngineTestCase):
 
     def test_engineFromArgs(self) -> None:
         """engineFromArgs listens with the given dialect, models and default answer."""
-        engine = engineFromArgs(reactor, ["--dialect", "ollama", "--models", "a,b",
-                                          "--chunks", "50", "--chunk-delay", "0.01"])
+        engine = engineFromArgs(
+            reactor,
+            ["--dialect", "ollama", "--models", "a,b", "--chunks", "50", "--chunk-delay", "0.01"],
+        )
         self.addCleanup(engine.close)
         self.assertEqual((engine.dialect, engine.models), ("ollama", ["a", "b"]))
         self.assertEqual(engine.default, Answer(chunks=50, chunkDelay=0.01))
@@ -488,9 +497,12 @@ class CLITests(EngineTestCase):
         proto = _LineReader()
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         process = reactor.spawnProcess(
-            proto, sys.executable,
+            proto,
+            sys.executable,
             [sys.executable, "-m", "tests.fakeengine", "--port", "0", "--models", "x"],
-            env=os.environ, path=root)
+            env=os.environ,
+            path=root,
+        )
 
         async def stop() -> None:
             if process.pid is not None:
@@ -502,4 +514,3 @@ class CLITests(EngineTestCase):
         response = await self.http.get(f"http://127.0.0.1:{port}/v1/models")
         doc = json.loads(await treq.content(response))
         self.assertEqual(doc["data"][0]["id"], "x")
-

@@ -106,6 +106,10 @@ class ProxyService(MultiService):
             self.channel = channel
             self.sink = channel
             StandardIO(channel, reactor=self.reactor)
+        if self.settings.opsPort is not None:
+            from nvpair.proxy.ops import startOps
+
+            startOps(self, self.settings.opsPort)
         self.log.info("started", standalone=self.settings.standalone)
 
     def _brokerGone(self) -> None:

@@ -1,0 +1,154 @@
+"""Integration-test fixtures: the real proxy process driven through the supervisor client.
+
+``ProxyFixture`` spawns ``twistd -n --pidfile= nvpair-proxy`` exactly as the broker does,
+records every notification and log line, and stops the process in the test's cleanup.
+``startEngine`` runs a ``FakeEngine`` on 127.0.0.1 and closes it in cleanup.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from twisted.internet import defer
+from twisted.trial.unittest import TestCase
+
+from nvpair.proxy.supervisor import ProxyProcess
+from tests.fakeengine import FakeEngine
+
+CANARY = "CANARY-7f3a9e-SECRET"
+
+
+def freePort() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def startEngine(
+    test: TestCase, reactor: Any, dialect: str = "openai", models: Sequence[str] = ("m1",),
+    name: str = "engine",
+) -> FakeEngine:
+    """A fake engine listening on 127.0.0.1, closed when the test ends."""
+    engine = FakeEngine(reactor, dialect=dialect, models=models, name=name)
+    engine.listen(0)
+    test.addCleanup(engine.close)
+    return engine
+
+
+class ProxyFixture:
+    """One real proxy process under a scripted broker."""
+
+    def __init__(
+        self,
+        test: TestCase,
+        reactor: Any,
+        argv: Sequence[str] = (),
+        stateDir: str | None = None,
+        env: dict[str, str] | None = None,
+        restartPolicy: Callable[[int], float] | None = None,
+    ) -> None:
+        self.test = test
+        self.reactor = reactor
+        self.stateDir = stateDir or tempfile.mkdtemp(prefix="nvpair-state-")
+        self.workDir = tempfile.mkdtemp(prefix="nvpair-cwd-")
+        self.notifications: list[tuple[str, Any]] = []
+        self.logs: list[dict[str, Any]] = []
+        self.protocolErrors: list[str] = []
+        self.crashes: list[Any] = []
+        environ = dict(os.environ)
+        environ.pop("NVPAIR_STATE_DIR", None)
+        if env:
+            environ.update(env)
+        self.process = ProxyProcess(
+            reactor,
+            ["--state-dir", self.stateDir, *argv],
+            environ,
+            path=self.workDir,
+            onLog=self.logs.append,
+            onProtocolError=self.protocolErrors.append,
+            requestTimeout=20.0,
+            restartPolicy=restartPolicy,
+            onCrash=self.crashes.append,
+        )
+        self.process.subscribe(lambda method: True, self._notified)
+
+    def _notified(self, method: str, params: Any) -> None:
+        self.notifications.append((method, params))
+
+    def start(self) -> defer.Deferred[None]:
+        """Spawn the process; it is stopped (stdin closed) when the test ends."""
+        self.test.addCleanup(self.stop)
+        return self.process.start()
+
+    def stop(self) -> defer.Deferred[int | None]:
+        """Close stdin and wait for the exit (killing after 10 s)."""
+        return self.process.stop(10.0)
+
+    def request(self, method: str, params: Any) -> defer.Deferred[Any]:
+        """A JSON-RPC request to the proxy."""
+        return self.process.request(method, params)
+
+    def notify(self, method: str, params: Any) -> None:
+        """A JSON-RPC notification to the proxy."""
+        self.process.notify(method, params)
+
+    async def enable(self, engine: str, port: int | None = None, **extra: Any) -> int:
+        """Enable a facade on ``port`` (a free one by default); returns the bound port."""
+        params = {"engine": engine, "port": port if port is not None else freePort(), **extra}
+        result = await self.process.request("facade/enable", params)
+        return int(result["port"])
+
+    def nodes(self, engine: str, nodes: list[dict[str, Any]]) -> defer.Deferred[Any]:
+        """Replace a facade's discovery snapshot; fires once the proxy has applied it."""
+        self.notify(f"{engine}:discovery:nodes", {"nodes": nodes})
+        return self.sync()
+
+    def sync(self) -> defer.Deferred[Any]:
+        """A round trip: every message sent before it has been handled when it fires."""
+        return self.process.request("log/set-level", {"level": self.level})
+
+    level = "info"
+
+    def methods(self, prefix: str = "") -> list[str]:
+        """The notification methods received so far, optionally filtered by prefix."""
+        return [m for m, _ in self.notifications if m.startswith(prefix)]
+
+    def workloadEvents(self, workloadId: str | None = None) -> list[tuple[str, dict[str, Any]]]:
+        """The workload events received so far (for one workload id when given)."""
+        out = []
+        for method, params in self.notifications:
+            if method.startswith("workload:"):
+                info = params["workloadInfo"]
+                if workloadId is None or info["id"] == workloadId:
+                    out.append((method, info))
+        return out
+
+    def nextNotification(
+        self, method: str, predicate: Callable[[Any], bool] | None = None, timeout: float = 20.0
+    ) -> defer.Deferred[Any]:
+        """The next notification named ``method`` (matching ``predicate``)."""
+        return self.process.nextNotification(method, predicate, timeout)
+
+    async def waitFor(
+        self, method: str, predicate: Callable[[Any], bool] | None = None, timeout: float = 20.0
+    ) -> Any:
+        """A notification already received, or the next one, named ``method``."""
+        for m, params in self.notifications:
+            if m == method and (predicate is None or predicate(params)):
+                return params
+        return await self.process.nextNotification(method, predicate, timeout)
+
+
+def directNode(nodeId: str, engine: FakeEngine, models: Sequence[str] | None = None) -> dict[str, Any]:
+    """A discovery node reached directly over plaintext at a fake engine."""
+    return {
+        "id": nodeId,
+        "self": False,
+        "addresses": [engine.url],
+        "models": list(models if models is not None else engine.models),
+    }
