@@ -727,6 +727,32 @@ class HandshakeTests(SynchronousTestCase):
         self.assertTrue(accepted.exchange())
         accepted.close()
 
+    def test_presentsCurrentIdentityAfterRotation(self) -> None:
+        """A connection made under the previous certificate no longer presents the current one."""
+        conn = _Connection(self.a.serverContextFactory, self.b.clientCreatorFor("a"))
+        self.assertTrue(conn.exchange())
+        self.assertTrue(self.a.presentsCurrentIdentity(conn.serverTLS))
+        self.assertFalse(self.a.presentsCurrentIdentity(_NoPeer()))
+        writeNodeTLS(self.aDir.path, C_CERT, C_KEY)
+        self.a.reload()
+        self.assertFalse(self.a.presentsCurrentIdentity(conn.serverTLS))
+        conn.close()
+
+    def test_changeLogged(self) -> None:
+        """Each reload that changes the trust logs one cluster-changed record (counts only)."""
+        events: list[dict[str, Any]] = []
+        from twisted.logger import globalLogPublisher
+
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        writePins(self.aDir.path, {"b": B_FP, "c": C_FP})
+        self.a.reload()
+        self.a.reload()
+        changed = [e for e in events if e.get("log_format") == "cluster-changed"]
+        self.assertEqual(len(changed), 1)
+        self.assertEqual((changed[0]["pins"], changed[0]["member"]), (2, True))
+        self.assertNotIn(C_FP, repr(changed[0]))
+
     def test_contextCachedPerGeneration(self) -> None:
         """The server context is reused until the trust changes."""
         c1 = self.a.serverContextFactory.serverConnectionForTLS(None)  # type: ignore[arg-type]

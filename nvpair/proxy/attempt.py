@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
-from twisted.internet.error import ConnectError, TimeoutError
+from twisted.internet.error import ConnectError
 from twisted.internet.interfaces import IDelayedCall, IPushProducer
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
@@ -28,11 +28,13 @@ PENDING = 0
 COMMITTED = 1
 ABANDONED = 2
 
-# Outcome kinds of an uncommitted attempt.
-TRANSPORT = "transport"
-STATUS = "status"
-NO_CONTENT = "no_content"
-LEFT = "left"
+# Outcome kinds of an uncommitted attempt.  On the final permitted attempt ``NO_CONTENT``
+# (headers, then no first byte in time) answers 504; every other kind answers 502.
+TRANSPORT = "transport"  # dial failure, connection lost before the first body byte
+HEADER_TIMEOUT = "header_timeout"  # connected, but no headers within the header cap
+STATUS = "status"  # a retryable status on a non-final attempt
+NO_CONTENT = "no_content"  # headers arrived, the first body byte did not (first-content cap)
+LEFT = "left"  # the target left discovery before commit
 
 # How the body of a committed response ended.
 COMPLETE = "complete"
@@ -69,6 +71,8 @@ class Failed:
 
 Outcome = Committed | Failed
 
+_DONE = Failure(ResponseDone())  # type: ignore[no-untyped-call]
+
 
 class _Discard(Protocol):
     """Reads and drops a body we will not forward; aborts it if it is large or endless."""
@@ -85,7 +89,7 @@ class _Discard(Protocol):
         if self._left < 0:
             self.transport.stopProducing()  # type: ignore[union-attr]
 
-    def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:
+    def connectionLost(self, reason: Failure = _DONE) -> None:
         pass
 
 
@@ -122,7 +126,7 @@ class Relay(Protocol):
         else:
             self.transport.stopProducing()  # type: ignore[union-attr]
 
-    def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:
+    def connectionLost(self, reason: Failure = _DONE) -> None:
         self.attempt.bodyLost(self, reason)
 
 
@@ -141,6 +145,7 @@ class Attempt:
         self._timer: IDelayedCall | None = None
         self._response: IResponse | None = None
         self._done: defer.Deferred[str] | None = None
+        self._headerTimedOut = False
         self._unwatch = exchange.facade.watch(node.id, self._left)
         facade = exchange.facade
         self._addresses = addressesFor(
@@ -160,24 +165,49 @@ class Attempt:
             return
         ex = self.exchange
         address = self._addresses[index]
-        d = ex.upstream.request(self.node, address, ex.method, ex.uri, ex.forwardHeaders, ex.body)
-        if ex.settings.responseHeaderTimeout > 0:
-            d.addTimeout(ex.settings.responseHeaderTimeout, ex.clock)
+        try:
+            d = ex.upstream.request(
+                self.node, address, ex.method, ex.uri, ex.forwardHeaders, ex.body,
+                connected=self._connected,
+            )
+        except Exception:
+            d = defer.fail()
         self._pending = d
         d.addCallbacks(self._gotResponse, self._requestFailed, (address,), None, (index,))
 
+    def _connected(self) -> None:
+        """The dial is done: the header cap starts now (the budgets run in sequence, §5.1)."""
+        if self.state != PENDING or self._timer is not None:
+            return
+        timeout = self.exchange.settings.responseHeaderTimeout
+        if timeout > 0:
+            self._timer = self.exchange.clock.callLater(timeout, self._noHeaders)
+
+    def _noHeaders(self) -> None:
+        self._timer = None
+        pending = self._pending
+        if self.state != PENDING or pending is None:
+            return
+        self._headerTimedOut = True
+        pending.cancel()
+
     def _requestFailed(self, failure: Failure, index: int) -> None:
         self._pending = None
+        self._stopTimer()
         if self.state != PENDING:
+            return
+        if self._headerTimedOut:
+            self._fail(HEADER_TIMEOUT)
             return
         if failure.check(ConnectError) and index + 1 < len(self._addresses):
             self._dial(index + 1)
             return
         self.exchange.facade.confirmed.pop(self.node.id, None)
-        self._fail(NO_CONTENT if failure.check(TimeoutError) else TRANSPORT)
+        self._fail(TRANSPORT)
 
     def _gotResponse(self, response: IResponse, address: str) -> None:
         self._pending = None
+        self._stopTimer()
         if self.state != PENDING:
             discard(response, self.exchange.clock, 0)
             return
@@ -228,8 +258,14 @@ class Attempt:
         self._done = defer.Deferred(lambda d: self._stopBody())
         length = None if response.length is UNKNOWN_LENGTH else int(response.length)  # type: ignore[call-overload]
         transport: IPushProducer = relay.transport  # type: ignore[assignment]
-        self.exchange.writeHead(self, response.code, response.phrase, response.headers, length,
-                                transport)
+        try:
+            self.exchange.writeHead(self, response.code, response.phrase, response.headers,
+                                    length, transport)
+        except Exception:
+            # Nothing sensible can be streamed: stop the body, let the loop report it.
+            transport.stopProducing()
+            self._result.errback()
+            return False
         self._result.callback(Committed(self.node, response.code, self._done))
         return True
 
@@ -246,7 +282,8 @@ class Attempt:
         if self.state != COMMITTED or self._done is None or self._done.called:
             return
         ending = self.exchange.endBody(clean)
-        self._done.callback(ending)
+        if not self._done.called:
+            self._done.callback(ending)
 
     def _stopBody(self) -> None:
         relay = self._relay

@@ -60,8 +60,14 @@ def resolveAddress(method: str) -> tuple[str | None, str]:
     return None, method
 
 
+# Unaddressed, process-level names that share a prefix with facade-scoped ones (spec §4).
+PROCESS_SCOPED = frozenset(("node/set-priority", "errors:report"))
+
+
 def isFacadeScoped(name: str) -> bool:
     """Whether an unaddressed name is one that needs a facade address."""
+    if name in PROCESS_SCOPED:
+        return False
     return name in FACADE_SCOPED or name.startswith(("node/", "errors:"))
 
 
@@ -162,14 +168,15 @@ class BrokerChannel(jsonrpc.LineFramer):
     def _answer(self, msgId: object, value: object) -> None:
         after = None
         if isinstance(value, Reply):
-            value, after = value.value, value.after
+            after = value.after
+            value = value.value
         if msgId is not _NOTIFICATION:
             self._send(jsonrpc.result(msgId, value if value is not None else {}))
         if after is not None:
             after()
 
     def _answerFailure(self, method: str, msgId: object, failure: Failure) -> None:
-        if failure.check(RPCError):
+        if isinstance(failure.value, RPCError):
             self._answerError(method, msgId, failure.value)
         else:
             self.log.failure("broker-handler-crashed", failure, method=method)

@@ -43,6 +43,7 @@ from twisted.internet.interfaces import (
     IReactorTime,
 )
 from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
 from twisted.web.iweb import IPolicyForHTTPS
 from zope.interface import implementer
 
@@ -216,6 +217,8 @@ class ClusterTrust:
     close it early instead.
     """
 
+    log = Logger()
+
     def __init__(
         self,
         clusterDir: str | None,
@@ -243,6 +246,7 @@ class ClusterTrust:
         self._refusingServerCtx: SSL.Context | None = None
         self._refusingClientCtx: SSL.Context | None = None
         self._peerFingerprints: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        self._localFingerprints: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
         self._parts: dict[str, _Part] = {}
         if clusterDir is not None:
@@ -329,10 +333,16 @@ class ClusterTrust:
         """Check every file once now and apply whatever changed."""
         if self._dir is None:
             return
+        before = self.generation
         self._checkPart(self._parts["member"], self._applyMember)
         self._checkPart(self._parts["tls"], self._applyTLS)
         self._checkPart(self._parts["pins"], self._applyPins)
         self._checkMemberCredentials()
+        if self.generation != before:
+            self.log.info(
+                "cluster-changed", generation=self.generation, member=self.isMember,
+                nodeId=self.nodeId, credentials=self.hasCredentials, pins=len(self._pins),
+            )
 
     def _checkPart(self, part: _Part, apply: Callable[[tuple[bytes | None, ...]], None]) -> None:
         """Re-read a part when its stat signature moved (or it was recently written)."""
@@ -559,6 +569,35 @@ class ClusterTrust:
         if fp is None:
             return None
         return self._byFingerprint.get(fp)
+
+    def presentsCurrentIdentity(self, transport: object) -> bool:
+        """Whether an established connection was made with this node's current certificate.
+
+        ``transport`` is the TLS protocol (anything with ``getHandle()`` returning the
+        ``SSL.Connection``).  False after a rotation, so a kept-alive connection made under
+        the old certificate can be cut on its next request.
+        """
+        credentials = self._credentials
+        if credentials is None:
+            return False
+        try:
+            cached = self._localFingerprints.get(transport)
+        except TypeError:
+            cached = None
+        if cached is None:
+            getHandle = getattr(transport, "getHandle", None)
+            try:
+                cert = getHandle().get_certificate() if getHandle is not None else None
+            except Exception:  # noqa: BLE001 - no TLS session yet or already torn down
+                return False
+            if not isinstance(cert, crypto.X509 | x509.Certificate):
+                return False
+            cached = _fingerprintOfX509(cert)
+            try:
+                self._localFingerprints[transport] = cached
+            except TypeError:
+                pass
+        return cached == credentials.fingerprint
 
     def _peerFingerprint(self, transport: object) -> str | None:
         """The peer certificate's fingerprint, cached per transport object."""

@@ -17,7 +17,7 @@ from twisted.web.http_headers import Headers
 from nvpair.proxy import attempt as att
 from nvpair.proxy.attempt import Attempt, Committed, Failed, Outcome
 from nvpair.proxy.candidates import orderCandidates, placeReservation
-from nvpair.proxy.relay import ClientFlow, abortClient, copyResponseHeaders
+from nvpair.proxy.relay import ClientFlow, abortClient, copyResponseHeaders, truncateClient
 from nvpair.proxy.stats import StatsMeter
 from nvpair.proxy.workloads import CANCELLED, COMPLETED, FAILED, Workload
 
@@ -69,6 +69,7 @@ class Exchange:
         self.flow: ClientFlow | None = None
         self.committedStatus: int | None = None
         self.clientGone = False
+        self.truncated = False
         self.stopping = False
         self.answered = False
         self.loop: defer.Deferred[None] | None = None
@@ -82,11 +83,14 @@ class Exchange:
         runner = runInference if self.inference else runVerbatim
         self.context.exchanges.add(self)
         self.request.notifyFinish().addErrback(self._clientLost)
+        if self.request._disconnected:
+            self.clientGone = True  # gone before we started: notifyFinish will never fire
         self.loop = defer.Deferred.fromCoroutine(self._run(runner))
 
     async def _run(self, runner: Any) -> None:
         try:
-            await runner(self)
+            if not self.clientGone:
+                await runner(self)
         except defer.CancelledError:
             pass
         except Exception as e:
@@ -118,14 +122,18 @@ class Exchange:
         self.context.requestEnded(self)
 
     def _clientLost(self, _: object) -> None:
+        if self.clientGone or self.truncated:
+            return  # already handled, or the loss is our own abort of a truncated stream
         self.clientGone = True
         if self.loop is not None and not self.loop.called:
             self.loop.cancel()
 
     def deadClient(self) -> None:
         """The client stopped reading for longer than the write deadline: cut it off."""
-        self.clientGone = True
+        if self.clientGone:
+            return
         abortClient(self.request)
+        self._clientLost(None)
 
     def shutdown(self) -> None:
         """The process is stopping: cancel this request (reported cancelled)."""
@@ -238,7 +246,8 @@ class Exchange:
         if clean:
             request.finish()
             return att.COMPLETE
-        abortClient(request)
+        self.truncated = True
+        truncateClient(request, self.clock, self.settings.clientWriteTimeout or 60.0)
         return att.TRUNCATED
 
     def answerError(self, status: int, reason: str, retryAfter: int | None = None) -> None:
@@ -283,7 +292,8 @@ async def runInference(ex: Exchange) -> None:
     maxAttempts = settings.maxDispatchAttempts
     dispatched = 0
     while True:
-        owners = facade.snapshot.owners(model, facade.hasLocalBackend)
+        snapshot = facade.snapshot
+        owners = snapshot.owners(model, facade.hasLocalBackend)
         if not owners:
             if not dispatched:
                 ex.answerError(502, "no_owner")
@@ -306,6 +316,14 @@ async def runInference(ex: Exchange) -> None:
             if clock.seconds() >= deadline:
                 ex.unavailable("deadline_exceeded")
                 return
+            if facade.snapshot is not snapshot:
+                # Discovery changed during this round: never dispatch to a node that has
+                # left or stopped advertising the model (failover never broadens).
+                current = facade.snapshot
+                live = current.get(node.id)
+                if live is None or live not in current.owners(model, facade.hasLocalBackend):
+                    continue
+                node = live
             dispatched += 1
             final = dispatched == maxAttempts
             outcome = await ex.dispatch(node, final, gated=True)
@@ -341,6 +359,11 @@ async def runVerbatim(ex: Exchange) -> None:
         return
     last = len(ordered) - 1
     for index, node in enumerate(ordered):
+        if facade.snapshot is not snapshot and node.id not in facade.snapshot:
+            if index == last:
+                ex.answerError(502, "upstream_unreachable")
+                return
+            continue  # it left discovery meanwhile
         outcome = await ex.dispatch(node, index == last, gated=False)
         if isinstance(outcome, Committed):
             await ex.serve(outcome)

@@ -15,7 +15,7 @@ from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IListeningPort, IReactorTCP, IReactorTime
-from twisted.internet.protocol import Factory
+from twisted.internet.protocol import ServerFactory
 from twisted.logger import Logger
 
 from nvpair.proxy.candidates import Snapshot
@@ -51,6 +51,13 @@ def _reason(e: CannotListenError) -> str:
     return str(err)
 
 
+def _stopped(listener: IListeningPort) -> defer.Deferred[None]:
+    result: Any = listener.stopListening()
+    if isinstance(result, defer.Deferred):
+        return result
+    return defer.succeed(None)
+
+
 class Facade(Service):
     """An engine's facade: listeners plus the discovery, pin and local-backend state."""
 
@@ -60,7 +67,7 @@ class Facade(Service):
         self,
         engine: Engine,
         reactor: Any,
-        makeFactory: Callable[[bool], Factory],
+        makeFactory: Callable[[bool], ServerFactory],
         emptySnapshot: Snapshot,
     ) -> None:
         self.engine = engine
@@ -121,7 +128,7 @@ class Facade(Service):
         old, self._listener, self.port = self._listener, new, port
         if old is None:
             return defer.succeed(None)
-        return defer.maybeDeferred(old.stopListening)
+        return _stopped(old)
 
     def stopService(self) -> defer.Deferred[None]:
         """Close every listener of this facade."""
@@ -133,7 +140,7 @@ class Facade(Service):
             waiter.cancel()
         self._waiters = []
         return defer.gatherResults(
-            [defer.maybeDeferred(lst.stopListening) for lst in listeners], consumeErrors=True
+            [_stopped(lst) for lst in listeners], consumeErrors=True
         ).addCallback(lambda _: None)
 
     # -- discovery view -----------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable
+from typing import Any
 
 from twisted.internet.interfaces import IAddress, IDelayedCall, IProtocol, IReactorTime
 from twisted.internet.protocol import Factory, Protocol, ServerFactory
@@ -67,6 +68,7 @@ class PersonalitySwitch(Protocol):
             self.transport.abortConnection()  # type: ignore[union-attr]
             return
         self._inner = inner
+        assert self.transport is not None
         inner.makeConnection(self.transport)
         inner.dataReceived(data)
 
@@ -89,7 +91,7 @@ class PersonalityFactory(ServerFactory):
     def __init__(
         self,
         clock: IReactorTime,
-        plaintext: Factory,
+        plaintext: Factory[Any],
         tls: Callable[[IAddress], IProtocol | None] | None = None,
         loopbackOnly: bool = False,
         maxConnections: int = 4096,
@@ -110,10 +112,11 @@ class PersonalityFactory(ServerFactory):
     def stopFactory(self) -> None:
         self.plaintext.doStop()
 
-    def buildProtocol(self, addr: IAddress) -> Protocol | None:
+    def buildProtocol(self, addr: IAddress | None) -> Protocol | None:
         if self.connections >= self.maxConnections:
             self.refused += 1
             return None
+        assert addr is not None
         return PersonalitySwitch(self, addr)
 
     def choose(self, firstByte: int, addr: IAddress) -> IProtocol | None:

@@ -1,24 +1,233 @@
-"""Request-path counters (placeholder until the operations listener lands)."""
+"""Prometheus metrics: request-path event counters and scrape-time views of the live state.
+
+``Metrics`` holds the counters and the commit-latency histogram the request path feeds,
+in a ``CollectorRegistry`` of its own (never the process-global one).  Its hooks run on
+the request path, so each is a dict lookup of a pre-bound label child plus one increment;
+every label set is bounded (engine ids, route classes, fixed outcome and reason words,
+JSON-RPC names the service knows).  ``StateCollector`` reads in-flight counts,
+reservations, workloads and the upstream pool when ``/metrics`` is scraped, so keeping
+them costs the request path nothing.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from nvpair.proxy.engines import ENGINES
+
+ROUTES = {True: "inference", False: "verbatim"}
+OUTCOMES = ("2xx", "3xx", "4xx", "5xx", "error", "cancelled")
+ATTEMPT_REASONS = ("committed", "transport", "status", "no_content", "left")
+WORKLOAD_STATES = ("completed", "failed", "cancelled")
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                120.0, 300.0, float("inf"))
+METHOD_NOT_FOUND = -32601
+_STATUS_CLASS = {1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
+
+
+def requestOutcome(exchange: Any) -> str:
+    """How an exchange ended: committed status class, ``error`` (proxy answer) or ``cancelled``."""
+    status = exchange.committedStatus
+    if exchange.clientGone or (status is None and not exchange.answered):
+        return "cancelled"
+    if status is None:
+        return "error"
+    return _STATUS_CLASS.get(status // 100, "other")
 
 
 class Metrics:
-    """Receives the request path's events; counts nothing yet."""
+    """The event metrics of one process; hooks are cheap and allocate nothing once warm."""
 
-    def rpcMessage(self, name: str) -> None:
-        pass
+    def __init__(self) -> None:
+        registry = self.registry = CollectorRegistry()
+        self._requests = Counter(
+            "nvpair_proxy_requests", "Dispatched requests by engine, route class and outcome.",
+            ["engine", "route", "outcome"], registry=registry,
+        )
+        self._attempts = Counter(
+            "nvpair_proxy_dispatch_attempts",
+            "Dispatch attempts by engine and how they ended (committed or why not).",
+            ["engine", "reason"], registry=registry,
+        )
+        self._ttft = Histogram(
+            "nvpair_proxy_commit_seconds",
+            "Time from admission to commit (first content byte), seconds.",
+            ["engine", "route"], buckets=TTFT_BUCKETS, registry=registry,
+        )
+        self._proxyErrors = Counter(
+            "nvpair_proxy_errors", "Responses the proxy generated itself, by engine and reason.",
+            ["engine", "reason"], registry=registry,
+        )
+        self._internal = Counter(
+            "nvpair_proxy_internal_errors", "Unexpected exceptions while handling a request.",
+            registry=registry,
+        )
+        self._rpc = Counter(
+            "nvpair_proxy_rpc_messages", "JSON-RPC messages handled from the broker, by method.",
+            ["method"], registry=registry,
+        )
+        self._rpcErrors = Counter(
+            "nvpair_proxy_rpc_errors", "JSON-RPC error answers to the broker, by method and code.",
+            ["method", "code"], registry=registry,
+        )
+        self._fleetMerges = Counter(
+            "nvpair_proxy_fleet_list_merges", "Fleet-wide model lists merged, by engine.",
+            ["engine"], registry=registry,
+        )
+        self._fleetSources = Counter(
+            "nvpair_proxy_fleet_list_sources",
+            "Nodes asked for a fleet model list, by engine and whether they answered.",
+            ["engine", "result"], registry=registry,
+        )
+        self._requestChildren: dict[tuple[str, bool, str], Any] = {}
+        self._attemptChildren: dict[tuple[str, str], Any] = {}
+        self._ttftChildren: dict[tuple[str, bool], Any] = {}
+        self._errorChildren: dict[tuple[str, str], Any] = {}
+        self._rpcChildren: dict[str, Any] = {}
+        self._internalChild = self._internal
+        for engine in ENGINES:
+            for inference, route in ROUTES.items():
+                self._ttftChildren[engine, inference] = self._ttft.labels(engine, route)
+                for outcome in OUTCOMES:
+                    self._requestChildren[engine, inference, outcome] = self._requests.labels(
+                        engine, route, outcome)
+            for reason in ATTEMPT_REASONS:
+                self._attemptChildren[engine, reason] = self._attempts.labels(engine, reason)
+
+    # -- hooks (the request path and the broker channel call these) --------------------
+
+    def rpcMessage(self, name: str, errorCode: int | None = None) -> None:
+        """One broker message handled; ``errorCode`` when it was answered with an error."""
+        if errorCode == METHOD_NOT_FOUND:
+            name = "unknown"  # never a label per unknown name: the label set stays bounded
+        child = self._rpcChildren.get(name)
+        if child is None:
+            child = self._rpcChildren[name] = self._rpc.labels(name)
+        child.inc()
+        if errorCode is not None:
+            self._rpcErrors.labels(name, str(errorCode)).inc()
 
     def internalError(self) -> None:
-        pass
+        """An unexpected exception escaped while handling a request."""
+        self._internalChild.inc()
+
+    def proxyError(self, engineId: str, reason: str) -> None:
+        """The proxy answered a request itself with the error ``reason``."""
+        key = (engineId, reason)
+        child = self._errorChildren.get(key)
+        if child is None:
+            child = self._errorChildren[key] = self._proxyErrors.labels(engineId, reason)
+        child.inc()
 
     def attemptFailed(self, exchange: Any, outcome: Any) -> None:
-        pass
+        """An attempt ended uncommitted (``outcome.kind`` is the reason)."""
+        key = (exchange.engine.id, outcome.kind)
+        child = self._attemptChildren.get(key)
+        if child is None:
+            child = self._attemptChildren[key] = self._attempts.labels(*key)
+        child.inc()
 
-    def committed(self, exchange: Any, nodeId: str, ttft: float) -> None:
-        pass
+    def committed(self, exchange: Any, nodeId: str, ttftSeconds: float) -> None:
+        """An attempt committed ``ttftSeconds`` after admission."""
+        engineId = exchange.engine.id
+        self._attemptChildren[engineId, "committed"].inc()
+        self._ttftChildren[engineId, exchange.inference].observe(ttftSeconds)
 
     def requestEnded(self, exchange: Any) -> None:
-        pass
+        """An exchange ended: count it by engine, route class and outcome."""
+        key = (exchange.engine.id, exchange.inference, requestOutcome(exchange))
+        child = self._requestChildren.get(key)
+        if child is None:
+            child = self._requestChildren[key] = self._requests.labels(
+                key[0], ROUTES[key[1]], key[2])
+        child.inc()
+
+    def fleetMerge(self, engineId: str, answered: int, failed: int) -> None:
+        """A fleet model list was merged from ``answered`` nodes (``failed`` did not answer)."""
+        self._fleetMerges.labels(engineId).inc()
+        if answered:
+            self._fleetSources.labels(engineId, "answered").inc(answered)
+        if failed:
+            self._fleetSources.labels(engineId, "failed").inc(failed)
+
+
+def _poolConnections(pool: Any) -> tuple[int, int]:
+    """(idle cached connections, distinct upstream keys) of an ``HTTPConnectionPool``."""
+    connections = getattr(pool, "_connections", {})
+    return sum(len(c) for c in connections.values()), len(connections)
+
+
+class StateCollector(Collector):
+    """Scrape-time gauges read straight from the service's live state."""
+
+    def __init__(self, service: Any) -> None:
+        self.service = service
+
+    def describe(self) -> list[Metric]:
+        """Nothing to check at registration: the names are fixed and unique to this module."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the live-state families."""
+        service = self.service
+        inFlight = GaugeMetricFamily(
+            "nvpair_proxy_in_flight", "Dispatches in flight per node.", labels=["node"])
+        for nodeId, count in sorted(service.activity.inFlight.items()):
+            inFlight.add_metric([nodeId], count)
+        yield inFlight
+        reservations = service.reservations
+        reserved = GaugeMetricFamily(
+            "nvpair_proxy_reservations",
+            "Live reservations per node against the current scheduler generation.",
+            labels=["node"])
+        byNode = reservations.byNode()
+        for nodeId, count in sorted(byNode.items()):
+            reserved.add_metric([nodeId], count)
+        yield reserved
+        load = GaugeMetricFamily(
+            "nvpair_proxy_estimated_load",
+            "Scheduler pending + gpuPressure + live reservations, per node.", labels=["node"])
+        for nodeId in sorted(set(reservations.order) | set(byNode)):
+            load.add_metric([nodeId], reservations.estimatedLoad(nodeId))
+        yield load
+        if reservations.generation is not None:
+            yield GaugeMetricFamily(
+                "nvpair_proxy_scheduler_generation", "The applied scheduler snapshot generation.",
+                value=reservations.generation)
+        yield GaugeMetricFamily(
+            "nvpair_proxy_requests_in_progress", "Requests being dispatched or streamed now.",
+            value=len(service.exchanges))
+        reporter = service.reporter
+        terminals = CounterMetricFamily(
+            "nvpair_proxy_workloads", "Workloads ended, by terminal state.", labels=["state"])
+        states = dict.fromkeys(WORKLOAD_STATES, 0)
+        states.update(reporter.terminals)
+        for state, count in sorted(states.items()):
+            terminals.add_metric([state], count)
+        yield terminals
+        yield GaugeMetricFamily(
+            "nvpair_proxy_workloads_live", "Workloads admitted and not yet ended.",
+            value=reporter.live)
+        idle, hosts = _poolConnections(service.upstream.pool)
+        yield GaugeMetricFamily(
+            "nvpair_proxy_upstream_pool_connections",
+            "Idle persistent upstream connections held by the shared pool.", value=idle)
+        yield GaugeMetricFamily(
+            "nvpair_proxy_upstream_pool_hosts",
+            "Upstream addresses with idle pooled connections.", value=hosts)
+        nodes = GaugeMetricFamily(
+            "nvpair_proxy_discovery_nodes", "Nodes in each facade's discovery snapshot.",
+            labels=["engine"])
+        updates = CounterMetricFamily(
+            "nvpair_proxy_discovery_updates", "Discovery snapshots applied, per facade.",
+            labels=["engine"])
+        for engineId, facade in sorted(service.facades.items()):
+            nodes.add_metric([engineId], len(facade.snapshot.nodes))
+            updates.add_metric([engineId], facade.snapshotCount)
+        yield nodes
+        yield updates

@@ -30,6 +30,7 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
         b"content-length",
         b"host",
+        b"expect",  # the body is already buffered: no 100-continue round trip upstream
     )
 )
 
@@ -117,9 +118,13 @@ class ClientFlow:
         self._cancelTimer()
 
 
+def _clientTransport(request: Any) -> Any:
+    return getattr(request.channel, "transport", None) if request.channel else None
+
+
 def abortClient(request: Any) -> None:
-    """Close the client connection abruptly so a truncated body is visible as such."""
-    transport = getattr(request.channel, "transport", None) if request.channel else None
+    """Close the client connection at once, dropping anything still buffered for it."""
+    transport = _clientTransport(request)
     if transport is None:
         return
     abort = getattr(transport, "abortConnection", None)
@@ -127,3 +132,25 @@ def abortClient(request: Any) -> None:
         abort()
     else:
         transport.loseConnection()
+
+
+def truncateClient(request: Any, clock: IReactorTime, grace: float) -> None:
+    """End a committed response that the upstream cut short, so the client sees it cut.
+
+    The bytes already relayed are flushed first and the connection then closed without the
+    response's end (no final chunk, or fewer bytes than its Content-Length); a client that
+    does not take those bytes within ``grace`` seconds is aborted.
+    """
+    transport = _clientTransport(request)
+    if transport is None:
+        return
+    transport.loseConnection()
+    if grace > 0:
+        clock.callLater(grace, _abortIfOpen, transport)
+
+
+def _abortIfOpen(transport: Any) -> None:
+    if not getattr(transport, "disconnected", False):
+        abort = getattr(transport, "abortConnection", None)
+        if abort is not None:
+            abort()

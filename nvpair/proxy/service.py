@@ -75,7 +75,7 @@ class ProxyService(MultiService):
         self.exchanges: set[Any] = set()
         self.channel: BrokerChannel | None = None
         self.forwardHeaders = forwardHeaders
-        self.sendError = sendError
+        self.sendError = self._sendError
 
     # -- twistd integration ---------------------------------------------------------------
 
@@ -199,8 +199,19 @@ class ProxyService(MultiService):
     # -- broker messages ------------------------------------------------------------------
 
     def handle(self, engine: str | None, name: str, params: dict[str, Any]) -> object:
-        """Dispatch one broker message (protocol §4)."""
+        """Dispatch one broker message (protocol §4), counting it and any error answer."""
+        try:
+            result = self._route(engine, name, params)
+        except RPCError as e:
+            self.metrics.rpcMessage(name, e.code)
+            raise
+        except Exception:
+            self.metrics.rpcMessage(name, jsonrpc.INTERNAL_ERROR)
+            raise
         self.metrics.rpcMessage(name)
+        return result
+
+    def _route(self, engine: str | None, name: str, params: dict[str, Any]) -> object:
         if engine is None:
             handler = self._processHandlers.get(name)
             if handler is None:
@@ -338,6 +349,14 @@ class ProxyService(MultiService):
         """A cluster directory file was unusable; the last good state stays in force."""
         self.log.warn("cluster-problem", problem=message)
         self.sink.notify("errors:report", {"kind": "cluster", "message": message})
+
+    def _sendError(
+        self, request: Any, engine: Engine, status: int, reason: str, message: str,
+        retryAfter: int | None = None,
+    ) -> None:
+        """Answer with a proxy-generated error (``site.sendError``), counting it by reason."""
+        self.metrics.proxyError(engine.id, reason)
+        sendError(request, engine, status, reason, message, retryAfter)
 
     def reportInternal(self, exceptionType: str) -> None:
         """An unexpected exception handling a request (names the type only)."""

@@ -3,7 +3,9 @@
 ``FacadeSite`` reads request bodies up to ``--max-body`` (413 beyond, read and dropped in
 constant memory), answers oversized header blocks with 431, cuts clients that take longer
 than ``--header-read-timeout`` to send their headers, and hands each request to the
-facade's ``FrontDoor``.
+facade's ``FrontDoor``.  Between requests, and while a request body is arriving, a
+client connection idle for the header-read timeout is closed (twisted.web suspends that
+idle timer while a response is being produced, so long streams are unaffected).
 """
 
 from __future__ import annotations
@@ -12,11 +14,15 @@ import io
 from typing import Any
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.error import ConnectionDone
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web import http, server
 from twisted.web.resource import Resource
 
 from nvpair.proxy.engines import Engine
+
+_CLOSED = Failure(ConnectionDone())
 
 _PHRASES = {
     400: b"Bad Request",
@@ -62,7 +68,7 @@ class FacadeRequest(server.Request):
 
     def gotLength(self, length: int | None) -> None:
         self.content = io.BytesIO()
-        limit = self.channel.site.maxBody
+        limit = self._site().maxBody
         if length is not None and length > limit:
             self.tooLarge = True
 
@@ -70,17 +76,23 @@ class FacadeRequest(server.Request):
         if self.tooLarge:
             return
         self._received += len(data)
-        if self._received > self.channel.site.maxBody:
+        if self._received > self._site().maxBody:
             self.tooLarge = True
             self.content = io.BytesIO()
             return
-        self.content.write(data)
+        content: io.BytesIO = self.content  # type: ignore[assignment]
+        content.write(data)
+
+    def _site(self) -> FacadeSite:
+        site: FacadeSite = self.channel.site  # type: ignore[attr-defined]
+        return site
 
 
 class FacadeChannel(http.HTTPChannel):
     """HTTP/1.1 channel with a header-read deadline and 431 for oversized header blocks."""
 
     _headerTimer: IDelayedCall | None = None
+    site: FacadeSite
 
     def connectionMade(self) -> None:
         super().connectionMade()
@@ -101,7 +113,7 @@ class FacadeChannel(http.HTTPChannel):
         self._headerTimer = None
         self.site.slowClients += 1
         if self.transport is not None:
-            self.transport.abortConnection()
+            self.transport.abortConnection()  # type: ignore[attr-defined]
 
     def allHeadersReceived(self) -> None:
         self._disarmHeaderTimer()
@@ -112,7 +124,7 @@ class FacadeChannel(http.HTTPChannel):
         if not self.requests:
             self._armHeaderTimer()
 
-    def connectionLost(self, reason: Any) -> None:
+    def connectionLost(self, reason: Failure = _CLOSED) -> None:
         self._disarmHeaderTimer()
         super().connectionLost(reason)
 
@@ -120,6 +132,7 @@ class FacadeChannel(http.HTTPChannel):
         if self._receivedHeaderSize > self.totalHeadersSize or (
             self._receivedHeaderCount > self.maxHeaders
         ):
+            assert self.transport is not None
             self.transport.write(
                 b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
                 b"Content-Length: 0\r\nConnection: close\r\n\r\n"
@@ -151,7 +164,7 @@ class FacadeSite(server.Site):
     """The twisted.web site of one facade personality (plaintext or peer TLS)."""
 
     requestFactory = FacadeRequest
-    protocol = FacadeChannel
+    protocol = FacadeChannel  # type: ignore[assignment]
     noisy = False
 
     def __init__(
@@ -162,7 +175,9 @@ class FacadeSite(server.Site):
         headerReadTimeout: float,
         maxHeaderBytes: int,
     ) -> None:
-        super().__init__(FacadeResource(door))
+        super().__init__(
+            FacadeResource(door), timeout=headerReadTimeout or None, reactor=clock
+        )
         self.clock = clock
         self.maxBody = maxBody
         self.headerReadTimeout = headerReadTimeout
@@ -173,7 +188,6 @@ class FacadeSite(server.Site):
     def buildProtocol(self, addr: Any) -> Any:
         channel = super().buildProtocol(addr)
         channel.totalHeadersSize = self.maxHeaderBytes
-        channel.callLater = self.clock.callLater
         return channel
 
     def getResourceFor(self, request: Any) -> Any:

@@ -475,6 +475,13 @@ class ProxyProcess:
             return
         self._write(proto, _notification(method, params))
 
+    def writeRaw(self, data: bytes) -> None:
+        """Write bytes to the running proxy's stdin as they are (tests feed it bad input)."""
+        proto = self._current
+        if proto is None or not proto.alive or proto.stdinClosed or proto.transport is None:
+            raise ProcessGone("proxy process is not running")
+        proto.transport.write(data)
+
     def _write(self, proto: _ProxyProcessProtocol, message: dict[str, Any]) -> None:
         if not proto.alive or proto.stdinClosed:
             raise ProcessGone("proxy process is not running", proto.exitInfo)

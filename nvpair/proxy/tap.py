@@ -1,7 +1,8 @@
-"""``twistd nvpair-proxy``: the service maker (options in ``options``, the process in ``service``)."""
+"""``twistd nvpair-proxy``: the service maker (options in ``options``, process in ``service``)."""
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 from twisted.application.service import IService
@@ -12,10 +13,25 @@ from nvpair.proxy.service import ProxyService, stderrStream
 __all__ = ["Options", "makeService"]
 
 
+def exitZeroOnSigterm(reactor: Any) -> None:
+    """Make SIGTERM a clean stop with exit status 0 (protocol §1).
+
+    twistd records the signal that stopped the reactor and re-raises it at exit, so the
+    process would die of SIGTERM; clearing the record after shutdown makes it exit 0.
+    """
+
+    def clear() -> None:
+        if getattr(reactor, "_exitSignal", None) == signal.SIGTERM:
+            reactor._exitSignal = None
+
+    reactor.addSystemEventTrigger("after", "shutdown", clear)
+
+
 def makeService(options: Options) -> IService:
     """Build the process's service tree from parsed options."""
     from twisted.internet import reactor
 
+    exitZeroOnSigterm(reactor)
     settings = options.settings
     assert settings is not None
     trust: Any = None

@@ -14,7 +14,7 @@ from twisted.internet import defer
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
 from twisted.internet.error import ConnectError
 from twisted.internet.interfaces import IConsumer, IStreamClientEndpoint
-from twisted.web.client import Agent, HTTPConnectionPool, _HTTP11ClientFactory
+from twisted.web.client import URI, Agent, HTTPConnectionPool, _HTTP11ClientFactory
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, IResponse
 from zope.interface import implementer
@@ -50,6 +50,29 @@ class _QuietClientFactory(_HTTP11ClientFactory):
     noisy = False
 
 
+class _Pool(HTTPConnectionPool):
+    """The shared pool, able to tell one request when its connection is ready.
+
+    ``Agent.request`` asks the pool for a connection synchronously, so ``Upstream.request``
+    sets ``onConnected`` just around that call: the hook fires when a new connection is
+    established, or at once for a cached one (the end of the dial, §5.1).
+    """
+
+    onConnected: Callable[[], None] | None = None
+
+    def getConnection(self, key: Any, endpoint: IStreamClientEndpoint) -> Any:
+        hook, self.onConnected = self.onConnected, None
+        d = super().getConnection(key, endpoint)
+        if hook is not None:
+            d.addCallback(_notifyConnected, hook)
+        return d
+
+
+def _notifyConnected(protocol: Any, hook: Callable[[], None]) -> Any:
+    hook()
+    return protocol
+
+
 class NotReachable(ConnectError):
     """A node address that cannot be dialled (e.g. a peer while this node is not a member)."""
 
@@ -76,10 +99,46 @@ class _PeerEndpoints:
         self._dialTimeout = dialTimeout
 
     def endpointForURI(self, uri: Any) -> IStreamClientEndpoint:
-        creator = self._trust.clientCreatorFor(self._nodeId)
+        """A pinned TLS endpoint; ``NotReachable`` when not a member, no certificate or no pin."""
+        try:
+            creator = self._trust.clientCreatorFor(self._nodeId)
+        except Exception as e:  # ClusterError: this node cannot reach peers right now
+            raise NotReachable(str(e)) from None  # type: ignore[no-untyped-call]
         host = uri.host.decode("ascii")
         tcp = HostnameEndpoint(self._reactor, host, uri.port, timeout=self._dialTimeout)
         return wrapClientTLS(creator, tcp)
+
+
+class _PeerAgent(Agent):
+    """An Agent to one peer whose pooled connections are keyed by what authenticated them.
+
+    The pool key holds the node id, its current pin and this node's own identity, so a
+    connection made under an old pin, an old certificate or another node id is never
+    reused: a trust change takes effect on the next request (old connections idle out).
+    """
+
+    _nodeId: str
+    _trust: Any
+
+    def request(
+        self,
+        method: bytes,
+        uri: bytes,
+        headers: Headers | None = None,
+        bodyProducer: IBodyProducer | None = None,
+    ) -> defer.Deferred[IResponse]:
+        parsed = URI.fromBytes(uri)  # type: ignore[no-untyped-call]
+        try:
+            endpoint = self._endpointFactory.endpointForURI(parsed)
+        except NotReachable:
+            return defer.fail()
+        trust = self._trust
+        key = ("nvpair-peer", self._nodeId, trust.pinFor(self._nodeId), trust.nodeId,
+               trust.fingerprint, parsed.host, parsed.port)
+        return self._requestWithEndpoint(
+            key,  # type: ignore[arg-type]
+            endpoint, method, parsed, headers, bodyProducer, parsed.originForm
+        )
 
 
 @implementer(IUpstream)
@@ -97,7 +156,7 @@ class Upstream:
         self._reactor = reactor
         self._dialTimeout = dialTimeout
         self.trust = trust
-        self.pool = HTTPConnectionPool(reactor, persistent=True)
+        self.pool = _Pool(reactor, persistent=True)
         self.pool.maxPersistentPerHost = maxPersistentPerHost
         self.pool.cachedConnectionTimeout = idleTimeout
         self.pool.retryAutomatically = False
@@ -110,11 +169,13 @@ class Upstream:
         if agent is None:
             if self.trust is None:
                 raise NotReachable("not a cluster member")
-            agent = Agent.usingEndpointFactory(
+            agent = _PeerAgent.usingEndpointFactory(
                 self._reactor,
                 _PeerEndpoints(self._reactor, nodeId, self.trust, self._dialTimeout or 30.0),
                 pool=self.pool,
             )
+            agent._nodeId = nodeId
+            agent._trust = self.trust
             self._peers[nodeId] = agent
         return agent
 
@@ -126,21 +187,32 @@ class Upstream:
         path: bytes,
         headers: Headers,
         body: bytes,
+        connected: Callable[[], None] | None = None,
     ) -> defer.Deferred[IResponse]:
-        """Send one request to ``address`` of ``node`` (an ``http://`` URL or a peer ``host:port``)."""
+        """Send one request to ``address`` of ``node`` (an ``http://`` URL or a peer ``host:port``).
+
+        ``connected`` is called once the connection is established (the dial is over).
+        """
         producer = BytesProducer(body) if body or method in (b"POST", b"PUT", b"PATCH") else None
         if address is None:
             return defer.fail(NotReachable("no address"))
         if address.startswith("http://"):
-            return self._direct.request(method, address.encode("ascii") + path, headers, producer)
+            agent = self._direct
+            url = address.encode("ascii") + path
+        else:
+            try:
+                host, port = splitHostPort(address)
+                agent = self._peerAgent(node.id)
+            except Exception as e:
+                return defer.fail(NotReachable(str(e)))
+            hostPart = f"[{host}]" if ":" in host else host
+            url = f"https://{hostPart}:{port}".encode("ascii") + path
+        pool = self.pool
+        pool.onConnected = connected
         try:
-            host, port = splitHostPort(address)
-            agent = self._peerAgent(node.id)
-        except Exception as e:
-            return defer.fail(NotReachable(str(e)))
-        hostPart = f"[{host}]" if ":" in host else host
-        url = f"https://{hostPart}:{port}".encode("ascii") + path
-        return agent.request(method, url, headers, producer)
+            return agent.request(method, url, headers, producer)
+        finally:
+            pool.onConnected = None
 
     def close(self) -> defer.Deferred[None]:
         """Close every pooled connection."""

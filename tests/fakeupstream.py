@@ -1,0 +1,408 @@
+"""In-memory fakes for unit tests of the request path: upstream, responses, client, context.
+
+``FakeUpstream`` records every request as a ``Call`` whose Deferred the test fires by hand;
+``FakeResponse`` delivers body bytes, EOF and failures when told; ``FakeRequest`` is the
+client side (a twisted.web request with a transport that can pause, abort and lose);
+``FakeContext`` is the duck-typed context an ``Exchange`` reports to (see ``ProxyService``).
+Everything runs on a ``Clock``: no sockets, no real time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+from twisted.internet import defer
+from twisted.internet.error import ConnectionLost, ConnectionRefusedError
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.task import Clock
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseDone, ResponseFailed
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import UNKNOWN_LENGTH
+from zope.interface import implementer
+
+from nvpair.proxy._interfaces import IBrokerSink, IUpstream
+from nvpair.proxy.activity import Activity
+from nvpair.proxy.candidates import Node, Snapshot
+from nvpair.proxy.dispatch import Exchange
+from nvpair.proxy.engines import ENGINES
+from nvpair.proxy.facade import Facade
+from nvpair.proxy.options import Settings
+from nvpair.proxy.relay import forwardHeaders
+from nvpair.proxy.reservations import ReservationMap
+from nvpair.proxy.site import sendError
+from nvpair.proxy.workloads import WorkloadReporter
+
+RUN_ID = "0123456789abcdef"
+
+
+def makeSettings(**overrides: Any) -> Settings:
+    """Settings with the protocol defaults (durations in seconds), overridden as given."""
+    values: dict[str, Any] = dict(
+        stateDir="/nonexistent",
+        clusterDir=None,
+        responseHeaderTimeout=1800.0,
+        jobDeadline=600.0,
+        dialTimeout=10.0,
+        maxDispatchAttempts=5,
+        backoffBase=0.25,
+        backoffMax=5.0,
+        clientWriteTimeout=60.0,
+        retryAfter=10,
+        maxBody=1 << 26,
+        logLevel="info",
+        opsPort=None,
+        standalone=False,
+        backends=(),
+        engines=("ollama", "lmstudio", "llamacpp"),
+        maxConnections=4096,
+        headerReadTimeout=30.0,
+        maxHeaderBytes=65536,
+    )
+    values.update(overrides)
+    return Settings(**values)
+
+
+@implementer(IBrokerSink)
+class ListSink:
+    """Records notifications."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    def notify(self, method: str, params: dict[str, Any]) -> None:
+        self.sent.append((method, params))
+
+    def workloadEvents(self) -> list[tuple[str, dict[str, Any]]]:
+        """(method, workloadInfo) of every workload event, in order."""
+        return [(m, p["workloadInfo"]) for m, p in self.sent if m.startswith("workload:")]
+
+    def activity(self) -> list[tuple[str, int]]:
+        """(nodeId, inFlight) of every ``discovery:node-activity``, in order."""
+        return [(p["nodeId"], p["inFlight"]) for m, p in self.sent
+                if m == "discovery:node-activity"]
+
+
+@implementer(IPushProducer)
+class BodyTransport:
+    """The transport a response body protocol sees: records flow control."""
+
+    def __init__(self, response: FakeResponse) -> None:
+        self.response = response
+        self.paused = False
+        self.pauses = 0
+        self.stopped = False
+
+    def pauseProducing(self) -> None:
+        self.paused = True
+        self.pauses += 1
+
+    def resumeProducing(self) -> None:
+        self.paused = False
+
+    def stopProducing(self) -> None:
+        """Like closing the upstream connection: the body ends with a failure, a turn later."""
+        if self.stopped:
+            return
+        self.stopped = True
+        self.response.clock.callLater(0, self.response.fail)
+
+
+class FakeResponse:
+    """An ``IResponse`` whose body the test delivers by hand."""
+
+    version = (b"HTTP", 1, 1)
+    request = None
+    previousResponse = None
+
+    def __init__(
+        self, clock: Clock, code: int, headers: dict[bytes, list[bytes]] | None = None,
+        length: int | None = None, phrase: bytes = b"Phrase",
+    ) -> None:
+        self.clock = clock
+        self.code = code
+        self.phrase = phrase
+        self.headers = Headers(headers or {b"content-type": [b"text/event-stream"]})
+        self.length: Any = UNKNOWN_LENGTH if length is None else length
+        self.protocol: Any = None
+        self.transport = BodyTransport(self)
+        self.ended = False
+
+    def deliverBody(self, protocol: Any) -> None:
+        self.protocol = protocol
+        protocol.makeConnection(self.transport)
+
+    def setPreviousResponse(self, response: Any) -> None:
+        pass
+
+    def send(self, *chunks: bytes) -> None:
+        """Deliver body chunks (dropped once the body ended, as a closed connection would)."""
+        for chunk in chunks:
+            if not self.ended and self.protocol is not None:
+                self.protocol.dataReceived(chunk)
+
+    def end(self) -> None:
+        """The body ended cleanly."""
+        if not self.ended:
+            self.ended = True
+            self.protocol.connectionLost(Failure(ResponseDone()))
+
+    def fail(self) -> None:
+        """The connection died mid-body."""
+        if not self.ended and self.protocol is not None:
+            self.ended = True
+            self.protocol.connectionLost(Failure(ResponseFailed([Failure(ConnectionLost())])))
+
+
+class Call:
+    """One request the fake upstream received; the test answers it."""
+
+    def __init__(self, upstream: FakeUpstream, node: Any, address: str | None, method: bytes,
+                 path: bytes, headers: Headers, body: bytes, connected: Any) -> None:
+        self.upstream = upstream
+        self.node = node
+        self.address = address
+        self.method = method
+        self.path = path
+        self.headers = headers
+        self.body = body
+        self._connected = connected
+        self.cancelled = False
+        self.response: FakeResponse | None = None
+        self.deferred: defer.Deferred[Any] = defer.Deferred(self._cancel)
+
+    def _cancel(self, _: object) -> None:
+        self.cancelled = True
+
+    @property
+    def nodeId(self) -> str:
+        return str(self.node.id)
+
+    def connect(self) -> Call:
+        """The dial succeeded."""
+        if self._connected is not None:
+            self._connected()
+        return self
+
+    def respond(
+        self, code: int = 200, headers: dict[bytes, list[bytes]] | None = None,
+        length: int | None = None,
+    ) -> FakeResponse:
+        """Headers arrived: fire the request with a response whose body is still to come."""
+        self.connect()
+        self.response = FakeResponse(self.upstream.clock, code, headers, length)
+        self.deferred.callback(self.response)
+        return self.response
+
+    def answer(self, code: int = 200, *chunks: bytes) -> FakeResponse:
+        """A whole answer at once: headers, these chunks, EOF."""
+        response = self.respond(code)
+        response.send(*chunks)
+        response.end()
+        return response
+
+    def refuse(self) -> None:
+        """The dial failed (connection refused)."""
+        self.deferred.errback(ConnectionRefusedError())
+
+    def drop(self) -> None:
+        """The connection died before any headers."""
+        self.connect()
+        self.deferred.errback(ResponseFailed([Failure(ConnectionLost())]))
+
+
+@implementer(IUpstream)
+class FakeUpstream:
+    """Records requests; each is answered by the test (or by ``auto`` when set)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.calls: list[Call] = []
+        self.auto: Any = None
+
+    def request(self, node: Any, address: str | None, method: bytes, path: bytes,
+                headers: Any, body: bytes, connected: Any = None) -> defer.Deferred[Any]:
+        call = Call(self, node, address, method, path, headers, body, connected)
+        self.calls.append(call)
+        if self.auto is not None:
+            self.auto(call)
+        return call.deferred
+
+    def pending(self) -> list[Call]:
+        """Calls not yet answered (nor cancelled)."""
+        return [c for c in self.calls if not c.deferred.called]
+
+    def last(self) -> Call:
+        return self.calls[-1]
+
+    def nodesCalled(self) -> list[str]:
+        return [c.nodeId for c in self.calls]
+
+
+class FakeRequest:
+    """The client's side of one request, as ``Exchange`` uses a twisted.web request."""
+
+    def __init__(self, method: bytes = b"POST", path: bytes = b"/v1/chat/completions",
+                 headers: dict[bytes, list[bytes]] | None = None) -> None:
+        self.method = method
+        self.uri = path
+        self.path = path.split(b"?", 1)[0]
+        self.requestHeaders = Headers(headers or {b"content-type": [b"application/json"]})
+        self.responseHeaders = Headers()
+        self.code: int | None = None
+        self.phrase: bytes | None = None
+        self.written: list[bytes] = []
+        self.finished = False
+        self.aborted = False
+        self.closed = False
+        self._disconnected = False
+        self._notify: list[defer.Deferred[None]] = []
+        self.producer: Any = None
+        self.channel = self
+        self.transport = self
+
+    # request API
+    def notifyFinish(self) -> defer.Deferred[None]:
+        d: defer.Deferred[None] = defer.Deferred()
+        self._notify.append(d)
+        return d
+
+    def setResponseCode(self, code: int, phrase: bytes | None = None) -> None:
+        self.code = code
+        self.phrase = phrase
+
+    def write(self, data: bytes) -> None:
+        if not self._disconnected:
+            self.written.append(data)
+
+    def finish(self) -> None:
+        if self._disconnected:
+            raise RuntimeError("finish after the connection was lost")
+        assert not self.finished, "finished twice"
+        self.finished = True
+        for d in self._notify:
+            d.callback(None)
+        self._notify = []
+
+    def registerProducer(self, producer: Any, streaming: bool) -> None:
+        assert self.producer is None, "a producer is already registered"
+        assert streaming
+        self.producer = producer
+
+    def unregisterProducer(self) -> None:
+        self.producer = None
+
+    # transport API (request.channel.transport)
+    def abortConnection(self) -> None:
+        self.aborted = True
+        self.lose()
+
+    def loseConnection(self) -> None:
+        """A graceful close: what was written is flushed first (kept in ``written``)."""
+        self.closed = True
+        self.lose()
+
+    @property
+    def disconnected(self) -> bool:
+        return self._disconnected
+
+    # test controls
+    @property
+    def body(self) -> bytes:
+        return b"".join(self.written)
+
+    def header(self, name: bytes) -> list[bytes] | None:
+        return self.responseHeaders.getRawHeaders(name)
+
+    def lose(self) -> None:
+        """The client connection went away (as the channel reports it)."""
+        if self._disconnected:
+            return
+        self._disconnected = True
+        if self.producer is not None:
+            self.producer.stopProducing()
+        if not self.finished:
+            for d in self._notify:
+                d.errback(Failure(ConnectionLost()))
+        self._notify = []
+
+    def pause(self) -> None:
+        """The client's socket buffer filled up."""
+        self.producer.pauseProducing()
+
+    def resume(self) -> None:
+        self.producer.resumeProducing()
+
+
+@attrs.define
+class Recorder:
+    """The context's reporting hooks, recorded."""
+
+    internal: list[str] = attrs.Factory(list)
+    failedAttempts: list[Any] = attrs.Factory(list)
+    commits: list[str] = attrs.Factory(list)
+    ended: list[Any] = attrs.Factory(list)
+
+
+class FakeContext:
+    """What an ``Exchange`` needs from the process (``ProxyService`` in production)."""
+
+    def __init__(self, clock: Clock | None = None, **settings: Any) -> None:
+        self.clock = clock or Clock()
+        self.settings = makeSettings(**settings)
+        self.upstream = FakeUpstream(self.clock)
+        self.sink = ListSink()
+        self.reporter = WorkloadReporter(self.sink, self.clock, RUN_ID)
+        self.activity = Activity(self.sink)
+        self.reservations = ReservationMap()
+        self.exchanges: set[Any] = set()
+        self.forwardHeaders = forwardHeaders
+        self.sendError = sendError
+        self.record = Recorder()
+
+    def reportInternal(self, exceptionType: str) -> None:
+        self.record.internal.append(exceptionType)
+
+    def attemptFailed(self, exchange: Any, outcome: Any) -> None:
+        self.record.failedAttempts.append(outcome)
+
+    def committed(self, exchange: Any, nodeId: str) -> None:
+        self.record.commits.append(nodeId)
+
+    def requestEnded(self, exchange: Any) -> None:
+        self.record.ended.append(exchange)
+
+
+def node(nodeId: str, models: tuple[str, ...] = ("m1",), isSelf: bool = False,
+         addresses: tuple[str, ...] | None = None) -> Node:
+    """A discovery node reached directly at ``http://<id>``."""
+    if addresses is None:
+        addresses = (f"http://{nodeId}",)
+    return Node(nodeId, isSelf, addresses, frozenset(models))
+
+
+def makeFacade(clock: Clock, nodes: list[Node], engine: str = "llamacpp") -> Facade:
+    """A facade (never listening) holding a snapshot of ``nodes``."""
+    e = ENGINES[engine]
+    facade = Facade(e, clock, lambda aliasOnly: None, Snapshot((), e.normalize))  # type: ignore[arg-type, return-value]
+    facade.setSnapshot(Snapshot(nodes, e.normalize))
+    return facade
+
+
+def setNodes(facade: Facade, nodes: list[Node]) -> None:
+    """Replace the facade's discovery snapshot."""
+    facade.setSnapshot(Snapshot(nodes, facade.engine.normalize))
+
+
+CHAT = b'{"model":"m1","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+
+
+def startExchange(context: FakeContext, facade: Facade, request: FakeRequest | None = None,
+                  inference: bool = True, model: str | None = "m1",
+                  body: bytes = CHAT) -> tuple[Exchange, FakeRequest]:
+    """Admit one request and start its dispatch loop."""
+    request = request or FakeRequest()
+    exchange = Exchange(context, facade, request, inference, model, body)
+    exchange.start()
+    return exchange, request

