@@ -76,7 +76,7 @@ async def _main(args: argparse.Namespace) -> None:
         d = proc.stop(10.0)
         d.addBoth(lambda _: reactor.stop())
 
-    StandardIO(_StdinWatch(stop), reactor=reactor)  # type: ignore[no-untyped-call]
+    StandardIO(_StdinWatch(stop), reactor=reactor)  # type: ignore[no-untyped-call,unused-ignore]
     signal.signal(signal.SIGTERM, lambda *_: reactor.callFromThread(stop))  # type: ignore[attr-defined]
     await defer.Deferred()  # run until stop() stops the reactor
 

@@ -135,7 +135,8 @@ def markdown(results: dict[str, Any], s: dict[str, Any]) -> str:
         f"{settings['rounds']} rounds of {settings['duration']:g} s per load, configurations "
         f"alternating; medians of rounds; ratios and differences are same-round, then median)",
         f"* machine: {m['nproc']} CPUs, {m['cpu']}, {m['memory_gib']} GiB, Linux {m['kernel']}, "
-        f"Python {m['python']}, {m['nginx']}, {m['wrk']}, fd limit {m['fd_limit']}",
+        f"Python {m['python']}, {m['nginx']}, {m['wrk']}, fd limit {m['fd_limit']}; load "
+        f"average at start {m.get('loadavg_at_start', '?')} (other work shares this machine)",
         f"* elapsed: {results['elapsed_s']:.0f} s",
         "",
         "### Targets",

@@ -73,6 +73,7 @@ def machine() -> dict[str, Any]:
                                 text=True).stderr.strip(),
         "wrk": " ".join(_firstLine(["wrk", "-v"]).split()[:2]),
         "fd_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+        "loadavg_at_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
     }
 
 
@@ -175,8 +176,9 @@ def profiles(args: argparse.Namespace, proxy: procs.Server, bodyFile: str) -> di
 def heldPhase(args: argparse.Namespace) -> dict[str, Any]:
     """Held streams: fresh servers per configuration and size, RSS sampled."""
     results: dict[str, Any] = {}
-    # The proxy and nginx hold two descriptors per stream; stay under the hard limit.
-    biggest = min(10000, (args.fd_limit - 200) // 2)
+    # The proxy and nginx hold two descriptors per stream; stay under the hard limit with
+    # room for listeners, pipes and nginx's cached upstream connections.
+    biggest = min(10000, (args.fd_limit - 600) // 2)
     sizes = [1000] if args.quick else [1000, biggest]
     for size in sizes:
         chunks, delay = (10, 0.5) if size <= 1000 else (12, 4.0)
@@ -254,7 +256,8 @@ def main(argv: list[str] | None = None) -> None:
         f.write(load.CHAT_BODY)
     started = time.monotonic()
     results: dict[str, Any] = {
-        "command": os.environ.get("BENCH_COMMAND") or "python -m bench.run " + shlex.join(raw),
+        "command": os.environ.get("BENCH_COMMAND", "").strip()
+        or "python -m bench.run " + shlex.join(raw),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(),
         "settings": {k: v for k, v in vars(args).items()},

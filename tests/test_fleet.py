@@ -80,7 +80,7 @@ class FakeUpstream:
     def request(self, node: Any, address: str | None, method: bytes, path: bytes,
                 headers: Headers, body: bytes) -> defer.Deferred[Any]:
         self.calls.append((node.id, address, method, path, headers))
-        answer = self.script.get(address or "")
+        answer = self.script.get(f"{address}{path.decode()}", self.script.get(address or ""))
         if answer is None or answer == "hang":
             return defer.Deferred(lambda d: self.cancelled.append(address or ""))
         if isinstance(answer, Exception):
@@ -206,6 +206,19 @@ class ModelListTests(_Case):
         _, body = self.get(stub, "/models")
         self.assertEqual(json.loads(body)["data"], [{"id": "shared", "owned_by": "b"}])
 
+    def test_fallsBackToV1OnNotFound(self) -> None:
+        """A node that answers 404 on GET /models is asked GET /v1/models and is merged."""
+        up = self.context.upstream
+        up.script["http://a/models"] = FakeResponse(404, b"not found")
+        up.script["http://a/v1/models"] = FakeResponse(200, openaiList("a", "m1"))
+        up.script["http://b/models"] = FakeResponse(200, openaiList("b", "m2"))
+        nodes = [node("A", "http://a"), node("B", "http://b")]
+        response, body = self.get(self.serve(FakeFacade(LLAMACPP, nodes)), "/models")
+        self.assertEqual(response.code, 200)
+        self.assertEqual([e["id"] for e in json.loads(body)["data"]], ["m1", "m2"])
+        self.assertEqual(sorted((c[0], c[3]) for c in up.calls),
+                         [("A", b"/models"), ("A", b"/v1/models"), ("B", b"/models")])
+
     def test_failingNodesLeftOut(self) -> None:
         """Refused connections, non-2xx answers and self nodes without a backend are left out."""
         up = self.context.upstream
@@ -218,7 +231,8 @@ class ModelListTests(_Case):
         response, body = self.get(self.serve(FakeFacade(LLAMACPP, nodes)), "/v1/models")
         self.assertEqual(response.code, 200)
         self.assertEqual([e["id"] for e in json.loads(body)["data"]], ["m1"])
-        self.assertEqual(sorted(c[0] for c in up.calls), ["A", "B", "C", "D"])
+        # C answered 404 on GET /models, so it was asked /v1/models too (spec §5).
+        self.assertEqual(sorted(c[0] for c in up.calls), ["A", "B", "C", "C", "D"])
 
     def test_addressesAndSelf(self) -> None:
         """A self node is asked at the local backend; a node's next address is tried when the
@@ -232,10 +246,11 @@ class ModelListTests(_Case):
         _, body = self.get(self.serve(facade), "/v1/models?x=1",
                            headers={"Accept-Encoding": "gzip", "Authorization": "Bearer k"})
         self.assertEqual([e["id"] for e in json.loads(body)["data"]], ["s1", "p1"])
+        # llama.cpp's list routes ask each node GET /models (spec §5), query kept.
         self.assertEqual([(c[0], c[1], c[2], c[3]) for c in up.calls], [
-            ("S", "http://local", b"GET", b"/v1/models?x=1"),
-            ("P", "http://x1", b"GET", b"/v1/models?x=1"),
-            ("P", "peer:7000", b"GET", b"/v1/models?x=1"),
+            ("S", "http://local", b"GET", b"/models?x=1"),
+            ("P", "http://x1", b"GET", b"/models?x=1"),
+            ("P", "peer:7000", b"GET", b"/models?x=1"),
         ])
         sent = up.calls[0][4]
         self.assertFalse(sent.hasHeader(b"accept-encoding"))
@@ -491,3 +506,4 @@ class CollectTests(SynchronousTestCase):
     def test_defaultCap(self) -> None:
         """The default cap is 8 MiB."""
         self.assertEqual(MAX_LIST_BYTES, 8 * 1024 * 1024)
+

@@ -80,7 +80,8 @@ class MergedListTests(_FleetCase):
         body = yield response.json()
         self.assertEqual([(e["id"], e["owned_by"]) for e in body["data"]],
                          [("shared", "B"), ("m2", "B"), ("m1", "A")])
-        self.assertEqual([r.path for r in c.requests], ["/v1/models", "/models", "/v1/models"])
+        # Each llama.cpp list route asks every node GET /models (spec §5).
+        self.assertEqual([r.path for r in c.requests], ["/models", "/models", "/models"])
         yield proxy.sync()
         self.assertEqual(proxy.methods("workload:"), [])
         self.assertEqual(proxy.methods("discovery:node-activity"), [])

@@ -16,7 +16,6 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from tests.fakeengine import Answer, HangAfterHeaders, Status
-from tests.harness import directNode
 from tests.test_integration_requests import FAST, RequestCase, asyncTest
 
 STREAM = {"model": "m1", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
@@ -98,11 +97,11 @@ class SpreadTests(WorkloadCase):
     @asyncTest
     async def test_redeliveredSnapshotKeepsReservations(self) -> None:
         """A redelivered generation keeps A's live reservation; a newer one supersedes it."""
-        proxy, port, (a, b) = await self.setUpProxy()
+        proxy, port, (a, b) = await self.setUpProxy(argv=[*FAST, "--response-header-timeout",
+                                                          "30s", "--job-deadline", "60s"])
         proxy.notify("node/set-priority", priority(5, ["A", "B"]))
         await proxy.sync()
         a.script(HangAfterHeaders())
-        b.script(HangAfterHeaders())
         hanging = treq.post(self.url("/v1/chat/completions"), json=STREAM, persistent=False)
         self.addCleanup(lambda: (hanging.cancel(), hanging.addErrback(lambda _: None)))
         await a.waitForRequest(1)
@@ -193,7 +192,7 @@ class EventSequenceTests(WorkloadCase):
 
     @asyncTest
     async def test_budgetExhausted(self) -> None:
-        """Two permitted attempts, both 503: the last answers; failed on B."""
+        """Two permitted attempts, both 503: the last one's answer commits; failed on B."""
         proxy, port, (a, b) = await self.setUpProxy(argv=[*FAST, "--max-dispatch-attempts",
                                                           "2"])
         a.script(Status(503))
@@ -208,6 +207,7 @@ class EventSequenceTests(WorkloadCase):
             ("workload:submitted", "queued", "A"),
             ("workload:submitted", "queued", None),
             ("workload:submitted", "queued", "B"),
+            ("workload:started", "running", "B"),  # the final answer committed (§5.5)
             ("workload:errored", "failed", "B"),
         ])
         self.assertNotIn("stats", last)
@@ -313,8 +313,10 @@ class BackpressureTests(WorkloadCase):
         self.addCleanup(connector.disconnect)
         await engine.started
         sent = await engine.lost  # the proxy closed the upstream after cutting the client
-        await clientLost
         await self.allEnded(1)
+        client = connector.transport.protocol  # type: ignore[attr-defined]
+        client.transport.resumeProducing()  # read again: the proxy has closed this connection
+        await clientLost
         self.assertGreater(engine.pauses, 0, "the proxy paused the engine's stream")
         self.assertLess(sent, 96 * 1024 * 1024, "bounded: socket buffers, not the stream")
         (workloadId,) = self.workloadIds()

@@ -16,7 +16,8 @@ from twisted.internet.error import ConnectError
 from twisted.internet.interfaces import IDelayedCall, IPushProducer
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
-from twisted.web.client import PotentialDataLoss, ResponseDone
+from twisted.web.client import ResponseDone
+from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 
 from nvpair.proxy.upstream import addressesFor
@@ -71,39 +72,44 @@ class Failed:
 
 Outcome = Committed | Failed
 
-_DONE = Failure(ResponseDone())  # type: ignore[no-untyped-call]
+_DONE = Failure(ResponseDone())
+
+
+def _stop(protocol: Protocol) -> None:
+    """Stop the body a protocol is receiving (its transport is the body's producer)."""
+    transport: Any = protocol.transport
+    if transport is not None:
+        transport.stopProducing()
 
 
 class _Discard(Protocol):
-    """Reads and drops a body we will not forward; aborts it if it is large or endless."""
+    """Reads and drops a body we will not forward; stops it if it is large or endless."""
 
-    def __init__(self, limit: int = 1 << 20) -> None:
+    def __init__(self, limit: int, clock: Any) -> None:
         self._left = limit
+        self._timer: IDelayedCall | None = None
+        self._clock = clock
 
     def connectionMade(self) -> None:
         if self._left <= 0:
-            self.transport.stopProducing()  # type: ignore[union-attr]
+            _stop(self)
+            return
+        self._timer = self._clock.callLater(10.0, _stop, self)
 
     def dataReceived(self, data: bytes) -> None:
         self._left -= len(data)
         if self._left < 0:
-            self.transport.stopProducing()  # type: ignore[union-attr]
+            _stop(self)
 
     def connectionLost(self, reason: Failure = _DONE) -> None:
-        pass
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
 
 
 def discard(response: IResponse, clock: Any, limit: int = 1 << 20) -> None:
     """Drain an unwanted response so its connection can be reused, within bounds."""
-    protocol = _Discard(limit)
-    response.deliverBody(protocol)
-    timer = clock.callLater(10.0, lambda: protocol.transport and protocol.transport.stopProducing())
-
-    def cancel(_: object) -> None:
-        if timer.active():
-            timer.cancel()
-
-    protocol.connectionLost = cancel  # type: ignore[method-assign]
+    response.deliverBody(_Discard(limit, clock))
 
 
 class Relay(Protocol):
@@ -124,7 +130,7 @@ class Relay(Protocol):
             self.committed = True
             self.attempt.exchange.write(data)
         else:
-            self.transport.stopProducing()  # type: ignore[union-attr]
+            _stop(self)
 
     def connectionLost(self, reason: Failure = _DONE) -> None:
         self.attempt.bodyLost(self, reason)
@@ -227,7 +233,7 @@ class Attempt:
     def headersArrived(self, relay: Relay) -> None:
         """Headers are in: start the first-content timer, or commit at once when ungated."""
         if self.state != PENDING:
-            relay.transport.stopProducing()  # type: ignore[union-attr]
+            _stop(relay)
             return
         if not self.gated:
             if self.commit(relay):
@@ -242,8 +248,8 @@ class Attempt:
         if self.state != PENDING:
             return
         self.state = ABANDONED
-        if self._relay is not None and self._relay.transport is not None:
-            self._relay.transport.stopProducing()
+        if self._relay is not None:
+            _stop(self._relay)
         self._fail(NO_CONTENT, abandoned=True)
 
     def commit(self, relay: Relay) -> bool:
@@ -256,7 +262,7 @@ class Attempt:
         response = self._response
         assert response is not None
         self._done = defer.Deferred(lambda d: self._stopBody())
-        length = None if response.length is UNKNOWN_LENGTH else int(response.length)  # type: ignore[call-overload]
+        length = None if response.length is UNKNOWN_LENGTH else int(response.length)
         transport: IPushProducer = relay.transport  # type: ignore[assignment]
         try:
             self.exchange.writeHead(self, response.code, response.phrase, response.headers,
@@ -286,9 +292,8 @@ class Attempt:
             self._done.callback(ending)
 
     def _stopBody(self) -> None:
-        relay = self._relay
-        if relay is not None and relay.transport is not None:
-            relay.transport.stopProducing()
+        if self._relay is not None:
+            _stop(self._relay)
 
     # -- endings --------------------------------------------------------------------------
 
@@ -323,9 +328,8 @@ class Attempt:
         if self._pending is not None:
             pending, self._pending = self._pending, None
             pending.cancel()
-        relay = self._relay
-        if relay is not None and relay.transport is not None:
-            relay.transport.stopProducing()
+        if self._relay is not None:
+            _stop(self._relay)
 
     def _cancel(self, d: defer.Deferred[Outcome]) -> None:
         """The request's scope was cancelled (client gone, shutdown) before commit."""

@@ -6,7 +6,7 @@ Adding an engine is adding an ``Engine`` to ``ENGINES``; nothing else names an e
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from enum import Enum
 
 import attrs
@@ -44,6 +44,11 @@ class Engine:
     inventoryRoute: bytes
     normalize: Callable[[str], str] = _identity
     nativeErrorPrefixes: tuple[bytes, ...] = ()
+    listSources: Mapping[bytes, tuple[bytes, ...]] = attrs.field(factory=dict)
+
+    def listPaths(self, path: bytes) -> tuple[bytes, ...]:
+        """Which path(s) to ask each node for a fleet list route: the first that is not 404."""
+        return self.listSources.get(path, (path,))
 
     def classify(self, method: bytes, path: bytes) -> RouteClass:
         """Classify a request by method and path (without query)."""
@@ -122,6 +127,12 @@ LLAMACPP = Engine(
     inferenceRoutes=frozenset((*_OPENAI, b"/v1/rerank")),
     listRoutes=frozenset((b"/models", b"/v1/models")),
     inventoryRoute=b"/v1/models",
+    # Spec §5: both list routes are the fleet's GET /models; servers that only know the
+    # OpenAI path (llama-cpp-python) answer it on /v1/models instead.
+    listSources={
+        b"/models": (b"/models", b"/v1/models"),
+        b"/v1/models": (b"/models", b"/v1/models"),
+    },
 )
 
 ENGINES: dict[str, Engine] = {e.id: e for e in (OLLAMA, LMSTUDIO, LLAMACPP)}

@@ -115,19 +115,26 @@ async def _askNode(
     node: Node,
     addresses: Sequence[str],
     method: bytes,
-    path: bytes,
+    paths: Sequence[bytes],
     headers: Headers,
 ) -> NodeAnswer:
-    """One request to ``node``, its addresses tried in order until one connects."""
+    """One request to ``node``: its addresses tried in order until one connects, and its
+    paths in order while the node answers 404."""
     for index, address in enumerate(addresses):
-        try:
-            response = await upstream.request(node, address, method, path, headers, b"")
-        except ConnectError:
-            if index + 1 < len(addresses):
+        for position, path in enumerate(paths):
+            try:
+                response = await upstream.request(node, address, method, path, headers, b"")
+            except ConnectError:
+                break
+            body = await collect(response)
+            if response.code == 404 and position + 1 < len(paths):
                 continue
-            raise
-        body = await collect(response)
-        return NodeAnswer(node, response.code, corsHeaders(response.headers), body)
+            return NodeAnswer(node, response.code, corsHeaders(response.headers), body)
+        else:
+            continue
+        if index + 1 < len(addresses):
+            continue
+        raise ConnectError(f"node {node.id}: no address connected")
     raise NoAddress(f"node {node.id} has no address to try")
 
 
@@ -138,11 +145,11 @@ def askNode(
     node: Node,
     addresses: Sequence[str],
     method: bytes,
-    path: bytes,
+    paths: Sequence[bytes],
     headers: Headers,
 ) -> defer.Deferred[NodeAnswer]:
     """Ask one node, giving up (cancelling the exchange) after ``timeout`` seconds."""
-    d = defer.Deferred.fromCoroutine(_askNode(upstream, node, addresses, method, path, headers))
+    d = defer.Deferred.fromCoroutine(_askNode(upstream, node, addresses, method, paths, headers))
     return d.addTimeout(timeout, clock)
 
 
@@ -194,7 +201,7 @@ class Fleet:
         return list(ordered)
 
     async def _askAll(
-        self, facade: Any, method: bytes, path: bytes, headers: Headers
+        self, facade: Any, method: bytes, paths: Sequence[bytes], headers: Headers
     ) -> list[NodeAnswer | None]:
         """Ask every node at once; ``None`` for a node that failed or timed out."""
         context = self.context
@@ -203,7 +210,7 @@ class Fleet:
         for node in self._nodes(facade):
             addresses = addressesFor(node, facade.localBackend, facade.confirmed.get(node.id))
             d: defer.Deferred[Any] = askNode(
-                context.upstream, context.clock, timeout, node, addresses, method, path, headers
+                context.upstream, context.clock, timeout, node, addresses, method, paths, headers
             )
             d.addErrback(self._nodeFailed, facade, node)
             asks.append(d)
@@ -246,7 +253,9 @@ class Fleet:
         headers = self.context.forwardHeaders(request.requestHeaders)
         for name in _LIST_DROP:
             headers.removeHeader(name)
-        answers = await self._askAll(facade, b"GET", request.uri, headers)
+        query = request.uri[len(request.path):]
+        paths = [p + query for p in engine.listPaths(request.path)]
+        answers = await self._askAll(facade, b"GET", paths, headers)
         if view.gone:
             return
         responders = [a for a in answers if a is not None and a.status < 500]
@@ -298,7 +307,7 @@ class Fleet:
         headers = Headers()
         for name, value in asked.items():
             headers.setRawHeaders(name.encode("latin-1"), [value.encode("latin-1")])
-        answers = await self._askAll(facade, b"OPTIONS", request.uri, headers)
+        answers = await self._askAll(facade, b"OPTIONS", [request.uri], headers)
         if view.gone:
             return
         responders = [a.cors for a in answers if a is not None and a.status < 500]

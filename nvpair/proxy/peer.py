@@ -143,7 +143,7 @@ class PeerForward:
         length = None if response.length is UNKNOWN_LENGTH else int(response.length)
         copyResponseHeaders(response.headers, request.responseHeaders, length)
         request.write(b"")  # the headers go out now: the routing node's gate waits for the body
-        response.deliverBody(_PeerBody(self))  # type: ignore[no-untyped-call]
+        response.deliverBody(_PeerBody(self))
 
     def bodyStarted(self, transport: IPushProducer) -> None:
         """The body is about to flow: register the upstream as the client's producer."""

@@ -96,7 +96,7 @@ class FleetPoller(Service):
         """Ask the engine at ``url`` for its model list and record what it advertises."""
         node = Node(url, False, (url,), frozenset())
         asked = askNode(self.upstream, self.clock, self.timeout, node, (url,), b"GET",
-                        self.engine.inventoryRoute, Headers())
+                        (self.engine.inventoryRoute,), Headers())
         path = self.engine.inventoryRoute.decode("latin-1")
 
         def answered(answer: Any) -> tuple[tuple[str, ...] | None, str]:

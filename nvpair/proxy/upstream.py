@@ -103,7 +103,7 @@ class _PeerEndpoints:
         try:
             creator = self._trust.clientCreatorFor(self._nodeId)
         except Exception as e:  # ClusterError: this node cannot reach peers right now
-            raise NotReachable(str(e)) from None  # type: ignore[no-untyped-call]
+            raise NotReachable(str(e)) from None
         host = uri.host.decode("ascii")
         tcp = HostnameEndpoint(self._reactor, host, uri.port, timeout=self._dialTimeout)
         return wrapClientTLS(creator, tcp)
@@ -127,7 +127,7 @@ class _PeerAgent(Agent):
         headers: Headers | None = None,
         bodyProducer: IBodyProducer | None = None,
     ) -> defer.Deferred[IResponse]:
-        parsed = URI.fromBytes(uri)  # type: ignore[no-untyped-call]
+        parsed = URI.fromBytes(uri)
         try:
             endpoint = self._endpointFactory.endpointForURI(parsed)
         except NotReachable:
@@ -151,7 +151,7 @@ class Upstream:
         dialTimeout: float,
         trust: Any = None,
         maxPersistentPerHost: int = 64,
-        idleTimeout: float = 90.0,
+        idleTimeout: int = 90,
     ) -> None:
         self._reactor = reactor
         self._dialTimeout = dialTimeout
@@ -216,7 +216,8 @@ class Upstream:
 
     def close(self) -> defer.Deferred[None]:
         """Close every pooled connection."""
-        return self.pool.closeCachedConnections()
+        closing: defer.Deferred[None] = self.pool.closeCachedConnections()
+        return closing
 
 
 def addressesFor(

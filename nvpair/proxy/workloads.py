@@ -109,7 +109,7 @@ class Workload:
         return info
 
     def submitted(self, scheduledOn: str | None) -> None:
-        """Queued, placed on ``scheduledOn`` (a dispatch) or unplaced (admission, between attempts)."""
+        """Queued: placed on ``scheduledOn`` (a dispatch), or unplaced (admission, retry)."""
         if self.ended or self.state != QUEUED:
             return
         if scheduledOn is not None:
