@@ -641,6 +641,39 @@ class CancellationTests(LoopCase):
         self.assertNotIn("stats", self.terminal())
         self.assertReleased()
 
+    def test_clientGoneAfterWholeStream(self) -> None:
+        """The client hangs up after ``data: [DONE]`` but before the engine ends the body: the
+        answer was delivered whole, so the workload is completed, with its statistics."""
+        ex, request = self.start()
+        response = self.upstream.last().respond(200)
+        response.send(SSE + USAGE)
+        request.lose()
+        self.assertTrue(response.transport.stopped)
+        self.clock.advance(0)
+        self.assertEqual(self.shape()[-1], ("workload:completed", "completed", "A"))
+        self.assertEqual(self.terminal()["stats"]["completionTokens"], 2)
+        self.assertReleased()
+
+    def test_clientGoneAfterWholeLengthBody(self) -> None:
+        """A non-streamed answer whose Content-Length was all passed on is completed even if
+        the client closes before the upstream signals the end."""
+        ex, request = self.start()
+        body = b'{"choices":[{"message":{"content":"hi"}}]}'
+        response = self.upstream.last().respond(200, length=len(body))
+        response.send(body)
+        request.lose()
+        self.clock.advance(0)
+        self.assertEqual(self.terminal()["state"], "completed")
+
+    def test_clientGoneShortOfLength(self) -> None:
+        """A client that leaves before the whole Content-Length arrived is cancelled."""
+        ex, request = self.start()
+        response = self.upstream.last().respond(200, length=100)
+        response.send(b"x" * 99)
+        request.lose()
+        self.clock.advance(0)
+        self.assertEqual(self.terminal()["state"], "cancelled")
+
     def test_backpressureAndDeadClient(self) -> None:
         """A paused client pauses the upstream; past the write deadline it is cut: cancelled."""
         ex, request = self.start()

@@ -67,9 +67,9 @@ def parseResponses(raw: bytes, head: bool = False) -> list[tuple[int, dict[bytes
     """
     out = []
     while raw:
-        head, sep, rest = raw.partition(b"\r\n\r\n")
+        block, sep, rest = raw.partition(b"\r\n\r\n")
         assert sep, f"incomplete response head {raw[:200]!r}"
-        lines = head.split(b"\r\n")
+        lines = block.split(b"\r\n")
         version, code, _ = (lines[0].split(b" ", 2) + [b""])[:3]
         assert version == b"HTTP/1.1", lines[0]
         hdrs: dict[bytes, bytes] = {}

@@ -330,3 +330,23 @@ class MeterTests(SynchronousTestCase):
         self.assertEqual(meter.result(2.0), {"completionTokens": count, "ttftMs": 1000,
                                              "tokensPerSecond": float(count),
                                              "estimated": True})
+
+
+class EndMarkerTests(SynchronousTestCase):
+    """``sawEnd`` recognises each dialect's end-of-answer event at the end of the body."""
+
+    def test_openaiDone(self) -> None:
+        """An SSE body ending in ``data: [DONE]`` has ended; one still streaming has not."""
+        meter = StatsMeter("openai", 0.0)
+        meter.feed(b'data: {"choices":[]}\n\n')
+        self.assertFalse(meter.sawEnd())
+        meter.feed(b"data: [DONE]\n\n")
+        self.assertTrue(meter.sawEnd())
+
+    def test_ollamaDoneLine(self) -> None:
+        """An NDJSON body whose last line says ``"done": true`` has ended."""
+        meter = StatsMeter("ollama", 0.0)
+        meter.feed(b'{"message":{"content":"a"},"done":false}\n')
+        self.assertFalse(meter.sawEnd())
+        meter.feed(b'{"done": true, "eval_count": 1}\n')
+        self.assertTrue(meter.sawEnd())

@@ -68,6 +68,8 @@ class Exchange:
         self.meter: StatsMeter | None = None
         self.flow: ClientFlow | None = None
         self.committedStatus: int | None = None
+        self.expectedLength: int | None = None
+        self.written = 0
         self.clientGone = False
         self.truncated = False
         self.stopping = False
@@ -116,10 +118,27 @@ class Exchange:
             self.flow.cancel()
         self.context.exchanges.discard(self)
         if self.workload is not None and not self.workload.ended:
+            if self.clientGone and not self.stopping and self._answerDelivered():
+                # The client read the whole answer and hung up before the engine closed the
+                # body (the openai client stops at ``data: [DONE]``): that is a completion.
+                stats = self.meter.result(self.clock.seconds()) if self.meter else None
+                self.workload.finish(COMPLETED, None, stats)
+                self.context.requestEnded(self)
+                return
             cancelled = self.clientGone or self.stopping
             self.workload.finish(CANCELLED if cancelled else FAILED,
                                  "cancelled" if cancelled else "internal")
         self.context.requestEnded(self)
+
+    def _answerDelivered(self) -> bool:
+        """Whether a committed 2xx answer was passed on whole: all of its Content-Length, or
+        a stream whose last event is the dialect's end-of-answer marker."""
+        status = self.committedStatus
+        if status is None or not 200 <= status < 300:
+            return False
+        if self.expectedLength is not None:
+            return self.written >= self.expectedLength
+        return self.meter is not None and self.meter.sawEnd()
 
     def _clientLost(self, _: object) -> None:
         if self.clientGone or self.truncated:
@@ -210,6 +229,7 @@ class Exchange:
     ) -> None:
         """Commit: status and headers to the client, upstream registered as its producer."""
         self.committedStatus = code
+        self.expectedLength = length
         self.answered = True
         request = self.request
         request.setResponseCode(code, phrase)
@@ -233,6 +253,7 @@ class Exchange:
         if self.meter is not None:
             self.meter.feed(data)
         if not self.clientGone:
+            self.written += len(data)
             self.request.write(data)
 
     def endBody(self, clean: bool) -> str:

@@ -84,6 +84,15 @@ class StatsMeter:
         if excess > 0:
             del self._tail[:excess]
 
+    def sawEnd(self) -> bool:
+        """Whether the body seen so far ends with the dialect's end-of-answer event
+        (SSE ``data: [DONE]``; an NDJSON line with ``"done": true``)."""
+        tail = bytes(self._tail).rstrip()
+        if self._dialect == "openai":
+            return tail.endswith(b"[DONE]")
+        last = tail.rsplit(b"\n", 1)[-1].replace(b" ", b"")
+        return last.startswith(b"{") and b'"done":true' in last
+
     def result(self, now: float) -> dict[str, object] | None:
         """The protocol §5 stats of the body fed so far, or ``None`` if nothing was measured."""
         tail = bytes(self._tail)
