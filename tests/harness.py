@@ -144,7 +144,9 @@ class ProxyFixture:
         return await self.process.nextNotification(method, predicate, timeout)
 
 
-def directNode(nodeId: str, engine: FakeEngine, models: Sequence[str] | None = None) -> dict[str, Any]:
+def directNode(
+    nodeId: str, engine: FakeEngine, models: Sequence[str] | None = None
+) -> dict[str, Any]:
     """A discovery node reached directly over plaintext at a fake engine."""
     return {
         "id": nodeId,

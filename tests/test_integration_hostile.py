@@ -134,7 +134,9 @@ class HostileClientTests(TestCase):
         cancelled = yield defer.Deferred.fromCoroutine(proxy.waitFor(
             "workload:errored", lambda p: p["workloadInfo"]["state"] == "cancelled", 60))
         self.assertEqual(cancelled["workloadInfo"]["scheduledOn"], "A")
+        stuck.transport.resumeProducing()  # read again: the proxy has closed it
         yield stuck.lost.addTimeout(30, reactor)
+        self.assertFalse(stuck.received.rstrip().endswith(b"0\r\n\r\n"))
         completed = [i for m, i in proxy.workloadEvents() if m == "workload:completed"]
         self.assertEqual(len(completed), 1)
 
@@ -221,8 +223,8 @@ class HostileClientTests(TestCase):
                                                      ("engine", "port", "nodes", "level",
                                                       "generation", "order", "nodeId", "url")
                                                      if rng.random() < 0.5}}
-                if kind != 3:
-                    msg["id"] = rng.choice(junk + [i])
+                if kind != 3:  # ids that cannot collide with the supervisor's own
+                    msg["id"] = rng.choice([None, 0.5, "x", [], {}, True, f"junk{i}"])
                 if rng.random() < 0.1:
                     msg["params"] = rng.choice(junk)
                 lines.append(json.dumps(msg).encode())

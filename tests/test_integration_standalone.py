@@ -39,12 +39,13 @@ class StandaloneFleetTests(TestCase):
         """A 503 from the first engine of the fleet fails over to the second, which serves."""
         a = startEngine(self, reactor, "openai", ["m1"], name="A")
         b = startEngine(self, reactor, "openai", ["m1"], name="B")
+        # The order given on the command line is the order tried (not the ids' sort order):
+        # give the larger URL first so the two orders differ.
+        second, first = sorted((a, b), key=lambda e: e.url)
         proxy = yield defer.Deferred.fromCoroutine(
-            self._proxy([("llamacpp", a.url), ("llamacpp", b.url)]))
+            self._proxy([("llamacpp", first.url), ("llamacpp", second.url)]))
         yield proxy.waitForLog(lambda r: r.get("event") == "backend-up" and r["url"] == a.url)
         yield proxy.waitForLog(lambda r: r.get("event") == "backend-up" and r["url"] == b.url)
-        # With no scheduler the default order sorts node ids: the smaller URL is tried first.
-        first, second = sorted((a, b), key=lambda e: e.url)
         first.script(Status(503))
         response = yield treq.post(proxy.url("llamacpp") + "/v1/chat/completions", json=CHAT,
                                    persistent=False)

@@ -12,6 +12,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from nvpair.proxy.candidates import Snapshot
 from nvpair.proxy.engines import LLAMACPP, LMSTUDIO, OLLAMA
 from nvpair.proxy.facade import BindError
+from nvpair.proxy.reservations import ReservationMap
 from nvpair.proxy.standalone import POLL_INTERVAL, FleetPoller, fleetUrls, startStandalone
 from tests.test_fleet import FakeContext, FakeResponse, openaiList
 
@@ -163,6 +164,7 @@ class FakeService(MultiService):
         self.upstream = context.upstream
         self.clock = context.clock
         self.refuse = refuse
+        self.reservations = ReservationMap()
         self.enabled: list[tuple[str, int]] = []
         self.facades: dict[str, RecordingFacade] = {}
 
@@ -195,6 +197,9 @@ class StartStandaloneTests(SynchronousTestCase):
         self.assertTrue(all(p.running for p in pollers.values()))
         self.assertEqual(service.facades["llamacpp"].inventories(),
                          {"http://x:1": [], "http://y:2": []})
+        # The backends' order stands in for a scheduler's priority list.
+        self.assertEqual(service.reservations.order,
+                         ("http://127.0.0.1:11434", "http://x:1", "http://y:2"))
         service.stopService()
         self.assertFalse(any(p.running for p in pollers.values()))
         self.assertEqual(service.clock.getDelayedCalls(), [])

@@ -1,4 +1,4 @@
-"""One facade per enabled engine: its listeners and its slice of broker-owned state (spec §3, §7, §8).
+"""One facade per enabled engine: listeners and its slice of broker state (spec §3, §7, §8).
 
 The facade owns the primary listener (all interfaces, first-byte personality switch), the
 loopback alias listeners, the discovery snapshot, the manual pin and the local backend.

@@ -12,12 +12,14 @@ import ipaddress
 from collections.abc import Callable
 from typing import Any
 
+from twisted.internet.error import ConnectionDone
 from twisted.internet.interfaces import IAddress, IDelayedCall, IProtocol, IReactorTime
 from twisted.internet.protocol import Factory, Protocol, ServerFactory
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 TLS_HANDSHAKE = 0x16
+_CLOSED = Failure(ConnectionDone())
 
 
 def isLoopback(address: IAddress) -> bool:
@@ -72,7 +74,7 @@ class PersonalitySwitch(Protocol):
         inner.makeConnection(self.transport)
         inner.dataReceived(data)
 
-    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
+    def connectionLost(self, reason: Failure = _CLOSED) -> None:
         self._factory.connections -= 1
         if self._idle is not None:
             self._idle.cancel()

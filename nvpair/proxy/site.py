@@ -13,8 +13,8 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.error import ConnectionDone
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import http, server

@@ -148,6 +148,7 @@ def startStandalone(service: Any) -> None:
     """Enable the facades named by ``--engines`` and give each its polled static fleet."""
     settings = service.settings
     timeout = settings.dialTimeout + NODE_GRACE
+    order: list[str] = []
     for engineId in settings.engines:
         engine = ENGINES[engineId]
         try:
@@ -156,6 +157,11 @@ def startStandalone(service: Any) -> None:
             log.error("bind-failed", engine=engineId, port=e.port, reason=e.reason)
             continue
         urls = fleetUrls(engine, settings.backends)
+        order.extend(urls)
         log.info("standalone-fleet", engine=engineId, backends=urls)
         poller: Any = FleetPoller(facade, urls, service.upstream, service.clock, timeout)
         poller.setServiceParent(service)
+    # No scheduler runs here: the order the backends were given stands in for its priority
+    # list (with no load of its own), so an idle fleet is tried in that order and
+    # reservations still spread concurrent requests over it.
+    service.reservations.applyPriority(0, list(dict.fromkeys(order)), {})
