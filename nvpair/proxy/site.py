@@ -53,6 +53,7 @@ def sendError(
             headers.removeHeader(name)
     headers.setRawHeaders(b"content-type", [b"application/json"])
     headers.setRawHeaders(b"content-length", [b"%d" % len(body)])
+    headers.setRawHeaders(b"date", [http.datetimeToString()])
     if retryAfter is not None:
         headers.setRawHeaders(b"retry-after", [b"%d" % retryAfter])
     request.write(body)
@@ -65,6 +66,14 @@ class FacadeRequest(server.Request):
     defaultContentType = None
     tooLarge = False
     _received = 0
+    # Bodies are JSON for the engine, not form submissions: never parse them here.
+    _parsePOSTFormSubmission = False
+
+    def process(self) -> None:
+        """Hand the request straight to the facade's front door: no resource traversal and
+        no default ``Server``/``Date`` headers (a proxied answer carries the engine's own)."""
+        site = self.site = self.channel.site  # type: ignore[attr-defined]
+        site.resource.render(self)
 
     def gotLength(self, length: int | None) -> None:
         self.content = io.BytesIO()
