@@ -11,14 +11,12 @@ It polls the files' stat signatures on the injected clock and re-reads only what
 The directory has three independent parts (membership, TLS identity, pins); a part whose
 files are half-written or invalid keeps its last good value and is reported once through
 ``onProblem``.  A missing ``member.json`` is not a problem: it means "not a member", at once.
-The file formats are ``clusterfiles``' business.
+Reading the files and their formats are ``clusterfiles``' business.
 """
 
 from __future__ import annotations
 
-import errno
 import os
-import stat as statmod
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,15 +31,15 @@ from nvpair.proxy.clusterfiles import (
     BadClusterFile,
     Credentials,
     Membership,
+    Signature,
+    errnoName,
     loadCredentials,
     parseMember,
     parsePins,
+    readSmallFile,
+    signatureOf,
+    statSignature,
 )
-
-# The cluster files are tiny; anything bigger is refused rather than read on the reactor.
-_MAX_FILE = 1 << 20
-
-_Signature = tuple[int, int, int, int, int] | None
 
 
 @dataclass
@@ -49,23 +47,10 @@ class _Part:
     """Bookkeeping for one independently applied part of the cluster directory."""
 
     paths: tuple[str, ...]
-    signatures: tuple[_Signature, ...] | None = None
+    signatures: tuple[Signature, ...] | None = None
     racy: bool = False
     contents: tuple[bytes | None, ...] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-def _signatureOf(st: os.stat_result) -> _Signature:
-    """The cheap change detector of a file: mtime, ctime, size, inode, device."""
-    return (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino, st.st_dev)
-
-
-def _statSignature(path: str) -> _Signature:
-    """Stat signature of ``path``, or None when it does not exist (any stat error counts)."""
-    try:
-        return _signatureOf(os.stat(path))
-    except OSError:
-        return None
 
 
 class ClusterDirectory:
@@ -198,17 +183,21 @@ class ClusterDirectory:
         self._checkMemberCredentials()
         if self.generation != before:
             self.log.info(
-                "cluster-changed", generation=self.generation, member=self.isMember,
-                nodeId=self.nodeId, credentials=self.hasCredentials, pins=len(self._pins),
+                "cluster-changed",
+                generation=self.generation,
+                member=self.isMember,
+                nodeId=self.nodeId,
+                credentials=self.hasCredentials,
+                pins=len(self._pins),
             )
 
     def _checkPart(self, part: _Part, apply: Callable[[tuple[bytes | None, ...]], None]) -> None:
         """Re-read a part when its stat signature moved (or it was recently written)."""
-        signatures = tuple(_statSignature(p) for p in part.paths)
+        signatures = tuple(statSignature(p) for p in part.paths)
         if signatures == part.signatures and not part.racy:
             return
         contents: list[bytes | None] = []
-        readSignatures: list[_Signature] = []
+        readSignatures: list[Signature] = []
         racy = False
         nowNs = time.time_ns()
         for path in part.paths:
@@ -225,10 +214,10 @@ class ClusterDirectory:
                 key = ("oserror", path, e.errno)
                 if part.extra.get("lastError") != key:
                     part.extra["lastError"] = key
-                    self._report(f"{self._rel(path)}: cannot be read ({_errnoName(e)})")
+                    self._report(f"{self._rel(path)}: cannot be read ({errnoName(e)})")
                 return
             contents.append(data)
-            readSignatures.append(_signatureOf(st))
+            readSignatures.append(signatureOf(st))
             if nowNs - max(st.st_mtime_ns, st.st_ctime_ns) < self._racyNs:
                 racy = True
         part.extra.pop("lastError", None)
@@ -250,18 +239,7 @@ class ClusterDirectory:
 
     def _readFile(self, path: str) -> tuple[bytes, os.stat_result]:
         """Read a whole (small) file and return it with the stat of what was read."""
-        # O_NONBLOCK: opening a FIFO planted here must not block the reactor.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with open(fd, "rb") as f:
-            st = os.fstat(fd)
-            if not statmod.S_ISREG(st.st_mode):
-                raise OSError(errno.EINVAL, "not a regular file")
-            if st.st_size > _MAX_FILE:
-                raise OSError(errno.EFBIG, "file too large")
-            data = f.read(_MAX_FILE + 1)
-            if len(data) > _MAX_FILE:
-                raise OSError(errno.EFBIG, "file too large")
-            return data, st
+        return readSmallFile(path)
 
     def _rel(self, path: str) -> str:
         """A path relative to the cluster directory, for messages."""
@@ -326,12 +304,3 @@ class ClusterDirectory:
                 "member.json present but tls/node.crt and tls/node.key are missing; "
                 "cluster TLS is unavailable"
             )
-
-
-def _errnoName(e: OSError) -> str:
-    """A short description of an OS error (never file content)."""
-    if e.strerror:
-        return e.strerror
-    if e.errno is not None and e.errno in errno.errorcode:
-        return errno.errorcode[e.errno]
-    return type(e).__name__

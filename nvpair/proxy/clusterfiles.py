@@ -1,14 +1,18 @@
-"""The cluster directory's file formats: parsing ``member.json``, ``pins.json`` and ``tls/``.
+"""The cluster directory's files: reading them safely and parsing their formats (protocol §6).
 
-Pure functions from file bytes to values (protocol §6).  Each raises ``BadClusterFile``
-with a message naming the file and the problem, and never echoes file content or anything
-about key material.
+``readSmallFile`` and the stat signatures are the I/O; ``parseMember``, ``parsePins`` and
+``loadCredentials`` are pure functions from file bytes to values.  Each parser raises
+``BadClusterFile`` with a message naming the file and the problem, and never echoes file
+content or anything about key material.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
+import stat as statmod
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +29,11 @@ PrivateKey = (
 )
 
 _HEX = frozenset("0123456789abcdef")
+
+# The cluster files are tiny; anything bigger is refused rather than read on the reactor.
+_MAX_FILE = 1 << 20
+
+Signature = tuple[int, int, int, int, int] | None
 _SPKI = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
 
 
@@ -65,6 +74,44 @@ def isFingerprint(value: object) -> bool:
     return isinstance(value, str) and len(value) == 64 and set(value.lower()) <= _HEX
 
 
+def signatureOf(st: os.stat_result) -> Signature:
+    """The cheap change detector of a file: mtime, ctime, size, inode, device."""
+    return (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino, st.st_dev)
+
+
+def statSignature(path: str) -> Signature:
+    """Stat signature of ``path``, or None when it does not exist (any stat error counts)."""
+    try:
+        return signatureOf(os.stat(path))
+    except OSError:
+        return None
+
+
+def readSmallFile(path: str) -> tuple[bytes, os.stat_result]:
+    """Read a whole (small, regular) file and return it with the stat of what was read."""
+    # O_NONBLOCK: opening a FIFO planted here must not block the reactor.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not statmod.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        if st.st_size > _MAX_FILE:
+            raise OSError(errno.EFBIG, "file too large")
+        data = f.read(_MAX_FILE + 1)
+        if len(data) > _MAX_FILE:
+            raise OSError(errno.EFBIG, "file too large")
+        return data, st
+
+
+def errnoName(e: OSError) -> str:
+    """A short description of an OS error (never file content)."""
+    if e.strerror:
+        return e.strerror
+    if e.errno is not None and e.errno in errno.errorcode:
+        return errno.errorcode[e.errno]
+    return type(e).__name__
+
+
 def parseMember(data: bytes | None) -> Membership | None:
     """Parse ``member.json`` (absent means not a member)."""
     if data is None:
@@ -98,8 +145,7 @@ def parsePins(data: bytes | None) -> dict[str, str]:
         fp = fp.lower()
         if fp in byFingerprint:
             raise BadClusterFile(
-                f"pins.json: nodes {byFingerprint[fp]!r} and {nodeId!r} "
-                "have the same fingerprint"
+                f"pins.json: nodes {byFingerprint[fp]!r} and {nodeId!r} have the same fingerprint"
             )
         byFingerprint[fp] = nodeId
         pins[nodeId] = fp
@@ -128,14 +174,7 @@ def loadCredentials(certData: bytes | None, keyData: bytes | None) -> Credential
         raise BadClusterFile("tls/node.key: the private key is encrypted") from None
     except Exception:  # noqa: BLE001 - never echo anything about key material
         raise BadClusterFile("tls/node.key: not a PEM private key") from None
-    if not isinstance(
-        privateKey,
-        rsa.RSAPrivateKey
-        | ec.EllipticCurvePrivateKey
-        | ed25519.Ed25519PrivateKey
-        | ed448.Ed448PrivateKey
-        | dsa.DSAPrivateKey,
-    ):
+    if not isinstance(privateKey, PrivateKey):
         raise BadClusterFile("tls/node.key: unsupported private key type")
     try:
         matches = certificate.public_key().public_bytes(*_SPKI) == _publicKeyOf(privateKey)
