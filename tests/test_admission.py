@@ -5,15 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from twisted.internet.address import IPv4Address
-from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
-from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.admission import Admitted, Refused, admit, bodyModel
 from nvpair.proxy.engines import LLAMACPP, LMSTUDIO, OLLAMA, RouteClass
+from tests.wire import siteExchange
 
 
 class BodyModelTests(SynchronousTestCase):
@@ -113,13 +110,7 @@ class FrontDoorTests(SynchronousTestCase):
         self.site = FacadeSite(door, self.clock, 100, 30.0, 65536)
 
     def exchange(self, raw: bytes) -> bytes:
-        channel = self.site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5555))
-        transport = StringTransport()
-        channel.makeConnection(transport)
-        channel.dataReceived(raw)
-        value: bytes = transport.value()
-        channel.connectionLost(Failure(ConnectionDone()))
-        return value
+        return siteExchange(self.site, raw)
 
     def test_internalError(self) -> None:
         """An unexpected exception answers 500 internal, reports the type only, and no more."""

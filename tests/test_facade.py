@@ -10,14 +10,13 @@ from typing import Any
 from twisted.internet.error import CannotListenError
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
-from zope.interface import implementer
 
 from nvpair.proxy import jsonrpc
-from nvpair.proxy._interfaces import IBrokerSink
 from nvpair.proxy.broker import Reply, RPCError
 from nvpair.proxy.engines import LLAMACPP, OLLAMA
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
+from tests.fakeupstream import ListSink
 
 
 class Port:
@@ -56,17 +55,6 @@ class BusyReactor(MemoryReactorClock):
         self.open.add((interface, port))
         self.ports.append(p)
         return p
-
-
-@implementer(IBrokerSink)
-class ListSink:
-    """Collects notifications."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, dict[str, Any]]] = []
-
-    def notify(self, method: str, params: dict[str, Any]) -> None:
-        self.sent.append((method, params))
 
 
 class FacadeTests(SynchronousTestCase):

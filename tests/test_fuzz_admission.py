@@ -14,10 +14,6 @@ import tempfile
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from twisted.internet.address import IPv4Address
-from twisted.internet.error import ConnectionDone
-from twisted.internet.testing import StringTransport
-from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.engines import ENGINES
@@ -27,6 +23,7 @@ from nvpair.proxy.service import ProxyService
 from nvpair.proxy.site import FacadeSite
 from tests.harness import CANARY
 from tests.test_facade import BusyReactor, ListSink
+from tests.wire import siteExchange
 
 MAX_BODY = 2000
 MAX_HEADER_BYTES = 2048
@@ -123,14 +120,7 @@ class AdmissionFuzzTests(SynchronousTestCase):
                 30.0, MAX_HEADER_BYTES)
 
     def exchange(self, engineId: str, raw: bytes) -> bytes:
-        site = self.sites[engineId]
-        channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5555))
-        transport = StringTransport()
-        channel.makeConnection(transport)
-        channel.dataReceived(raw)
-        value: bytes = transport.value()
-        channel.connectionLost(Failure(ConnectionDone()))
-        return value
+        return siteExchange(self.sites[engineId], raw)
 
     def check(self, engineId: str, path: str, answer: bytes, head: bool = False) -> None:
         engine = ENGINES[engineId]

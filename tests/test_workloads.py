@@ -7,22 +7,10 @@ from typing import Any
 
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
-from zope.interface import implementer
 
-from nvpair.proxy._interfaces import IBrokerSink
 from nvpair.proxy.activity import Activity
 from nvpair.proxy.workloads import WorkloadReporter
-
-
-@implementer(IBrokerSink)
-class ListSink:
-    """Collects notifications."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, dict[str, Any]]] = []
-
-    def notify(self, method: str, params: dict[str, Any]) -> None:
-        self.sent.append((method, params))
+from tests.fakeupstream import ListSink
 
 
 class WorkloadTests(SynchronousTestCase):
