@@ -18,6 +18,8 @@ from bench import profile
 
 CONFIGS = ("direct", "nginx", "nvpair")
 MARK = "<!-- bench:run -->"
+# Everything after this marker (the long chaos soak's figures) is kept across runs.
+SOAK_MARK = "<!-- bench:soak -->"
 KEEP = 2
 
 
@@ -260,11 +262,15 @@ def write(results: dict[str, Any], path: str, summaryPath: str | None = None,
             f.write(HEADER + MARK + "\n" + text)
         return text
     earlier: list[str] = []
+    soak = ""
     if os.path.exists(path):
         with open(path) as f:
             old = f.read()
+        if SOAK_MARK in old:
+            old, rest = old.split(SOAK_MARK, 1)
+            soak = SOAK_MARK + rest
         earlier = [part for part in old.split(MARK)[1:] if "(quick)" not in part.split("\n")[1]]
     runs = [text, *[e.strip("\n") + "\n" for e in earlier[:KEEP]]]
     with open(path, "w") as f:
-        f.write(HEADER + "".join(MARK + "\n" + r + "\n" for r in runs))
+        f.write(HEADER + "".join(MARK + "\n" + r + "\n" for r in runs) + soak)
     return text
