@@ -97,6 +97,8 @@ class RequestIds:
 
 @attrs.define
 class _Pending:
+    """A request awaiting its answer: its method, Deferred and timeout."""
+
     method: str
     deferred: Deferred[object]
     timer: IDelayedCall

@@ -26,6 +26,8 @@ _DEFAULT_LEVEL: dict[str, Any] = {"level": "info"}
 
 @attrs.define
 class _Sent:
+    """One recorded message: a notification or an answered request, and its params."""
+
     notify: bool
     method: str
     params: object
