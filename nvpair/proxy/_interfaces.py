@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zope.interface import Attribute, Interface
+from zope.interface import Interface
 
 
 class IBrokerSink(Interface):
@@ -26,16 +26,14 @@ class IUpstream(Interface):
     """Opens one HTTP exchange with a node: the seam between dispatch and the network."""
 
     def request(
-        node: Any, address: str | None, method: bytes, path: bytes, headers: Any, body: bytes
+        node: Any,
+        address: str | None,
+        method: bytes,
+        path: bytes,
+        headers: Any,
+        body: bytes,
+        connected: Any = None,
     ) -> Any:
-        """Return a Deferred firing with an ``IResponse`` from that node."""
+        """Return a Deferred firing with an ``IResponse`` from that node; ``connected``, when
+        given, is called once the connection is made (the header timer starts there)."""
 
-
-class IDiscoveryView(Interface):
-    """A facade's live discovery snapshot, as dispatch sees it."""
-
-    snapshot = Attribute("The current candidates.Snapshot")
-    hasLocalBackend = Attribute("Whether a local backend is set")
-
-    def nextSnapshot() -> Any:
-        """A Deferred that fires when the next snapshot is applied."""

@@ -187,7 +187,14 @@ class Attempt:
             return
         timeout = self.exchange.settings.responseHeaderTimeout
         if timeout > 0:
-            self._timer = self.exchange.clock.callLater(timeout, self._noHeaders)
+            self._timer = self.exchange.clock.callLater(timeout, self._timedOut)
+
+    def _timedOut(self) -> None:
+        """The one timer of the attempt: the header cap, then (reset) the first-content cap."""
+        if self._relay is None:
+            self._noHeaders()
+        else:
+            self._noContent()
 
     def _noHeaders(self) -> None:
         self._timer = None
@@ -213,17 +220,20 @@ class Attempt:
 
     def _gotResponse(self, response: IResponse, address: str) -> None:
         self._pending = None
-        self._stopTimer()
         if self.state != PENDING:
+            self._stopTimer()
             discard(response, self.exchange.clock, 0)
             return
         if not self.node.isSelf:
             self.exchange.facade.confirmed[self.node.id] = address
         status = response.code
         if not self.final and retryableStatus(status, self.exchange.inference):
+            self._stopTimer()
             discard(response, self.exchange.clock)
             self._fail(STATUS, status)
             return
+        # The header timer keeps running: ``headersArrived`` (synchronous, from
+        # ``deliverBody``) turns it into the first-content timer or stops it.
         self._response = response
         relay = self._relay = Relay(self)
         response.deliverBody(relay)
@@ -233,15 +243,23 @@ class Attempt:
     def headersArrived(self, relay: Relay) -> None:
         """Headers are in: start the first-content timer, or commit at once when ungated."""
         if self.state != PENDING:
+            self._stopTimer()
             _stop(relay)
             return
         if not self.gated:
             if self.commit(relay):
                 relay.committed = True
+            else:
+                self._stopTimer()
             return
         timeout = self.exchange.settings.responseHeaderTimeout
-        if timeout > 0:
-            self._timer = self.exchange.clock.callLater(timeout, self._noContent)
+        timer = self._timer
+        if timeout <= 0:
+            self._stopTimer()
+        elif timer is not None and timer.active():
+            timer.reset(timeout)  # the first-content cap starts now (§5.1)
+        else:
+            self._timer = self.exchange.clock.callLater(timeout, self._timedOut)
 
     def _noContent(self) -> None:
         self._timer = None
@@ -261,7 +279,7 @@ class Attempt:
         self._unwatch()
         response = self._response
         assert response is not None
-        self._done = defer.Deferred(lambda d: self._stopBody())
+        self._done = defer.Deferred(self._cancelDone)
         length = None if response.length is UNKNOWN_LENGTH else int(response.length)
         transport: IPushProducer = relay.transport  # type: ignore[assignment]
         try:
@@ -290,6 +308,9 @@ class Attempt:
         ending = self.exchange.endBody(clean)
         if not self._done.called:
             self._done.callback(ending)
+
+    def _cancelDone(self, d: defer.Deferred[str]) -> None:
+        self._stopBody()
 
     def _stopBody(self) -> None:
         if self._relay is not None:

@@ -303,6 +303,15 @@ class Exchange:
 
 async def runInference(ex: Exchange) -> None:
     """Inference policy: rounds over the owners, bounded by attempts and the job deadline."""
+    committed = await _placeInference(ex)
+    if committed is not None:
+        # Served outside the placement loop's frame: a long stream does not keep the
+        # round's snapshot, owners and candidate list alive.
+        await ex.serve(committed)
+
+
+async def _placeInference(ex: Exchange) -> Committed | None:
+    """The rounds of the inference policy, up to a commit (returned) or a final answer."""
     settings = ex.settings
     clock = ex.clock
     facade = ex.facade
@@ -318,11 +327,11 @@ async def runInference(ex: Exchange) -> None:
         if not owners:
             if not dispatched:
                 ex.answerError(502, "no_owner")
-                return
+                return None
             remaining = deadline - clock.seconds()
             if remaining <= 0:
                 ex.unavailable("owner_unavailable")
-                return
+                return None
             await ex.pause(min(backoff, remaining), wakeOnDiscovery=True)
             backoff = min(backoff * 2, settings.backoffMax)
             continue
@@ -333,10 +342,10 @@ async def runInference(ex: Exchange) -> None:
         for node in ordered:
             if dispatched >= maxAttempts:
                 ex.unavailable("attempts_exhausted")
-                return
+                return None
             if clock.seconds() >= deadline:
                 ex.unavailable("deadline_exceeded")
-                return
+                return None
             if facade.snapshot is not snapshot:
                 # Discovery changed during this round: never dispatch to a node that has
                 # left or stopped advertising the model (failover never broadens).
@@ -349,24 +358,30 @@ async def runInference(ex: Exchange) -> None:
             final = dispatched == maxAttempts
             outcome = await ex.dispatch(node, final, gated=True)
             if isinstance(outcome, Committed):
-                await ex.serve(outcome)
-                return
+                return outcome
             if final:
                 ex.answerFinal(outcome)
-                return
+                return None
             if ex.workload is not None:
                 ex.workload.submitted(None)
         ex.releaseReservation()
         remaining = deadline - clock.seconds()
         if remaining <= 0:
             ex.unavailable("deadline_exceeded")
-            return
+            return None
         await ex.pause(min(backoff, remaining), wakeOnDiscovery=False)
         backoff = min(backoff * 2, settings.backoffMax)
 
 
 async def runVerbatim(ex: Exchange) -> None:
     """Non-inference policy: candidates resolved once, each tried at most once, no backoff."""
+    committed = await _placeVerbatim(ex)
+    if committed is not None:
+        await ex.serve(committed)
+
+
+async def _placeVerbatim(ex: Exchange) -> Committed | None:
+    """The attempts of the verbatim policy, up to a commit (returned) or a final answer."""
     facade = ex.facade
     snapshot = facade.snapshot
     owners = ()
@@ -377,18 +392,18 @@ async def runVerbatim(ex: Exchange) -> None:
     ordered, _ = orderCandidates(owners, facade.pin, ex.context.reservations.rank)
     if not ordered:
         ex.answerError(502, "no_owner")
-        return
+        return None
     last = len(ordered) - 1
     for index, node in enumerate(ordered):
         if facade.snapshot is not snapshot and node.id not in facade.snapshot:
             if index == last:
                 ex.answerError(502, "upstream_unreachable")
-                return
+                return None
             continue  # it left discovery meanwhile
         outcome = await ex.dispatch(node, index == last, gated=False)
         if isinstance(outcome, Committed):
-            await ex.serve(outcome)
-            return
+            return outcome
         if index == last:
             ex.answerFinal(outcome)
-            return
+            return None
+    return None

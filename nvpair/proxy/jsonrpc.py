@@ -22,12 +22,25 @@ INTERNAL_ERROR = -32603
 FACADE_NOT_ENABLED = -32004
 BIND_FAILED = -32010
 
-_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+def _unencodable(value: object) -> object:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+# The C encoder built once (``JSONEncoder.encode`` builds one per call): compact, UTF-8
+# text as is, NaN allowed -- the same output as JSONEncoder(separators=(",", ":"),
+# ensure_ascii=False).  Without the circular-reference check: messages are trees.
+_makeEncoder: Any = getattr(json.encoder, "c_make_encoder", None)
+if _makeEncoder is not None:
+    _iterencode = _makeEncoder(
+        None, _unencodable, json.encoder.encode_basestring, None, ":", ",", False, False, True
+    )
+else:  # pragma: no cover - CPython always has the C encoder
+    _iterencode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).iterencode
 
 
 def encode(message: dict[str, Any]) -> bytes:
     """Serialize one message as a compact UTF-8 JSON line."""
-    return _encoder.encode(message).encode("utf-8") + b"\n"
+    return "".join(_iterencode(message, 0)).encode("utf-8") + b"\n"
 
 
 def request(id: int | str, method: str, params: object) -> dict[str, Any]:

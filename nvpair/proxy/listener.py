@@ -47,6 +47,12 @@ class PersonalitySwitch(Protocol):
 
     def connectionMade(self) -> None:
         self._factory.connections += 1
+        setNoDelay = getattr(self.transport, "setTcpNoDelay", None)
+        if setNoDelay is not None:
+            try:
+                setNoDelay(True)  # answers go out as written, never held for an ACK
+            except OSError:
+                pass
         if self._factory.firstByteTimeout > 0:
             self._idle = self._factory.clock.callLater(
                 self._factory.firstByteTimeout, self._silent

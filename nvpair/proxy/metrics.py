@@ -214,6 +214,10 @@ class StateCollector(Collector):
             "nvpair_proxy_workloads_live", "Workloads admitted and not yet ended.",
             value=reporter.live)
         idle, hosts = _poolConnections(service.upstream.pool)
+        peerPool = getattr(service.upstream, "peerPool", None)
+        if peerPool is not None:
+            peerIdle, peerHosts = _poolConnections(peerPool)
+            idle, hosts = idle + peerIdle, hosts + peerHosts
         yield GaugeMetricFamily(
             "nvpair_proxy_upstream_pool_connections",
             "Idle persistent upstream connections held by the shared pool.", value=idle)

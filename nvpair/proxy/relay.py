@@ -35,22 +35,32 @@ HOP_BY_HOP = frozenset(
 )
 
 
+_NO_TOKENS: frozenset[bytes] = frozenset()
+
+
 def _connectionTokens(headers: Headers) -> frozenset[bytes]:
+    values = headers.getRawHeaders(b"connection")
+    if not values:
+        return _NO_TOKENS
     tokens: set[bytes] = set()
-    for value in headers.getRawHeaders(b"connection", ()):
+    for value in values:
         tokens.update(t.strip().lower() for t in value.split(b","))
     return frozenset(tokens)
 
 
 def forwardHeaders(incoming: Headers) -> Headers:
-    """The request headers to send upstream: hop-by-hop and Host removed."""
+    """The request headers to send upstream: hop-by-hop and Host removed.
+
+    The values are copied as they are (an existing ``Headers`` holds them sanitized).
+    """
     named = _connectionTokens(incoming)
     out = Headers()
+    raw = out._rawHeaders
     for name, values in incoming.getAllRawHeaders():
         lower = name.lower()
         if lower in HOP_BY_HOP or lower in named:
             continue
-        out.setRawHeaders(name, values)
+        raw[name] = list(values)
     return out
 
 
@@ -59,15 +69,16 @@ def copyResponseHeaders(
 ) -> None:
     """Copy an upstream response's end-to-end headers onto the client response."""
     named = _connectionTokens(source)
-    target.removeHeader(b"server")
-    target.removeHeader(b"date")
+    raw = target._rawHeaders
+    raw.pop(b"Server", None)
+    raw.pop(b"Date", None)
     for name, values in source.getAllRawHeaders():
         lower = name.lower()
         if lower in HOP_BY_HOP or lower in named or lower in drop:
             continue
-        target.setRawHeaders(name, values)
+        raw[name] = list(values)
     if length is not None:
-        target.setRawHeaders(b"content-length", [b"%d" % length])
+        raw[b"Content-Length"] = [b"%d" % length]
 
 
 @implementer(IPushProducer)

@@ -21,6 +21,7 @@ from twisted.web import http, server
 from twisted.web.resource import Resource
 
 from nvpair.proxy.engines import Engine
+from nvpair.proxy.fastwrite import sendNow
 
 _CLOSED = Failure(ConnectionDone())
 
@@ -66,14 +67,23 @@ class FacadeRequest(server.Request):
     defaultContentType = None
     tooLarge = False
     _received = 0
-    # Bodies are JSON for the engine, not form submissions: never parse them here.
-    _parsePOSTFormSubmission = False
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Bodies are JSON for the engine, not form submissions: never parse them here (the
+        # base __init__ sets this per instance, so a class attribute would not do).
+        self._parsePOSTFormSubmission = False
 
     def process(self) -> None:
         """Hand the request straight to the facade's front door: no resource traversal and
         no default ``Server``/``Date`` headers (a proxied answer carries the engine's own)."""
         site = self.site = self.channel.site  # type: ignore[attr-defined]
         site.resource.render(self)
+
+    def write(self, data: bytes) -> None:
+        super().write(data)
+        flush = getattr(self.channel, "flushHead", None)
+        if flush is not None:
+            flush()
 
     def gotLength(self, length: int | None) -> None:
         self.content = io.BytesIO()
@@ -100,7 +110,11 @@ class FacadeRequest(server.Request):
 class FacadeChannel(http.HTTPChannel):
     """HTTP/1.1 channel with a header-read deadline and 431 for oversized header blocks."""
 
+    # The header-read deadline is kept as a time; one timer per connection checks it, and
+    # is only rescheduled when it fires early.  Arming and disarming it per request costs
+    # an attribute store, not a callLater and a cancel.
     _headerTimer: IDelayedCall | None = None
+    _headerDeadline: float | None = None
     site: FacadeSite
 
     def connectionMade(self) -> None:
@@ -109,20 +123,73 @@ class FacadeChannel(http.HTTPChannel):
 
     def _armHeaderTimer(self) -> None:
         timeout = self.site.headerReadTimeout
-        if timeout > 0 and self._headerTimer is None:
-            self._headerTimer = self.site.clock.callLater(timeout, self._headersTooSlow)
+        if timeout > 0 and self._headerDeadline is None:
+            self._headerDeadline = self.site.clock.seconds() + timeout
+            if self._headerTimer is None:
+                self._headerTimer = self.site.clock.callLater(timeout, self._checkHeaderTimer)
 
     def _disarmHeaderTimer(self) -> None:
+        self._headerDeadline = None
+
+    def _cancelHeaderTimer(self) -> None:
+        self._headerDeadline = None
         if self._headerTimer is not None:
             if self._headerTimer.active():
                 self._headerTimer.cancel()
             self._headerTimer = None
 
-    def _headersTooSlow(self) -> None:
+    def _checkHeaderTimer(self) -> None:
         self._headerTimer = None
+        deadline = self._headerDeadline
+        if deadline is None:
+            return  # disarmed meanwhile; the next arming starts a timer again
+        left = deadline - self.site.clock.seconds()
+        if left > 0:
+            self._headerTimer = self.site.clock.callLater(left, self._checkHeaderTimer)
+            return
+        self._headersTooSlow()
+
+    def _headersTooSlow(self) -> None:
+        self._headerDeadline = None
         self.site.slowClients += 1
         if self.transport is not None:
             self.transport.abortConnection()  # type: ignore[attr-defined]
+
+    # The response head is held until the body write that follows it within the same
+    # ``Request.write`` and leaves with it in one send (``FacadeRequest.write`` flushes a
+    # head that no body follows, e.g. HEAD, 204, or an empty write that pushes headers).
+    _head: bytes | None = None
+
+    def writeHeaders(self, version: bytes, code: bytes, reason: bytes, headers: Any) -> None:
+        parts = [version, b" ", code, b" ", reason, b"\r\n"]
+        for name, values in headers.getAllRawHeaders():
+            for value in values:
+                parts.extend((name, b": ", value, b"\r\n"))
+        parts.append(b"\r\n")
+        self.flushHead()
+        self._head = b"".join(parts)
+
+    def flushHead(self) -> None:
+        """Send a held response head now."""
+        head = self._head
+        if head is not None:
+            self._head = None
+            sendNow(self.transport, head)
+
+    def write(self, data: bytes) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            data = head + data
+        sendNow(self.transport, data)
+
+    def writeSequence(self, iovec: Any) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            sendNow(self.transport, b"".join([head, *iovec]))
+        else:
+            sendNow(self.transport, b"".join(iovec))
 
     def allHeadersReceived(self) -> None:
         self._disarmHeaderTimer()
@@ -134,7 +201,7 @@ class FacadeChannel(http.HTTPChannel):
             self._armHeaderTimer()
 
     def connectionLost(self, reason: Failure = _CLOSED) -> None:
-        self._disarmHeaderTimer()
+        self._cancelHeaderTimer()
         super().connectionLost(reason)
 
     def _respondToBadRequestAndDisconnect(self) -> None:

@@ -1,6 +1,7 @@
 """Reaching a node (protocol §4): direct plaintext engines, the local backend, and peers over mTLS.
 
-One persistent connection pool serves every facade.  A node's addresses are tried in
+One persistent connection pool serves every facade (the lean client of ``httpclient`` for
+plaintext nodes; twisted.web's Agent over pinned TLS for peers).  A node's addresses are tried in
 order until one connects; the one that connected is remembered per facade until a
 transport error makes dispatch forget it.
 """
@@ -14,12 +15,15 @@ from twisted.internet import defer
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
 from twisted.internet.error import ConnectError
 from twisted.internet.interfaces import IConsumer, IStreamClientEndpoint
+from twisted.web._newclient import _ensureValidMethod, _ensureValidURI
 from twisted.web.client import URI, Agent, HTTPConnectionPool, _HTTP11ClientFactory
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, IResponse
 from zope.interface import implementer
 
 from nvpair.proxy._interfaces import IUpstream
+from nvpair.proxy.httpclient import serializeRequest
+from nvpair.proxy.httppool import ConnectionPool
 
 
 @implementer(IBodyProducer)
@@ -71,6 +75,23 @@ class _Pool(HTTPConnectionPool):
 def _notifyConnected(protocol: Any, hook: Callable[[], None]) -> Any:
     hook()
     return protocol
+
+
+_BODY_METHODS = (b"POST", b"PUT", b"PATCH")
+
+
+class _Target:
+    """A parsed plaintext node URL."""
+
+    __slots__ = ("key", "host", "prefix", "endpoint")
+
+    def __init__(
+        self, key: Any, host: bytes, prefix: bytes, endpoint: Callable[[], IStreamClientEndpoint]
+    ) -> None:
+        self.key = key
+        self.host = host
+        self.prefix = prefix
+        self.endpoint = endpoint
 
 
 class NotReachable(ConnectError):
@@ -156,13 +177,16 @@ class Upstream:
         self._reactor = reactor
         self._dialTimeout = dialTimeout
         self.trust = trust
-        self.pool = _Pool(reactor, persistent=True)
-        self.pool.maxPersistentPerHost = maxPersistentPerHost
-        self.pool.cachedConnectionTimeout = idleTimeout
-        self.pool.retryAutomatically = False
-        self.pool._factory = _QuietClientFactory
-        self._direct = Agent(reactor, connectTimeout=dialTimeout or None, pool=self.pool)
+        # Plaintext nodes (the hot path): the lean client.  Peers: twisted.web's Agent over
+        # pinned TLS endpoints, pooled by node id + pin + own identity.
+        self.pool = ConnectionPool(reactor, maxPersistentPerHost, idleTimeout)
+        self.peerPool = _Pool(reactor, persistent=True)
+        self.peerPool.maxPersistentPerHost = maxPersistentPerHost
+        self.peerPool.cachedConnectionTimeout = idleTimeout
+        self.peerPool.retryAutomatically = False
+        self.peerPool._factory = _QuietClientFactory
         self._peers: dict[str, Agent] = {}
+        self._targets: dict[str, _Target] = {}
 
     def _peerAgent(self, nodeId: str) -> Agent:
         agent = self._peers.get(nodeId)
@@ -172,7 +196,7 @@ class Upstream:
             agent = _PeerAgent.usingEndpointFactory(
                 self._reactor,
                 _PeerEndpoints(self._reactor, nodeId, self.trust, self._dialTimeout or 30.0),
-                pool=self.pool,
+                pool=self.peerPool,
             )
             agent._nodeId = nodeId
             agent._trust = self.trust
@@ -193,31 +217,65 @@ class Upstream:
 
         ``connected`` is called once the connection is established (the dial is over).
         """
-        producer = BytesProducer(body) if body or method in (b"POST", b"PUT", b"PATCH") else None
         if address is None:
             return defer.fail(NotReachable("no address"))
         if address.startswith("http://"):
-            agent = self._direct
-            url = address.encode("ascii") + path
-        else:
+            target = self._targets.get(address)
             try:
-                host, port = splitHostPort(address)
-                agent = self._peerAgent(node.id)
-            except Exception as e:
-                return defer.fail(NotReachable(str(e)))
-            hostPart = f"[{host}]" if ":" in host else host
-            url = f"https://{hostPart}:{port}".encode("ascii") + path
-        pool = self.pool
+                if target is None:
+                    target = self._target(address)
+                _ensureValidMethod(method)
+                _ensureValidURI(path)
+            except Exception:
+                return defer.fail()
+            sendBody = body if body or method in _BODY_METHODS else None
+            data = serializeRequest(method, target.prefix + path, target.host, headers, sendBody)
+            sent: defer.Deferred[Any] = self.pool.request(
+                target.key, target.endpoint, data, method, connected
+            )
+            return sent
+        producer = BytesProducer(body) if body or method in _BODY_METHODS else None
+        try:
+            host, port = splitHostPort(address)
+            agent = self._peerAgent(node.id)
+        except Exception as e:
+            return defer.fail(NotReachable(str(e)))
+        hostPart = f"[{host}]" if ":" in host else host
+        url = f"https://{hostPart}:{port}".encode("ascii") + path
+        pool = self.peerPool
         pool.onConnected = connected
         try:
             return agent.request(method, url, headers, producer)
         finally:
             pool.onConnected = None
 
+    def _target(self, address: str) -> _Target:
+        """Parse a plaintext node URL once: pool key, Host header, path prefix, endpoint."""
+        uri = URI.fromBytes(address.encode("ascii"))
+        if uri.scheme != b"http" or not uri.host:
+            raise ValueError("not an http URL")
+        hostValue = b"[%s]" % uri.host if b":" in uri.host else uri.host
+        if uri.port != 80:
+            hostValue = b"%s:%d" % (hostValue, uri.port)
+        host = uri.host.decode("ascii")
+        port = uri.port
+        reactor, timeout = self._reactor, self._dialTimeout or 30.0
+
+        def endpoint() -> IStreamClientEndpoint:
+            return HostnameEndpoint(reactor, host, port, timeout=timeout)
+
+        # The address's path, then the request's (what Agent sent for address + path).
+        target = _Target(("http", uri.host, port), hostValue, uri.path, endpoint)
+        if len(self._targets) < 4096:
+            self._targets[address] = target
+        return target
+
     def close(self) -> defer.Deferred[None]:
         """Close every pooled connection."""
-        closing: defer.Deferred[None] = self.pool.closeCachedConnections()
-        return closing
+        closing: defer.Deferred[Any] = defer.gatherResults(
+            [self.pool.closeCachedConnections(), self.peerPool.closeCachedConnections()]
+        )
+        return closing.addCallback(lambda _: None)
 
 
 def addressesFor(

@@ -1,0 +1,40 @@
+"""Writing to a plain TCP transport at once when nothing is queued on it.
+
+Twisted's ``write`` always queues: the bytes wait for the reactor's next turn, after an
+``epoll_ctl`` registering the socket for writing and another removing it.  When the
+transport's queue is empty, ``sendNow`` calls ``send`` directly and queues only what the
+kernel did not take, so the order of bytes is kept and flow control is unchanged.  Any
+other transport (TLS, test transports) gets a plain ``write``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet import tcp
+
+_PLAIN = (tcp.Server, tcp.Client)
+
+
+def sendNow(transport: Any, data: bytes) -> None:
+    """Write ``data`` to ``transport``, sending it at once when that keeps the byte order."""
+    if (
+        type(transport) in _PLAIN
+        and not transport.TLS
+        and transport.connected
+        and not transport.disconnecting
+        and not transport._writeDisconnected
+        and not transport._tempDataBuffer
+        and len(transport.dataBuffer) == transport.offset
+        and data
+    ):
+        try:
+            sent = transport.socket.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            sent = 0  # the queued write below meets the error and closes the connection
+        if sent >= len(data):
+            return
+        data = data[sent:]
+    transport.write(data)

@@ -1,0 +1,340 @@
+"""Unit tests of the lean upstream HTTP/1.1 client (``nvpair.proxy.httpclient``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet import defer
+from twisted.internet.error import ConnectionDone, ConnectionRefusedError
+from twisted.internet.protocol import Protocol
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
+from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.client import ResponseDone, ResponseFailed
+from twisted.web.http import PotentialDataLoss
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import UNKNOWN_LENGTH
+
+from nvpair.proxy.httpclient import HTTPClientConnection, serializeRequest
+from nvpair.proxy.httppool import ConnectionPool
+from nvpair.proxy.upstream import Upstream
+
+
+class FakeEndpoint:
+    """An endpoint whose dials the test completes (or fails) by hand."""
+
+    def __init__(self) -> None:
+        self.dials: list[tuple[Any, defer.Deferred[Any]]] = []
+        self.transports: list[StringTransport] = []
+        self.conns: list[HTTPClientConnection] = []
+
+    def __call__(self) -> FakeEndpoint:
+        return self
+
+    def connect(self, factory: Any) -> defer.Deferred[Any]:
+        d: defer.Deferred[Any] = defer.Deferred()
+        self.dials.append((factory, d))
+        return d
+
+    def complete(self, index: int = -1) -> tuple[HTTPClientConnection, StringTransport]:
+        factory, d = self.dials[index]
+        conn = factory.buildProtocol(None)
+        transport = StringTransport()
+        conn.makeConnection(transport)
+        self.transports.append(transport)
+        self.conns.append(conn)
+        d.callback(conn)
+        return conn, transport
+
+
+_CLOSED = Failure(ConnectionDone())
+
+
+class Body(Protocol):
+    """Collects a body and how it ended."""
+
+    def __init__(self) -> None:
+        self.data: list[bytes] = []
+        self.reason: Failure | None = None
+
+    def dataReceived(self, data: bytes) -> None:
+        self.data.append(data)
+
+    def connectionLost(self, reason: Failure = _CLOSED) -> None:
+        self.reason = reason
+
+
+KEY = ("http", b"e", 1)
+
+
+class ClientTests(SynchronousTestCase):
+    """One request per write, byte-level framing, keep-alive pooling."""
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.pool = ConnectionPool(self.clock, maxPersistentPerHost=2, idleTimeout=90)
+        self.endpoint = FakeEndpoint()
+
+    def send(self, method: bytes = b"POST", body: bytes | None = b"{}") -> defer.Deferred[Any]:
+        data = serializeRequest(method, b"/v1/x", b"e:1", Headers({b"X-A": [b"1"]}), body)
+        return self.pool.request(KEY, self.endpoint, data, method)
+
+    def respond(self, raw: bytes, method: bytes = b"POST") -> tuple[Any, Body, StringTransport]:
+        d = self.send(method)
+        conn, transport = self.endpoint.complete()
+        conn.dataReceived(raw)
+        response = self.successResultOf(d)
+        body = Body()
+        response.deliverBody(body)
+        return response, body, transport
+
+    def test_requestWrittenOnce(self) -> None:
+        """The whole request (head and body) goes out in one write, with Host and length."""
+        d = self.send()
+        _, transport = self.endpoint.complete()
+        self.assertEqual(
+            transport.value(),
+            b"POST /v1/x HTTP/1.1\r\nHost: e:1\r\nX-A: 1\r\nContent-Length: 2\r\n\r\n{}",
+        )
+        self.assertNoResult(d)
+
+    def test_contentLength(self) -> None:
+        """A Content-Length body is delivered whole, ends clean and the connection is pooled."""
+        response, body, transport = self.respond(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-B: y\r\n\r\nhello"
+        )
+        self.assertEqual((response.code, response.phrase, response.length), (200, b"OK", 5))
+        self.assertEqual(response.headers.getRawHeaders(b"x-b"), [b"y"])
+        self.assertIsNone(response.headers.getRawHeaders(b"content-length"))
+        self.assertEqual(b"".join(body.data), b"hello")
+        assert body.reason is not None
+        self.assertTrue(body.reason.check(ResponseDone))
+        self.assertEqual(len(self.pool._connections[KEY]), 1)
+        self.assertFalse(transport.disconnecting)
+
+    def test_chunkedAcrossBoundaries(self) -> None:
+        """Chunk sizes, payloads and CRLFs split anywhere decode to the same body."""
+        d = self.send()
+        conn, _ = self.endpoint.complete()
+        raw = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"5;ext=1\r\nhello\r\n1\r\n \r\n5\r\nworld\r\n0\r\nTrailer: x\r\n\r\n")
+        body = Body()
+        for i in range(len(raw)):
+            conn.dataReceived(raw[i:i + 1])
+            if i == raw.index(b"\r\n\r\n") + 3:
+                response = self.successResultOf(d)
+                self.assertIs(response.length, UNKNOWN_LENGTH)
+                response.deliverBody(body)
+        self.assertEqual(b"".join(body.data), b"hello world")
+        assert body.reason is not None
+        self.assertTrue(body.reason.check(ResponseDone))
+        self.assertEqual(len(self.pool._connections[KEY]), 1)
+
+    def test_chunksOfOneReadCoalesced(self) -> None:
+        """The chunk payloads of one read reach the body protocol as one dataReceived."""
+        _, body, _ = self.respond(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n2\r\ncd\r\n"
+        )
+        self.assertEqual(body.data, [b"abcd"])
+        self.assertIsNone(body.reason)
+
+    def test_keepAliveReuse(self) -> None:
+        """A second request goes over the pooled connection: no new dial."""
+        _, _, transport = self.respond(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        transport.clear()
+        connected: list[bool] = []
+        data = serializeRequest(b"GET", b"/", b"e:1", Headers(), None)
+        d = self.pool.request(KEY, self.endpoint, data, b"GET", lambda: connected.append(True))
+        self.assertEqual(len(self.endpoint.dials), 1)
+        self.assertEqual(connected, [True])
+        self.assertEqual(transport.value(), b"GET / HTTP/1.1\r\nHost: e:1\r\n\r\n")
+        self.assertNoResult(d)
+
+    def test_poolCap(self) -> None:
+        """At most maxPersistentPerHost idle connections are kept per key; extra ones close."""
+        ds = [self.send() for _ in range(3)]
+        conns = [self.endpoint.complete(i) for i in range(3)]
+        for (conn, _), d in zip(conns, ds, strict=True):
+            conn.dataReceived(b"HTTP/1.1 204 No Content\r\n\r\n")
+            self.successResultOf(d)
+        self.assertEqual(len(self.pool._connections[KEY]), 2)
+        self.assertEqual([t.disconnecting for _, t in conns], [False, False, True])
+
+    def test_idleExpiry(self) -> None:
+        """An idle connection is closed after the idle timeout."""
+        _, _, transport = self.respond(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        self.clock.advance(89)
+        self.assertFalse(transport.disconnecting)
+        self.clock.advance(1)
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(self.pool._connections, {})
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_cancelAborts(self) -> None:
+        """Cancelling a request waiting for its response aborts the connection."""
+        d = self.send()
+        conn, transport = self.endpoint.complete()
+        d.cancel()
+        self.failureResultOf(d, defer.CancelledError)
+        self.assertTrue(transport.disconnecting)
+        conn.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(self.pool._connections, {})
+
+    def test_cancelWhileDialling(self) -> None:
+        """Cancelling during the dial cancels the dial."""
+        d = self.send()
+        _, dial = self.endpoint.dials[0]
+        d.cancel()
+        self.failureResultOf(d, defer.CancelledError)
+        self.assertTrue(dial.called)
+
+    def test_dialFailure(self) -> None:
+        """A failed dial fails the request with the dial's error."""
+        d = self.send()
+        self.endpoint.dials[0][1].errback(ConnectionRefusedError())
+        self.failureResultOf(d, ConnectionRefusedError)
+
+    def test_lostBeforeResponse(self) -> None:
+        """A connection lost before a response fails the request."""
+        d = self.send()
+        conn, _ = self.endpoint.complete()
+        conn.dataReceived(b"HTTP/1.1 200")
+        conn.connectionLost(Failure(ConnectionDone()))
+        self.failureResultOf(d)
+
+    def test_earlyCloseContentLength(self) -> None:
+        """A body cut short of its Content-Length ends as ResponseFailed."""
+        _, body, transport = self.respond(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nhel")
+        self.connectionOf(transport).connectionLost(Failure(ConnectionDone()))
+        assert body.reason is not None
+        self.assertTrue(body.reason.check(ResponseFailed))
+        self.assertEqual(body.data, [b"hel"])
+
+    def test_closeDelimited(self) -> None:
+        """A body without length ends at close as PotentialDataLoss and is not pooled."""
+        response, body, transport = self.respond(b"HTTP/1.1 200 OK\r\n\r\nabc")
+        self.assertIs(response.length, UNKNOWN_LENGTH)
+        self.connectionOf(transport).connectionLost(Failure(ConnectionDone()))
+        assert body.reason is not None
+        self.assertTrue(body.reason.check(PotentialDataLoss))
+        self.assertEqual(self.pool._connections, {})
+
+    def test_noBodyResponses(self) -> None:
+        """HEAD, 204 and 304 answers have no body (length 0) and keep the connection."""
+        for raw, method in (
+            (b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n", b"HEAD"),
+            (b"HTTP/1.1 204 No Content\r\n\r\n", b"GET"),
+            (b"HTTP/1.1 304 Not Modified\r\nContent-Length: 7\r\n\r\n", b"GET"),
+        ):
+            self.pool._connections.clear()
+            response, body, transport = self.respond(raw, method)
+            self.assertEqual(response.length, 0)
+            self.assertEqual(body.data, [])
+            assert body.reason is not None
+            self.assertTrue(body.reason.check(ResponseDone))
+            self.assertFalse(transport.disconnecting)
+            if method == b"HEAD":
+                self.assertEqual(response.headers.getRawHeaders(b"content-length"), [b"7"])
+
+    def test_connectionClose(self) -> None:
+        """A response with Connection: close is not pooled."""
+        _, _, transport = self.respond(
+            b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\nx"
+        )
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(self.pool._connections, {})
+
+    def test_interimSkipped(self) -> None:
+        """A 1xx interim answer is skipped."""
+        response, body, _ = self.respond(
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nx"
+        )
+        self.assertEqual(response.code, 200)
+        self.assertEqual(body.data, [b"x"])
+
+    def test_flowControlAndStop(self) -> None:
+        """The body transport pauses and resumes the read; stopping it aborts the connection."""
+        response, body, transport = self.respond(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n"
+        )
+        body.transport.pauseProducing()  # type: ignore[union-attr]
+        self.assertEqual(transport.producerState, "paused")
+        body.transport.resumeProducing()  # type: ignore[union-attr]
+        self.assertEqual(transport.producerState, "producing")
+        body.transport.stopProducing()  # type: ignore[union-attr]
+        self.assertTrue(transport.disconnecting)
+        self.connectionOf(transport).connectionLost(Failure(ConnectionDone()))
+        assert body.reason is not None
+        self.assertTrue(body.reason.check(ResponseFailed))
+
+    def test_inertAfterEnd(self) -> None:
+        """A late pause from a finished body does not touch the reused connection."""
+        response, body, transport = self.respond(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        body.transport.pauseProducing()  # type: ignore[union-attr]
+        body.transport.stopProducing()  # type: ignore[union-attr]
+        self.assertEqual(transport.producerState, "producing")
+        self.assertFalse(transport.disconnecting)
+
+    def test_bufferedUntilDelivered(self) -> None:
+        """Body bytes that arrive before deliverBody are held (read paused), then delivered."""
+        d = self.send()
+        conn, transport = self.endpoint.complete()
+        conn.dataReceived(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nab")
+        response = self.successResultOf(d)
+        conn.dataReceived(b"cd")
+        body = Body()
+        response.deliverBody(body)
+        self.assertEqual(b"".join(body.data), b"abcd")
+        assert body.reason is not None
+        self.assertTrue(body.reason.check(ResponseDone))
+        self.assertEqual(transport.producerState, "producing")
+
+    def test_badChunkSize(self) -> None:
+        """A malformed chunk size fails the body and aborts the connection."""
+        _, body, transport = self.respond(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
+        )
+        assert body.reason is not None
+        self.assertTrue(body.reason.check(ResponseFailed))
+        self.assertTrue(transport.disconnecting)
+
+    def test_badStatusLine(self) -> None:
+        """A response that is not HTTP fails the request."""
+        d = self.send()
+        conn, transport = self.endpoint.complete()
+        conn.dataReceived(b"SSH-2.0-x\r\n\r\n")
+        self.failureResultOf(d, ResponseFailed)
+        self.assertTrue(transport.disconnecting)
+
+    def test_closeCachedConnections(self) -> None:
+        """Closing the pool closes idle connections and fires once they are gone."""
+        _, _, transport = self.respond(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        conn = self.connectionOf(transport)
+        d = self.pool.closeCachedConnections()
+        self.assertTrue(transport.disconnecting)
+        self.assertNoResult(d)
+        conn.connectionLost(Failure(ConnectionDone()))
+        self.successResultOf(d)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def connectionOf(self, transport: StringTransport) -> HTTPClientConnection:
+        """The connection that ``transport`` carries."""
+        return self.endpoint.conns[self.endpoint.transports.index(transport)]
+
+
+class UpstreamTests(SynchronousTestCase):
+    """Upstream's plaintext path serializes requests the way Agent did."""
+
+    def test_invalidURIRefused(self) -> None:
+        """A request target with control characters fails before anything is sent."""
+        upstream = Upstream(Clock(), 1.0)
+        d = upstream.request(None, "http://127.0.0.1:1", b"GET", b"/a\x00b", Headers(), b"")
+        self.failureResultOf(d, ValueError)
+
+    def test_hostAndPrefix(self) -> None:
+        """The Host header omits port 80 and brackets IPv6; the address path prefixes."""
+        upstream = Upstream(Clock(), 1.0)
+        target = upstream._target("http://[::1]:9000/base")
+        self.assertEqual((target.host, target.prefix), (b"[::1]:9000", b"/base"))
+        self.assertEqual(upstream._target("http://h").host, b"h")
