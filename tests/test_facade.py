@@ -224,6 +224,29 @@ class FacadeTests(SynchronousTestCase):
         self.assertEqual(self.call(None, "facade/enable", {
             "engine": "llamacpp", "port": 6000, "ignorePersistedPort": True})["port"], 6000)
 
+    def test_persistedPortBusyFallsBack(self) -> None:
+        """A persisted port that cannot be re-listened is reported (kind listen) and the
+        requested port is used; the file is kept for the next start."""
+        self.service.ports.save(OLLAMA, 5555)
+        self.reactor.busy.add(5555)
+        result = self.call(None, "facade/enable", {"engine": "ollama", "port": 5000})
+        self.assertEqual(result["port"], 5000)
+        reports = [p for m, p in self.sink.sent if m == "ollama:errors:report"]
+        self.assertEqual([r["kind"] for r in reports], ["listen"])
+        self.assertIn("5555", reports[0]["message"])
+        self.assertEqual(self.service.ports.load(OLLAMA), 5555)
+        self.assertIn(("ollama:ready", {"port": 5000, "aliases": []}), self.sink.sent)
+
+    def test_persistedAndRequestedBusy(self) -> None:
+        """When neither the persisted nor the requested port binds, the answer is the bind
+        failure of the requested port and nothing stays bound."""
+        self.service.ports.save(OLLAMA, 5555)
+        self.reactor.busy.update({5555, 5000})
+        e = self.error(None, "facade/enable", {"engine": "ollama", "port": 5000})
+        self.assertEqual(e.code, -32010)
+        self.assertEqual(e.data["port"], 5000)
+        self.assertEqual(self.service.facades, {})
+
     def test_corruptPortFile(self) -> None:
         """An invalid port file is reported (kind state) and the requested port is used."""
         with open(os.path.join(self.stateDir, "proxy-port.json"), "w") as f:

@@ -171,15 +171,26 @@ class ProxyService(MultiService):
             engine, self.reactor, lambda aliasOnly: self._makeFactory(facade, aliasOnly),
             Snapshot((), engine.normalize),
         )
+        persisted = None
         if not ignorePersisted:
             try:
                 persisted = self.ports.load(engine)
             except ValueError as e:
                 self.facadeProblem(engine.id, "state", str(e))
-                persisted = None
-            if persisted is not None:
-                port = persisted
-        problems = facade.listen(port, aliases)
+        if persisted is not None and persisted != port:
+            try:
+                problems = facade.listen(persisted, aliases)
+            except BindError as e:
+                # The port the user chose cannot be listened on again: keep the engine
+                # reachable on the requested one and say so (spec §3.2, protocol §4).
+                self.facadeProblem(
+                    engine.id, "listen",
+                    f"the persisted port {persisted} could not be re-listened ({e.reason}); "
+                    f"using port {port}",
+                )
+                problems = facade.listen(port, aliases)
+        else:
+            problems = facade.listen(port, aliases)
         for alias, reason in problems:
             self.facadeProblem(engine.id, "alias", f"alias {alias} is occupied: {reason}")
         self.facades[engine.id] = facade
