@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from twisted.internet import tcp
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
+from nvpair.proxy import fastwrite
 from nvpair.proxy.fastwrite import sendNow
 from nvpair.proxy.site import FacadeSite
 
@@ -84,3 +86,31 @@ class HeldHeadTests(SynchronousTestCase):
         transport = serve(Door(b"hello", pushHeaders=True), b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         self.assertTrue(transport.value().startswith(b"HTTP/1.1 200 OK\r\n"))
         self.assertTrue(transport.value().endswith(b"\r\n\r\n"))
+
+
+class UnknownInternalsTests(SynchronousTestCase):
+    """A TCP transport without the buffer attributes ``sendNow`` reads gets a plain write."""
+
+    def test_missingAttributesFallBack(self) -> None:
+        """Missing Twisted internals never break a write: the data is queued as usual."""
+        written: list[bytes] = []
+
+        class Odd(tcp.Server):  # type: ignore[misc]
+            def __init__(self) -> None:
+                pass
+
+            TLS = False
+            connected = True
+            disconnecting = False
+
+            def write(self, data: bytes) -> None:
+                written.append(data)
+
+        transport = Odd()
+        original = fastwrite._PLAIN
+        fastwrite._PLAIN = (*original, Odd)
+        try:
+            fastwrite.sendNow(transport, b"abc")
+        finally:
+            fastwrite._PLAIN = original
+        self.assertEqual(written, [b"abc"])

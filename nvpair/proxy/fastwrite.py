@@ -16,18 +16,26 @@ from twisted.internet import tcp
 _PLAIN = (tcp.Server, tcp.Client)
 
 
+def _idle(transport: Any) -> bool:
+    """Whether nothing is queued on a connected plain TCP transport.  These are Twisted's
+    own buffer attributes: should a Twisted release rename them, every write simply goes
+    through the ordinary queued path."""
+    try:
+        return bool(
+            not transport.TLS
+            and transport.connected
+            and not transport.disconnecting
+            and not transport._writeDisconnected
+            and not transport._tempDataBuffer
+            and len(transport.dataBuffer) == transport.offset
+        )
+    except AttributeError:
+        return False
+
+
 def sendNow(transport: Any, data: bytes) -> None:
     """Write ``data`` to ``transport``, sending it at once when that keeps the byte order."""
-    if (
-        type(transport) in _PLAIN
-        and not transport.TLS
-        and transport.connected
-        and not transport.disconnecting
-        and not transport._writeDisconnected
-        and not transport._tempDataBuffer
-        and len(transport.dataBuffer) == transport.offset
-        and data
-    ):
+    if type(transport) in _PLAIN and data and _idle(transport):
         try:
             sent = transport.socket.send(data)
         except (BlockingIOError, InterruptedError):
