@@ -731,7 +731,7 @@ class CancellationTests(LoopCase):
         def boom(*a: Any) -> None:
             raise ZeroDivisionError()
 
-        ex.writeHead = boom
+        self.patch(type(ex), "writeHead", boom)
         response = self.upstream.last().respond(200)
         response.send(b"x")
         self.clock.advance(0)

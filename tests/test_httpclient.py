@@ -5,10 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.internet import defer
-from twisted.internet.error import ConnectionDone, ConnectionRefusedError
+from twisted.internet.error import (
+    ConnectError,
+    ConnectionDone,
+    ConnectionRefusedError,
+    TimeoutError,
+)
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
+from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.client import ResponseDone, ResponseFailed
@@ -17,7 +22,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH
 
 from nvpair.proxy.httpclient import HTTPClientConnection, serializeRequest
-from nvpair.proxy.httppool import ConnectionPool
+from nvpair.proxy.httppool import ConnectionPool, DirectTCP
 from nvpair.proxy.upstream import Upstream
 
 
@@ -338,3 +343,44 @@ class UpstreamTests(SynchronousTestCase):
         target = upstream._target("http://[::1]:9000/base")
         self.assertEqual((target.host, target.prefix), (b"[::1]:9000", b"/base"))
         self.assertEqual(upstream._target("http://h").host, b"h")
+
+
+class DirectDialTests(SynchronousTestCase):
+    """IP-literal upstreams are dialled with ``connectTCP``: success, failure, cancel."""
+
+    def setUp(self) -> None:
+        self.reactor = MemoryReactorClock()
+        self.pool = ConnectionPool(self.reactor, maxPersistentPerHost=2, idleTimeout=90)
+        self.dial = DirectTCP(self.reactor, "127.0.0.1", 8081, 7.0)
+
+    def test_connectsWithTheDialTimeout(self) -> None:
+        """The dial goes to the address with the dial timeout; the connection it makes is
+        the transport's own protocol and fires the dial."""
+        d = self.dial.dial(self.pool, KEY)
+        host, port, factory, timeout, _ = self.reactor.tcpClients[0]
+        self.assertEqual((host, port, timeout), ("127.0.0.1", 8081, 7.0))
+        self.assertNoResult(d)
+        conn = factory.buildProtocol(None)
+        self.assertIsInstance(conn, HTTPClientConnection)
+        conn.makeConnection(StringTransport())
+        self.assertIs(self.successResultOf(d), conn)
+
+    def test_failureIsAConnectError(self) -> None:
+        """A refused or timed-out dial fails with the reactor's ConnectError subclass, so
+        the next address is tried and the attempt counts it as a transport failure."""
+        for error in (ConnectionRefusedError(), TimeoutError()):
+            d = self.dial.dial(self.pool, KEY)
+            factory = self.reactor.tcpClients[-1][2]
+            factory.clientConnectionFailed(self.reactor.connectors[-1], Failure(error))
+            failure = self.failureResultOf(d, ConnectError)
+            self.assertIs(failure.value, error)
+
+    def test_cancelStopsConnecting(self) -> None:
+        """Cancelling a dial in progress stops the connector."""
+        d = self.dial.dial(self.pool, KEY)
+        connector = self.reactor.connectors[-1]
+        stopped: list[bool] = []
+        connector.stopConnecting = lambda: stopped.append(True)  # type: ignore[method-assign]
+        d.cancel()
+        self.assertEqual(stopped, [True])
+        self.failureResultOf(d, defer.CancelledError)

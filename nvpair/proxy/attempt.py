@@ -115,6 +115,8 @@ def discard(response: IResponse, clock: Any, limit: int = 1 << 20) -> None:
 class Relay(Protocol):
     """Receives the response body: gate until the first byte, then stream to the client."""
 
+    __slots__ = ("attempt", "committed")
+
     def __init__(self, attempt: Attempt) -> None:
         self.attempt = attempt
         self.committed = False
@@ -138,6 +140,11 @@ class Relay(Protocol):
 
 class Attempt:
     """One dispatch to one node."""
+
+    __slots__ = (
+        "exchange", "node", "final", "gated", "state", "_result", "_pending", "_relay",
+        "_timer", "_response", "_done", "_headerTimedOut", "_unwatch", "_addresses",
+    )
 
     def __init__(self, exchange: Exchange, node: Any, final: bool, gated: bool) -> None:
         self.exchange = exchange

@@ -32,10 +32,22 @@ _MESSAGES = {
 }
 
 
+_NO_HEADERS = Headers()
+
+
 class Exchange:
     """One client request on its way through the fleet, and everything its ending touches."""
 
     log = Logger()
+
+    # Slots: one Exchange lives as long as its stream; no per-instance dict.
+    __slots__ = (
+        "context", "facade", "engine", "settings", "clock", "upstream", "request", "method",
+        "uri", "path", "forwardHeaders", "body", "inference", "model", "createdAt",
+        "workload", "reservation", "activeNode", "attempts", "meter", "flow",
+        "committedStatus", "expectedLength", "written", "clientGone", "truncated",
+        "stopping", "answered", "loop",
+    )
 
     def __init__(
         self,
@@ -232,6 +244,13 @@ class Exchange:
         self.expectedLength = length
         self.answered = True
         request = self.request
+        # Committed: no further attempt will send the request, so its copies can go now
+        # rather than when the (possibly long) stream ends.
+        self.body = b""
+        self.forwardHeaders = _NO_HEADERS
+        content = getattr(request, "content", None)
+        if content is not None:
+            content.close()
         request.setResponseCode(code, phrase)
         copyResponseHeaders(headers, request.responseHeaders, length)
         request.responseHeaders.setRawHeaders(b"x-nvpair-node", [attempt.node.id.encode()])

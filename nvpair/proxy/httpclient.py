@@ -96,7 +96,11 @@ class Response:
 
     version = (b"HTTP", 1, 1)
     request = None
-    previousResponse = None
+
+    __slots__ = (
+        "code", "phrase", "headers", "length", "previousResponse", "_conn", "transport",
+        "_protocol", "_buffer", "_ended",
+    )
 
     def __init__(
         self, conn: HTTPClientConnection, code: int, phrase: bytes, headers: Headers,
@@ -106,10 +110,11 @@ class Response:
         self.phrase = phrase
         self.headers = headers
         self.length = length
+        self.previousResponse: Any = None
         self._conn = conn
         self.transport = _BodyTransport(conn)
         self._protocol: Any = None
-        self._buffer: list[bytes] = []
+        self._buffer: list[bytes] | None = None  # body bytes before deliverBody, if any
         self._ended: Failure | None = None
 
     def setPreviousResponse(self, response: Any) -> None:
@@ -121,7 +126,7 @@ class Response:
             raise RuntimeError("the body was already delivered")
         self._protocol = protocol
         protocol.makeConnection(self.transport)
-        buffered, self._buffer = self._buffer, []
+        buffered, self._buffer = self._buffer or (), None
         for data in buffered:
             if self.transport._conn is None and self._ended is None:
                 break
@@ -136,6 +141,8 @@ class Response:
         if self._protocol is not None:
             self._protocol.dataReceived(data)
         else:
+            if self._buffer is None:
+                self._buffer = []
             self._buffer.append(data)
             self._conn.holdBody(True)
 
@@ -169,6 +176,8 @@ class HTTPClientConnection(Protocol):
         self._held = False
         self._closed: list[defer.Deferred[None]] = []
         self._lost = False
+        # A direct dial (``httppool.DirectTCP``) fires this with the connection once made.
+        self.whenMade: defer.Deferred[HTTPClientConnection] | None = None
 
     def connectionMade(self) -> None:
         setNoDelay = getattr(self.transport, "setTcpNoDelay", None)
@@ -177,6 +186,9 @@ class HTTPClientConnection(Protocol):
                 setNoDelay(True)
             except OSError:
                 pass
+        made, self.whenMade = self.whenMade, None
+        if made is not None and not made.called:
+            made.callback(self)
 
     # -- sending --------------------------------------------------------------------------
 

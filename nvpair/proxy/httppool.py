@@ -11,8 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import defer
+from twisted.internet.error import NotConnectingError
 from twisted.internet.interfaces import IDelayedCall, IStreamClientEndpoint
-from twisted.internet.protocol import Factory
+from twisted.internet.protocol import ClientFactory, Factory
 from twisted.python.failure import Failure
 
 from nvpair.proxy.httpclient import DEAD, IDLE, HTTPClientConnection, Response
@@ -31,6 +32,66 @@ class _ConnectionFactory(Factory):
         return HTTPClientConnection(self._pool, self._key)
 
 
+class DirectTCP:
+    """A dial to an IP literal straight through ``reactor.connectTCP``.
+
+    Unlike an endpoint it wraps nothing: the connection is the transport's own protocol, and
+    a dial leaves no per-connection wrapper objects behind (memory per held stream).  A
+    failed dial fails with the reactor's ``ConnectError`` (refused, timed out, ...).
+    """
+
+    __slots__ = ("reactor", "host", "port", "timeout")
+
+    def __init__(self, reactor: Any, host: str, port: int, timeout: float) -> None:
+        self.reactor = reactor
+        self.host = host
+        self.port = port
+        self.timeout = timeout
+
+    def dial(self, pool: ConnectionPool, key: Any) -> defer.Deferred[HTTPClientConnection]:
+        """Connect; fires with the connection once made, or fails with the dial's error."""
+        factory = _DirectFactory(pool, key)
+        d = factory.deferred
+        factory.connector = self.reactor.connectTCP(
+            self.host, self.port, factory, timeout=self.timeout
+        )
+        return d
+
+
+class _DirectFactory(ClientFactory):
+    """The factory of one direct dial: builds the connection, reports the dial's end."""
+
+    noisy = False
+
+    def __init__(self, pool: ConnectionPool, key: Any) -> None:
+        self._pool = pool
+        self._key = key
+        self.deferred: defer.Deferred[HTTPClientConnection] = defer.Deferred(self._cancel)
+        self.connector: Any = None
+
+    def buildProtocol(self, addr: Any) -> HTTPClientConnection:
+        conn = HTTPClientConnection(self._pool, self._key)
+        conn.whenMade, self.deferred = self.deferred, _FIRED
+        return conn
+
+    def clientConnectionFailed(self, connector: Any, reason: Failure) -> None:
+        d, self.deferred = self.deferred, _FIRED
+        self.connector = None
+        if not d.called:
+            d.errback(reason)
+
+    def _cancel(self, d: defer.Deferred[HTTPClientConnection]) -> None:
+        connector, self.connector = self.connector, None
+        if connector is not None:
+            try:
+                connector.stopConnecting()
+            except NotConnectingError:
+                pass  # connected meanwhile: the pool releases or aborts the connection
+
+
+_FIRED: defer.Deferred[Any] = defer.succeed(None)  # a factory's dial has been handed on
+
+
 class ConnectionPool:
     """Keep-alive connections per key, at most ``maxPersistentPerHost`` idle per key, each
     closed after ``idleTimeout`` seconds unused (one sweep timer for the whole pool)."""
@@ -47,7 +108,7 @@ class ConnectionPool:
     def request(
         self,
         key: Any,
-        endpoint: Callable[[], IStreamClientEndpoint],
+        endpoint: Callable[[], IStreamClientEndpoint | DirectTCP],
         data: bytes,
         method: bytes,
         connected: Callable[[], None] | None = None,
@@ -66,7 +127,7 @@ class ConnectionPool:
         return self._dial(key, endpoint(), data, method, connected)
 
     def _dial(
-        self, key: Any, endpoint: IStreamClientEndpoint, data: bytes, method: bytes,
+        self, key: Any, endpoint: IStreamClientEndpoint | DirectTCP, data: bytes, method: bytes,
         connected: Callable[[], None] | None,
     ) -> defer.Deferred[Response]:
         sent: list[HTTPClientConnection] = []
@@ -78,7 +139,11 @@ class ConnectionPool:
                 dialling.cancel()
 
         d: defer.Deferred[Response] = defer.Deferred(cancel)
-        dialling = endpoint.connect(_ConnectionFactory(self, key))
+        dialling: defer.Deferred[Any]
+        if isinstance(endpoint, DirectTCP):
+            dialling = endpoint.dial(self, key)
+        else:
+            dialling = endpoint.connect(_ConnectionFactory(self, key))
 
         def dialled(conn: HTTPClientConnection) -> None:
             if d.called:

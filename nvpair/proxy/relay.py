@@ -85,6 +85,8 @@ def copyResponseHeaders(
 class ClientFlow:
     """The producer the client connection sees: forwards flow control to the upstream read."""
 
+    __slots__ = ("_upstream", "_clock", "_writeTimeout", "_onDeadClient", "_timer", "paused")
+
     def __init__(
         self,
         upstream: IPushProducer,

@@ -41,6 +41,11 @@ class StatsMeter:
     at all was measured.
     """
 
+    __slots__ = (
+        "_dialect", "_createdAt", "_tailBytes", "_tail", "_pattern", "_edge", "_events",
+        "_firstByteAt",
+    )
+
     def __init__(self, dialect: str, createdAt: float, tailBytes: int = 8192) -> None:
         if dialect not in _EVENT_PATTERNS:
             raise ValueError(f"unknown dialect {dialect!r}")

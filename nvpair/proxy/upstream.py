@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import defer
+from twisted.internet.abstract import isIPAddress, isIPv6Address
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
 from twisted.internet.error import ConnectError
 from twisted.internet.interfaces import IConsumer, IStreamClientEndpoint
@@ -23,7 +24,7 @@ from zope.interface import implementer
 
 from nvpair.proxy._interfaces import IUpstream
 from nvpair.proxy.httpclient import serializeRequest
-from nvpair.proxy.httppool import ConnectionPool
+from nvpair.proxy.httppool import ConnectionPool, DirectTCP
 
 
 @implementer(IBodyProducer)
@@ -86,7 +87,11 @@ class _Target:
     __slots__ = ("key", "host", "prefix", "endpoint")
 
     def __init__(
-        self, key: Any, host: bytes, prefix: bytes, endpoint: Callable[[], IStreamClientEndpoint]
+        self,
+        key: Any,
+        host: bytes,
+        prefix: bytes,
+        endpoint: Callable[[], IStreamClientEndpoint | DirectTCP],
     ) -> None:
         self.key = key
         self.host = host
@@ -261,8 +266,18 @@ class Upstream:
         port = uri.port
         reactor, timeout = self._reactor, self._dialTimeout or 30.0
 
-        def endpoint() -> IStreamClientEndpoint:
-            return HostnameEndpoint(reactor, host, port, timeout=timeout)
+        endpoint: Callable[[], IStreamClientEndpoint | DirectTCP]
+        if isIPAddress(host) or isIPv6Address(host):
+            # An IP literal needs no name resolution: dial it directly, without the
+            # endpoint's per-connection wrappers (memory per held stream).
+            direct = DirectTCP(reactor, host, port, timeout)
+
+            def endpoint() -> IStreamClientEndpoint | DirectTCP:
+                return direct
+        else:
+
+            def endpoint() -> IStreamClientEndpoint | DirectTCP:
+                return HostnameEndpoint(reactor, host, port, timeout=timeout)
 
         # The address's path, then the request's (what Agent sent for address + path).
         target = _Target(("http", uri.host, port), hostValue, uri.path, endpoint)
