@@ -14,6 +14,7 @@ from zope.interface.verify import verifyObject
 from nvpair.proxy import jsonrpc
 from nvpair.proxy._interfaces import IBrokerSink, IMessageHandler
 from nvpair.proxy.broker import BrokerChannel, Reply, RPCError, isFacadeScoped, resolveAddress
+from tests.wire import drainLines, sendLine
 
 
 @implementer(IMessageHandler)
@@ -48,15 +49,12 @@ class ChannelTests(SynchronousTestCase):
         self.closed += 1
 
     def send(self, data: bytes | dict[str, Any]) -> None:
-        if isinstance(data, dict):
-            data = json.dumps(data).encode() + b"\n"
-        self.channel.dataReceived(data)
+        sendLine(self.channel, data)
 
     def output(self) -> list[dict[str, Any]]:
-        raw = self.transport.value()
-        self.transport.clear()
+        raw, messages = drainLines(self.transport)
         self.assertTrue(raw == b"" or raw.endswith(b"\n"))
-        return [json.loads(line) for line in raw.splitlines()]
+        return messages
 
     def reports(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [m["params"] for m in messages if m.get("method") == "errors:report"]

@@ -21,6 +21,7 @@ from nvpair.proxy.broker import BrokerChannel
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
 from tests.test_facade import BusyReactor
+from tests.wire import drainLines, sendLine
 
 DOCUMENTED = {-32600, -32601, -32602, -32004, -32010}
 # Notifications the process may send while handling broker messages.
@@ -97,16 +98,12 @@ class ChannelFuzzTests(SynchronousTestCase):
         self.assertIn("result", out[0], out)
 
     def send(self, data: bytes | dict[str, Any]) -> None:
-        if isinstance(data, dict):
-            data = json.dumps(data).encode() + b"\n"
-        self.channel.dataReceived(data)
+        sendLine(self.channel, data)
 
     def output(self) -> list[dict[str, Any]]:
         """Every line written since the last call, each checked to be JSON-RPC 2.0."""
-        raw = self.transport.value()
-        self.transport.clear()
+        raw, messages = drainLines(self.transport)
         self.assertTrue(raw == b"" or raw.endswith(b"\n"), raw[-100:])
-        messages = [json.loads(line) for line in raw.splitlines()]
         for m in messages:
             self.assertEqual(m.get("jsonrpc"), "2.0", m)
             if "id" in m and "method" not in m:

@@ -1,7 +1,8 @@
-"""In-memory HTTP exchanges with a facade site: raw request bytes in, raw answer bytes out."""
+"""In-memory wire helpers: HTTP exchanges with a facade site, lines to and from a broker channel."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from twisted.internet.address import IPv4Address
@@ -19,3 +20,17 @@ def siteExchange(site: Any, raw: bytes, host: str = "127.0.0.1") -> bytes:
     value: bytes = transport.value()
     channel.connectionLost(Failure(ConnectionDone()))
     return value
+
+
+def sendLine(channel: Any, data: bytes | dict[str, Any]) -> None:
+    """Feed a broker channel raw bytes, or one message as a JSON line."""
+    if isinstance(data, dict):
+        data = json.dumps(data).encode() + b"\n"
+    channel.dataReceived(data)
+
+
+def drainLines(transport: StringTransport) -> tuple[bytes, list[dict[str, Any]]]:
+    """Everything written since the last drain: the raw bytes and each line parsed."""
+    raw: bytes = transport.value()
+    transport.clear()
+    return raw, [json.loads(line) for line in raw.splitlines()]

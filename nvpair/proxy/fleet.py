@@ -100,14 +100,19 @@ def collect(response: IResponse, cap: int = MAX_LIST_BYTES) -> defer.Deferred[by
     return collector.done
 
 
-def corsHeaders(headers: Headers) -> dict[str, str]:
-    """The ``access-control-*`` headers of a response, lowercase names, repeats joined."""
+def lowerHeaders(headers: Headers, prefix: bytes = b"") -> dict[str, str]:
+    """Headers whose lowercase name starts with ``prefix``: lowercase names, repeats joined."""
     out: dict[str, str] = {}
     for name, values in headers.getAllRawHeaders():
         lower = name.lower()
-        if lower.startswith(b"access-control-"):
+        if lower.startswith(prefix):
             out[lower.decode("latin-1")] = ", ".join(v.decode("latin-1") for v in values)
     return out
+
+
+def corsHeaders(headers: Headers) -> dict[str, str]:
+    """The ``access-control-*`` headers of a response."""
+    return lowerHeaders(headers, b"access-control-")
 
 
 async def _askNode(
@@ -151,13 +156,6 @@ def askNode(
     """Ask one node, giving up (cancelling the exchange) after ``timeout`` seconds."""
     d = defer.Deferred.fromCoroutine(_askNode(upstream, node, addresses, method, paths, headers))
     return d.addTimeout(timeout, clock)
-
-
-def _lowerHeaders(headers: Headers) -> dict[str, str]:
-    return {
-        name.decode("latin-1").lower(): ", ".join(v.decode("latin-1") for v in values)
-        for name, values in headers.getAllRawHeaders()
-    }
 
 
 class _View:
@@ -303,7 +301,7 @@ class Fleet:
     async def _preflight(self, facade: Any, view: _View) -> None:
         request = view.request
         view.engine = facade.engine
-        asked = cors.preflightHeaders(_lowerHeaders(request.requestHeaders))
+        asked = cors.preflightHeaders(lowerHeaders(request.requestHeaders))
         headers = Headers()
         for name, value in asked.items():
             headers.setRawHeaders(name.encode("latin-1"), [value.encode("latin-1")])
