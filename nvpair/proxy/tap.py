@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import signal
 from typing import Any
 
@@ -27,11 +28,25 @@ def exitZeroOnSigterm(reactor: Any) -> None:
     reactor.addSystemEventTrigger("after", "shutdown", clear)
 
 
+# Each request allocates a few hundred objects, nearly all freed by reference counting;
+# with CPython's default first-generation threshold (700) the cycle collector would run
+# every few requests and walk the young objects each time.
+YOUNG_COLLECTION_THRESHOLD = 20_000
+
+
+def tuneCollector(reactor: Any) -> None:
+    """Collect cycles less often, and leave the objects built at startup out of it."""
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, older, oldest)
+    reactor.callWhenRunning(gc.freeze)
+
+
 def makeService(options: Options) -> IService:
     """Build the process's service tree from parsed options."""
     from twisted.internet import reactor
 
     exitZeroOnSigterm(reactor)
+    tuneCollector(reactor)
     settings = options.settings
     assert settings is not None
     trust: Any = None
