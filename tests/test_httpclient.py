@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet import defer
 from twisted.internet.error import (
     ConnectError,
@@ -22,8 +24,10 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH
 
 from nvpair.proxy.httpclient import HTTPClientConnection, serializeRequest
+from nvpair.proxy.httpframing import MAX_HEAD, MAX_LINE
 from nvpair.proxy.httppool import ConnectionPool, DirectTCP
 from nvpair.proxy.upstream import Upstream
+from tests.test_httpframing import chunkedBodies, cut, sseBody
 
 
 class FakeEndpoint:
@@ -322,6 +326,110 @@ class ClientTests(SynchronousTestCase):
         conn.connectionLost(Failure(ConnectionDone()))
         self.successResultOf(d)
         self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_sseBodyInOneRead(self) -> None:
+        """A 50-event chunked stream arriving with its head in one read reaches the body
+        protocol as one dataReceived, ends clean and the connection is pooled."""
+        raw, payload = sseBody()
+        for _ in range(2):  # the second time with every size line known
+            self.pool._connections.clear()
+            _, body, transport = self.respond(
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + raw
+            )
+            self.assertEqual(body.data, [payload])
+            assert body.reason is not None
+            self.assertTrue(body.reason.check(ResponseDone))
+            self.assertEqual(self.pool._connections[KEY], [self.connectionOf(transport)])
+
+    def test_everyCutOfAJsonAnswer(self) -> None:
+        """A head and Content-Length body cut into two reads anywhere: the same answer."""
+        raw = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 10"
+               b"\r\nX-B: y\r\n\r\n{\"a\": \"b\"}")
+        for at in range(len(raw) + 1):
+            self.pool._connections.clear()
+            d = self.send()
+            conn, transport = self.endpoint.complete()
+            conn.dataReceived(raw[:at])
+            conn.dataReceived(raw[at:])
+            response = self.successResultOf(d)
+            body = Body()
+            response.deliverBody(body)
+            self.assertEqual((response.code, response.length), (200, 10))
+            self.assertEqual(response.headers.getRawHeaders(b"x-b"), [b"y"])
+            self.assertEqual(b"".join(body.data), b'{"a": "b"}')
+            assert body.reason is not None
+            self.assertTrue(body.reason.check(ResponseDone), at)
+            self.assertEqual(self.pool._connections[KEY], [conn])
+
+    @settings(max_examples=100)
+    @given(chunkedBodies(), st.lists(st.integers(0, 10_000), max_size=6))
+    def test_chunkedCutsProperty(self, chunked: tuple[bytes, bytes, list[int]],
+                                 points: list[int]) -> None:
+        """A chunked answer cut anywhere: its payload, at most one dataReceived per read, a
+        clean end and the connection pooled."""
+        raw, payload, _ = chunked
+        raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + raw
+        self.pool._connections.clear()
+        d = self.send()
+        conn, _ = self.endpoint.complete()
+        body = Body()
+        d.addCallback(lambda response: response.deliverBody(body))
+        reads = cut(raw, points)
+        for piece in reads:
+            conn.dataReceived(piece)
+        self.assertEqual(b"".join(body.data), payload)
+        self.assertLessEqual(len(body.data), len(reads))
+        assert body.reason is not None
+        self.assertTrue(body.reason.check(ResponseDone))
+        self.assertEqual(self.pool._connections[KEY], [conn])
+
+    def test_bytesAfterTheBodyClose(self) -> None:
+        """Bytes after a chunked body's end (nobody asked for them): the body ends clean but
+        the connection is closed, not pooled."""
+        _, body, transport = self.respond(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n\r\nX"
+        )
+        self.assertEqual(body.data, [b"ab"])
+        assert body.reason is not None
+        self.assertTrue(body.reason.check(ResponseDone))
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(self.pool._connections, {})
+
+    def test_bareLineFeedHead(self) -> None:
+        """A head with bare LF line ends is read like a CRLF one."""
+        response, body, _ = self.respond(b"HTTP/1.1 200 OK\nContent-Length: 2\nX-B: y\n\nhi")
+        self.assertEqual(response.headers.getRawHeaders(b"x-b"), [b"y"])
+        self.assertEqual(body.data, [b"hi"])
+
+    def test_headTooLarge(self) -> None:
+        """A head growing past MAX_HEAD without its end fails the request and aborts."""
+        d = self.send()
+        conn, transport = self.endpoint.complete()
+        conn.dataReceived(b"HTTP/1.1 200 OK\r\n")
+        self.assertNoResult(d)
+        conn.dataReceived(b"X-A: " + b"a" * MAX_HEAD)
+        failure = self.failureResultOf(d, ResponseFailed)
+        self.assertIn("too large", str(failure.value.reasons[0].value))
+        self.assertTrue(transport.disconnecting)
+
+    def test_chunkLineTooLong(self) -> None:
+        """A chunk-size line over MAX_LINE bytes fails the body and aborts the connection."""
+        _, body, transport = self.respond(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"1" * (MAX_LINE + 1)
+        )
+        assert body.reason is not None
+        self.assertTrue(body.reason.check(ResponseFailed))
+        self.assertTrue(transport.disconnecting)
+
+    def test_errorDropsTheFailingRead(self) -> None:
+        """A framing error fails the body; payload of the failing read is not delivered."""
+        _, body, transport = self.respond(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n1\r\nxY\r\n"
+        )
+        self.assertEqual(body.data, [])
+        assert body.reason is not None
+        self.assertTrue(body.reason.check(ResponseFailed))
+        self.assertTrue(transport.disconnecting)
 
     def connectionOf(self, transport: StringTransport) -> HTTPClientConnection:
         """The connection that ``transport`` carries."""

@@ -16,7 +16,8 @@ from twisted.internet.interfaces import IDelayedCall, IStreamClientEndpoint
 from twisted.internet.protocol import ClientFactory, Factory
 from twisted.python.failure import Failure
 
-from nvpair.proxy.httpclient import DEAD, IDLE, HTTPClientConnection, Response
+from nvpair.proxy.httpclient import DEAD, IDLE, HTTPClientConnection
+from nvpair.proxy.httpresponse import Response
 
 
 class _ConnectionFactory(Factory):
