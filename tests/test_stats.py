@@ -350,3 +350,24 @@ class EndMarkerTests(SynchronousTestCase):
         self.assertFalse(meter.sawEnd())
         meter.feed(b'{"done": true, "eval_count": 1}\n')
         self.assertTrue(meter.sawEnd())
+
+
+class RobustnessTests(SynchronousTestCase):
+    """Hostile or tiny inputs never break the meter."""
+
+    def test_absurdNestingIgnored(self) -> None:
+        """A ``usage`` value nested deeper than the decoder's recursion limit is no usage
+        (it used to escape as ``RecursionError``); the events are estimated instead."""
+        body = b"data: {}\n\ndata: {}\n\ndata: " + b'{"usage":' + b"[" * 5000 + b"\n\n"
+        self.assertEqual(measure("openai", body, tailBytes=8192),
+                         {"completionTokens": 3, "tokensPerSecond": 1.5, "ttftMs": 500,
+                          "estimated": True})
+
+    def test_tinyTailStillCountsSplitMarkers(self) -> None:
+        """A tail shorter than an event marker still counts markers cut by every split."""
+        body = b"data: a\n\ndata: b\n\ndata: c\n\n"
+        for cut in range(1, len(body)):
+            meter = StatsMeter("openai", 0.0, tailBytes=1)
+            meter.feed(body[:cut])
+            meter.feed(body[cut:])
+            self.assertEqual(meter.result(1.0), {"completionTokens": 3, "estimated": True})

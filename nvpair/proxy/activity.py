@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+from json.encoder import encode_basestring
+
 from nvpair.proxy._interfaces import IBrokerSink
+from nvpair.proxy.jsonrpc import Prepared
+
+
+class _Change(Prepared):
+    """The params ``{"nodeId": <str>, "inFlight": <int>}`` of one change, from a template."""
+
+    __slots__ = ()
+
+    def paramsJSON(self) -> str:
+        return f'{{"nodeId":{encode_basestring(self["nodeId"])},"inFlight":{self["inFlight"]}}}'
 
 
 class Activity:
@@ -20,7 +32,13 @@ class Activity:
             count = 0
         else:
             self.inFlight[nodeId] = count
-        self._sink.notify("discovery:node-activity", {"nodeId": nodeId, "inFlight": count})
+        if type(nodeId) is str and type(count) is int:
+            params = _Change()
+            params["nodeId"] = nodeId
+            params["inFlight"] = count
+            self._sink.notify("discovery:node-activity", params)
+        else:
+            self._sink.notify("discovery:node-activity", {"nodeId": nodeId, "inFlight": count})
 
     def total(self) -> int:
         """All in-flight dispatches of the process."""

@@ -100,7 +100,11 @@ class BrokerChannel(jsonrpc.LineFramer):
 
     def notify(self, method: str, params: dict[str, Any]) -> None:
         """Send one notification to the broker."""
-        self._send(jsonrpc.notification(method, params))
+        if self.transport is not None and not self._closed:
+            if isinstance(params, jsonrpc.Prepared):
+                self.transport.write(params.line(method))
+            else:
+                self.transport.write(jsonrpc.encode(jsonrpc.notification(method, params)))
 
     def reportProtocol(self, message: str) -> None:
         """Report bad input with an unaddressed ``errors:report`` (kind protocol)."""

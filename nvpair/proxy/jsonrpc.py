@@ -8,6 +8,7 @@ keeps going.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from twisted.internet.protocol import Protocol
@@ -38,9 +39,31 @@ else:  # pragma: no cover - CPython always has the C encoder
     _iterencode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).iterencode
 
 
+# A lone surrogate (``"\\ud800"`` in a client's JSON body decodes to one) has no UTF-8 form.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escapeSurrogate(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+def utf8(text: str) -> bytes:
+    """UTF-8 bytes of JSON ``text``; lone surrogates (only ever inside strings) are written
+    as ``\\uXXXX`` escapes, so the line stays valid UTF-8 and decodes to the same string."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub(_escapeSurrogate, text).encode("utf-8")
+
+
+def encodeValue(value: object) -> str:
+    """The compact JSON text of one value, exactly as ``encode`` writes it inside a message."""
+    return "".join(_iterencode(value, 0))
+
+
 def encode(message: dict[str, Any]) -> bytes:
     """Serialize one message as a compact UTF-8 JSON line."""
-    return "".join(_iterencode(message, 0)).encode("utf-8") + b"\n"
+    return utf8("".join(_iterencode(message, 0)) + "\n")
 
 
 def request(id: int | str, method: str, params: object) -> dict[str, Any]:
@@ -64,6 +87,50 @@ def error(id: object, code: int, message: str, data: object = None) -> dict[str,
     if data is not None:
         body["data"] = data
     return {"jsonrpc": "2.0", "id": id, "error": body}
+
+
+class Prepared(dict[str, Any]):
+    """Notification params that write their own JSON text.
+
+    Whoever builds one fixes its shape, so the JSON can come from a template rather than
+    the general encoder; ``paramsJSON`` must return exactly ``encodeValue(self)``, and
+    ``line`` exactly ``encode(notification(method, self))``.
+    """
+
+    __slots__ = ()
+
+    def paramsJSON(self) -> str:
+        """The compact JSON text of these params (the same text ``encodeValue`` gives)."""
+        return encodeValue(self)
+
+    def line(self, method: str) -> bytes:
+        """The notification line carrying these params."""
+        head = HEADS.get(method) or notificationHead(method)
+        text = head + self.paramsJSON() + "}\n"
+        try:
+            return text.encode("utf-8")
+        except UnicodeEncodeError:
+            return utf8(text)
+
+
+# '{"jsonrpc":"2.0","method":"<method>","params":' per method name (a small, fixed set).
+HEADS: dict[str, str] = {}
+_MAX_HEADS = 256
+
+
+def notificationHead(method: str) -> str:
+    """The text of a notification up to its params (remembered for the first 256 names)."""
+    head = '{"jsonrpc":"2.0","method":' + encodeValue(method) + ',"params":'
+    if len(HEADS) < _MAX_HEADS:
+        HEADS[method] = head
+    return head
+
+
+def notificationLine(method: str, params: dict[str, Any]) -> bytes:
+    """The line of ``notification(method, params)``: the same bytes as ``encode`` gives."""
+    if isinstance(params, Prepared):
+        return params.line(method)
+    return encode({"jsonrpc": "2.0", "method": method, "params": params})
 
 
 class LineFramer(Protocol):

@@ -1,15 +1,15 @@
 """Per-request statistics measured from a response body as it streams (protocol §5).
 
 The body is never buffered: :class:`StatsMeter` keeps a bounded tail window and counts stream
-events with ``bytes.count`` as chunks pass; JSON is parsed only once, at the end, and only
-inside the tail.
+events with ``bytes.count`` as bytes leave it (and, at the end, in it); JSON is parsed only
+once, at the end, and only inside the tail.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable
 
 DIALECTS = ("ollama", "openai")
 
@@ -21,8 +21,12 @@ _USAGE_KEY = b'"usage"'
 _EVAL_COUNT_KEY = b'"eval_count"'
 _PROMPT_EVAL_COUNT_KEY = b'"prompt_eval_count"'
 _EVAL_DURATION_KEY = b'"eval_duration"'
+_MIN_TAIL = 8
 _DONE_TRUE = re.compile(rb'"done"\s*:\s*true')
-_decoder = json.JSONDecoder()
+# The decoder's own scanner: one JSON value at an index (raw_decode without its wrapper).
+_scan: Callable[[str, int], tuple[object, int]] = (
+    json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # set in __init__
+)
 
 
 class StatsMeter:
@@ -42,7 +46,7 @@ class StatsMeter:
     """
 
     __slots__ = (
-        "_dialect", "_createdAt", "_tailBytes", "_tail", "_pattern", "_edge", "_events",
+        "_dialect", "_createdAt", "_tailBytes", "_tail", "_pattern", "_keep", "_events",
         "_firstByteAt",
     )
 
@@ -53,12 +57,15 @@ class StatsMeter:
             raise ValueError("tailBytes must be positive")
         self._dialect = dialect
         self._createdAt = createdAt
-        self._tailBytes = tailBytes
-        self._tail = bytearray()
         self._pattern = _EVENT_PATTERNS[dialect]
-        # The last len(pattern) - 1 bytes seen, to count events split across chunks; the body
-        # starts as if after a newline so that an event on its first line counts.
-        self._edge = b"\n"
+        self._keep = len(self._pattern) - 1
+        # At least one whole event marker's worth, so that a marker cut by a chunk boundary
+        # is never evicted before its end arrives.
+        self._tailBytes = max(tailBytes, _MIN_TAIL)
+        # The tail starts with a newline the body does not have (it is the first byte to be
+        # evicted) so that an event on the body's first line counts.  Events are counted
+        # as bytes leave the tail (``_events``) plus those still in it.
+        self._tail = bytearray(b"\n")
         self._events = 0
         self._firstByteAt: float | None = None
 
@@ -73,21 +80,22 @@ class StatsMeter:
             self._firstByteAt = now
 
     def feed(self, data: bytes) -> None:
-        """Account for one body chunk: count the events it starts and slide the tail."""
-        if not data:
-            return
-        pattern = self._pattern
-        keep = len(pattern) - 1
-        self._events += (self._edge + data[:keep]).count(pattern) + data.count(pattern)
-        self._edge = data[-keep:] if len(data) >= keep else (self._edge + data)[-keep:]
+        """Account for one body chunk: slide the tail, counting the events that leave it."""
+        tail = self._tail
         limit = self._tailBytes
         if len(data) >= limit:
+            self._events += (tail + data[: self._keep]).count(self._pattern) + data.count(
+                self._pattern, 0, len(data) - limit + self._keep
+            )
             self._tail = bytearray(memoryview(data)[-limit:])
             return
-        self._tail += data
-        excess = len(self._tail) - limit
+        tail += data
+        excess = len(tail) - limit
         if excess > 0:
-            del self._tail[:excess]
+            # The events starting in the evicted bytes: a marker starting there ends within
+            # ``keep`` bytes after them (and has arrived whole, as the tail is longer).
+            self._events += tail.count(self._pattern, 0, excess + self._keep)
+            del tail[:excess]
 
     def sawEnd(self) -> bool:
         """Whether the body seen so far ends with the dialect's end-of-answer event
@@ -109,25 +117,31 @@ class StatsMeter:
             prompt, completion = _openaiUsage(tail)
         else:
             prompt, completion, duration = _ollamaUsage(tail)
+        # Events are those counted as they left the tail plus those still in it; only an
+        # estimate needs their exact number, otherwise only whether there were two or more.
+        pattern = self._pattern
+        events = self._events
         estimated = False
-        if prompt is None and completion is None and self._events > 1:
-            completion = self._events - self._trailerEvents(tail)
-            estimated = True
+        if prompt is None and completion is None:
+            events += tail.count(pattern)
+            if events > 1:
+                completion = events - self._trailerEvents(tail)
+                estimated = True
+        elif events < 2:
+            at = tail.find(pattern)
+            if at >= 0 and (events or tail.find(pattern, at + 1) >= 0):
+                events = 2
         if prompt is not None:
             stats["promptTokens"] = prompt
+        firstByteAt = self._firstByteAt
         if completion is not None:
             stats["completionTokens"] = completion
-            rate: float | None = None
             if duration is not None and duration > 0:
-                rate = completion / (duration / 1e9)
-            elif self._events > 1 and self._firstByteAt is not None:
-                streaming = now - self._firstByteAt
-                if streaming > 0:
-                    rate = completion / streaming
-            if rate is not None:
-                stats["tokensPerSecond"] = round(rate, 2)
-        if self._firstByteAt is not None:
-            stats["ttftMs"] = max(0, round((self._firstByteAt - self._createdAt) * 1000))
+                stats["tokensPerSecond"] = round(completion / (duration / 1e9), 2)
+            elif events > 1 and firstByteAt is not None and now > firstByteAt:
+                stats["tokensPerSecond"] = round(completion / (now - firstByteAt), 2)
+        if firstByteAt is not None:
+            stats["ttftMs"] = max(0, round((firstByteAt - self._createdAt) * 1000))
         if estimated:
             stats["estimated"] = True
         return stats or None
@@ -143,30 +157,16 @@ class StatsMeter:
         return 1 if _DONE_TRUE.search(last) else 0
 
 
-def _keyPositions(tail: bytes, key: bytes) -> Iterator[int]:
-    """Positions of ``key`` (a quoted JSON key) in ``tail``, last first.
-
-    Inside a JSON string every quote is escaped, so ``"key"`` with both quotes bare only
-    ever matches a real key, even in a tail that starts in the middle of a string.
-    """
-    end = len(tail)
-    while (at := tail.rfind(key, 0, end)) >= 0:
-        yield at
-        end = at
-
-
 def _valueAfter(tail: bytes, keyAt: int, key: bytes) -> object:
     """Decode the JSON value following the key at ``keyAt``, or return ``None``."""
-    text = tail[keyAt + len(key) :].decode("utf-8", "replace")
-    stripped = text.lstrip()
-    if not stripped.startswith(":"):
+    text = tail[keyAt + len(key) :].decode("utf-8", "replace").lstrip()
+    if not text.startswith(":"):
         return None
-    stripped = stripped[1:].lstrip()
+    text = text[1:].lstrip()
     try:
-        value, _ = _decoder.raw_decode(stripped)
-    except ValueError:
+        return _scan(text, 0)[0]
+    except (StopIteration, ValueError, RecursionError):  # RecursionError: absurd nesting
         return None
-    return value
 
 
 def _count(value: object) -> int | None:
@@ -177,10 +177,16 @@ def _count(value: object) -> int | None:
 
 
 def _openaiUsage(tail: bytes) -> tuple[int | None, int | None]:
-    """The (prompt, completion) counts of the last ``usage`` object in the tail."""
-    for at in _keyPositions(tail, _USAGE_KEY):
+    """The (prompt, completion) counts of the last ``usage`` object in the tail.
+
+    Inside a JSON string every quote is escaped, so ``"usage"`` with both quotes bare only
+    ever matches a real key, even in a tail that starts in the middle of a string.
+    """
+    end = len(tail)
+    while (at := tail.rfind(_USAGE_KEY, 0, end)) >= 0:
+        end = at
         usage = _valueAfter(tail, at, _USAGE_KEY)
-        if not isinstance(usage, dict):
+        if type(usage) is not dict:
             continue
         prompt = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
         completion = _count(usage.get("completion_tokens", usage.get("output_tokens")))

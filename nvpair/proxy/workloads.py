@@ -3,17 +3,24 @@
 Every inference request is a workload from admission to its single terminal event.  The
 reporter numbers workloads and events process-wide; a ``Workload`` guarantees that exactly
 one terminal event is emitted, whatever path ends the request.
+
+Each event's params are an ``_Event``: the ``{"workloadInfo": info}`` dict every sink sees,
+which the broker channel writes from a template (the fields fixed for the workload's life
+are escaped once) instead of walking it with the general JSON encoder.  The bytes are the
+encoder's own, to the byte (``tests/test_notify_golden.py``).
 """
 
 from __future__ import annotations
 
 import os
 from collections import deque
+from json.encoder import encode_basestring
 from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
 
 from nvpair.proxy._interfaces import IBrokerSink
+from nvpair.proxy.jsonrpc import Prepared, encodeValue
 
 QUEUED = "queued"
 RUNNING = "running"
@@ -21,9 +28,13 @@ COMPLETED = "completed"
 FAILED = "failed"
 CANCELLED = "cancelled"
 
+_STATES = {state: f'"{state}"' for state in (QUEUED, RUNNING, COMPLETED, FAILED, CANCELLED)}
 
-def _ms(seconds: float) -> int:
-    return int(seconds * 1000)
+
+def _string(value: object) -> str:
+    """A string as the encoder writes it (``ensure_ascii=False`` escaping); any other value
+    (never the case for a well-typed caller) through the encoder itself."""
+    return encode_basestring(value) if type(value) is str else encodeValue(value)
 
 
 class WorkloadReporter:
@@ -49,11 +60,40 @@ class WorkloadReporter:
         workload.submitted(None)
         return workload
 
-    def emit(self, method: str, info: dict[str, Any]) -> None:
-        """Stamp ``seq`` and send one workload event."""
-        self.seq += 1
-        info["seq"] = self.seq
-        self.sink.notify(method, {"workloadInfo": info})
+
+class _Event(Prepared):
+    """The params ``{"workloadInfo": info}`` of one workload event, written from a template.
+
+    ``info`` is built by :meth:`Workload._emit` and never changed after: its keys are in
+    :meth:`Workload.info`'s order then ``seq``; ``id``, ``model``, ``engine``, ``runId`` and
+    ``createdAt`` are the workload's own, fixed for its life (written once, in its
+    ``_head``/``_mid``); ``originatedFrom`` is ``""`` and ``requesterId`` ``None``.
+    """
+
+    __slots__ = ("_workload",)
+
+    _workload: Workload
+
+    def paramsJSON(self) -> str:
+        info = self["workloadInfo"]
+        workload = self._workload
+        head = workload._head or workload._writeHead()
+        state = info["state"]
+        error = info["error"]
+        text = (
+            f"{head}{_STATES.get(state) or _string(state)}{workload._mid}"
+            f"{'null' if error is None else _string(error)},\"requesterId\":null"
+        )
+        if len(info) > 10:  # anything past the nine fixed keys and ``seq``
+            if "scheduledOn" in info:
+                text += ',"scheduledOn":' + _string(info["scheduledOn"])
+            if "startedAt" in info:
+                text += f',"startedAt":{info["startedAt"]}'
+            if "completedAt" in info:
+                text += f',"completedAt":{info["completedAt"]}'
+            if "stats" in info:
+                text += ',"stats":' + encodeValue(info["stats"])
+        return f'{text},"seq":{info["seq"]}}}}}'
 
 
 class Workload:
@@ -61,7 +101,7 @@ class Workload:
 
     __slots__ = (
         "_reporter", "id", "engine", "model", "createdAt", "startedAt", "completedAt",
-        "state", "scheduledOn", "attempts", "error", "stats",
+        "state", "scheduledOn", "attempts", "error", "stats", "_head", "_mid",
     )
 
     def __init__(
@@ -79,6 +119,10 @@ class Workload:
         self.attempts = 0
         self.error: str | None = None
         self.stats: dict[str, Any] | None = None
+        # The JSON of the fields before and after ``state`` that never change: written the
+        # first time an event is (a sink that never writes JSON never pays for it).
+        self._head = ""
+        self._mid = ""
 
     @property
     def ended(self) -> bool:
@@ -94,52 +138,70 @@ class Workload:
             "runId": self._reporter.runId,
             "state": self.state,
             "originatedFrom": "",
-            "createdAt": _ms(self.createdAt),
+            "createdAt": int(self.createdAt * 1000),
             "error": self.error,
             "requesterId": None,
         }
         if self.scheduledOn is not None:
             info["scheduledOn"] = self.scheduledOn
         if self.startedAt is not None:
-            info["startedAt"] = _ms(self.startedAt)
+            info["startedAt"] = int(self.startedAt * 1000)
         if self.completedAt is not None:
-            info["completedAt"] = _ms(self.completedAt)
+            info["completedAt"] = int(self.completedAt * 1000)
         if self.stats is not None:
             info["stats"] = self.stats
         return info
 
+    def _writeHead(self) -> str:
+        """Write the JSON of the fixed fields once: up to ``"state":`` and from
+        ``originatedFrom`` to ``"error":``."""
+        self._head = head = (
+            f'{{"workloadInfo":{{"id":{_string(self.id)},"model":{_string(self.model)},'
+            f'"engine":{_string(self.engine)},"runId":{_string(self._reporter.runId)},"state":'
+        )
+        self._mid = f',"originatedFrom":"","createdAt":{int(self.createdAt * 1000)},"error":'
+        return head
+
+    def _emit(self, method: str) -> None:
+        """Send one event: ``info()`` stamped with the next ``seq``."""
+        reporter = self._reporter
+        info = self.info()
+        reporter.seq = info["seq"] = reporter.seq + 1
+        params = _Event()
+        params["workloadInfo"] = info
+        params._workload = self
+        reporter.sink.notify(method, params)
+
     def submitted(self, scheduledOn: str | None) -> None:
         """Queued: placed on ``scheduledOn`` (a dispatch), or unplaced (admission, retry)."""
-        if self.ended or self.state != QUEUED:
+        if self.completedAt is not None or self.state != QUEUED:
             return
         if scheduledOn is not None:
             self.attempts += 1
         self.scheduledOn = scheduledOn
-        self._reporter.emit("workload:submitted", self.info())
+        self._emit("workload:submitted")
 
     def started(self, nodeId: str) -> None:
         """The engine began producing content on ``nodeId`` (commit)."""
-        if self.ended or self.state != QUEUED:
+        if self.completedAt is not None or self.state != QUEUED:
             return
         self.state = RUNNING
         self.scheduledOn = nodeId
         self.startedAt = self._reporter.clock.seconds()
-        self._reporter.emit("workload:started", self.info())
+        self._emit("workload:started")
 
     def finish(
         self, state: str, error: str | None = None, stats: dict[str, Any] | None = None
     ) -> bool:
         """Emit the terminal event once; later calls do nothing and return False."""
-        if self.ended:
+        if self.completedAt is not None:
             return False
         reporter = self._reporter
         self.state = state
         self.error = error
         self.stats = stats
         self.completedAt = reporter.clock.seconds()
-        method = "workload:completed" if state == COMPLETED else "workload:errored"
-        info = self.info()
-        reporter.emit(method, info)
+        self._emit("workload:completed" if state == COMPLETED else "workload:errored")
         reporter.live -= 1
         reporter.terminals[state] = reporter.terminals.get(state, 0) + 1
         reporter.recent.append(
