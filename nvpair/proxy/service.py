@@ -87,7 +87,7 @@ class ProxyService(MultiService):
 
     @property
     def _sinkProxy(self) -> IBrokerSink:
-        return _Forward(lambda: self.sink)
+        return _Forward(self)
 
     # -- start and stop -------------------------------------------------------------------
 
@@ -395,11 +395,13 @@ class ProxyService(MultiService):
 class _Forward:
     """A sink that forwards to whatever the service's current sink is."""
 
-    def __init__(self, current: Callable[[], IBrokerSink]) -> None:
-        self._current = current
+    __slots__ = ("_service",)
+
+    def __init__(self, service: ProxyService) -> None:
+        self._service = service
 
     def notify(self, method: str, params: dict[str, Any]) -> None:
-        self._current().notify(method, params)
+        self._service.sink.notify(method, params)
 
 
 def stderrStream() -> IO[str]:
