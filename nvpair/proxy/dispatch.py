@@ -1,7 +1,7 @@
 """The dispatch loop (spec §5, §5.1, §5.4): candidates, attempts, backoff, and the one ending.
 
-``Exchange`` is one client request on its way through the fleet.  ``runInference`` and
-``runVerbatim`` are the two policies; both end in exactly one terminal bookkeeping step
+``Exchange`` is one client request on its way through the fleet.  ``_placeInference`` and
+``_placeVerbatim`` are the two policies; both end in exactly one terminal bookkeeping step
 (workload event, reservation release, in-flight count) whatever path ends the request.
 """
 
@@ -94,17 +94,24 @@ class Exchange:
         """Admit (workload ``submitted``) and run the policy for this route class."""
         if self.inference and self.model is not None:
             self.workload = self.context.reporter.admit(self.engine.id, self.model)
-        runner = runInference if self.inference else runVerbatim
+        placement = _placeInference if self.inference else _placeVerbatim
         self.context.exchanges.add(self)
         self.request.notifyFinish().addErrback(self._clientLost)
         if self.request._disconnected:
             self.clientGone = True  # gone before we started: notifyFinish will never fire
-        self.loop = defer.Deferred.fromCoroutine(self._run(runner))
+        self.loop = defer.Deferred.fromCoroutine(self._run(placement))
 
-    async def _run(self, runner: Any) -> None:
+    async def _run(self, placement: Any) -> None:
+        """Place the request (the route class's policy), then serve what committed.
+
+        The answer is served outside the placement's frame: a long stream does not keep
+        the round's snapshot, owners and candidate list alive.
+        """
         try:
             if not self.clientGone:
-                await runner(self)
+                committed = await placement(self)
+                if committed is not None:
+                    await self.serve(committed)
         except defer.CancelledError:
             pass
         except Exception as e:
@@ -196,7 +203,10 @@ class Exchange:
 
     # -- attempts -------------------------------------------------------------------------
 
-    async def dispatch(self, node: Any, final: bool, gated: bool) -> Outcome:
+    # ``dispatch`` and ``serve`` hand back the Deferred they end with rather than being
+    # coroutines themselves: each coroutine level is resumed on every step of the loop.
+
+    def dispatch(self, node: Any, final: bool, gated: bool) -> defer.Deferred[Outcome]:
         """One attempt on ``node``: move the reservation, report the placement, run it."""
         self.attempts += 1
         if self.reservation is not None:
@@ -204,17 +214,21 @@ class Exchange:
         if self.workload is not None:
             self.workload.submitted(node.id)
         self._setActive(node.id)
-        outcome: Outcome = await Attempt(self, node, final, gated).start()
+        return Attempt(self, node, final, gated).start().addCallback(self._attempted)
+
+    def _attempted(self, outcome: Outcome) -> Outcome:
         if isinstance(outcome, Failed):
             self._setActive(None)
             self.context.attemptFailed(self, outcome)
         return outcome
 
-    async def serve(self, committed: Committed) -> None:
+    def serve(self, committed: Committed) -> defer.Deferred[None]:
         """The response committed: report it running, wait for its body to end, report."""
         if self.workload is not None:
             self.workload.started(committed.node.id)
-        ending = await committed.done
+        return committed.done.addCallback(self._served, committed)
+
+    def _served(self, ending: str, committed: Committed) -> None:
         if self.workload is None:
             return
         if ending == att.CLIENT_GONE or self.clientGone:
@@ -320,17 +334,9 @@ class Exchange:
         await defer.race([sleep, self.facade.nextSnapshot()])
 
 
-async def runInference(ex: Exchange) -> None:
-    """Inference policy: rounds over the owners, bounded by attempts and the job deadline."""
-    committed = await _placeInference(ex)
-    if committed is not None:
-        # Served outside the placement loop's frame: a long stream does not keep the
-        # round's snapshot, owners and candidate list alive.
-        await ex.serve(committed)
-
-
 async def _placeInference(ex: Exchange) -> Committed | None:
-    """The rounds of the inference policy, up to a commit (returned) or a final answer."""
+    """Inference policy: rounds over the owners, bounded by attempts and the job deadline,
+    up to a commit (returned) or a final answer."""
     settings = ex.settings
     clock = ex.clock
     facade = ex.facade
@@ -392,15 +398,9 @@ async def _placeInference(ex: Exchange) -> Committed | None:
         backoff = min(backoff * 2, settings.backoffMax)
 
 
-async def runVerbatim(ex: Exchange) -> None:
-    """Non-inference policy: candidates resolved once, each tried at most once, no backoff."""
-    committed = await _placeVerbatim(ex)
-    if committed is not None:
-        await ex.serve(committed)
-
-
 async def _placeVerbatim(ex: Exchange) -> Committed | None:
-    """The attempts of the verbatim policy, up to a commit (returned) or a final answer."""
+    """Non-inference policy: candidates resolved once, each tried at most once, no backoff,
+    up to a commit (returned) or a final answer."""
     facade = ex.facade
     snapshot = facade.snapshot
     owners = ()
