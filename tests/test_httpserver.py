@@ -344,6 +344,15 @@ class BadRequestTests(SynchronousTestCase):
             self.assertEqual(door.requests, [], raw)
             self.assertTrue(conn.closed, raw)
 
+    def test_knownNameWithoutColon(self) -> None:
+        """A header name seen before is still refused on a line without a colon."""
+        door = Door()
+        conn = Connection(door)
+        conn.send(GET)  # X-A is now a known name
+        out = conn.send(b"GET / HTTP/1.1\r\nX-A\r\n\r\n")
+        self.assertTrue(out.startswith(b"HTTP/1.1 400 "), out)
+        self.assertEqual(len(door.requests), 1)
+
     def test_doorCrashReported(self) -> None:
         """An exception from the door goes to its ``crashed`` with the request."""
         door = Door()

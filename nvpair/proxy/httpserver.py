@@ -53,6 +53,18 @@ except ImportError:  # pragma: no cover - a Twisted without the shared encoder
         return next(iter(headers._rawHeaders))
 
 
+def _learnName(name: bytes) -> bytes | None:
+    """A valid header name's ``Headers`` key, remembered (up to ``MAX_NAMES`` names)."""
+    key = canonicalName(name)
+    if key is not None and len(_KEYS) < MAX_NAMES:
+        _KEYS[name] = key
+    return key
+
+
+# Header names as sent by clients, and their key in ``Headers``; only valid names enter.
+_KEYS: dict[bytes, bytes] = {}
+MAX_NAMES = 1024
+_METHODS = frozenset((b"GET", b"POST", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"PATCH"))
 _CLOSED = Failure(ConnectionDone())
 MAX_HEADERS = 500
 MAX_CHUNK_LINE = 4096
@@ -205,19 +217,24 @@ class ServerChannel(Protocol):
         if len(parts) != 3:
             raise BadRequest()
         method, uri, version = parts
-        if version not in _VERSIONS or not _TOKEN.match(method) or not _TARGET.match(uri):
+        if version not in _VERSIONS or not (method in _METHODS or _TOKEN.match(method)) or (
+            not _TARGET.match(uri)
+        ):
             raise BadRequest()
         headers = Headers()
         raw = headers._rawHeaders
+        keys = _KEYS
         for line in lines[1:]:
-            colon = line.find(b":")
-            name = canonicalName(line[:colon]) if colon > 0 else None
-            if name is None:
-                raise BadRequest()
-            value = line[colon + 1:].strip(b" \t")
-            values = raw.get(name)
+            name, sep, value = line.partition(b":")
+            key = keys.get(name)
+            if key is None or not sep:
+                key = _learnName(name) if sep else None
+                if key is None:
+                    raise BadRequest()
+            value = value.strip(b" \t")
+            values = raw.get(key)
             if values is None:
-                raw[name] = [value]
+                raw[key] = [value]
             else:
                 values.append(value)
         persistent = version == HTTP11
@@ -252,6 +269,8 @@ class ServerChannel(Protocol):
             self._state = BODY
             if size > self.site.maxBody:
                 request.tooLarge = True
+            if len(self._buffer) >= size:
+                return  # the whole body is here already: no idle time to watch
         else:
             self._dispatch()
             return
