@@ -74,12 +74,17 @@ class AddressTests(SynchronousTestCase):
     def test_addressesFor(self) -> None:
         """Self uses the local backend (none → no address); others keep order, confirmed first."""
         a = node("A", addresses=("x:1", "http://y"))
-        self.assertEqual(addressesFor(a, "http://l", None), ["x:1", "http://y"])
-        self.assertEqual(addressesFor(a, None, "http://y"), ["http://y", "x:1"])
-        self.assertEqual(addressesFor(a, None, "gone"), ["x:1", "http://y"])
+        self.assertEqual(addressesFor(a, "http://l", None), ("x:1", "http://y"))
+        self.assertEqual(addressesFor(a, None, "http://y"), ("http://y", "x:1"))
+        self.assertEqual(addressesFor(a, None, "gone"), ("x:1", "http://y"))
+        self.assertEqual(addressesFor(a, None, "x:1"), ("x:1", "http://y"))
         s = node("S", isSelf=True)
-        self.assertEqual(addressesFor(s, "http://l", None), ["http://l"])
-        self.assertEqual(addressesFor(s, None, None), [])
+        self.assertEqual(addressesFor(s, "http://l", None), ("http://l",))
+        self.assertEqual(addressesFor(s, None, None), ())
+        # The node's order is never changed in place: a confirmed address only reorders a copy.
+        self.assertEqual(a.addresses, ("x:1", "http://y"))
+        dup = node("D", addresses=("x:1", "y:2", "y:2"))
+        self.assertEqual(addressesFor(dup, None, "y:2"), ("y:2", "x:1", "y:2"))
 
     def test_splitHostPort(self) -> None:
         """host:port and [v6]:port parse; anything else is refused."""

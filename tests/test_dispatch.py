@@ -16,6 +16,7 @@ from tests.fakeupstream import (
     RUN_ID,
     FakeContext,
     FakeRequest,
+    FakeResponse,
     makeFacade,
     node,
     setNodes,
@@ -99,6 +100,33 @@ class HappyPathTests(LoopCase):
         self.assertEqual(infos[3]["stats"]["promptTokens"], 3)
         self.assertEqual(infos[3]["stats"]["completionTokens"], 2)
         self.assertEqual(self.context.sink.activity(), [("A", 1), ("A", 0)])
+        self.assertReleased()
+
+    def test_answeredBeforeTheLoopWaits(self) -> None:
+        """An upstream whose whole answer arrives while the attempt starts (before the loop
+        awaits it) is served and reported exactly once."""
+        clock = self.clock
+
+        class Immediate(FakeResponse):
+            def deliverBody(self, protocol: Any) -> None:
+                super().deliverBody(protocol)
+                self.send(SSE, USAGE)
+                self.end()
+
+        def auto(call: Any) -> None:
+            call.connect()
+            call.response = Immediate(clock, 200)
+            call.deferred.callback(call.response)
+
+        self.upstream.auto = auto
+        ex, request = self.start()
+        self.assertEqual(request.code, 200)
+        self.assertEqual(request.body, SSE + USAGE)
+        self.assertTrue(request.finished)
+        self.assertEqual([m for m, _, _ in self.shape()][-2:],
+                         ["workload:started", "workload:completed"])
+        self.assertEqual(self.terminal()["state"], "completed")
+        self.assertIsNone(ex.serving)
         self.assertReleased()
 
     def test_eofWithoutBodyCommits(self) -> None:

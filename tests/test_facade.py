@@ -299,3 +299,54 @@ class FacadeTests(SynchronousTestCase):
         err = CannotListenError("", 1, OSError(errno.EADDRINUSE, "Address already in use"))
         self.assertEqual(_reason(err), "Address already in use")
         self.assertEqual(str(BindError(1, "x")), "cannot listen on port 1: x")
+
+
+class _Watcher:
+    """Records when its node left discovery."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def left(self) -> None:
+        self.calls += 1
+
+
+class WatchTests(SynchronousTestCase):
+    """Facade.watch tells an attempt when its node leaves discovery, until unwatched."""
+
+    def setUp(self) -> None:
+        from tests.fakeupstream import makeFacade, node
+
+        self.node = node
+        self.facade = makeFacade(MemoryReactorClock(), [node("A"), node("B")])
+
+    def test_leftOnceWhenTheNodeLeaves(self) -> None:
+        """Watchers of a node that leaves are told once; watchers of staying nodes are not."""
+        from tests.fakeupstream import setNodes
+
+        a1, a2, b = _Watcher(), _Watcher(), _Watcher()
+        self.facade.watch("A", a1)
+        self.facade.watch("A", a2)
+        self.facade.watch("B", b)
+        setNodes(self.facade, [self.node("B")])
+        self.assertEqual((a1.calls, a2.calls, b.calls), (1, 1, 0))
+        setNodes(self.facade, [])
+        self.assertEqual((a1.calls, a2.calls, b.calls), (1, 1, 1))
+        self.assertEqual(self.facade._watchers, {})
+
+    def test_unwatch(self) -> None:
+        """An unwatched watcher is not told, unwatching twice is harmless, and the last
+        unwatch of a node forgets it."""
+        from tests.fakeupstream import setNodes
+
+        a1, a2 = _Watcher(), _Watcher()
+        self.facade.watch("A", a1)
+        self.facade.watch("A", a2)
+        self.facade.unwatch("A", a1)
+        self.facade.unwatch("A", a1)
+        self.facade.unwatch("Z", a1)
+        self.assertEqual(list(self.facade._watchers["A"]), [a2])
+        self.facade.unwatch("A", a2)
+        self.assertNotIn("A", self.facade._watchers)
+        setNodes(self.facade, [])
+        self.assertEqual((a1.calls, a2.calls), (0, 0))

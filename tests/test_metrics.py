@@ -8,6 +8,7 @@ from typing import Any
 from prometheus_client import REGISTRY
 from twisted.trial.unittest import SynchronousTestCase
 
+from nvpair.proxy import metrics
 from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.metrics import Metrics, requestOutcome
 
@@ -193,3 +194,40 @@ class HookTests(SynchronousTestCase):
         self.assertIs(m._requestChildren[("llamacpp", True, "2xx")], before)
         self.assertEqual(value(self.registry, "nvpair_proxy_requests_total", engine="llamacpp",
                                route="inference", outcome="2xx"), 51.0)
+
+    def test_fastHooksMatchTheLibrary(self) -> None:
+        """The hooks' direct increments give the same samples as the client library's own
+        ``inc``/``observe`` (bucket edges, +Inf, NaN) for the same observations."""
+        from prometheus_client import CollectorRegistry, Histogram
+
+        amounts = [0.005, 0.0051, 0.25, 60.0, 299.9, 300.0, 1e9, 0.0, -1.0, float("nan")]
+        reference = CollectorRegistry()
+        histogram = Histogram("nvpair_proxy_commit_seconds", "x", ["engine", "route"],
+                              buckets=metrics.TTFT_BUCKETS, registry=reference)
+        child = histogram.labels("llamacpp", "inference")
+        ex = exchange(committedStatus=200)
+        for amount in amounts:
+            child.observe(amount)
+            self.metrics.committed(ex, "A", amount)
+        name = "nvpair_proxy_commit_seconds"
+        for bound in metrics.TTFT_BUCKETS:
+            le = "+Inf" if bound == float("inf") else repr(bound)
+            self.assertEqual(
+                value(self.registry, name + "_bucket", engine="llamacpp", route="inference",
+                      le=le),
+                value(reference, name + "_bucket", engine="llamacpp", route="inference",
+                      le=le), le)
+        self.assertEqual(value(self.registry, name + "_count", engine="llamacpp",
+                               route="inference"),
+                         value(reference, name + "_count", engine="llamacpp", route="inference"))
+        self.assertEqual(value(self.registry, "nvpair_proxy_dispatch_attempts_total",
+                               engine="llamacpp", reason="committed"), float(len(amounts)))
+
+    def test_unknownValueClassFallsBack(self) -> None:
+        """A child without the in-process value layout is counted through its public methods."""
+        calls: list[tuple[str, float]] = []
+        child = SimpleNamespace(inc=lambda amount=1: calls.append(("inc", amount)),
+                                observe=lambda amount: calls.append(("observe", amount)))
+        metrics._fastInc(child)(1)
+        metrics._FastObserve(child)(0.5)
+        self.assertEqual(calls, [("inc", 1), ("observe", 0.5)])

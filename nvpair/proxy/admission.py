@@ -39,7 +39,12 @@ def bodyModel(body: bytes) -> str | None:
     if not stripped.startswith(b"{"):
         return None
     try:
-        doc = json.loads(stripped)
+        if stripped[1:2] != b"\x00":
+            # What ``json.loads`` does with these bytes: no BOM and no NUL in the second
+            # byte is UTF-8 to its encoding detection.
+            doc = _decoder.decode(stripped.decode("utf-8", "surrogatepass"))
+        else:
+            doc = json.loads(stripped)
     except (ValueError, RecursionError):
         return None
     if not isinstance(doc, dict):

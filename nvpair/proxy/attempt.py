@@ -49,14 +49,20 @@ def retryableStatus(status: int, inference: bool) -> bool:
 
 
 class Committed:
-    """The attempt's response is the client's answer; ``done`` fires with how its body ended."""
+    """The attempt's response is the client's answer.
 
-    __slots__ = ("node", "status", "done")
+    ``ending`` is how its body ended (None while it streams); ``over`` is set once the
+    body ended or the exchange cancelled it, after which the attempt reports nothing more.
+    """
 
-    def __init__(self, node: Any, status: int, done: defer.Deferred[str]) -> None:
+    __slots__ = ("node", "status", "attempt", "ending", "over")
+
+    def __init__(self, node: Any, status: int, attempt: Attempt) -> None:
         self.node = node
         self.status = status
-        self.done = done
+        self.attempt = attempt
+        self.ending: str | None = None
+        self.over = False
 
 
 class Failed:
@@ -143,7 +149,7 @@ class Attempt:
 
     __slots__ = (
         "exchange", "node", "final", "gated", "state", "_result", "_pending", "_relay",
-        "_timer", "_response", "_done", "_headerTimedOut", "_unwatch", "_addresses",
+        "_timer", "_response", "_committed", "_headerTimedOut", "_addresses",
     )
 
     def __init__(self, exchange: Exchange, node: Any, final: bool, gated: bool) -> None:
@@ -157,10 +163,10 @@ class Attempt:
         self._relay: Relay | None = None
         self._timer: IDelayedCall | None = None
         self._response: IResponse | None = None
-        self._done: defer.Deferred[str] | None = None
+        self._committed: Committed | None = None
         self._headerTimedOut = False
-        self._unwatch = exchange.facade.watch(node.id, self._left)
         facade = exchange.facade
+        facade.watch(node.id, self)
         self._addresses = addressesFor(
             node, facade.localBackend, facade.confirmed.get(node.id)
         )
@@ -286,7 +292,6 @@ class Attempt:
         self._unwatch()
         response = self._response
         assert response is not None
-        self._done = defer.Deferred(self._cancelDone)
         length = None if response.length is UNKNOWN_LENGTH else int(response.length)
         transport: IPushProducer = relay.transport  # type: ignore[assignment]
         try:
@@ -297,7 +302,8 @@ class Attempt:
             transport.stopProducing()
             self._result.errback()
             return False
-        self._result.callback(Committed(self.node, response.code, self._done))
+        committed = self._committed = Committed(self.node, response.code, self)
+        self._result.callback(committed)
         return True
 
     def bodyLost(self, relay: Relay, reason: Failure) -> None:
@@ -310,16 +316,17 @@ class Attempt:
                 self.exchange.facade.confirmed.pop(self.node.id, None)
                 self._fail(TRANSPORT, abandoned=True)
                 return
-        if self.state != COMMITTED or self._done is None or self._done.called:
+        committed = self._committed
+        if self.state != COMMITTED or committed is None or committed.over:
             return
         ending = self.exchange.endBody(clean)
-        if not self._done.called:
-            self._done.callback(ending)
+        if not committed.over:
+            committed.over = True
+            committed.ending = ending
+            self.exchange.bodyEnded(committed)
 
-    def _cancelDone(self, d: defer.Deferred[str]) -> None:
-        self._stopBody()
-
-    def _stopBody(self) -> None:
+    def stopBody(self) -> None:
+        """The exchange cancelled the committed body (client gone, shutdown): stop reading it."""
         if self._relay is not None:
             _stop(self._relay)
 
@@ -339,9 +346,21 @@ class Attempt:
         self._stopTimer()
         self._unwatch()
         if not self._result.called:
-            self._result.callback(Failed(kind, self.node, status))
+            self._failed(Failed(kind, self.node, status))
 
-    def _left(self) -> None:
+    def _failed(self, outcome: Failed) -> None:
+        """Report the uncommitted ending to the exchange, then fire the attempt's Deferred."""
+        try:
+            self.exchange.attemptFailed(outcome)
+        except Exception:
+            self._result.errback()  # the loop reports it, as it would its own crash
+            return
+        self._result.callback(outcome)
+
+    def _unwatch(self) -> None:
+        self.exchange.facade.unwatch(self.node.id, self)
+
+    def left(self) -> None:
         """The target left discovery: abandon unless already committed."""
         if self.state != PENDING:
             return
@@ -350,7 +369,7 @@ class Attempt:
         self._stopTimer()
         self._unwatch()
         if not self._result.called:
-            self._result.callback(Failed(LEFT, self.node))
+            self._failed(Failed(LEFT, self.node))
 
     def _abort(self) -> None:
         if self._pending is not None:

@@ -12,7 +12,7 @@ from typing import Any
 from twisted.internet import defer, task
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
-from twisted.web.http_headers import Headers
+from twisted.web.http_headers import Headers, _sanitizeLinearWhitespace
 
 from nvpair.proxy import attempt as att
 from nvpair.proxy.attempt import Attempt, Committed, Failed, Outcome
@@ -34,6 +34,31 @@ _MESSAGES = {
 
 _NO_HEADERS = Headers()
 
+# Per-request values that depend only on a bounded key, computed once.
+_NODE_HEADERS: dict[str, bytes] = {}  # node id -> the sanitized x-nvpair-node value
+_DIALECTS: dict[tuple[str, bytes], str] = {}  # (engine id, inference path) -> stats dialect
+_CACHE_CAP = 4096
+
+
+def _nodeHeader(nodeId: str) -> bytes:
+    value = _NODE_HEADERS.get(nodeId)
+    if value is None:
+        # What ``Headers.setRawHeaders`` would store for ``nodeId.encode()``.
+        value = _sanitizeLinearWhitespace(nodeId.encode())
+        if len(_NODE_HEADERS) < _CACHE_CAP:
+            _NODE_HEADERS[nodeId] = value
+    return value
+
+
+def _statsDialect(engine: Any, path: bytes) -> str:
+    key = (engine.id, path)
+    dialect = _DIALECTS.get(key)
+    if dialect is None:
+        dialect = engine.statsDialect(path)
+        if len(_DIALECTS) < _CACHE_CAP:
+            _DIALECTS[key] = dialect
+    return dialect
+
 
 class Exchange:
     """One client request on its way through the fleet, and everything its ending touches."""
@@ -46,7 +71,7 @@ class Exchange:
         "uri", "path", "forwardHeaders", "body", "inference", "model", "createdAt",
         "workload", "reservation", "activeNode", "attempts", "meter", "flow",
         "committedStatus", "expectedLength", "written", "clientGone", "truncated",
-        "stopping", "answered", "loop",
+        "stopping", "answered", "loop", "serving",
     )
 
     def __init__(
@@ -87,6 +112,7 @@ class Exchange:
         self.stopping = False
         self.answered = False
         self.loop: defer.Deferred[None] | None = None
+        self.serving: Committed | None = None
 
     # -- life of the exchange -------------------------------------------------------------
 
@@ -102,22 +128,25 @@ class Exchange:
         self.loop = defer.Deferred.fromCoroutine(self._run(placement))
 
     async def _run(self, placement: Any) -> None:
-        """Place the request (the route class's policy), then serve what committed.
+        """Place the request (the route class's policy), then hand it to what committed.
 
-        The answer is served outside the placement's frame: a long stream does not keep
-        the round's snapshot, owners and candidate list alive.
+        The answer is served outside the placement's frame (and outside this coroutine): a
+        long stream does not keep the round's snapshot, owners and candidate list alive,
+        and the end of its body ends the exchange directly (``bodyEnded``).
         """
+        streaming = False
         try:
             if not self.clientGone:
                 committed = await placement(self)
                 if committed is not None:
-                    await self.serve(committed)
+                    streaming = self.serve(committed)
         except defer.CancelledError:
             pass
         except Exception as e:
             self._internal(e)
         finally:
-            self._terminal()
+            if not streaming:
+                self._terminal()
 
     def _internal(self, e: Exception) -> None:
         self.log.failure("request-crashed", engine=self.engine.id, path=self.path.decode("latin-1"))
@@ -163,8 +192,19 @@ class Exchange:
         if self.clientGone or self.truncated:
             return  # already handled, or the loss is our own abort of a truncated stream
         self.clientGone = True
+        self._cancel()
+
+    def _cancel(self) -> None:
+        """Cancel the placement loop, or the committed body being served."""
         if self.loop is not None and not self.loop.called:
             self.loop.cancel()
+            return
+        committed = self.serving
+        if committed is not None:
+            self.serving = None
+            committed.over = True
+            committed.attempt.stopBody()
+            self._terminal()
 
     def deadClient(self) -> None:
         """The client stopped reading for longer than the write deadline: cut it off."""
@@ -178,8 +218,7 @@ class Exchange:
         self.stopping = True
         if not self.clientGone:
             abortClient(self.request)
-        if self.loop is not None and not self.loop.called:
-            self.loop.cancel()
+        self._cancel()
 
     # -- reservations and in-flight counts -----------------------------------------------
 
@@ -214,19 +253,38 @@ class Exchange:
         if self.workload is not None:
             self.workload.submitted(node.id)
         self._setActive(node.id)
-        return Attempt(self, node, final, gated).start().addCallback(self._attempted)
+        return Attempt(self, node, final, gated).start()
 
-    def _attempted(self, outcome: Outcome) -> Outcome:
-        if isinstance(outcome, Failed):
-            self._setActive(None)
-            self.context.attemptFailed(self, outcome)
-        return outcome
+    def attemptFailed(self, outcome: Failed) -> None:
+        """The attempt ended uncommitted (called by it just before its Deferred fires)."""
+        self._setActive(None)
+        self.context.attemptFailed(self, outcome)
 
-    def serve(self, committed: Committed) -> defer.Deferred[None]:
-        """The response committed: report it running, wait for its body to end, report."""
+    def serve(self, committed: Committed) -> bool:
+        """The response committed: report it running; True while its body still streams.
+
+        When it does, the exchange ends when the body does (``bodyEnded``) or is cancelled.
+        """
         if self.workload is not None:
             self.workload.started(committed.node.id)
-        return committed.done.addCallback(self._served, committed)
+        if committed.ending is not None:
+            self._served(committed.ending, committed)
+            return False
+        self.serving = committed
+        return True
+
+    def bodyEnded(self, committed: Committed) -> None:
+        """The committed body ended (``committed.ending`` says how): report, then end."""
+        if self.serving is not committed:
+            return  # not handed over yet: ``serve`` sees the ending
+        self.serving = None
+        try:
+            assert committed.ending is not None
+            self._served(committed.ending, committed)
+        except Exception as e:
+            self._internal(e)
+        finally:
+            self._terminal()
 
     def _served(self, ending: str, committed: Committed) -> None:
         if self.workload is None:
@@ -266,12 +324,14 @@ class Exchange:
         if content is not None:
             content.close()
         request.setResponseCode(code, phrase)
-        copyResponseHeaders(headers, request.responseHeaders, length)
-        request.responseHeaders.setRawHeaders(b"x-nvpair-node", [attempt.node.id.encode()])
-        request.responseHeaders.setRawHeaders(b"x-nvpair-attempts", [b"%d" % self.attempts])
+        responseHeaders = request.responseHeaders
+        copyResponseHeaders(headers, responseHeaders, length)
+        raw = responseHeaders._rawHeaders  # canonical names, as ``setRawHeaders`` keys them
+        raw[b"X-Nvpair-Node"] = [_nodeHeader(attempt.node.id)]
+        raw[b"X-Nvpair-Attempts"] = [b"%d" % self.attempts]
         if self.inference and code < 400:
-            self.meter = StatsMeter(self.engine.statsDialect(self.path), self.createdAt)
-            self.meter.firstByte(self.clock.seconds())
+            meter = self.meter = StatsMeter(_statsDialect(self.engine, self.path), self.createdAt)
+            meter.firstByte(self.clock.seconds())
         self.context.committed(self, attempt.node.id)
         if self.clientGone:
             upstream.stopProducing()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from twisted.application.service import Service
 from twisted.internet import defer
@@ -58,6 +58,13 @@ def _stopped(listener: IListeningPort) -> defer.Deferred[None]:
     return defer.succeed(None)
 
 
+class Watcher(Protocol):
+    """Something to tell when a node leaves discovery (an attempt to it)."""
+
+    def left(self) -> None:
+        """The watched node left the discovery snapshot."""
+
+
 class Facade(Service):
     """An engine's facade: listeners plus the discovery, pin and local-backend state."""
 
@@ -85,7 +92,8 @@ class Facade(Service):
         self._listener: IListeningPort | None = None
         self._aliasListeners: list[IListeningPort] = []
         self._waiters: list[defer.Deferred[None]] = []
-        self._watchers: dict[str, set[Callable[[], None]]] = {}
+        # node id -> the watchers of that node (a dict: an ordered set)
+        self._watchers: dict[str, dict[Watcher, None]] = {}
 
     # -- listeners ----------------------------------------------------------------------
 
@@ -156,8 +164,8 @@ class Facade(Service):
         self.snapshotCount += 1
         gone = [nodeId for nodeId in self._watchers if nodeId not in snapshot]
         for nodeId in gone:
-            for cancel in list(self._watchers.pop(nodeId, ())):
-                cancel()
+            for watcher in list(self._watchers.pop(nodeId, ())):
+                watcher.left()
         self._wake()
 
     def setLocalBackend(self, url: str) -> None:
@@ -182,16 +190,16 @@ class Facade(Service):
         except ValueError:
             pass
 
-    def watch(self, nodeId: str, cancel: Callable[[], None]) -> Callable[[], None]:
-        """Call ``cancel`` if ``nodeId`` leaves discovery; returns the function that unwatches."""
-        watchers = self._watchers.setdefault(nodeId, set())
-        watchers.add(cancel)
+    def watch(self, nodeId: str, watcher: Watcher) -> None:
+        """Call ``watcher.left()`` if ``nodeId`` leaves discovery (until ``unwatch``)."""
+        watchers = self._watchers.get(nodeId)
+        if watchers is None:
+            self._watchers[nodeId] = {watcher: None}
+        else:
+            watchers[watcher] = None
 
-        def unwatch() -> None:
-            current = self._watchers.get(nodeId)
-            if current is not None:
-                current.discard(cancel)
-                if not current:
-                    del self._watchers[nodeId]
-
-        return unwatch
+    def unwatch(self, nodeId: str, watcher: Watcher) -> None:
+        """Stop watching ``nodeId`` for ``watcher``; a no-op when it is not watching."""
+        watchers = self._watchers.get(nodeId)
+        if watchers is not None and watchers.pop(watcher, 0) is None and not watchers:
+            del self._watchers[nodeId]

@@ -39,7 +39,7 @@ _NO_TOKENS: frozenset[bytes] = frozenset()
 
 
 def _connectionTokens(headers: Headers) -> frozenset[bytes]:
-    values = headers.getRawHeaders(b"connection")
+    values = headers._rawHeaders.get(b"Connection")  # the canonical key ``Headers`` uses
     if not values:
         return _NO_TOKENS
     tokens: set[bytes] = set()
@@ -56,7 +56,7 @@ def forwardHeaders(incoming: Headers) -> Headers:
     named = _connectionTokens(incoming)
     out = Headers()
     raw = out._rawHeaders
-    for name, values in incoming.getAllRawHeaders():
+    for name, values in incoming._rawHeaders.items():
         lower = name.lower()
         if lower in HOP_BY_HOP or lower in named:
             continue
@@ -72,7 +72,7 @@ def copyResponseHeaders(
     raw = target._rawHeaders
     raw.pop(b"Server", None)
     raw.pop(b"Date", None)
-    for name, values in source.getAllRawHeaders():
+    for name, values in source._rawHeaders.items():
         lower = name.lower()
         if lower in HOP_BY_HOP or lower in named or lower in drop:
             continue

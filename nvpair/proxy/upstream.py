@@ -79,6 +79,7 @@ def _notifyConnected(protocol: Any, hook: Callable[[], None]) -> Any:
 
 
 _BODY_METHODS = (b"POST", b"PUT", b"PATCH")
+_VALID_METHODS: set[bytes] = set()  # methods ``_ensureValidMethod`` accepted (a few)
 
 
 class _Target:
@@ -229,7 +230,10 @@ class Upstream:
             try:
                 if target is None:
                     target = self._target(address)
-                _ensureValidMethod(method)
+                if method not in _VALID_METHODS:
+                    _ensureValidMethod(method)
+                    if len(_VALID_METHODS) < 64:
+                        _VALID_METHODS.add(method)
                 _ensureValidURI(path)
             except Exception:
                 return defer.fail()
@@ -293,15 +297,24 @@ class Upstream:
         return closing.addCallback(lambda _: None)
 
 
+_NONE: tuple[str, ...] = ()
+
+
 def addressesFor(
     node: Any, localBackend: str | None, confirmed: str | None
-) -> list[str]:
-    """The addresses to try for ``node``, the confirmed one first; the local backend for self."""
+) -> tuple[str, ...]:
+    """The addresses to try for ``node``, the confirmed one first; the local backend for self.
+
+    The node's own tuple is returned when it is already in that order (no copy).
+    """
     if node.isSelf:
-        return [localBackend] if localBackend else []
-    addresses = list(node.addresses)
-    if confirmed is not None and confirmed in addresses:
-        addresses.remove(confirmed)
-        addresses.insert(0, confirmed)
-    return addresses
+        return (localBackend,) if localBackend else _NONE
+    addresses: tuple[str, ...] = node.addresses
+    if confirmed is None or not addresses or addresses[0] == confirmed:
+        return addresses
+    if confirmed not in addresses:
+        return addresses
+    reordered = list(addresses)
+    reordered.remove(confirmed)
+    return (confirmed, *reordered)
 
