@@ -204,14 +204,28 @@ class OrderCandidatesTests(SynchronousTestCase):
         self.assertEqual(ids(orderCandidates(owners, None, m.rank)[0]), ["a", "c", "b"])
         self.assertEqual(ids(orderCandidates(owners, None, {})[0]), ["a", "b", "c"])
 
-    def test_freshList(self) -> None:
-        """Each call returns a new list the caller may change freely."""
-        snap = Snapshot([node("a", "m"), node("b", "m")], ollama)
+    def test_freshOrder(self) -> None:
+        """Each call returns a new order; moving a candidate in one changes no other."""
+        snap = Snapshot([node("a", "m"), node("b", "m"), node("c", "m")], ollama)
         owners = snap.owners("m:latest", True)
         first, _ = orderCandidates(owners, None, {})
-        first.clear()
-        self.assertEqual(ids(orderCandidates(owners, None, {})[0]), ["a", "b"])
-        self.assertEqual(ids(owners), ["a", "b"])
+        first.moveToFront(2)
+        first.moveToFront(2)
+        self.assertEqual(ids(first), ["b", "c", "a"])
+        self.assertEqual(ids(orderCandidates(owners, None, {})[0]), ["a", "b", "c"])
+        self.assertEqual(ids(owners), ["a", "b", "c"])
+
+    def test_orderIsASequence(self) -> None:
+        """A moved order answers length, indexes, negative indexes and slices as a list."""
+        owners = tuple(node(i) for i in "abcde")
+        ordered, _ = orderCandidates(owners, "d", {})
+        expected = [node(i) for i in "dabce"]
+        self.assertEqual(len(ordered), 5)
+        self.assertEqual([ordered[i] for i in range(5)], expected)
+        self.assertEqual([ordered[i] for i in range(-5, 0)], expected)
+        self.assertEqual(ordered[1:3], expected[1:3])
+        self.assertRaises(IndexError, lambda: ordered[5])
+        self.assertRaises(IndexError, lambda: ordered[-6])
 
 
 class PlaceReservationTests(SynchronousTestCase):
@@ -318,17 +332,19 @@ class PlaceReservationTests(SynchronousTestCase):
         self.assertIsNone(placeReservation([], False, ReservationMap()))
 
     def test_modifiedListScannedAsGiven(self) -> None:
-        """A candidate list changed after ordering is judged by its current contents."""
+        """A plain candidate list is judged by its contents and reordered in place."""
         snap = Snapshot([node("a", "m"), node("b", "m"), node("c", "m")], ollama)
         m = ReservationMap()
         m.reserve("a")
         ordered, pinned = orderCandidates(snap.owners("m:latest", True), None, m.rank)
-        ordered.reverse()
-        self.assertEqual(placeReservation(ordered, pinned, m), snap.get("c"))
-        self.assertEqual(ids(ordered), ["c", "b", "a"])
+        reversed_ = list(reversed(ordered))
+        self.assertEqual(placeReservation(reversed_, pinned, m), snap.get("c"))
+        self.assertEqual(ids(reversed_), ["c", "b", "a"])
         ordered, pinned = orderCandidates(snap.owners("m:latest", True), None, m.rank)
-        ordered[1] = node("z")
-        self.assertEqual(placeReservation(ordered, pinned, m), node("z"))
+        changed = list(ordered)
+        changed[1] = node("z")
+        self.assertEqual(placeReservation(changed, pinned, m), node("z"))
+        self.assertEqual(ids(changed), ["z", "a", "c"])
 
 
 def _naiveOrder(
@@ -423,9 +439,9 @@ class RoutingPropertyTests(SynchronousTestCase):
                 self.assertEqual(list(owners), expectedOwners)
                 ordered, pinned = orderCandidates(owners, pin, rank)
                 naive, naivePinned = _naiveOrder(list(owners), pin, rank)
-                self.assertEqual((ordered, pinned), (naive, naivePinned))
+                self.assertEqual((list(ordered), pinned), (naive, naivePinned))
                 chosen = placeReservation(ordered, pinned, m)
                 self.assertEqual(chosen, _naivePlace(naive, naivePinned, m))
-                self.assertEqual(ordered, naive)
+                self.assertEqual(list(ordered), naive)
                 if chosen is not None:
                     m.reserve(chosen.id)

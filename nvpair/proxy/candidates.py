@@ -2,27 +2,28 @@
 
 Spec §5 steps 1-3 and §6.  A facade's discovery snapshot is indexed once, when it arrives
 (``Snapshot``), so that per-request work is a dict lookup plus work proportional to the
-candidates actually examined, not to the fleet (apart from copying the candidate list):
+candidates actually examined, not to the fleet:
 
 * ``Snapshot.owners`` returns a prebuilt tuple per normalized model; models with the same
   owners share one tuple, and so one cache;
 * ``orderCandidates`` caches the scheduler-ranked order on that tuple, keyed by the
   identity of the ``rank`` mapping (``ReservationMap.rank`` is replaced, never mutated,
-  when a snapshot changes the order), so a request only copies it;
+  when a snapshot changes the order), and a request reads it through a ``CandidateOrder``
+  view that moves at most one candidate to the front without copying the rest;
 * ``placeReservation`` keeps, on the same cache and per snapshot generation, the listed
   candidates sorted by the scheduler's part of their load, and stops scanning as soon as
   no later candidate can beat the best so far: only candidates holding reservations cost
   extra, and those are bounded by the requests in flight.  Before any snapshot it scans
   the candidates in order and stops at the first one holding no reservation.
 
-Callers must treat ``rank`` mappings as immutable values.  A candidate list modified after
-``orderCandidates`` returned it forgets its cache and is handled by a plain linear scan.
+Callers must treat ``rank`` mappings as immutable values.  ``placeReservation`` also takes
+a plain list (scanned linearly and reordered in place).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Self, SupportsIndex
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -150,61 +151,74 @@ class _Owners(tuple[Node, ...]):
     plan: _Plan | None = None
 
 
-class _Ordered(list[Node]):
-    """A candidate list from ``orderCandidates``, remembering the plan it came from.
+class CandidateOrder(Sequence[Node]):
+    """The candidates of one round in dispatch order, read from the plan's shared ranked
+    tuple without copying it.
 
-    Any mutation forgets the plan, so a list the caller changed is scanned linearly.
+    At most one candidate (the pin, or the one a reservation chose) is moved to the front
+    in place; a further move copies the order once.  So building an order and walking its
+    first few candidates costs the same for three owners as for a thousand.
     """
 
-    plan: _Plan | None = None
+    __slots__ = ("plan", "_ranked", "_moved")
 
-    def __setitem__(self, index: Any, value: Any) -> None:
-        self.plan = None
-        super().__setitem__(index, value)
+    def __init__(self, ranked: Sequence[Node], plan: _Plan | None) -> None:
+        self.plan = plan  # the cache this order can still be placed with, or None
+        self._ranked: Sequence[Node] = ranked
+        self._moved = 0  # index in ``_ranked`` of the node moved first (0: none moved)
 
-    def __delitem__(self, index: SupportsIndex | slice) -> None:
-        self.plan = None
-        super().__delitem__(index)
+    def __len__(self) -> int:
+        return len(self._ranked)
 
-    def __iadd__(self, other: Iterable[Node]) -> Self:  # type: ignore[override, misc]
-        self.plan = None
-        return super().__iadd__(other)
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return list(self)[index]
+        ranked = self._ranked
+        if index < 0:
+            index += len(ranked)
+        if not 0 <= index < len(ranked):
+            raise IndexError(index)
+        moved = self._moved
+        if index > moved:
+            return ranked[index]
+        return ranked[moved] if index == 0 else ranked[index - 1]
 
-    def __imul__(self, count: SupportsIndex) -> Self:
-        self.plan = None
-        return super().__imul__(count)
+    def __iter__(self) -> Iterator[Node]:
+        ranked = self._ranked
+        moved = self._moved
+        if not moved:
+            yield from ranked
+            return
+        yield ranked[moved]
+        for index in range(moved):
+            yield ranked[index]
+        for index in range(moved + 1, len(ranked)):
+            yield ranked[index]
 
-    def append(self, node: Node) -> None:
+    def moveToFront(self, position: int) -> None:
+        """Put the candidate now at ``position`` first; the others keep their order."""
+        if not position:
+            return
         self.plan = None
-        super().append(node)
+        if not self._moved and not isinstance(self._ranked, list):
+            self._moved = position  # the shared tuple stays untouched
+            return
+        if not isinstance(self._ranked, list):
+            self._ranked = list(self)
+            self._moved = 0
+        assert isinstance(self._ranked, list)
+        self._ranked.insert(0, self._ranked.pop(position))
 
-    def extend(self, nodes: Iterable[Node]) -> None:
-        self.plan = None
-        super().extend(nodes)
+    def __repr__(self) -> str:
+        return f"<CandidateOrder {[node.id for node in self]}>"
 
-    def insert(self, index: SupportsIndex, node: Node) -> None:
-        self.plan = None
-        super().insert(index, node)
 
-    def pop(self, index: SupportsIndex = -1) -> Node:
-        self.plan = None
-        return super().pop(index)
-
-    def remove(self, node: Node) -> None:
-        self.plan = None
-        super().remove(node)
-
-    def clear(self) -> None:
-        self.plan = None
-        super().clear()
-
-    def reverse(self) -> None:
-        self.plan = None
-        super().reverse()
-
-    def sort(self, *args: Any, **kwargs: Any) -> None:
-        self.plan = None
-        super().sort(*args, **kwargs)
+def _toFront(ordered: Sequence[Node], position: int) -> None:
+    if isinstance(ordered, CandidateOrder):
+        ordered.moveToFront(position)
+    elif position:
+        assert isinstance(ordered, list)
+        ordered.insert(0, ordered.pop(position))
 
 
 _NO_OWNERS = _Owners()
@@ -311,7 +325,7 @@ def _planFor(owners: Sequence[Node], rank: Mapping[str, int]) -> _Plan:
 
 def orderCandidates(
     owners: Sequence[Node], pin: str | None, rank: Mapping[str, int]
-) -> tuple[list[Node], bool]:
+) -> tuple[CandidateOrder, bool]:
     """Order ``owners`` for dispatch and report whether the pin applied.
 
     An eligible pin (an owner's id) comes first; then owners the scheduler lists, by
@@ -319,19 +333,17 @@ def orderCandidates(
     their order in ``owners``.  An ineligible pin changes nothing and adds nobody.
     """
     plan = _planFor(owners, rank)
-    ordered = _Ordered(plan.ranked)
     if pin is not None:
         position = plan.positions.get(pin)
         if position is not None:
-            if position:
-                ordered.insert(0, ordered.pop(position))
-            return ordered, True
-    ordered.plan = plan
-    return ordered, False
+            pinned = CandidateOrder(plan.ranked, None)
+            pinned.moveToFront(position)
+            return pinned, True
+    return CandidateOrder(plan.ranked, plan), False
 
 
 def placeReservation(
-    ordered: list[Node], pinApplied: bool, reservations: ReservationMap
+    ordered: Sequence[Node], pinApplied: bool, reservations: ReservationMap
 ) -> Node | None:
     """Move the least-loaded scheduler-listed candidate to the front and return it.
 
@@ -343,46 +355,44 @@ def placeReservation(
         return None
     if reservations.generation is None:
         return _placeStandalone(ordered, reservations)
-    plan: _Plan | None = ordered.plan if isinstance(ordered, _Ordered) else None
+    plan: _Plan | None = ordered.plan if isinstance(ordered, CandidateOrder) else None
     if plan is not None and len(ordered) == len(plan.ranked):
-        counts = reservations.reservedCount
+        count = reservations.countsNow().get
         bestLoad = 0.0
         bestPos = -1
         best: Node | None = None
         for base, position, node in plan.loadOrderFor(reservations):
             if best is not None and (base > bestLoad or (base == bestLoad and position > bestPos)):
                 break  # every later candidate has at least this load and a later position
-            load = base + counts(node.id)
+            load = base + count(node.id, 0)
             if best is None or load < bestLoad or (load == bestLoad and position < bestPos):
                 best, bestLoad, bestPos = node, load, position
         if best is None:
             return None
         if ordered[bestPos] is best:
-            if bestPos:
-                ordered.insert(0, ordered.pop(bestPos))
+            _toFront(ordered, bestPos)
             return best
     return _placeLinear(ordered, reservations)
 
 
-def _placeStandalone(ordered: list[Node], reservations: ReservationMap) -> Node | None:
+def _placeStandalone(ordered: Sequence[Node], reservations: ReservationMap) -> Node | None:
     # Before any snapshot every candidate is listed and its load is its reservation count,
     # so the first candidate holding none wins outright.
-    counts = reservations.reservedCount
+    counts = reservations.countsNow().get
     bestPos = 0
     bestCount = -1
     for position, node in enumerate(ordered):
-        count = counts(node.id)
+        count = counts(node.id, 0)
         if bestCount < 0 or count < bestCount:
             bestPos, bestCount = position, count
             if not count:
                 break
     best = ordered[bestPos]
-    if bestPos:
-        ordered.insert(0, ordered.pop(bestPos))
+    _toFront(ordered, bestPos)
     return best
 
 
-def _placeLinear(ordered: list[Node], reservations: ReservationMap) -> Node | None:
+def _placeLinear(ordered: Sequence[Node], reservations: ReservationMap) -> Node | None:
     bestPos = -1
     bestLoad = 0.0
     for position, node in enumerate(ordered):
@@ -394,6 +404,5 @@ def _placeLinear(ordered: list[Node], reservations: ReservationMap) -> Node | No
     if bestPos < 0:
         return None
     best = ordered[bestPos]
-    if bestPos:
-        ordered.insert(0, ordered.pop(bestPos))
+    _toFront(ordered, bestPos)
     return best

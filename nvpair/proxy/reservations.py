@@ -195,6 +195,11 @@ class ReservationMap:
         """Live reservations on ``nodeId`` counted against the current generation."""
         return self._counts.get(nodeId, 0)
 
+    def countsNow(self) -> Mapping[str, int]:
+        """The live reservation counts of the current generation, by node id (read only;
+        a node holding none is absent).  Valid until the next reservation change."""
+        return self._counts
+
     def reserve(self, nodeId: str) -> Reservation:
         """Take a claim on ``nodeId`` stamped with the current generation."""
         self._add(nodeId)
