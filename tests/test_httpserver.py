@@ -6,6 +6,7 @@ from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
+from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
@@ -423,3 +424,27 @@ class DisconnectTests(SynchronousTestCase):
         request.write(b"dropped")
         self.assertEqual(conn.take(), b"")
         self.assertRaises(RuntimeError, request.finish)
+
+    def test_whenLostCalledOnce(self) -> None:
+        """``whenLost`` hears of a client gone mid-answer, with the reason."""
+        door = Door(hold=True)
+        conn = Connection(door)
+        conn.send(GET)
+        request = door.requests[0]
+        reasons: list[Any] = []
+        request.whenLost(reasons.append)
+        conn.channel.connectionLost()
+        self.assertEqual(len(reasons), 1)
+        self.assertTrue(reasons[0].check(ConnectionDone))
+
+    def test_whenLostNotAfterFinish(self) -> None:
+        """Once the answer is finished, a later close is not a loss."""
+        door = Door(hold=True)
+        conn = Connection(door)
+        conn.send(GET)
+        request = door.requests[0]
+        reasons: list[Any] = []
+        request.whenLost(reasons.append)
+        answer(request, b"x")
+        conn.channel.connectionLost()
+        self.assertEqual(reasons, [])

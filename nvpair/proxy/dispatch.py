@@ -122,8 +122,13 @@ class Exchange:
             self.workload = self.context.reporter.admit(self.engine.id, self.model)
         placement = _placeInference if self.inference else _placeVerbatim
         self.context.exchanges.add(self)
-        self.request.notifyFinish().addErrback(self._clientLost)
-        if self.request._disconnected:
+        request = self.request
+        whenLost = getattr(request, "whenLost", None)
+        if whenLost is not None:
+            whenLost(self._clientLost)  # the facade's own request: no Deferred needed
+        else:
+            request.notifyFinish().addErrback(self._clientLost)
+        if request._disconnected:
             self.clientGone = True  # gone before we started: notifyFinish will never fire
         self.loop = defer.Deferred.fromCoroutine(self._run(placement))
 

@@ -11,6 +11,7 @@ the first body bytes in one send.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
@@ -34,7 +35,7 @@ class ServerRequest:
         "channel", "method", "uri", "path", "clientproto", "requestHeaders",
         "responseHeaders", "content", "tooLarge", "persistent", "code", "code_message",
         "startedWriting", "finished", "_disconnected", "_chunked", "_noBody",
-        "_notifications", "producer",
+        "_notifications", "_onLost", "producer",
     )
 
     def __init__(
@@ -65,6 +66,7 @@ class ServerRequest:
         self._chunked = False
         self._noBody = False
         self._notifications: list[defer.Deferred[None]] | None = None
+        self._onLost: Callable[[Failure], object] | None = None
         self.producer: Any = None
 
     # -- the request ----------------------------------------------------------------------
@@ -142,6 +144,7 @@ class ServerRequest:
         if self._chunked and channel is not None:
             sendNow(channel.transport, b"0\r\n\r\n")
         self.finished = True
+        self._onLost = None
         if self.producer is not None:
             self.unregisterProducer()
         self._release()
@@ -180,12 +183,20 @@ class ServerRequest:
         self._notifications.append(d)
         return d
 
+    def whenLost(self, callback: Callable[[Failure], object]) -> None:
+        """Call ``callback`` with the reason if the client leaves before the response is
+        finished (``notifyFinish``'s failure, without a Deferred; one callback)."""
+        self._onLost = callback
+
     def connectionLost(self, reason: Failure) -> None:
         """The client connection closed before the response finished."""
         self._disconnected = True
         self.channel = None
         self.producer = None
         self._release()
+        onLost, self._onLost = self._onLost, None
+        if onLost is not None:
+            onLost(reason)
         notifications, self._notifications = self._notifications, None
         if notifications:
             for d in notifications:
