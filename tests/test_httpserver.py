@@ -71,6 +71,14 @@ class Connection:
 GET = b"GET /v1/models?x=1 HTTP/1.1\r\nHost: h\r\nX-A: 1\r\nx-a: 2\r\n\r\n"
 
 
+def answering() -> tuple[Connection, Any]:
+    """A connection whose door holds the ``GET`` it received, unanswered."""
+    door = Door(hold=True)
+    conn = Connection(door)
+    conn.send(GET)
+    return conn, door.requests[0]
+
+
 class RequestParsingTests(SynchronousTestCase):
     """A request head becomes the method, target, path and headers the door sees."""
 
@@ -157,10 +165,7 @@ class ResponseFramingTests(SynchronousTestCase):
 
     def test_noContentHasNoBody(self) -> None:
         """A 204 answer carries neither a body nor chunk framing."""
-        door = Door(hold=True)
-        conn = Connection(door)
-        conn.send(GET)
-        request = door.requests[0]
+        conn, request = answering()
         request.setResponseCode(204)
         request.write(b"ignored")
         request.finish()
@@ -178,10 +183,7 @@ class ResponseFramingTests(SynchronousTestCase):
 
     def test_answerAsksClose(self) -> None:
         """An answer carrying ``Connection: close`` closes the connection after it."""
-        door = Door(hold=True)
-        conn = Connection(door)
-        conn.send(GET)
-        request = door.requests[0]
+        conn, request = answering()
         request.setHeader(b"connection", b"close")
         answer(request, b"x")
         self.assertTrue(conn.closed)
@@ -199,10 +201,7 @@ class ResponseFramingTests(SynchronousTestCase):
 
     def test_producerRegisteredWithTransport(self) -> None:
         """A response body's producer is registered with the client transport."""
-        door = Door(hold=True)
-        conn = Connection(door)
-        conn.send(GET)
-        request = door.requests[0]
+        conn, request = answering()
         producer = object()
         request.registerProducer(producer, True)
         self.assertIs(conn.transport.producer, producer)
@@ -412,10 +411,7 @@ class DisconnectTests(SynchronousTestCase):
 
     def test_clientGone(self) -> None:
         """The request learns of the loss: notifyFinish fails, writes are dropped."""
-        door = Door(hold=True)
-        conn = Connection(door)
-        conn.send(GET)
-        request = door.requests[0]
+        conn, request = answering()
         failures: list[Any] = []
         request.notifyFinish().addErrback(failures.append)
         conn.channel.connectionLost()
@@ -427,10 +423,7 @@ class DisconnectTests(SynchronousTestCase):
 
     def test_whenLostCalledOnce(self) -> None:
         """``whenLost`` hears of a client gone mid-answer, with the reason."""
-        door = Door(hold=True)
-        conn = Connection(door)
-        conn.send(GET)
-        request = door.requests[0]
+        conn, request = answering()
         reasons: list[Any] = []
         request.whenLost(reasons.append)
         conn.channel.connectionLost()
@@ -439,10 +432,7 @@ class DisconnectTests(SynchronousTestCase):
 
     def test_whenLostNotAfterFinish(self) -> None:
         """Once the answer is finished, a later close is not a loss."""
-        door = Door(hold=True)
-        conn = Connection(door)
-        conn.send(GET)
-        request = door.requests[0]
+        conn, request = answering()
         reasons: list[Any] = []
         request.whenLost(reasons.append)
         answer(request, b"x")
