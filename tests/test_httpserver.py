@@ -121,6 +121,28 @@ class RequestParsingTests(SynchronousTestCase):
         [request] = door.requests
         self.assertEqual(request.content.getvalue(), b"hello, world!!!")
 
+    def test_headByteByByte(self) -> None:
+        """A head (and the next one) sent a byte at a time is found exactly once each."""
+        door = Door(hold=True)
+        conn = Connection(door)
+        raw = b"\r\n" + GET
+        for i in range(len(raw)):
+            conn.channel.dataReceived(raw[i:i + 1])
+        self.assertEqual(len(door.requests), 1)
+        self.assertEqual(door.requests[0].getHeader(b"x-a"), b"2")
+
+    def test_manySmallChunksInOneRead(self) -> None:
+        """A thousand one-byte chunks in one read decode to the whole body."""
+        door = Door(hold=True)
+        conn = Connection(door, maxBody=5000)
+        body = bytes(range(256)) * 4
+        chunks = b"".join(b"1\r\n%s\r\n" % body[i:i + 1] for i in range(len(body)))
+        conn.send(b"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks
+                  + b"0\r\n\r\n" + GET)
+        self.assertEqual(door.requests[0].content.getvalue(), body)
+        answer(door.requests[0], b"x")
+        self.assertEqual(door.requests[1].path, b"/v1/models")
+
     def test_strayLineEndsBeforeRequest(self) -> None:
         """Blank lines before a request line are ignored."""
         door = Door()

@@ -106,6 +106,7 @@ class ServerChannel(Protocol):
         self._received = 0
         self._chunkState = SIZE
         self._trailerBytes = 0
+        self._scanned = 0  # bytes of a partial head already searched for its end
         self._paused = False
         # The read deadline is kept as a time; one timer per connection checks it and is
         # rescheduled only when it fires early, so arming it costs an attribute store.
@@ -189,14 +190,20 @@ class ServerChannel(Protocol):
         buf = self._buffer
         if buf[:2] == b"\r\n":
             buf = self._buffer = buf.lstrip(b"\r\n")  # stray line ends between requests
+            self._scanned = 0
             if not buf:
                 return False
-        end = buf.find(b"\r\n\r\n")
+        # Only the bytes that arrived since the last look are searched (and the three
+        # before them, for an end split across reads): a head sent a byte at a time costs
+        # one pass, not one per byte.
+        end = buf.find(b"\r\n\r\n", max(self._scanned - 3, 0))
         limit = self.site.maxHeaderBytes
         if end < 0:
+            self._scanned = len(buf)
             if len(buf) > limit:
                 self._refuse(_TOO_LARGE_HEAD)
             return False
+        self._scanned = 0
         if end > limit:
             self._refuse(_TOO_LARGE_HEAD)
             return False
@@ -315,42 +322,49 @@ class ServerChannel(Protocol):
         return True
 
     def _readChunked(self) -> bool:
+        """Decode what the buffer holds of a chunked body, walking it by index (a read of
+        many small chunks costs one pass, not one copy of the rest per chunk)."""
         buf = self._buffer
-        if self._chunkState == DATA:
-            left = self._bodyLeft
-            piece = buf[:left]
-            self._take(piece)
-            self._bodyLeft = left - len(piece)
-            self._buffer = buf[len(piece):]
-            if self._bodyLeft == 0:
-                self._chunkState = DATA_END
-            return bool(self._buffer)
-        end = buf.find(b"\r\n")
-        if end < 0:
-            if len(buf) > MAX_CHUNK_LINE:
-                raise BadRequest()
-            return False
-        line = buf[:end]
-        self._buffer = buf[end + 2:]
-        state = self._chunkState
-        if state == SIZE:
-            size = line.split(b";", 1)[0].strip(b" \t")
-            if not _HEX.match(size):
-                raise BadRequest()
-            self._bodyLeft = int(size, 16)
-            self._chunkState = DATA if self._bodyLeft else TRAILER
-        elif state == DATA_END:
-            if line:
-                raise BadRequest()
-            self._chunkState = SIZE
-        elif line:
-            self._trailerBytes += len(line) + 2
-            if self._trailerBytes > self.site.maxHeaderBytes:
-                self._refuse(_TOO_LARGE_HEAD)
-                return False
-        else:
-            self._dispatch()
-        return True
+        at = 0
+        size = len(buf)
+        while at < size:
+            if self._chunkState == DATA:
+                piece = buf[at:at + self._bodyLeft]
+                self._take(piece)
+                at += len(piece)
+                self._bodyLeft -= len(piece)
+                if not self._bodyLeft:
+                    self._chunkState = DATA_END
+                continue
+            end = buf.find(b"\r\n", at)
+            if end < 0:
+                if size - at > MAX_CHUNK_LINE:
+                    raise BadRequest()
+                break
+            line = buf[at:end]
+            at = end + 2
+            state = self._chunkState
+            if state == SIZE:
+                digits = line.split(b";", 1)[0].strip(b" \t")
+                if not _HEX.match(digits):
+                    raise BadRequest()
+                self._bodyLeft = int(digits, 16)
+                self._chunkState = DATA if self._bodyLeft else TRAILER
+            elif state == DATA_END:
+                if line:
+                    raise BadRequest()
+                self._chunkState = SIZE
+            elif line:
+                self._trailerBytes += len(line) + 2
+                if self._trailerBytes > self.site.maxHeaderBytes:
+                    self._refuse(_TOO_LARGE_HEAD)
+                    return False
+            else:
+                self._buffer = buf[at:]
+                self._dispatch()
+                return True
+        self._buffer = buf[at:] if at else buf
+        return False
 
     # -- answering --------------------------------------------------------------------------
 
