@@ -347,6 +347,14 @@ class _Reactor(MemoryReactorClock):
 class ListenerTests(SynchronousTestCase):
     """The ops listener's life follows the service's."""
 
+    def test_standaloneHasNoListener(self) -> None:
+        """In standalone mode the workload and activity sinks say nobody listens."""
+        service = makeService(_Reactor(), "--standalone", "--engines", "ollama")
+        service.startService()
+        self.assertFalse(service.reporter.sink.listening)
+        self.assertFalse(service.activity._sink.listening)
+        self.successResultOf(service.stopService())
+
     def test_startsAndStopsWithService(self) -> None:
         """--ops-port makes startService listen on 127.0.0.1 only; stopService closes it."""
         reactor = _Reactor()

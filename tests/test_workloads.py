@@ -132,3 +132,37 @@ class ActivityTests(SynchronousTestCase):
             ("discovery:node-activity", {"nodeId": "A", "inFlight": 0}),
         ])
         self.assertEqual(activity.total(), 1)
+
+
+class DeafSink(ListSink):
+    """A sink that says nobody listens (standalone mode's), yet records what reaches it."""
+
+    listening = False
+
+
+class NobodyListeningTests(SynchronousTestCase):
+    """With nobody receiving notifications nothing is built or sent; the counts still hold."""
+
+    def test_workloadsCountedNotSent(self) -> None:
+        """No event reaches a deaf sink; ``seq``, terminals and the recent list still move."""
+        sink = DeafSink()
+        reporter = WorkloadReporter(sink, Clock())
+        w = reporter.admit("ollama", "m:latest")
+        w.submitted("A")
+        w.started("A")
+        w.finish("completed")
+        self.assertEqual(sink.sent, [])
+        self.assertEqual(reporter.seq, 4)
+        self.assertEqual(reporter.terminals, {"completed": 1})
+        self.assertEqual([r["state"] for r in reporter.recent], ["completed"])
+        self.assertEqual(reporter.live, 0)
+
+    def test_activityCountedNotSent(self) -> None:
+        """In-flight counts are kept for a deaf sink, without a notification."""
+        sink = DeafSink()
+        activity = Activity(sink)
+        activity.change("A", +1)
+        activity.change("A", +1)
+        activity.change("A", -1)
+        self.assertEqual(sink.sent, [])
+        self.assertEqual(activity.inFlight, {"A": 1})

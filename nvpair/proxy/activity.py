@@ -32,6 +32,8 @@ class Activity:
             count = 0
         else:
             self.inFlight[nodeId] = count
+        if not getattr(self._sink, "listening", True):
+            return  # nobody receives notifications (standalone)
         if type(nodeId) is str and type(count) is int:
             params = _Change()
             params["nodeId"] = nodeId

@@ -48,6 +48,9 @@ def retryableStatus(status: int, inference: bool) -> bool:
     return status >= 500 or status in (408, 429) or (status == 404 and inference)
 
 
+# How an upstream body ends cleanly (a close-delimited body ends with PotentialDataLoss).
+_CLEAN_ENDS = (ResponseDone, PotentialDataLoss)
+
 class Committed:
     """The attempt's response is the client's answer.
 
@@ -308,7 +311,7 @@ class Attempt:
 
     def bodyLost(self, relay: Relay, reason: Failure) -> None:
         """The upstream body ended: finish the stream, or end the attempt if nothing committed."""
-        clean = reason.check(ResponseDone, PotentialDataLoss) is not None
+        clean = isinstance(reason.value, _CLEAN_ENDS)
         if self.state == PENDING:
             if clean and self.commit(relay):
                 relay.committed = True

@@ -75,6 +75,8 @@ def isFacadeScoped(name: str) -> bool:
 class NullSink:
     """The sink of standalone mode: JSON-RPC output is not written (protocol §9)."""
 
+    listening = False  # producers may skip building what would be sent
+
     def notify(self, method: str, params: dict[str, Any]) -> None:
         pass
 

@@ -67,6 +67,7 @@ class HTTPClientConnection(Protocol):
         self._stopped = False
         self._pausedByBody = False
         self._held = False
+        self._readPaused = False  # whether the transport's reading is paused by us
         self._closed: list[defer.Deferred[None]] = []
         self._lost = False
         # A direct dial (``httppool.DirectTCP``) fires this with the connection once made.
@@ -182,8 +183,9 @@ class HTTPClientConnection(Protocol):
         self._buf = b""
         if self._reusable and not rest and not self._stopped:
             self.state = IDLE
-            if self._pausedByBody or self._held:
-                self._pausedByBody = self._held = False
+            self._pausedByBody = self._held = False
+            if self._readPaused:
+                self._readPaused = False
                 assert self.transport is not None
                 self.transport.resumeProducing()  # type: ignore[attr-defined]
             self._pool.release(self)
@@ -223,10 +225,13 @@ class HTTPClientConnection(Protocol):
         transport: Any = self.transport
         if transport is None or self.state != BODY:
             return
-        if self._pausedByBody or self._held:
-            transport.pauseProducing()
-        else:
-            transport.resumeProducing()
+        paused = self._pausedByBody or self._held
+        if paused != self._readPaused:  # the transport is told only of changes
+            self._readPaused = paused
+            if paused:
+                transport.pauseProducing()
+            else:
+                transport.resumeProducing()
 
     def stopBody(self) -> None:
         """The body protocol does not want the rest: the connection is dropped."""

@@ -400,6 +400,11 @@ class _Forward:
     def __init__(self, service: ProxyService) -> None:
         self._service = service
 
+    @property
+    def listening(self) -> bool:
+        """Whether anything receives notifications now (not in standalone mode)."""
+        return getattr(self._service.sink, "listening", True)
+
     def notify(self, method: str, params: dict[str, Any]) -> None:
         self._service.sink.notify(method, params)
 

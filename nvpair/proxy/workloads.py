@@ -165,6 +165,9 @@ class Workload:
     def _emit(self, method: str) -> None:
         """Send one event: ``info()`` stamped with the next ``seq``."""
         reporter = self._reporter
+        if not getattr(reporter.sink, "listening", True):
+            reporter.seq += 1  # nobody receives events (standalone): count, build nothing
+            return
         info = self.info()
         reporter.seq = info["seq"] = reporter.seq + 1
         params = _Event()
