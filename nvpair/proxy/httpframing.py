@@ -18,12 +18,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from twisted.web.http import NO_BODY_CODES
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH
 
 MAX_HEAD = 1 << 18  # response status line + headers
 MAX_LINE = 1 << 12  # one chunk-size or trailer line
-NO_BODY_CODES = (204, 304)
 # Connection-control headers: framing, not part of ``Response.headers`` (as in twisted.web).
 _CONNECTION_CONTROL = frozenset((
     b"content-length", b"connection", b"keep-alive", b"te", b"trailers",
@@ -153,14 +153,21 @@ def parseHead(head: bytes, isHead: bool) -> ParsedHead | None:
     return code, phrase, headers, length, mode, remaining, reusable
 
 
+def headerKey(name: bytes) -> bytes:
+    """The key ``Headers`` files a header ``name`` under (its canonical capitalization);
+    ``ValueError`` for a name that is not an HTTP token.  Shared by the client's head parser
+    and the facades' request parser, each of which caches it per name seen."""
+    probe = Headers()
+    probe.addRawHeader(name, b"")
+    return next(iter(probe._rawHeaders))
+
+
 def _nameInfo(name: bytes) -> tuple[bytes, bytes | None]:
     """A header name's key in ``Headers`` and its lower case if it is connection control
     (remembered for the next heads); ``ValueError`` for a name that is not a token."""
     lower = name.lower()
     control = lower if lower in _CONNECTION_CONTROL else None
-    probe = Headers()
-    probe.addRawHeader(name, b"")
-    key = next(iter(probe._rawHeaders))
+    key = headerKey(name)
     if control is not None:
         if len(_CONTROL) < 256:
             _CONTROL[name] = (key, control)

@@ -28,35 +28,20 @@ from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 
 from nvpair.proxy.fastwrite import sendNow
+from nvpair.proxy.httpframing import headerKey
 from nvpair.proxy.serverrequest import HTTP11, ServerRequest
 
 if TYPE_CHECKING:
     from nvpair.proxy.site import FacadeSite
 
-try:
-    from twisted.web.http_headers import _nameEncoder
-
-    def canonicalName(name: bytes) -> bytes | None:
-        """The name as twisted's ``Headers`` keys it, or ``None`` if it is no HTTP token."""
-        try:
-            return _nameEncoder.encode(name)
-        except Exception:
-            return None
-except ImportError:  # pragma: no cover - a Twisted without the shared encoder
-    def canonicalName(name: bytes) -> bytes | None:
-        """The name as twisted's ``Headers`` keys it, or ``None`` if it is no HTTP token."""
-        headers = Headers()
-        try:
-            headers.addRawHeader(name, b"")
-        except Exception:
-            return None
-        return next(iter(headers._rawHeaders))
-
-
 def _learnName(name: bytes) -> bytes | None:
-    """A valid header name's ``Headers`` key, remembered (up to ``MAX_NAMES`` names)."""
-    key = canonicalName(name)
-    if key is not None and len(_KEYS) < MAX_NAMES:
+    """A valid header name's ``Headers`` key, remembered (up to ``MAX_NAMES`` names);
+    ``None`` for a name that is not an HTTP token."""
+    try:
+        key = headerKey(name)
+    except ValueError:
+        return None
+    if len(_KEYS) < MAX_NAMES:
         _KEYS[name] = key
     return key
 

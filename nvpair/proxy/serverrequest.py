@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
 from twisted.python.failure import Failure
-from twisted.web.http import RESPONSES
+from twisted.web.http import NO_BODY_CODES, RESPONSES
 from twisted.web.http_headers import Headers
 
 from nvpair.proxy.fastwrite import sendNow
@@ -24,7 +24,6 @@ from nvpair.proxy.fastwrite import sendNow
 if TYPE_CHECKING:
     from nvpair.proxy.httpserver import ServerChannel
 
-NO_BODY_CODES = (204, 304)
 HTTP11 = b"HTTP/1.1"
 
 
