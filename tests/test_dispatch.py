@@ -977,3 +977,58 @@ class EventTests(LoopCase):
                          (1500, 1750, 2750))
         self.assertEqual(info["stats"]["ttftMs"], 250)
 
+
+
+class DriverTests(LoopCase):
+    """The policy driver: waits that are over at once, and cancellation between waits."""
+
+    nodes = tuple(f"N{i}" for i in range(3000))
+
+    def test_immediateFailuresDoNotNest(self) -> None:
+        """Thousands of candidates refused while their attempt starts are each tried once,
+        in a loop rather than nested calls, and the last failure is answered."""
+        self.upstream.auto = lambda call: call.refuse()
+        request = FakeRequest(b"GET", b"/props")
+        ex, request = self.start(request=request, inference=False, model=None, body=b"")
+        self.assertEqual(len(self.upstream.calls), 3000)
+        self.assertEqual(request.code, 502)
+        self.assertEqual(self.errorReason(request), "upstream_unreachable")
+        self.assertReleased()
+
+    def test_clientGoneBetweenWaits(self) -> None:
+        """A client lost while the policy runs between two waits (inside an attempt that
+        fails at once) gets no further attempt: the next one is cancelled as it starts."""
+        request = FakeRequest()
+
+        def auto(call: Any) -> None:
+            if len(self.upstream.calls) == 1:
+                request.lose()
+                call.refuse()
+
+        self.upstream.auto = auto
+        ex, request = self.start(request=request)
+        self.assertEqual(len(self.upstream.calls), 2)
+        self.assertTrue(self.upstream.calls[1].cancelled)
+        self.clock.advance(1000)
+        self.assertEqual(len(self.upstream.calls), 2)
+        self.assertEqual(self.terminal()["state"], "cancelled")
+        self.assertIsNone(request.code)
+        self.assertReleased()
+
+    def test_crashInPolicyAnswers500(self) -> None:
+        """An exception raised by the policy itself is answered 500 internal, reported
+        once, and everything is released."""
+        from nvpair.proxy import placement
+
+        def boom(*a: Any) -> None:
+            raise ZeroDivisionError()
+
+        self.patch(placement, "orderCandidates", boom)
+        ex, request = self.start()
+        self.assertEqual(request.code, 500)
+        self.assertEqual(self.errorReason(request), "internal")
+        self.assertEqual(self.context.record.internal, ["ZeroDivisionError"])
+        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
+        self.assertEqual(self.terminal()["state"], "failed")
+        self.assertEqual(self.upstream.calls, [])
+        self.assertReleased()

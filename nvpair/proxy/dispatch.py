@@ -1,7 +1,7 @@
 """The dispatch loop (spec §5, §5.1, §5.4): candidates, attempts, backoff, and the one ending.
 
-``Exchange`` is one client request on its way through the fleet.  ``_placeInference`` and
-``_placeVerbatim`` are the two policies; both end in exactly one terminal bookkeeping step
+``Exchange`` is one client request on its way through the fleet.  It drives the route
+class's placement policy (``placement``) and owns the one terminal bookkeeping step
 (workload event, reservation release, in-flight count) whatever path ends the request.
 """
 
@@ -12,11 +12,12 @@ from typing import Any
 from twisted.internet import defer, task
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers, _sanitizeLinearWhitespace
 
 from nvpair.proxy import attempt as att
 from nvpair.proxy.attempt import Attempt, Committed, Failed, Outcome
-from nvpair.proxy.candidates import orderCandidates, placeReservation
+from nvpair.proxy.placement import Policy, placeInference, placeVerbatim
 from nvpair.proxy.relay import ClientFlow, abortClient, copyResponseHeaders, truncateClient
 from nvpair.proxy.stats import StatsMeter
 from nvpair.proxy.workloads import CANCELLED, COMPLETED, FAILED, Workload
@@ -33,6 +34,7 @@ _MESSAGES = {
 
 
 _NO_HEADERS = Headers()
+_WAITING = object()  # no result yet for what the policy waits for
 
 # Per-request values that depend only on a bounded key, computed once.
 _NODE_HEADERS: dict[str, bytes] = {}  # node id -> the sanitized x-nvpair-node value
@@ -71,7 +73,7 @@ class Exchange:
         "uri", "path", "forwardHeaders", "body", "inference", "model", "createdAt",
         "workload", "reservation", "activeNode", "attempts", "meter", "flow",
         "committedStatus", "expectedLength", "written", "clientGone", "truncated",
-        "stopping", "answered", "loop", "serving",
+        "stopping", "answered", "loop", "serving", "policy", "stepping", "early",
     )
 
     def __init__(
@@ -111,8 +113,11 @@ class Exchange:
         self.truncated = False
         self.stopping = False
         self.answered = False
-        self.loop: defer.Deferred[None] | None = None
+        self.loop: defer.Deferred[Any] | None = None  # what the policy waits for now
         self.serving: Committed | None = None
+        self.policy: Policy | None = None
+        self.stepping = False
+        self.early: object = _WAITING
 
     # -- life of the exchange -------------------------------------------------------------
 
@@ -120,7 +125,6 @@ class Exchange:
         """Admit (workload ``submitted``) and run the policy for this route class."""
         if self.inference and self.model is not None:
             self.workload = self.context.reporter.admit(self.engine.id, self.model)
-        placement = _placeInference if self.inference else _placeVerbatim
         self.context.exchanges.add(self)
         request = self.request
         whenLost = getattr(request, "whenLost", None)
@@ -130,23 +134,75 @@ class Exchange:
             request.notifyFinish().addErrback(self._clientLost)
         if request._disconnected:
             self.clientGone = True  # gone before we started: notifyFinish will never fire
-        self.loop = defer.Deferred.fromCoroutine(self._run(placement))
+            self._terminal()
+            return
+        self.policy = (placeInference if self.inference else placeVerbatim)(self)
+        self._advance(None)
 
-    async def _run(self, placement: Any) -> None:
-        """Place the request (the route class's policy), then hand it to what committed.
+    # -- driving the policy ---------------------------------------------------------------
 
-        The answer is served outside the placement's frame (and outside this coroutine): a
-        long stream does not keep the round's snapshot, owners and candidate list alive,
-        and the end of its body ends the exchange directly (``bodyEnded``).
-        """
+    # The policy generator is driven here rather than by ``Deferred.fromCoroutine``: most
+    # requests commit on their first attempt, and a coroutine costs several Deferred and
+    # frame hops per step.  The loop is a trampoline: a wait that is already over when it
+    # is yielded continues the loop instead of nesting a call.
+
+    def _advance(self, result: object) -> None:
+        """Send ``result`` to the policy and run it up to its next unfinished wait."""
+        policy = self.policy
+        assert policy is not None
+        while True:
+            try:
+                waiting = policy.send(result)
+            except StopIteration as done:
+                self.policy = None
+                self._placed(done.value)
+                return
+            except Exception as e:
+                self.policy = None
+                self._internal(e)
+                self._terminal()
+                return
+            self.loop = waiting
+            if self.clientGone or self.stopping:
+                waiting.cancel()  # cancelled while the policy ran between two waits
+            self.early = _WAITING
+            self.stepping = True
+            waiting.addCallbacks(self._resumed, self._interrupted)
+            self.stepping = False
+            early, self.early = self.early, _WAITING
+            if early is _WAITING:
+                return  # the wait is still on: ``_resumed`` continues
+            if isinstance(early, Failure):
+                self._interrupted(early)
+                return
+            result = early
+
+    def _resumed(self, result: object) -> None:
+        if self.stepping:
+            self.early = result  # finished inside ``addCallbacks``: the loop goes on
+            return
+        if self.policy is not None:
+            self._advance(result)
+
+    def _interrupted(self, failure: Failure) -> None:
+        """The wait failed: cancelled (client gone, shutdown) or a crash in the attempt."""
+        if self.stepping:
+            self.early = failure
+            return
+        policy, self.policy = self.policy, None
+        if policy is None:
+            return
+        policy.close()
+        if not failure.check(defer.CancelledError):
+            self._internal(failure.value)  # type: ignore[arg-type]
+        self._terminal()
+
+    def _placed(self, committed: Committed | None) -> None:
+        """The policy ended: serve what committed, or end now if it answered itself."""
         streaming = False
         try:
-            if not self.clientGone:
-                committed = await placement(self)
-                if committed is not None:
-                    streaming = self.serve(committed)
-        except defer.CancelledError:
-            pass
+            if committed is not None:
+                streaming = self.serve(committed)
         except Exception as e:
             self._internal(e)
         finally:
@@ -390,104 +446,9 @@ class Exchange:
         else:
             self.answerError(502, "upstream_unreachable")
 
-    async def pause(self, seconds: float, wakeOnDiscovery: bool) -> None:
+    def pause(self, seconds: float, wakeOnDiscovery: bool) -> defer.Deferred[Any]:
         """Wait ``seconds`` (or until discovery changes, when asked), cancellably."""
         sleep: defer.Deferred[Any] = task.deferLater(self.clock, max(seconds, 0.0), lambda: None)
         if not wakeOnDiscovery:
-            await sleep
-            return
-        await defer.race([sleep, self.facade.nextSnapshot()])
-
-
-async def _placeInference(ex: Exchange) -> Committed | None:
-    """Inference policy: rounds over the owners, bounded by attempts and the job deadline,
-    up to a commit (returned) or a final answer."""
-    settings = ex.settings
-    clock = ex.clock
-    facade = ex.facade
-    reservations = ex.context.reservations
-    model = ex.model
-    deadline = ex.createdAt + settings.jobDeadline
-    backoff = settings.backoffBase
-    maxAttempts = settings.maxDispatchAttempts
-    dispatched = 0
-    while True:
-        snapshot = facade.snapshot
-        owners = snapshot.owners(model, facade.hasLocalBackend)
-        if not owners:
-            if not dispatched:
-                ex.answerError(502, "no_owner")
-                return None
-            remaining = deadline - clock.seconds()
-            if remaining <= 0:
-                ex.unavailable("owner_unavailable")
-                return None
-            await ex.pause(min(backoff, remaining), wakeOnDiscovery=True)
-            backoff = min(backoff * 2, settings.backoffMax)
-            continue
-        ordered, pinApplied = orderCandidates(owners, facade.pin, reservations.rank)
-        target = placeReservation(ordered, pinApplied, reservations)
-        if target is not None:
-            ex.reserve(target.id)
-        for node in ordered:
-            if dispatched >= maxAttempts:
-                ex.unavailable("attempts_exhausted")
-                return None
-            if clock.seconds() >= deadline:
-                ex.unavailable("deadline_exceeded")
-                return None
-            if facade.snapshot is not snapshot:
-                # Discovery changed during this round: never dispatch to a node that has
-                # left or stopped advertising the model (failover never broadens).
-                current = facade.snapshot
-                live = current.get(node.id)
-                if live is None or live not in current.owners(model, facade.hasLocalBackend):
-                    continue
-                node = live
-            dispatched += 1
-            final = dispatched == maxAttempts
-            outcome = await ex.dispatch(node, final, gated=True)
-            if isinstance(outcome, Committed):
-                return outcome
-            if final:
-                ex.answerFinal(outcome)
-                return None
-            if ex.workload is not None:
-                ex.workload.submitted(None)
-        ex.releaseReservation()
-        remaining = deadline - clock.seconds()
-        if remaining <= 0:
-            ex.unavailable("deadline_exceeded")
-            return None
-        await ex.pause(min(backoff, remaining), wakeOnDiscovery=False)
-        backoff = min(backoff * 2, settings.backoffMax)
-
-
-async def _placeVerbatim(ex: Exchange) -> Committed | None:
-    """Non-inference policy: candidates resolved once, each tried at most once, no backoff,
-    up to a commit (returned) or a final answer."""
-    facade = ex.facade
-    snapshot = facade.snapshot
-    owners = ()
-    if ex.model is not None:
-        owners = snapshot.owners(ex.model, facade.hasLocalBackend)
-    if not owners:
-        owners = tuple(n for n in snapshot.nodes if not n.isSelf or facade.hasLocalBackend)
-    ordered, _ = orderCandidates(owners, facade.pin, ex.context.reservations.rank)
-    if not ordered:
-        ex.answerError(502, "no_owner")
-        return None
-    last = len(ordered) - 1
-    for index, node in enumerate(ordered):
-        if facade.snapshot is not snapshot and node.id not in facade.snapshot:
-            if index == last:
-                ex.answerError(502, "upstream_unreachable")
-                return None
-            continue  # it left discovery meanwhile
-        outcome = await ex.dispatch(node, index == last, gated=False)
-        if isinstance(outcome, Committed):
-            return outcome
-        if index == last:
-            ex.answerFinal(outcome)
-            return None
-    return None
+            return sleep
+        return defer.race([sleep, self.facade.nextSnapshot()])

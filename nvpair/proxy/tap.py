@@ -8,6 +8,7 @@ from typing import Any
 
 from twisted.application.service import IService
 
+from nvpair.proxy import eventloop
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService, stderrStream
 
@@ -40,7 +41,7 @@ def freezeStartupObjects(reactor: Any) -> None:
 
 def makeService(options: Options) -> IService:
     """Build the process's service tree from parsed options."""
-    from twisted.internet import reactor
+    reactor = eventloop.install()
 
     exitZeroOnSigterm(reactor)
     freezeStartupObjects(reactor)

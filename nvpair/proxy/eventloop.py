@@ -1,0 +1,87 @@
+"""The process's reactor: Twisted's epoll reactor with a leaner event dispatch.
+
+Twisted's ``doPoll`` wraps every ready descriptor's callback in the legacy logging context
+(four Python frames and two dict copies per event) so that ``twisted.python.log`` messages
+carry the connection's ``system`` prefix.  The proxy's log records never show that prefix
+(``logs`` drops it), so ``ProxyReactor`` hands plain read events straight to the
+descriptor and everything else to Twisted's own ``_doReadOrWrite``.  Errors are handled
+the same way: logged, and the descriptor disconnected.
+
+``install`` puts it in place when twistd has not installed a reactor yet (``--reactor``
+given, or a test process); otherwise the installed reactor is kept.  Should a Twisted
+release rename the epoll reactor's parts it relies on, the stock reactor is installed.
+"""
+
+from __future__ import annotations
+
+import errno
+import select
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from twisted.internet.epollreactor import EPollReactor
+from twisted.python import log
+
+_READ = select.EPOLLIN
+
+# The epoll reactor's own parts ``ProxyReactor.doPoll`` uses.
+_RELIED_ON = ("_poller", "_selectables", "_doReadOrWrite", "_disconnectSelectable")
+
+Handler = Callable[[Any, int, int], None]
+Disconnect = Callable[[Any, BaseException, bool], None]
+
+
+def dispatchEvents(
+    events: Iterable[tuple[int, int]],
+    selectables: Mapping[int, Any],
+    handle: Handler,
+    disconnect: Disconnect,
+) -> None:
+    """Run one poll's ready events: a plain read calls ``doRead`` directly, any other event
+    mask goes to ``handle`` (Twisted's full read/write/hang-up logic).  A descriptor
+    removed by an earlier event of the same poll is skipped."""
+    for fd, event in events:
+        selectable = selectables.get(fd)
+        if selectable is None:
+            continue
+        if event != _READ:
+            handle(selectable, fd, event)
+            continue
+        try:
+            why = selectable.doRead()
+        except BaseException as e:
+            why = e
+            log.err()
+        if why:
+            disconnect(selectable, why, True)
+
+
+class ProxyReactor(EPollReactor):
+    """An epoll reactor whose event dispatch skips the legacy per-event log context."""
+
+    def doPoll(self, timeout: float | None) -> None:
+        """Wait for ready descriptors (at most ``timeout`` seconds) and run their events."""
+        try:
+            events = self._poller.poll(-1 if timeout is None else timeout, len(self._selectables))
+        except OSError as err:
+            if err.errno == errno.EINTR:
+                return
+            raise
+        dispatchEvents(events, self._selectables, self._doReadOrWrite, self._disconnectSelectable)
+
+    doIteration = doPoll
+
+
+def install() -> Any:
+    """Install ``ProxyReactor`` unless a reactor is installed already; return the reactor."""
+    if "twisted.internet.reactor" not in sys.modules:
+        from twisted.internet.main import installReactor
+
+        chosen: EPollReactor = ProxyReactor()
+        if not all(hasattr(chosen, name) for name in _RELIED_ON):
+            chosen = EPollReactor()  # a Twisted release renamed them: the stock dispatch
+        installReactor(chosen)
+    from twisted.internet import reactor
+
+    return reactor

@@ -1,0 +1,130 @@
+"""Unit tests of the process reactor's event dispatch (``eventloop``)."""
+
+from __future__ import annotations
+
+import select
+import subprocess
+import sys
+from typing import Any
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from nvpair.proxy import eventloop
+from nvpair.proxy.eventloop import dispatchEvents
+
+IN, OUT, HUP = select.EPOLLIN, select.EPOLLOUT, select.EPOLLHUP
+
+
+class Descriptor:
+    """A ready descriptor recording its reads; ``why`` is what ``doRead`` answers."""
+
+    def __init__(self, why: Any = None, error: BaseException | None = None) -> None:
+        self.why = why
+        self.error = error
+        self.reads = 0
+        self.onRead: Any = None
+
+    def doRead(self) -> Any:
+        self.reads += 1
+        if self.onRead is not None:
+            self.onRead()
+        if self.error is not None:
+            raise self.error
+        return self.why
+
+
+class Recorder:
+    """Records what the full handler and the disconnect step are asked to do."""
+
+    def __init__(self) -> None:
+        self.handled: list[tuple[Any, int, int]] = []
+        self.disconnected: list[tuple[Any, Any, bool]] = []
+
+    def handle(self, selectable: Any, fd: int, event: int) -> None:
+        self.handled.append((selectable, fd, event))
+
+    def disconnect(self, selectable: Any, why: Any, inRead: bool) -> None:
+        self.disconnected.append((selectable, why, inRead))
+
+
+class DispatchTests(SynchronousTestCase):
+    """Plain reads go straight to the descriptor; every other event to the full handler."""
+
+    def dispatch(self, events: list[tuple[int, int]], selectables: dict[int, Any]) -> Recorder:
+        recorder = Recorder()
+        dispatchEvents(events, selectables, recorder.handle, recorder.disconnect)
+        return recorder
+
+    def test_plainReadCallsDoRead(self) -> None:
+        """A read event reads the descriptor and nothing else happens."""
+        d = Descriptor()
+        recorder = self.dispatch([(5, IN)], {5: d})
+        self.assertEqual(d.reads, 1)
+        self.assertEqual(recorder.handled, [])
+        self.assertEqual(recorder.disconnected, [])
+
+    def test_otherMasksGoToHandler(self) -> None:
+        """Writes, hang-ups and combined masks keep Twisted's full handling."""
+        a, b, c = Descriptor(), Descriptor(), Descriptor()
+        recorder = self.dispatch([(1, OUT), (2, IN | HUP), (3, IN | OUT)], {1: a, 2: b, 3: c})
+        self.assertEqual(recorder.handled, [(a, 1, OUT), (b, 2, IN | HUP), (c, 3, IN | OUT)])
+        self.assertEqual((a.reads, b.reads, c.reads), (0, 0, 0))
+
+    def test_unknownDescriptorSkipped(self) -> None:
+        """An event for a descriptor no longer registered is ignored."""
+        d = Descriptor()
+        recorder = self.dispatch([(9, IN), (5, IN)], {5: d})
+        self.assertEqual(d.reads, 1)
+        self.assertEqual(recorder.handled, [])
+
+    def test_removedEarlierInSamePollSkipped(self) -> None:
+        """A descriptor an earlier event of the same poll removed gets no event."""
+        gone = Descriptor()
+        selectables: dict[int, Any] = {4: Descriptor(), 7: gone}
+        selectables[4].onRead = lambda: selectables.pop(7)
+        self.dispatch([(4, IN), (7, IN)], selectables)
+        self.assertEqual(gone.reads, 0)
+
+    def test_readReasonDisconnects(self) -> None:
+        """A read that answers a reason (connection over) disconnects the descriptor."""
+        reason = Exception("done")
+        d = Descriptor(why=reason)
+        recorder = self.dispatch([(5, IN)], {5: d})
+        self.assertEqual(recorder.disconnected, [(d, reason, True)])
+
+    def test_readErrorLoggedAndDisconnects(self) -> None:
+        """An exception from the read is logged and disconnects the descriptor; the
+        events after it in the same poll still run."""
+        error = ZeroDivisionError("boom")
+        bad, good = Descriptor(error=error), Descriptor()
+        recorder = self.dispatch([(5, IN), (6, IN)], {5: bad, 6: good})
+        self.assertEqual(recorder.disconnected, [(bad, error, True)])
+        self.assertEqual(good.reads, 1)
+        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
+
+
+class InstallTests(SynchronousTestCase):
+    """The proxy reactor is installed only where no reactor is yet."""
+
+    def test_installedReactorKept(self) -> None:
+        """In a process that already has a reactor, ``install`` returns that one."""
+        from twisted.internet import reactor
+
+        self.assertIs(eventloop.install(), reactor)
+
+    def test_freshProcessGetsProxyReactor(self) -> None:
+        """In a fresh process, ``install`` installs the proxy's reactor, which runs."""
+        code = (
+            "from nvpair.proxy import eventloop\n"
+            "r = eventloop.install()\n"
+            "from twisted.internet import reactor\n"
+            "assert r is reactor\n"
+            "r.callLater(0, r.stop)\n"
+            "r.run()\n"
+            "print(type(r).__name__)\n"
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+        )
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout.strip(), "ProxyReactor")
