@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 from twisted.internet.task import Clock
@@ -69,7 +70,7 @@ def notifyRun(requests: int, null: bool = False) -> tuple[float, CountingTranspo
     transport = CountingTransport()
     channel.transport = transport  # type: ignore[assignment]
     target: Any = _NullSink() if null else channel
-    sink = _Forward(lambda: target)
+    sink = _Forward(SimpleNamespace(sink=target))  # type: ignore[arg-type]
     reporter = WorkloadReporter(sink, clock)
     activity = Activity(sink)
     stats = {"promptTokens": 12, "completionTokens": 50, "tokensPerSecond": 1234.56,
