@@ -144,6 +144,18 @@ class StandaloneProxy:
 
         return proto.ended.addCallback(disarm)
 
+    def _stderrReader(self) -> Any:
+        assert self.proto is not None and self.proto.transport is not None
+        return self.proto.transport.pipes[2]  # type: ignore[attr-defined]
+
+    def holdLog(self) -> None:
+        """Stop reading the process's stderr (a broker that stopped draining it)."""
+        self._stderrReader().stopReading()
+
+    def releaseLog(self) -> None:
+        """Read the process's stderr again."""
+        self._stderrReader().startReading()
+
     def _signal(self, name: str) -> None:
         proto = self.proto
         if proto is None or proto.transport is None:

@@ -291,3 +291,66 @@ class ChannelTests(SynchronousTestCase):
         self.channel.connectionLost(None)
         self.channel.notify("ollama:ready", {})
         self.assertEqual(self.transport.value(), b"")
+
+
+class BacklogTests(SynchronousTestCase):
+    """A broker that stops reading stdout: notifications bounded, dropped ones reported."""
+
+    def setUp(self) -> None:
+        self.channel = BrokerChannel(FakeHandler(), lambda: None, backlogLimit=1000)
+        self.transport = StringTransport()
+        self.channel.makeConnection(self.transport)
+
+    def lines(self) -> list[dict[str, Any]]:
+        return drainLines(self.transport)[1]
+
+    def stdout(self) -> Any:
+        """The producer the channel registered (what the stdout transport pauses)."""
+        return self.transport.producer
+
+    def test_registeredAsStreamingProducer(self) -> None:
+        """The channel learns from stdout's own buffer when the broker stops reading."""
+        self.assertIsNotNone(self.transport.producer)
+        self.assertTrue(self.transport.streaming)
+
+    def test_flowingNothingDropped(self) -> None:
+        """While the broker reads, every notification is written, however many."""
+        for i in range(200):
+            self.channel.notify("discovery:node-activity", {"nodeId": "A", "inFlight": i})
+        self.assertEqual(len(self.lines()), 200)
+
+    def test_stalledBoundedThenReported(self) -> None:
+        """Once stdout stalls, notifications fill the backlog allowance and the rest are
+        dropped; when the broker has read everything, one overflow report says how many."""
+        self.stdout().pauseProducing()
+        for i in range(100):
+            self.channel.notify("discovery:node-activity", {"nodeId": "A", "inFlight": i})
+        raw, written = drainLines(self.transport)
+        self.assertLessEqual(len(raw), 1000)
+        kept = len(written)
+        self.assertGreater(kept, 0)
+        self.assertEqual([m["params"]["inFlight"] for m in written], list(range(kept)))
+        self.stdout().resumeProducing()
+        out = self.lines()
+        self.assertEqual(out, [{"jsonrpc": "2.0", "method": "errors:report", "params": {
+            "kind": "overflow",
+            "message": f"{100 - kept} notifications dropped while stdout was not read"}}])
+        self.channel.notify("discovery:node-activity", {"nodeId": "A", "inFlight": 0})
+        self.assertEqual(len(self.lines()), 1, "flowing again")
+        self.assertEqual(len(self.flushLoggedErrors()), 0)
+
+    def test_responsesNeverDropped(self) -> None:
+        """Answers to broker requests are written even past the backlog allowance."""
+        self.stdout().pauseProducing()
+        for i in range(100):
+            self.channel.notify("discovery:node-activity", {"nodeId": "A", "inFlight": i})
+        self.lines()
+        sendLine(self.channel, {"jsonrpc": "2.0", "id": 7, "method": "ping"})
+        self.assertEqual(self.lines(), [{"jsonrpc": "2.0", "id": 7, "result": {"ok": True}}])
+
+    def test_resumeWithoutDropsReportsNothing(self) -> None:
+        """A short stall that stayed within the allowance leaves no report."""
+        self.stdout().pauseProducing()
+        self.channel.notify("discovery:node-activity", {"nodeId": "A", "inFlight": 1})
+        self.stdout().resumeProducing()
+        self.assertEqual([m["method"] for m in self.lines()], ["discovery:node-activity"])

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import defer
-from twisted.internet.interfaces import IHalfCloseableProtocol, ITransport
+from twisted.internet.interfaces import IHalfCloseableProtocol, IPushProducer, ITransport
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -81,18 +81,59 @@ class NullSink:
         pass
 
 
+# Notification bytes written while the broker is not keeping up with stdout, past the
+# transport's own 64 KiB buffer; past this, notifications are dropped (and counted).
+BACKLOG_LIMIT = 8 << 20
+
+
+@implementer(IPushProducer)
+class _Outflow:
+    """Told by the stdout transport when the broker stops (and resumes) reading it."""
+
+    def __init__(self, channel: BrokerChannel) -> None:
+        self._channel = channel
+
+    def pauseProducing(self) -> None:
+        self._channel._stalled()
+
+    def resumeProducing(self) -> None:
+        self._channel._drained()
+
+    def stopProducing(self) -> None:
+        pass
+
+
 @implementer(IBrokerSink, IHalfCloseableProtocol)
 class BrokerChannel(jsonrpc.LineFramer):
-    """Reads broker messages from stdin, answers on stdout, emits notifications."""
+    """Reads broker messages from stdin, answers on stdout, emits notifications.
+
+    Should the broker stop reading stdout, notifications keep being written (Twisted
+    buffers them) up to ``BACKLOG_LIMIT`` bytes; beyond that they are dropped and counted
+    rather than held without bound, and one ``errors:report`` (kind ``overflow``) says how
+    many once the broker has read everything.  Responses to requests are always written.
+    """
 
     log = Logger()
 
-    def __init__(self, handler: IMessageHandler, onClosed: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        handler: IMessageHandler,
+        onClosed: Callable[[], None],
+        backlogLimit: int = BACKLOG_LIMIT,
+    ) -> None:
         super().__init__()
         self._handler = handler
         self._onClosed = onClosed
         self._closed = False
+        self._backlogLimit = backlogLimit
+        self._backlog: int | None = None  # bytes written since stdout stalled; None: flowing
+        self._dropped = 0
         self.transport: ITransport | None = None
+
+    def connectionMade(self) -> None:
+        register = getattr(self.transport, "registerProducer", None)
+        if register is not None:
+            register(_Outflow(self), True)
 
     # -- output -----------------------------------------------------------------------
 
@@ -101,12 +142,35 @@ class BrokerChannel(jsonrpc.LineFramer):
             self.transport.write(jsonrpc.encode(message))
 
     def notify(self, method: str, params: dict[str, Any]) -> None:
-        """Send one notification to the broker."""
-        if self.transport is not None and not self._closed:
-            if isinstance(params, jsonrpc.Prepared):
-                self.transport.write(params.line(method))
-            else:
-                self.transport.write(jsonrpc.encode(jsonrpc.notification(method, params)))
+        """Send one notification to the broker (or drop it, when stdout is backed up)."""
+        if self.transport is None or self._closed:
+            return
+        if isinstance(params, jsonrpc.Prepared):
+            line = params.line(method)
+        else:
+            line = jsonrpc.encode(jsonrpc.notification(method, params))
+        backlog = self._backlog
+        if backlog is not None:
+            if backlog + len(line) > self._backlogLimit:
+                self._dropped += 1
+                return
+            self._backlog = backlog + len(line)
+        self.transport.write(line)
+
+    def _stalled(self) -> None:
+        if self._backlog is None:
+            self._backlog = 0
+            self.log.debug("broker-output-stalled")
+
+    def _drained(self) -> None:
+        self._backlog = None
+        dropped, self._dropped = self._dropped, 0
+        if dropped:
+            self.log.warn("broker-notifications-dropped", count=dropped)
+            self.notify("errors:report", {
+                "kind": "overflow",
+                "message": f"{dropped} notifications dropped while stdout was not read",
+            })
 
     def reportProtocol(self, message: str) -> None:
         """Report bad input with an unaddressed ``errors:report`` (kind protocol)."""

@@ -8,7 +8,7 @@ logs operational metadata only; nothing here inspects or adds request content.
 from __future__ import annotations
 
 import json
-from typing import IO, Any
+from typing import Any, Protocol
 
 from twisted.logger import (
     FilteringLogObserver,
@@ -41,6 +41,14 @@ _ORDER = {"debug": 0, "info": 1, "warn": 2, "error": 3}
 _SKIP = frozenset(
     ("format", "message", "isError", "system", "time", "why", "failure", "printed", "log_trace")
 )
+
+
+class TextStream(Protocol):
+    """Where log lines go: stderr itself, or ``logoutlet.LineOutlet`` in front of it."""
+
+    def write(self, text: str, /) -> object: ...
+
+    def flush(self) -> object: ...
 
 
 class LogControl:
@@ -88,7 +96,7 @@ def toRecord(event: LogEvent) -> dict[str, Any]:
 class JSONLineObserver:
     """Write each event as one JSON line to a text stream (stderr in production)."""
 
-    def __init__(self, stream: IO[str]) -> None:
+    def __init__(self, stream: TextStream) -> None:
         self._stream = stream
 
     def __call__(self, event: LogEvent) -> None:
@@ -103,6 +111,6 @@ class JSONLineObserver:
         self._stream.flush()
 
 
-def makeObserver(stream: IO[str], control: LogControl) -> ILogObserver:
+def makeObserver(stream: TextStream, control: LogControl) -> ILogObserver:
     """The process's log observer: JSON lines to ``stream``, filtered by ``control``."""
     return FilteringLogObserver(JSONLineObserver(stream), [control.predicate])

@@ -29,7 +29,7 @@ from nvpair.proxy.facade import BindError, Facade, parseAlias
 from nvpair.proxy.fleet import Fleet
 from nvpair.proxy.frontdoor import FrontDoor
 from nvpair.proxy.listener import PersonalityFactory
-from nvpair.proxy.logs import LogControl, makeObserver
+from nvpair.proxy.logs import LogControl, TextStream, makeObserver
 from nvpair.proxy.metrics import Metrics
 from nvpair.proxy.options import LEVELS, Settings
 from nvpair.proxy.peer import PeerDoor
@@ -53,7 +53,7 @@ class ProxyService(MultiService):
         self,
         settings: Settings,
         reactor: Any,
-        logStream: IO[str] | None = None,
+        logStream: TextStream | None = None,
         trust: Any = None,
     ) -> None:
         super().__init__()
@@ -119,6 +119,7 @@ class ProxyService(MultiService):
 
     def stopService(self) -> defer.Deferred[None]:
         """Stop accepting, cancel in-flight requests, close the pool."""
+        self.log.info("stopping", inFlight=len(self.exchanges))
         for exchange in list(self.exchanges):
             exchange.shutdown()
         if self.trust is not None:

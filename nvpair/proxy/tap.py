@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import gc
 import signal
 from typing import Any
@@ -9,6 +10,8 @@ from typing import Any
 from twisted.application.service import IService
 
 from nvpair.proxy import eventloop
+from nvpair.proxy.logoutlet import LineOutlet
+from nvpair.proxy.logs import COMPONENT
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService, stderrStream
 
@@ -39,6 +42,14 @@ def freezeStartupObjects(reactor: Any) -> None:
     reactor.callWhenRunning(gc.freeze)
 
 
+def logOutlet() -> LineOutlet:
+    """The log's stream: stderr, written by a thread so that a broker that stops reading
+    stderr never stalls the reactor; given two seconds at exit to write what is left."""
+    outlet = LineOutlet(stderrStream(), COMPONENT)
+    atexit.register(outlet.close)
+    return outlet
+
+
 def makeService(options: Options) -> IService:
     """Build the process's service tree from parsed options."""
     reactor = eventloop.install()
@@ -55,7 +66,7 @@ def makeService(options: Options) -> IService:
         trust = ClusterTrust(
             settings.clusterDir, reactor, lambda message: service[0].clusterProblem(message)
         )
-        proxy = ProxyService(settings, reactor, stderrStream(), trust)
+        proxy = ProxyService(settings, reactor, logOutlet(), trust)
         service.append(proxy)
         return proxy
-    return ProxyService(settings, reactor, stderrStream(), trust)
+    return ProxyService(settings, reactor, logOutlet(), trust)
