@@ -23,6 +23,19 @@ if TYPE_CHECKING:
 Policy = Generator["defer.Deferred[Any]", Any, "Committed | None"]
 
 
+def _backOff(
+    ex: Exchange, deadline: float, backoff: float, reason: str, wakeOnDiscovery: bool
+) -> Generator[defer.Deferred[Any], Any, float | None]:
+    """Wait out ``backoff`` within the job deadline (answering 503 ``reason`` when none is
+    left); the next, doubled backoff, or None once answered."""
+    remaining = deadline - ex.clock.seconds()
+    if remaining <= 0:
+        ex.unavailable(reason)
+        return None
+    yield ex.pause(min(backoff, remaining), wakeOnDiscovery)
+    return float(min(backoff * 2, ex.settings.backoffMax))
+
+
 def placeInference(ex: Exchange) -> Policy:
     """Inference policy: rounds over the owners, bounded by attempts and the job deadline,
     up to a commit (returned) or a final answer."""
@@ -42,12 +55,10 @@ def placeInference(ex: Exchange) -> Policy:
             if not dispatched:
                 ex.answerError(502, "no_owner")
                 return None
-            remaining = deadline - clock.seconds()
-            if remaining <= 0:
-                ex.unavailable("owner_unavailable")
+            waited = yield from _backOff(ex, deadline, backoff, "owner_unavailable", True)
+            if waited is None:
                 return None
-            yield ex.pause(min(backoff, remaining), wakeOnDiscovery=True)
-            backoff = min(backoff * 2, settings.backoffMax)
+            backoff = waited
             continue
         ordered, pinApplied = orderCandidates(owners, facade.pin, reservations.rank)
         target = placeReservation(ordered, pinApplied, reservations)
@@ -79,12 +90,10 @@ def placeInference(ex: Exchange) -> Policy:
             if ex.workload is not None:
                 ex.workload.submitted(None)
         ex.releaseReservation()
-        remaining = deadline - clock.seconds()
-        if remaining <= 0:
-            ex.unavailable("deadline_exceeded")
+        waited = yield from _backOff(ex, deadline, backoff, "deadline_exceeded", False)
+        if waited is None:
             return None
-        yield ex.pause(min(backoff, remaining), wakeOnDiscovery=False)
-        backoff = min(backoff * 2, settings.backoffMax)
+        backoff = waited
 
 
 def placeVerbatim(ex: Exchange) -> Policy:
