@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import select
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from typing import Any
 from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy import eventloop
-from nvpair.proxy.eventloop import dispatchEvents
+from nvpair.proxy.eventloop import ProxyReactor, dispatchEvents
 
 IN, OUT, HUP = select.EPOLLIN, select.EPOLLOUT, select.EPOLLHUP
 
@@ -128,3 +129,52 @@ class InstallTests(SynchronousTestCase):
         )
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(result.stdout.strip(), "ProxyReactor")
+
+
+class Poller:
+    """An epoll stand-in: answers one list of events, or raises."""
+
+    def __init__(self, events: list[tuple[int, int]] | None = None,
+                 error: OSError | None = None) -> None:
+        self.events = events or []
+        self.error = error
+        self.calls: list[tuple[float, int]] = []
+
+    def poll(self, timeout: float, maxevents: int) -> list[tuple[int, int]]:
+        self.calls.append((timeout, maxevents))
+        if self.error is not None:
+            raise self.error
+        return self.events
+
+
+def pollingReactor(poller: Poller, selectables: dict[int, Any]) -> ProxyReactor:
+    """A ``ProxyReactor`` with only what ``doPoll`` uses: no epoll, no waker, no signals."""
+    reactor = ProxyReactor.__new__(ProxyReactor)
+    reactor._poller = poller
+    reactor._selectables = selectables
+    return reactor
+
+
+class DoPollTests(SynchronousTestCase):
+    """``doPoll`` waits as asked and runs what the poll returned."""
+
+    def test_waitsAndDispatches(self) -> None:
+        """The timeout is passed on (``None``: wait indefinitely), at most one event per
+        registered descriptor is asked for, and the ready descriptor is read."""
+        d = Descriptor()
+        poller = Poller([(5, IN)])
+        reactor = pollingReactor(poller, {5: d, 6: Descriptor()})
+        reactor.doPoll(0.25)
+        reactor.doPoll(None)
+        self.assertEqual(poller.calls, [(0.25, 2), (-1, 2)])
+        self.assertEqual(d.reads, 2)
+
+    def test_interruptedPollIsQuiet(self) -> None:
+        """A poll interrupted by a signal just returns (the loop polls again)."""
+        reactor = pollingReactor(Poller(error=InterruptedError(errno.EINTR, "EINTR")), {})
+        reactor.doPoll(1.0)
+
+    def test_otherPollErrorsRaise(self) -> None:
+        """Any other poll failure is a programming error and is raised."""
+        reactor = pollingReactor(Poller(error=OSError(errno.EBADF, "EBADF")), {})
+        self.assertRaises(OSError, reactor.doPoll, 1.0)
