@@ -16,35 +16,88 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from twisted.internet import defer
-from twisted.internet.error import ProcessExitedAlready
+from twisted.internet.error import ConnectionDone, ProcessExitedAlready
+from twisted.internet.interfaces import IReadDescriptor
 from twisted.internet.protocol import ProcessProtocol
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
+from zope.interface import implementer
 
 from nvpair.proxy.engines import ENGINES
 from tests.harness import freePort
 
 
 class _Protocol(ProcessProtocol):
-    """Collects stdout and the stderr log lines of the proxy process."""
+    """Collects stdout; ``ended`` fires with the exit code once the process has exited and
+    its stderr (a pipe of the fixture's own, read by ``_StderrReader``) is at end of file."""
 
     def __init__(self, owner: StandaloneProxy) -> None:
         self.owner = owner
         self.stdout = b""
-        self._errBuffer = b""
+        self.exitCode: Any = None
+        self.exited = False
+        self.stderrClosed = False
         self.ended: defer.Deferred[Any] = defer.Deferred()
 
     def outReceived(self, data: bytes) -> None:
         self.stdout += data
 
-    def errReceived(self, data: bytes) -> None:
-        self._errBuffer += data
-        *lines, self._errBuffer = self._errBuffer.split(b"\n")
+    def processEnded(self, reason: Failure) -> None:
+        self.exitCode = getattr(reason.value, "exitCode", None)
+        self.exited = True
+        self._maybeEnded()
+
+    def stderrEnded(self) -> None:
+        """The stderr pipe reached end of file (every log line has been read)."""
+        self.stderrClosed = True
+        self._maybeEnded()
+
+    def _maybeEnded(self) -> None:
+        if self.exited and self.stderrClosed and not self.ended.called:
+            self.ended.callback(self.exitCode)
+
+
+@implementer(IReadDescriptor)
+class _StderrReader:
+    """The read end of the process's stderr pipe, registered with the reactor as a reader:
+    ``holdLog`` and ``releaseLog`` remove and re-add it (``IReactorFDSet``), so the test can
+    stop draining stderr the way a stalled broker would."""
+
+    def __init__(self, fd: int, owner: StandaloneProxy, proto: _Protocol) -> None:
+        self.fd = fd
+        self.owner = owner
+        self.proto = proto
+        self.buffer = b""
+        self.closed = False
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def logPrefix(self) -> str:
+        return "proxy-stderr"
+
+    def doRead(self) -> Failure | None:
+        try:
+            data = os.read(self.fd, 65536)
+        except BlockingIOError:
+            return None
+        if not data:
+            return Failure(ConnectionDone())
+        self.buffer += data
+        *lines, self.buffer = self.buffer.split(b"\n")
         for line in lines:
             self.owner._line(line)
+        return None
 
-    def processEnded(self, reason: Failure) -> None:
-        self.ended.callback(getattr(reason.value, "exitCode", None))
+    def connectionLost(self, reason: Failure) -> None:
+        self.close()
+        self.proto.stderrEnded()
+
+    def close(self) -> None:
+        """Close the read end (once)."""
+        if not self.closed:
+            self.closed = True
+            os.close(self.fd)
 
 
 class StandaloneProxy:
@@ -84,6 +137,7 @@ class StandaloneProxy:
         self.logs: list[dict[str, Any]] = []
         self._watchers: list[tuple[Callable[[dict[str, Any]], bool], defer.Deferred[Any]]] = []
         self.proto: _Protocol | None = None
+        self.stderr: _StderrReader | None = None
 
     def url(self, engineId: str) -> str:
         """The base URL of a facade."""
@@ -121,9 +175,18 @@ class StandaloneProxy:
     async def start(self) -> None:
         """Spawn the process and wait until every facade is listening."""
         self.proto = _Protocol(self)
+        readEnd, writeEnd = os.pipe()
+        os.set_blocking(readEnd, False)
+        self.stderr = _StderrReader(readEnd, self, self.proto)
+        self.test.addCleanup(self._closeStderr)  # cleanups run last first: after ``stop``
         self.test.addCleanup(self.stop)
-        self.reactor.spawnProcess(self.proto, self.command[0], self.command, env=self.environ,
-                                  path=self.stateDir)
+        try:
+            self.reactor.spawnProcess(self.proto, self.command[0], self.command,
+                                      env=self.environ, path=self.stateDir,
+                                      childFDs={0: "w", 1: "r", 2: writeEnd})
+        finally:
+            os.close(writeEnd)  # the child holds its copy: EOF comes when the child exits
+        self.reactor.addReader(self.stderr)
         for engineId in self.engines:
             await self.waitForLog(
                 lambda r, e=engineId: r.get("event") == "facade-enabled" and r.get("engine") == e
@@ -134,6 +197,8 @@ class StandaloneProxy:
         proto = self.proto
         if proto is None or proto.ended.called:
             return defer.succeed(None)
+        if self.stderr is not None and not self.stderr.closed:
+            self.releaseLog()  # its end of file is part of "ended"
         killer = self.reactor.callLater(10.0, self._signal, "KILL")
         self._signal("TERM")
 
@@ -144,17 +209,21 @@ class StandaloneProxy:
 
         return proto.ended.addCallback(disarm)
 
-    def _stderrReader(self) -> Any:
-        assert self.proto is not None and self.proto.transport is not None
-        return self.proto.transport.pipes[2]  # type: ignore[attr-defined]
-
     def holdLog(self) -> None:
         """Stop reading the process's stderr (a broker that stopped draining it)."""
-        self._stderrReader().stopReading()
+        assert self.stderr is not None
+        self.reactor.removeReader(self.stderr)
 
     def releaseLog(self) -> None:
         """Read the process's stderr again."""
-        self._stderrReader().startReading()
+        assert self.stderr is not None
+        self.reactor.addReader(self.stderr)
+
+    def _closeStderr(self) -> None:
+        """After the test: stop watching the stderr pipe and close it if still open."""
+        if self.stderr is not None and not self.stderr.closed:
+            self.reactor.removeReader(self.stderr)
+            self.stderr.close()
 
     def _signal(self, name: str) -> None:
         proto = self.proto

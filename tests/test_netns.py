@@ -158,7 +158,7 @@ class IngressGateTests(TestCase):
         node = ClusterNode(self, reactor, "node-s", engine=False)
         process = node.proxy.process
         process.command = [self.ipPath, "netns", "exec", self.server, *process.command]
-        process._executable = self.ipPath
+        process.executable = self.ipPath
         clientCert, clientKey, clientFP = makeNodeCert("node-c")
         peer: Any = SimpleNamespace(name="node-c", fp=clientFP)
         yield defer.Deferred.fromCoroutine(node.start(pins=[peer]))

@@ -3,21 +3,78 @@
 from __future__ import annotations
 
 import gc
+import signal
 from typing import Any
 
+from twisted.internet.error import ReactorNotRunning
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.tap import freezeStartupObjects
+from nvpair.proxy.tap import exitZeroOnSigterm, freezeStartupObjects
 
 
 class StartupReactor:
-    """Records what is scheduled for when the reactor runs."""
+    """Records what is scheduled for when the reactor runs, thread calls and stops."""
 
     def __init__(self) -> None:
         self.atStart: list[Any] = []
+        self.threadCalls: list[Any] = []
+        self.stops = 0
+        self.running = True
 
-    def callWhenRunning(self, f: Any) -> None:
-        self.atStart.append(f)
+    def callWhenRunning(self, f: Any, *args: Any) -> None:
+        self.atStart.append((f, *args) if args else f)
+
+    def callFromThread(self, f: Any) -> None:
+        self.threadCalls.append(f)
+
+    def stop(self) -> None:
+        if not self.running:
+            raise ReactorNotRunning("already stopping")
+        self.running = False
+        self.stops += 1
+
+
+class SigtermTests(SynchronousTestCase):
+    """SIGTERM stops the reactor without leaving twistd a signal to re-raise at exit."""
+
+    def setUp(self) -> None:
+        self.reactor = StartupReactor()
+        self.handlers: dict[int, Any] = {}
+        exitZeroOnSigterm(self.reactor, self.handlers.__setitem__)
+
+    def sigterm(self) -> None:
+        """Deliver SIGTERM to the installed handler and run the thread calls it queued."""
+        self.handlers[signal.SIGTERM](signal.SIGTERM, None)
+        calls, self.reactor.threadCalls = self.reactor.threadCalls, []
+        for call in calls:
+            call()
+
+    def test_installedOnceRunning(self) -> None:
+        """The handler replaces the reactor's only once the reactor runs (after its own)."""
+        self.assertEqual(self.handlers, {})
+        self.assertEqual(len(self.reactor.atStart), 1)
+        setHandler, signum, handler = self.reactor.atStart[0]
+        self.assertEqual(signum, signal.SIGTERM)
+        setHandler(signum, handler)
+        self.assertEqual(list(self.handlers), [signal.SIGTERM])
+
+    def test_sigtermStopsFromTheThreadQueue(self) -> None:
+        """The handler itself only queues the stop; running the queue stops the reactor."""
+        setHandler, signum, handler = self.reactor.atStart[0]
+        setHandler(signum, handler)
+        handler(signal.SIGTERM, None)
+        self.assertEqual(self.reactor.stops, 0)
+        self.assertEqual(len(self.reactor.threadCalls), 1)
+        self.reactor.threadCalls.pop()()
+        self.assertEqual(self.reactor.stops, 1)
+
+    def test_secondSigtermDuringShutdown(self) -> None:
+        """A second SIGTERM while the reactor is stopping is absorbed, not an error."""
+        setHandler, signum, handler = self.reactor.atStart[0]
+        setHandler(signum, handler)
+        self.sigterm()
+        self.sigterm()
+        self.assertEqual(self.reactor.stops, 1)
 
 
 class CollectorTests(SynchronousTestCase):

@@ -11,14 +11,12 @@ them costs the request path nothing.
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from prometheus_client.values import MutexValue
 
 from nvpair.proxy.engines import ENGINES
 
@@ -30,48 +28,6 @@ TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
                 120.0, 300.0, float("inf"))
 METHOD_NOT_FOUND = -32601
 _STATUS_CLASS = {1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
-
-
-def _fastInc(child: Any) -> Callable[[float], None]:
-    """A label child's increment without the per-call checks (every amount here is >= 0).
-
-    The in-process value's own ``inc`` when the child keeps one (the default value class);
-    the child's public ``inc`` otherwise (multiprocess mode, another client version).
-    """
-    value = getattr(child, "_value", None)
-    if type(value) is MutexValue:
-        inc: Callable[[float], None] = value.inc
-        return inc
-    public: Callable[[float], None] = child.inc
-    return public
-
-
-class _FastObserve:
-    """A histogram child's ``observe`` without the per-call checks: its sum, then one bucket."""
-
-    __slots__ = ("_child", "_sum", "_buckets", "_bounds")
-
-    def __init__(self, child: Any) -> None:
-        self._child = child
-        values = [getattr(child, "_sum", None), *getattr(child, "_buckets", ())]
-        bounds = list(getattr(child, "_upper_bounds", ()))
-        if len(values) == len(bounds) + 1 and all(type(v) is MutexValue for v in values):
-            self._sum: Any = values[0]
-            self._buckets: list[Any] = values[1:]
-            self._bounds: list[float] = bounds
-        else:
-            self._sum = None
-            self._buckets = []
-            self._bounds = []
-
-    def __call__(self, amount: float) -> None:
-        if self._sum is None or amount != amount:  # no known layout, or NaN: the library's
-            self._child.observe(amount)
-            return
-        self._sum.inc(amount)
-        index = bisect_left(self._bounds, amount)  # the first bucket with amount <= bound
-        if index < len(self._buckets):
-            self._buckets[index].inc(1)
 
 
 def requestOutcome(exchange: Any) -> str:
@@ -134,17 +90,15 @@ class Metrics:
         self._errorChildren: dict[tuple[str, str], Any] = {}
         self._rpcChildren: dict[str, Any] = {}
         self._internalChild = self._internal
-        # The request-path hooks keep each label child's increment (or observe) itself.
+        # The request-path hooks keep each label child's bound ``inc`` (or ``observe``).
         for engine in ENGINES:
             for inference, route in ROUTES.items():
-                self._ttftChildren[engine, inference] = _FastObserve(
-                    self._ttft.labels(engine, route))
+                self._ttftChildren[engine, inference] = self._ttft.labels(engine, route).observe
                 for outcome in OUTCOMES:
-                    self._requestChildren[engine, inference, outcome] = _fastInc(
-                        self._requests.labels(engine, route, outcome))
+                    self._requestChildren[engine, inference, outcome] = self._requests.labels(
+                        engine, route, outcome).inc
             for reason in ATTEMPT_REASONS:
-                self._attemptChildren[engine, reason] = _fastInc(
-                    self._attempts.labels(engine, reason))
+                self._attemptChildren[engine, reason] = self._attempts.labels(engine, reason).inc
 
     # -- hooks (the request path and the broker channel call these) --------------------
 
@@ -176,7 +130,7 @@ class Metrics:
         key = (exchange.engine.id, outcome.kind)
         inc = self._attemptChildren.get(key)
         if inc is None:
-            inc = self._attemptChildren[key] = _fastInc(self._attempts.labels(*key))
+            inc = self._attemptChildren[key] = self._attempts.labels(*key).inc
         inc(1)
 
     def committed(self, exchange: Any, nodeId: str, ttftSeconds: float) -> None:
@@ -190,8 +144,8 @@ class Metrics:
         key = (exchange.engine.id, exchange.inference, requestOutcome(exchange))
         inc = self._requestChildren.get(key)
         if inc is None:
-            inc = self._requestChildren[key] = _fastInc(self._requests.labels(
-                key[0], ROUTES[key[1]], key[2]))
+            inc = self._requestChildren[key] = self._requests.labels(
+                key[0], ROUTES[key[1]], key[2]).inc
         inc(1)
 
     def fleetMerge(self, engineId: str, answered: int, failed: int) -> None:

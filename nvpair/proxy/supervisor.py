@@ -61,8 +61,8 @@ class ProxyProcess(NotificationRouter):
     ) -> None:
         super().__init__(IReactorTime(reactor))
         self._reactor = reactor
-        self._executable = executable or os.path.join(os.path.dirname(sys.executable), "twistd")
-        self.command: list[str] = [self._executable, "-n", "--pidfile=", "nvpair-proxy", *argv]
+        self.executable = executable or os.path.join(os.path.dirname(sys.executable), "twistd")
+        self.command: list[str] = [self.executable, "-n", "--pidfile=", "nvpair-proxy", *argv]
         self._env = dict(os.environ if env is None else env)
         self._path = path
         self._onLog = onLog
@@ -131,7 +131,7 @@ class ProxyProcess(NotificationRouter):
         self._current = proto
         try:
             self._reactor.spawnProcess(
-                proto, self._executable, self.command, env=self._env, path=self._path
+                proto, self.executable, self.command, env=self._env, path=self._path
             )
         except BaseException:
             self._current = None

@@ -5,9 +5,11 @@ from __future__ import annotations
 import atexit
 import gc
 import signal
+from collections.abc import Callable
 from typing import Any
 
 from twisted.application.service import IService
+from twisted.internet.error import ReactorNotRunning
 
 from nvpair.proxy import eventloop
 from nvpair.proxy.logoutlet import LineOutlet
@@ -18,18 +20,28 @@ from nvpair.proxy.service import ProxyService, stderrStream
 __all__ = ["Options", "makeService"]
 
 
-def exitZeroOnSigterm(reactor: Any) -> None:
+def exitZeroOnSigterm(
+    reactor: Any, setHandler: Callable[[int, Any], object] = signal.signal
+) -> None:
     """Make SIGTERM a clean stop with exit status 0 (protocol §1).
 
-    twistd records the signal that stopped the reactor and re-raises it at exit, so the
-    process would die of SIGTERM; clearing the record after shutdown makes it exit 0.
+    The reactor's own SIGTERM handler records the signal, and twistd re-raises a recorded
+    signal at exit, so the process would die of SIGTERM.  Once the reactor runs (its
+    handlers are in place by then), SIGTERM gets a handler of ours instead: it stops the
+    reactor the same way, from the signal-safe thread-call queue, and records nothing, so
+    the process runs its shutdown and exits 0.
     """
 
-    def clear() -> None:
-        if getattr(reactor, "_exitSignal", None) == signal.SIGTERM:
-            reactor._exitSignal = None
+    def stop() -> None:
+        try:
+            reactor.stop()
+        except ReactorNotRunning:
+            pass  # a second SIGTERM during shutdown
 
-    reactor.addSystemEventTrigger("after", "shutdown", clear)
+    def onSigterm(signum: int, frame: Any) -> None:
+        reactor.callFromThread(stop)
+
+    reactor.callWhenRunning(setHandler, signal.SIGTERM, onSigterm)
 
 
 def freezeStartupObjects(reactor: Any) -> None:
