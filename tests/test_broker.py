@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from typing import Any
 
 from twisted.internet import defer
-from twisted.internet.testing import StringTransport
+from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
@@ -14,6 +15,8 @@ from zope.interface.verify import verifyObject
 from nvpair.proxy import jsonrpc
 from nvpair.proxy._interfaces import IBrokerSink, IMessageHandler
 from nvpair.proxy.broker import BrokerChannel, Reply, RPCError, isFacadeScoped, resolveAddress
+from nvpair.proxy.options import Options
+from nvpair.proxy.service import ProxyService
 from tests.wire import drainLines, sendLine
 
 
@@ -354,3 +357,41 @@ class BacklogTests(SynchronousTestCase):
         self.channel.notify("discovery:node-activity", {"nodeId": "A", "inFlight": 1})
         self.stdout().resumeProducing()
         self.assertEqual([m["method"] for m in self.lines()], ["discovery:node-activity"])
+
+
+class UnknownNameTests(SynchronousTestCase):
+    """The channel in front of the real service: only exact names are known (spec §4)."""
+
+    def setUp(self) -> None:
+        options = Options({})
+        options.parseOptions(["--state-dir", tempfile.mkdtemp(prefix="nvpair-broker-")])
+        assert options.settings is not None
+        self.service = ProxyService(options.settings, MemoryReactorClock())
+        self.channel = BrokerChannel(self.service, lambda: None)
+        self.transport = StringTransport()
+        self.channel.makeConnection(self.transport)
+
+    def answer(self, method: str) -> dict[str, Any]:
+        """The one response to a request for ``method`` with empty params."""
+        sendLine(self.channel, {"jsonrpc": "2.0", "id": 1, "method": method, "params": {}})
+        _, messages = drainLines(self.transport)
+        self.assertEqual(len(messages), 1, messages)
+        return messages[0]
+
+    def test_nearMissesAreNotFound(self) -> None:
+        """Names that only look like known ones (a trailing slash, a prefix, another case,
+        an unknown facade-scoped suffix) are -32601, addressed or not."""
+        for method in ("node/set-priority/", "node/", "node/nope", "errors:", "errors:nope",
+                       "ready/", "Ready", "set-port ", "discovery:nodes/", "node/select/x",
+                       "llamacpp:node/set-priority/", "llamacpp:node/nope", "ollama:ready/"):
+            self.assertEqual(self.answer(method)["error"],
+                             {"code": -32601, "message": "method not found"}, method)
+
+    def test_exactNamesStillRouted(self) -> None:
+        """The exact names keep their answers: a facade-scoped one unaddressed is -32602,
+        a process one reaches its handler."""
+        self.assertEqual(self.answer("node/select")["error"],
+                         {"code": -32602, "message": "no facade addressed"})
+        self.assertEqual(self.answer("node/set-priority")["error"]["code"], -32602)
+        self.assertNotEqual(self.answer("node/set-priority")["error"]["message"],
+                            "no facade addressed")

@@ -60,15 +60,10 @@ def resolveAddress(method: str) -> tuple[str | None, str]:
     return None, method
 
 
-# Unaddressed, process-level names that share a prefix with facade-scoped ones (spec §4).
-PROCESS_SCOPED = frozenset(("node/set-priority", "errors:report"))
-
-
 def isFacadeScoped(name: str) -> bool:
-    """Whether an unaddressed name is one that needs a facade address."""
-    if name in PROCESS_SCOPED:
-        return False
-    return name in FACADE_SCOPED or name.startswith(("node/", "errors:"))
+    """Whether an unaddressed name is exactly one of the facade-scoped names (which then
+    needs a facade address); any other unknown name is simply not found (``-32601``)."""
+    return name in FACADE_SCOPED
 
 
 @implementer(IBrokerSink)
