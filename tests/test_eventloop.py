@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import errno
+import os
 import select
 import subprocess
 import sys
 from typing import Any
 
+from twisted.internet.epollreactor import EPollReactor
+from twisted.internet.error import ConnectionDone, ConnectionLost
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy import eventloop
@@ -178,3 +182,136 @@ class DoPollTests(SynchronousTestCase):
         """Any other poll failure is a programming error and is raised."""
         reactor = pollingReactor(Poller(error=OSError(errno.EBADF, "EBADF")), {})
         self.assertRaises(OSError, reactor.doPoll, 1.0)
+
+
+class PipeReader:
+    """The read end of a pipe as a reactor reader: records reads and how it was lost."""
+
+    def __init__(self, fd: int, error: BaseException | None = None) -> None:
+        self.fd = fd
+        self.error = error
+        self.data: list[bytes] = []
+        self.lost: list[Failure] = []
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def logPrefix(self) -> str:
+        return "pipe"
+
+    def doRead(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        data = os.read(self.fd, 4096)
+        if not data:
+            return ConnectionDone()
+        self.data.append(data)
+        return None
+
+    def connectionLost(self, reason: Failure) -> None:
+        self.lost.append(reason)
+
+
+class RelianceTests(SynchronousTestCase):
+    """Pins what ``ProxyReactor`` takes from Twisted's epoll reactor, on a real one (a pipe
+    and an epoll descriptor, no sockets, no waiting): the attributes exist, ``_selectables``
+    follows ``addReader``/``removeReader``, ``_poller.poll`` reports the pipe, and
+    ``_doReadOrWrite``/``_disconnectSelectable`` do what ``dispatchEvents`` hands them."""
+
+    def setUp(self) -> None:
+        readEnd, self.writeEnd = os.pipe()
+        os.set_blocking(readEnd, False)
+        self.addCleanup(self.closeFd, readEnd)
+        self.addCleanup(self.closeFd, self.writeEnd)
+        self.readEnd = readEnd
+        self.reactor = ProxyReactor()
+        self.addCleanup(self.closeReactor)  # cleanups run last first: before the pipe closes
+
+    def closeFd(self, fd: int) -> None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+    def closeReactor(self) -> None:
+        self.reactor.removeAll()
+        self.reactor.waker.connectionLost(None)
+        self.reactor._poller.close()
+
+    def test_reliedOnNamesExist(self) -> None:
+        """Every name ``install`` checks is there on this Twisted's epoll reactor."""
+        self.assertIsInstance(self.reactor, EPollReactor)
+        for name in eventloop._RELIED_ON:
+            self.assertTrue(hasattr(self.reactor, name), name)
+        self.assertIsInstance(self.reactor._poller, select.epoll)
+
+    def test_selectablesFollowReaders(self) -> None:
+        """``_selectables`` maps a reader's descriptor to it while it is registered."""
+        reader = PipeReader(self.readEnd)
+        self.reactor.addReader(reader)
+        self.assertIs(self.reactor._selectables[self.readEnd], reader)
+        self.reactor.removeReader(reader)
+        self.assertNotIn(self.readEnd, self.reactor._selectables)
+
+    def test_readablePipeReadOnce(self) -> None:
+        """A readable pipe is one plain read event, read once by ``doPoll``."""
+        reader = PipeReader(self.readEnd)
+        self.reactor.addReader(reader)
+        os.write(self.writeEnd, b"ping")
+        self.assertIn((self.readEnd, select.EPOLLIN),
+                      self.reactor._poller.poll(0, len(self.reactor._selectables)))
+        self.reactor.doPoll(0)
+        self.assertEqual(reader.data, [b"ping"])
+        self.reactor.doPoll(0)
+        self.assertEqual(reader.data, [b"ping"])
+
+    def test_hangUpGoesThroughTwisted(self) -> None:
+        """A hang-up (not a plain read) goes to ``_doReadOrWrite``, which disconnects the
+        reader: removed from the reactor, ``connectionLost`` with ``ConnectionDone``."""
+        reader = PipeReader(self.readEnd)
+        self.reactor.addReader(reader)
+        os.close(self.writeEnd)
+        self.assertIn((self.readEnd, select.EPOLLHUP),
+                      self.reactor._poller.poll(0, len(self.reactor._selectables)))
+        self.reactor.doPoll(0)
+        self.assertNotIn(reader, self.reactor.getReaders())
+        self.assertEqual(len(reader.lost), 1)
+        reader.lost[0].trap(ConnectionDone)
+
+    def test_disconnectSelectable(self) -> None:
+        """``_disconnectSelectable`` with a read's reason removes the reader and tells it why."""
+        reader = PipeReader(self.readEnd)
+        self.reactor.addReader(reader)
+        self.reactor._disconnectSelectable(reader, ConnectionLost(), True)
+        self.assertNotIn(reader, self.reactor.getReaders())
+        reader.lost[0].trap(ConnectionLost)
+
+    def test_readErrorDisconnects(self) -> None:
+        """A read that raises is logged, and the reader is removed and told it is lost."""
+        reader = PipeReader(self.readEnd, error=ZeroDivisionError("boom"))
+        self.reactor.addReader(reader)
+        os.write(self.writeEnd, b"x")
+        self.reactor.doPoll(0)
+        self.assertNotIn(reader, self.reactor.getReaders())
+        self.assertEqual(len(reader.lost), 1)
+        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
+
+
+class FallbackTests(SynchronousTestCase):
+    """Where Twisted no longer has what ``ProxyReactor`` relies on, the stock reactor runs."""
+
+    def test_missingNameInstallsStockReactor(self) -> None:
+        """With one relied-on name missing, a fresh process gets Twisted's epoll reactor."""
+        code = (
+            "from nvpair.proxy import eventloop\n"
+            "eventloop._RELIED_ON += ('_goneInAFutureTwisted',)\n"
+            "r = eventloop.install()\n"
+            "r.callLater(0, r.stop)\n"
+            "r.run()\n"
+            "print(type(r).__name__)\n"
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+        )
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout.strip(), "EPollReactor")

@@ -7,6 +7,12 @@ carry the connection's ``system`` prefix.  The proxy's log records never show th
 descriptor and everything else to Twisted's own ``_doReadOrWrite``.  Errors are handled
 the same way: logged, and the descriptor disconnected.
 
+This is the one module of the proxy that uses Twisted private names (the epoll reactor's
+``_poller``, ``_selectables``, ``_doReadOrWrite`` and ``_disconnectSelectable``), kept
+because it measured 6-7 % less proxy CPU per request than the stock reactor (A/B in
+``bench/RESULTS.md``, "Reactor internals: A/B"; ``python -m bench.reactorab``).
+``tests/test_eventloop.py`` pins what is relied on against the installed Twisted.
+
 ``install`` puts it in place when twistd has not installed a reactor yet (``--reactor``
 given, or a test process); otherwise the installed reactor is kept.  Should a Twisted
 release rename the epoll reactor's parts it relies on, the stock reactor is installed.
