@@ -181,8 +181,7 @@ class GoldenTests(SynchronousTestCase):
         w.finish(COMPLETED if error is None else FAILED, error, stats)
         self.activity.change(node, -1)
         expected = b"".join(
-            jsonrpc.utf8("".join(jsonrpc._iterencode(jsonrpc.notification(m, dict(p)), 0))
-                         + "\n")
+            jsonrpc.encode(jsonrpc.notification(m, dict(p)))
             for m, p in self.sink.sent
         )
         self.assertEqual(self.transport.value(), expected)

@@ -27,16 +27,12 @@ def _unencodable(value: object) -> object:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-# The C encoder built once (``JSONEncoder.encode`` builds one per call): compact, UTF-8
-# text as is, NaN allowed -- the same output as JSONEncoder(separators=(",", ":"),
-# ensure_ascii=False).  Without the circular-reference check: messages are trees.
-_makeEncoder: Any = getattr(json.encoder, "c_make_encoder", None)
-if _makeEncoder is not None:
-    _iterencode = _makeEncoder(
-        None, _unencodable, json.encoder.encode_basestring, None, ":", ",", False, False, True
-    )
-else:  # pragma: no cover - CPython always has the C encoder
-    _iterencode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).iterencode
+# One encoder for every message (``json.dumps`` with options builds one per call):
+# compact, UTF-8 text as is, NaN allowed; no circular-reference check (messages are trees).
+_ENCODER = json.JSONEncoder(
+    separators=(",", ":"), ensure_ascii=False, check_circular=False, default=_unencodable
+)
+_encode = _ENCODER.encode
 
 
 # A lone surrogate (``"\\ud800"`` in a client's JSON body decodes to one) has no UTF-8 form.
@@ -58,12 +54,12 @@ def utf8(text: str) -> bytes:
 
 def encodeValue(value: object) -> str:
     """The compact JSON text of one value, exactly as ``encode`` writes it inside a message."""
-    return "".join(_iterencode(value, 0))
+    return _encode(value)
 
 
 def encode(message: dict[str, Any]) -> bytes:
     """Serialize one message as a compact UTF-8 JSON line."""
-    return utf8("".join(_iterencode(message, 0)) + "\n")
+    return utf8(_encode(message) + "\n")
 
 
 def request(id: int | str, method: str, params: object) -> dict[str, Any]:
