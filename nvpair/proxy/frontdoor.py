@@ -3,6 +3,7 @@
 Every plaintext request of the facade, on its primary port or an alias, comes here first:
 one whose ``Host`` is not a loopback name gets 403 ``host_denied`` before anything else
 (protocol §8; ``hostcheck``), so it reaches no admission, no node and no workload.
+
 Preflights and fleet model lists go to ``fleet``; inference and everything else become an
 ``Exchange`` run by the dispatch loop.  An unexpected exception answers 500 ``internal``
 and is reported, without touching any other request.
@@ -20,8 +21,8 @@ from nvpair.proxy.dispatch import Exchange
 from nvpair.proxy.engines import RouteClass
 from nvpair.proxy.hostcheck import HostGate
 
-HOST_DENIED = "the Host header does not name this machine (DNS rebinding protection); " \
-    "the proxy's --allowed-hosts option can allow another name"
+HOST_DENIED = ("the Host header does not name this machine (DNS rebinding protection); "
+               "the proxy's --allowed-hosts option can allow another name")
 
 
 class FrontDoor:

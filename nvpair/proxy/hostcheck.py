@@ -82,6 +82,8 @@ def parseHost(value: bytes) -> str | None:
 
 def isLoopbackName(name: str, hostname: str) -> bool:
     """Whether a normalized name is one of protocol §8's loopback names on ``hostname``."""
+    if not name:
+        return False
     if name == "localhost" or name == hostname or name.endswith(_SUFFIXES):
         return True
     if name[0].isdigit() and "." in name and ":" not in name:
