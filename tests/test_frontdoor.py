@@ -178,6 +178,20 @@ class HostRuleAtTheDoorTests(SynchronousTestCase):
         self.assertEqual(json.loads(content)["reason"], "host_denied")
         self.assertNothingPastTheDoor()
 
+    def test_beforeAdmission(self) -> None:
+        """Requests admission would answer itself (400 bad body, 502 ``no_owner``, which is a
+        workload) get 403 first: the rule runs before admission, so no workload appears."""
+        for body in (b"[]", b'{"model": "nope"}'):
+            status, _, content = split(self.exchange(6100, request(b"POST", b"/api/chat", EVIL,
+                                                                   body)))
+            self.assertEqual((status, json.loads(content)["reason"]), (403, "host_denied"))
+        self.assertNothingPastTheDoor()
+        status, _, _ = split(self.exchange(6100, request(b"POST", b"/api/chat", b"localhost",
+                                                         b'{"model": "nope"}')))
+        self.assertEqual(status, 502)
+        self.assertEqual([m for m, _ in self.sink.workloadEvents()],
+                         ["workload:submitted", "workload:errored"])
+
     def test_malformedHostRefused(self) -> None:
         """A malformed ``Host`` is refused like a foreign one."""
         for host in (b"a b", b"[::1", b"localhost:1:2", b""):
