@@ -128,6 +128,13 @@ class Metrics:
             "Nodes asked for a fleet model list, by engine and whether they answered.",
             ["engine", "result"], registry=registry,
         )
+        self._hostDenied = Counter(
+            "nvpair_proxy_host_denied",
+            "Plaintext requests refused because Host is not a loopback name, by listener.",
+            ["listener"], registry=registry,
+        )
+        for listener in (*ENGINES, "ops"):
+            self._hostDenied.labels(listener)  # every series present from the start, at 0
         self._requestChildren: dict[tuple[str, bool, str], Any] = {}
         self._attemptChildren: dict[tuple[str, str], Any] = {}
         self._ttftChildren: dict[tuple[str, bool], Any] = {}
@@ -170,6 +177,10 @@ class Metrics:
         if child is None:
             child = self._errorChildren[key] = self._proxyErrors.labels(engineId, reason)
         child.inc()
+
+    def hostDenied(self, listener: str) -> None:
+        """A request on ``listener`` (an engine id or ``ops``) was refused for its ``Host``."""
+        self._hostDenied.labels(listener).inc()
 
     def attemptFailed(self, exchange: Any, outcome: Any) -> None:
         """An attempt ended uncommitted (``outcome.kind`` is the reason)."""
