@@ -19,7 +19,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
-from twisted.web.client import ResponseDone, ResponseFailed
+from twisted.web.client import HTTPConnectionPool, ResponseDone, ResponseFailed
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH
 
@@ -332,9 +332,13 @@ class PeerUpstreamTests(SynchronousTestCase):
         cert, key, _ = makeNodeCert("node-a")
         writeClusterDir(self.dir, "node-a", cert, key, {"node-b": "ab" * 32})
         self.trust.reload()
-        agent = self.upstream._peerAgent("node-b")
         keys: list[Any] = []
-        agent._requestWithEndpoint = lambda key, *a: keys.append(key) or defer.Deferred()  # type: ignore[method-assign]
+
+        def getConnection(pool: Any, key: Any, endpoint: Any) -> defer.Deferred[Any]:
+            keys.append(key)
+            return defer.Deferred()
+
+        self.patch(HTTPConnectionPool, "getConnection", getConnection)
         self.request()
         self.request()
         writePins(self.dir, {"node-b": "cd" * 32})
@@ -342,4 +346,4 @@ class PeerUpstreamTests(SynchronousTestCase):
         self.request()
         self.assertEqual(keys[0], keys[1])
         self.assertNotEqual(keys[1], keys[2])
-        self.assertIn("node-b", keys[2])
+        self.assertIn("node-b", keys[2][1])

@@ -203,12 +203,6 @@ class Metrics:
             self._fleetSources.labels(engineId, "failed").inc(failed)
 
 
-def _poolConnections(pool: Any) -> tuple[int, int]:
-    """(idle cached connections, distinct upstream keys) of an ``HTTPConnectionPool``."""
-    connections = getattr(pool, "_connections", {})
-    return sum(len(c) for c in connections.values()), len(connections)
-
-
 class StateCollector(Collector):
     """Scrape-time gauges read straight from the service's live state."""
 
@@ -260,10 +254,10 @@ class StateCollector(Collector):
         yield GaugeMetricFamily(
             "nvpair_proxy_workloads_live", "Workloads admitted and not yet ended.",
             value=reporter.live)
-        idle, hosts = _poolConnections(service.upstream.pool)
+        idle, hosts = service.upstream.pool.connectionCounts()
         peerPool = getattr(service.upstream, "peerPool", None)
         if peerPool is not None:
-            peerIdle, peerHosts = _poolConnections(peerPool)
+            peerIdle, peerHosts = peerPool.connectionCounts()
             idle, hosts = idle + peerIdle, hosts + peerHosts
         yield GaugeMetricFamily(
             "nvpair_proxy_upstream_pool_connections",

@@ -8,22 +8,23 @@ transport error makes dispatch forget it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from twisted.internet import defer
 from twisted.internet.abstract import isIPAddress, isIPv6Address
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
 from twisted.internet.error import ConnectError
 from twisted.internet.interfaces import IConsumer, IStreamClientEndpoint
-from twisted.web._newclient import _ensureValidMethod, _ensureValidURI
-from twisted.web.client import URI, Agent, HTTPConnectionPool, _HTTP11ClientFactory
+from twisted.web.client import URI, Agent, HTTPConnectionPool
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, IResponse
 from zope.interface import implementer
 
 from nvpair.proxy._interfaces import IUpstream
-from nvpair.proxy.httpclient import serializeRequest
+from nvpair.proxy.httpframing import isToken, serializeRequest
 from nvpair.proxy.httppool import ConnectionPool, DirectTCP
 
 
@@ -49,37 +50,65 @@ class BytesProducer:
         pass
 
 
-class _QuietClientFactory(_HTTP11ClientFactory):
-    """The pool's connection factory, without a log line per connection."""
+@implementer(IStreamClientEndpoint)
+class _PinnedEndpoint:
+    """A TLS endpoint to one peer facade, with the identity its connections are pooled under."""
 
-    noisy = False
+    __slots__ = ("_inner", "poolKey")
+
+    def __init__(self, inner: IStreamClientEndpoint, poolKey: tuple[Any, ...]) -> None:
+        self._inner = inner
+        self.poolKey = poolKey
+
+    def connect(self, protocolFactory: Any) -> defer.Deferred[Any]:
+        """Connect; the pool's factory is made quiet (no log line per connection)."""
+        protocolFactory.noisy = False
+        return self._inner.connect(protocolFactory)
 
 
-class _Pool(HTTPConnectionPool):
-    """The shared pool, able to tell one request when its connection is ready.
+class _PeerPool(HTTPConnectionPool):
+    """The shared peer pool: keyed by what authenticated a connection, able to tell one
+    request when its connection is ready, and able to count its idle connections.
 
-    ``Agent.request`` asks the pool for a connection synchronously, so ``Upstream.request``
-    sets ``onConnected`` just around that call: the hook fires when a new connection is
-    established, or at once for a cached one (the end of the dial, §5.1).
+    ``Agent`` keys a connection by scheme, host and port; a ``_PinnedEndpoint`` adds the
+    peer's node id, its pin and this node's own identity, so a connection made under an old
+    pin, an old certificate or another node id is never reused: a trust change takes effect
+    on the next request (old connections idle out).  ``Agent.request`` asks the pool for a
+    connection synchronously, so ``Upstream.request`` sets ``onConnected`` just around that
+    call: the hook fires when a new connection is established, or at once for a cached one
+    (the end of the dial, §5.1).
     """
 
     onConnected: Callable[[], None] | None = None
 
+    def __init__(self, reactor: Any) -> None:
+        super().__init__(reactor, persistent=True)
+        self._handedOut: WeakKeyDictionary[Any, Any] = WeakKeyDictionary()
+
     def getConnection(self, key: Any, endpoint: IStreamClientEndpoint) -> Any:
         hook, self.onConnected = self.onConnected, None
+        if isinstance(endpoint, _PinnedEndpoint):
+            key = (key, endpoint.poolKey)
         d = super().getConnection(key, endpoint)
-        if hook is not None:
-            d.addCallback(_notifyConnected, hook)
+        d.addCallback(self._handOut, key, hook)
         return d
 
+    def _handOut(self, protocol: Any, key: Any, hook: Callable[[], None] | None) -> Any:
+        self._handedOut[protocol] = key
+        if hook is not None:
+            hook()
+        return protocol
 
-def _notifyConnected(protocol: Any, hook: Callable[[], None]) -> Any:
-    hook()
-    return protocol
+    def connectionCounts(self) -> tuple[int, int]:
+        """(idle connections, keys with at least one): connections handed out before that
+        are waiting for their next request now."""
+        keys = [key for conn, key in list(self._handedOut.items()) if conn.state == "QUIESCENT"]
+        return len(keys), len(set(keys))
 
 
 _BODY_METHODS = (b"POST", b"PUT", b"PATCH")
-_VALID_METHODS: set[bytes] = set()  # methods ``_ensureValidMethod`` accepted (a few)
+_VALID_METHODS: set[bytes] = set()  # methods found to be tokens (a few)
+_VALID_TARGET = re.compile(rb"[\x21-\x7e]+")  # visible ASCII: no space, no control
 
 
 class _Target:
@@ -127,45 +156,15 @@ class _PeerEndpoints:
 
     def endpointForURI(self, uri: Any) -> IStreamClientEndpoint:
         """A pinned TLS endpoint; ``NotReachable`` when not a member, no certificate or no pin."""
+        trust, nodeId = self._trust, self._nodeId
         try:
-            creator = self._trust.clientCreatorFor(self._nodeId)
+            creator = trust.clientCreatorFor(nodeId)
         except Exception as e:  # ClusterError: this node cannot reach peers right now
             raise NotReachable(str(e)) from None
         host = uri.host.decode("ascii")
         tcp = HostnameEndpoint(self._reactor, host, uri.port, timeout=self._dialTimeout)
-        return wrapClientTLS(creator, tcp)
-
-
-class _PeerAgent(Agent):
-    """An Agent to one peer whose pooled connections are keyed by what authenticated them.
-
-    The pool key holds the node id, its current pin and this node's own identity, so a
-    connection made under an old pin, an old certificate or another node id is never
-    reused: a trust change takes effect on the next request (old connections idle out).
-    """
-
-    _nodeId: str
-    _trust: Any
-
-    def request(
-        self,
-        method: bytes,
-        uri: bytes,
-        headers: Headers | None = None,
-        bodyProducer: IBodyProducer | None = None,
-    ) -> defer.Deferred[IResponse]:
-        parsed = URI.fromBytes(uri)
-        try:
-            endpoint = self._endpointFactory.endpointForURI(parsed)
-        except NotReachable:
-            return defer.fail()
-        trust = self._trust
-        key = ("nvpair-peer", self._nodeId, trust.pinFor(self._nodeId), trust.nodeId,
-               trust.fingerprint, parsed.host, parsed.port)
-        return self._requestWithEndpoint(
-            key,  # type: ignore[arg-type]
-            endpoint, method, parsed, headers, bodyProducer, parsed.originForm
-        )
+        poolKey = ("nvpair-peer", nodeId, trust.pinFor(nodeId), trust.nodeId, trust.fingerprint)
+        return _PinnedEndpoint(wrapClientTLS(creator, tcp), poolKey)
 
 
 @implementer(IUpstream)
@@ -186,11 +185,10 @@ class Upstream:
         # Plaintext nodes (the hot path): the lean client.  Peers: twisted.web's Agent over
         # pinned TLS endpoints, pooled by node id + pin + own identity.
         self.pool = ConnectionPool(reactor, maxPersistentPerHost, idleTimeout)
-        self.peerPool = _Pool(reactor, persistent=True)
+        self.peerPool = _PeerPool(reactor)
         self.peerPool.maxPersistentPerHost = maxPersistentPerHost
         self.peerPool.cachedConnectionTimeout = idleTimeout
         self.peerPool.retryAutomatically = False
-        self.peerPool._factory = _QuietClientFactory
         self._peers: dict[str, Agent] = {}
         self._targets: dict[str, _Target] = {}
 
@@ -199,13 +197,11 @@ class Upstream:
         if agent is None:
             if self.trust is None:
                 raise NotReachable("not a cluster member")
-            agent = _PeerAgent.usingEndpointFactory(
+            agent = Agent.usingEndpointFactory(
                 self._reactor,
                 _PeerEndpoints(self._reactor, nodeId, self.trust, self._dialTimeout or 30.0),
                 pool=self.peerPool,
             )
-            agent._nodeId = nodeId
-            agent._trust = self.trust
             self._peers[nodeId] = agent
         return agent
 
@@ -231,10 +227,12 @@ class Upstream:
                 if target is None:
                     target = self._target(address)
                 if method not in _VALID_METHODS:
-                    _ensureValidMethod(method)
+                    if not isToken(method):
+                        raise ValueError("invalid method")
                     if len(_VALID_METHODS) < 64:
                         _VALID_METHODS.add(method)
-                _ensureValidURI(path)
+                if _VALID_TARGET.fullmatch(path) is None:
+                    raise ValueError("invalid request target")
             except Exception:
                 return defer.fail()
             sendBody = body if body or method in _BODY_METHODS else None
@@ -255,6 +253,8 @@ class Upstream:
         pool.onConnected = connected
         try:
             return agent.request(method, url, headers, producer)
+        except NotReachable as e:
+            return defer.fail(e)
         finally:
             pool.onConnected = None
 
