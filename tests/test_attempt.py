@@ -144,6 +144,55 @@ class HeadersTests(SynchronousTestCase):
         self.assertEqual(request.body, b"abcd")
 
 
+_CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+class MalformedUpstreamTests(SynchronousTestCase):
+    """An engine answer that breaks HTTP/1.1 framing, read by the real upstream client: a
+    transport failure before commit, a visible truncation after it (issue 15)."""
+
+    def test_beforeCommitRetriedElsewhere(self) -> None:
+        """A broken chunk size before the first body byte fails A's attempt at the
+        transport; B's answer is the client's, and A's connection is aborted."""
+        context = FakeContext()
+        facade = makeFacade(context.clock, [node("A"), node("B")])
+        ex, request = startExchange(context, facade)
+        conn = context.upstream.last().respondRaw(_CHUNKED_HEAD, b"zz\r\nhello\r\n")
+        self.assertTrue(conn.transport.disconnecting)  # type: ignore[union-attr]
+        self.assertEqual(context.record.failedAttempts[0].kind, "transport")
+        self.assertIsNone(request.code)
+        self.assertEqual(context.upstream.last().nodeId, "B")
+        context.upstream.last().answer(200, b"ok")
+        self.assertEqual((request.code, request.body), (200, b"ok"))
+        self.assertEqual(request.header(b"x-nvpair-node"), [b"B"])
+
+    def test_finalAttemptAnswers502(self) -> None:
+        """`Content-Length: +256` on the final attempt: 502 upstream_unreachable, no 200."""
+        context = FakeContext(maxDispatchAttempts=1)
+        facade = makeFacade(context.clock, [node("A")])
+        ex, request = startExchange(context, facade)
+        context.upstream.last().respondRaw(
+            b"HTTP/1.1 200 OK\r\nContent-Length: +256\r\n\r\n" + b"x" * 256)
+        self.assertEqual(request.code, 502)
+        self.assertIn(b"upstream_unreachable", request.body)
+        self.assertNotIn(b"xxx", request.body)
+
+    def test_afterCommitVisibleTruncation(self) -> None:
+        """A broken chunk after the first bytes were relayed: what was relayed stays, the
+        client connection is closed without the response's end, the engine's aborted."""
+        context = FakeContext()
+        facade = makeFacade(context.clock, [node("A"), node("B")])
+        ex, request = startExchange(context, facade)
+        conn = context.upstream.last().respondRaw(_CHUNKED_HEAD + b"5\r\nhello\r\n")
+        self.assertEqual((request.code, request.body), (200, b"hello"))
+        conn.dataReceived(b"zz\r\n")
+        self.assertTrue(conn.transport.disconnecting)  # type: ignore[union-attr]
+        self.assertTrue(request.closed)
+        self.assertFalse(request.finished)
+        self.assertEqual(request.body, b"hello")
+        self.assertEqual(context.upstream.nodesCalled(), ["A"])
+
+
 class ClientFlowTests(SynchronousTestCase):
     """The producer the client sees: backpressure and the dead-client deadline."""
 

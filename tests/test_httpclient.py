@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from hypothesis import given, settings
@@ -26,7 +27,7 @@ from twisted.web.iweb import UNKNOWN_LENGTH
 from nvpair.proxy.httpclient import HTTPClientConnection, serializeRequest
 from nvpair.proxy.httpframing import MAX_BODY_OVERHEAD, MAX_HEAD
 from nvpair.proxy.httppool import ConnectionPool, DirectTCP
-from nvpair.proxy.upstream import Upstream
+from nvpair.proxy.upstream import Upstream, _PinnedEndpoint
 
 
 def frame(payload: bytes, size: bytes | None = None) -> bytes:
@@ -501,6 +502,12 @@ class ClientTests(SynchronousTestCase):
         return self.endpoint.conns[self.endpoint.transports.index(transport)]
 
 
+class _Handed:
+    """A stand-in for the pool's HTTP/1.1 client protocol: only its state."""
+
+    state = "TRANSMITTING"
+
+
 class UpstreamTests(SynchronousTestCase):
     """Upstream's plaintext path serializes requests the way Agent did."""
 
@@ -509,6 +516,32 @@ class UpstreamTests(SynchronousTestCase):
         upstream = Upstream(Clock(), 1.0)
         d = upstream.request(None, "http://127.0.0.1:1", b"GET", b"/a\x00b", Headers(), b"")
         self.failureResultOf(d, ValueError)
+
+    def test_invalidMethodRefused(self) -> None:
+        """A method that is not an HTTP token fails before anything is sent."""
+        upstream = Upstream(Clock(), 1.0)
+        d = upstream.request(None, "http://127.0.0.1:1", b"G T", b"/", Headers(), b"")
+        self.failureResultOf(d, ValueError)
+
+    def test_peerEndpointQuietAndKeyed(self) -> None:
+        """A pinned peer endpoint makes the pool's factory quiet, connects through its TLS
+        endpoint, and the peer pool keys and counts what it handed out."""
+        protocol = _Handed()
+        inner = SimpleNamespace(factories=[])
+
+        def connect(factory: Any) -> defer.Deferred[Any]:
+            inner.factories.append(factory)
+            return defer.succeed(protocol)
+
+        inner.connect = connect
+        pool = Upstream(Clock(), 1.0).peerPool
+        endpoint = _PinnedEndpoint(inner, ("nvpair-peer", "node-b", "pin"))  # type: ignore[arg-type]
+        got = self.successResultOf(pool.getConnection((b"https", b"h", 1), endpoint))
+        self.assertIs(got, protocol)
+        self.assertFalse(inner.factories[0].noisy)
+        self.assertEqual(pool.connectionCounts(), (0, 0))
+        protocol.state = "QUIESCENT"  # its response is over: idle in the pool
+        self.assertEqual(pool.connectionCounts(), (1, 1))
 
     def test_hostAndPrefix(self) -> None:
         """The Host header omits port 80 and brackets IPv6; the address path prefixes."""
