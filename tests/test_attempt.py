@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from twisted.internet.error import ConnectError, TimeoutError
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
@@ -10,7 +12,12 @@ from zope.interface.verify import verifyObject
 
 from nvpair.proxy._interfaces import IUpstream
 from nvpair.proxy.attempt import discard, retryableStatus
-from nvpair.proxy.relay import ClientFlow, copyResponseHeaders, forwardHeaders
+from nvpair.proxy.relay import (
+    ClientFlow,
+    adoptResponseHeaders,
+    copyResponseHeaders,
+    forwardHeaders,
+)
 from nvpair.proxy.upstream import Upstream, addressesFor, splitHostPort
 from tests.fakeupstream import (
     BodyTransport,
@@ -131,6 +138,30 @@ class HeadersTests(SynchronousTestCase):
                                b"server": [b"engine"],
                                b"access-control-allow-origin": [b"*"],
                                b"content-length": [b"12"]})
+
+    def test_adoptResponse(self) -> None:
+        """Adopting gives the client response what copying would (hop-by-hop dropped, the
+        engine's Server and Date, the client's other fields kept unless the engine sent
+        them, Content-Length from the length), and the engine's Headers object itself."""
+        def source() -> Headers:
+            return Headers({b"Connection": [b"close"], b"Content-Type": [b"a/b"],
+                            b"Transfer-Encoding": [b"chunked"], b"Server": [b"engine"],
+                            b"Trailer": [b"x"], b"Vary": [b"Origin"]})
+
+        def target() -> Headers:
+            return Headers({b"server": [b"proxy"], b"date": [b"now"], b"vary": [b"mine"],
+                            b"x-proxy": [b"kept"]})
+
+        copied = target()
+        copyResponseHeaders(source(), copied, 12)
+        engine = source()
+        request = SimpleNamespace(responseHeaders=target())
+        adoptResponseHeaders(engine, request, 12)
+        self.assertIs(request.responseHeaders, engine)
+        self.assertEqual(sorted(engine.getAllRawHeaders()), sorted(copied.getAllRawHeaders()))
+        self.assertEqual(sorted(n for n, _ in engine.getAllRawHeaders()),
+                         [b"Content-Length", b"Content-Type", b"Server", b"Vary", b"X-Proxy"])
+        self.assertEqual(engine.getRawHeaders(b"vary"), [b"Origin"])
 
     def test_contentLengthPassedThrough(self) -> None:
         """A known upstream length is the client's Content-Length."""

@@ -18,7 +18,7 @@ from twisted.web.http_headers import Headers
 from nvpair.proxy import attempt as att
 from nvpair.proxy.attempt import Attempt, Committed, Failed, Outcome
 from nvpair.proxy.placement import Policy, placeInference, placeVerbatim
-from nvpair.proxy.relay import ClientFlow, abortClient, copyResponseHeaders, truncateClient
+from nvpair.proxy.relay import ClientFlow, abortClient, adoptResponseHeaders, truncateClient
 from nvpair.proxy.stats import StatsMeter
 from nvpair.proxy.workloads import CANCELLED, COMPLETED, FAILED, Workload
 
@@ -384,8 +384,8 @@ class Exchange:
         if content is not None:
             content.close()
         request.setResponseCode(code, phrase)
+        adoptResponseHeaders(headers, request, length)
         responseHeaders = request.responseHeaders
-        copyResponseHeaders(headers, responseHeaders, length)
         responseHeaders.setRawHeaders(b"X-Nvpair-Node", _nodeHeader(attempt.node.id))
         responseHeaders.setRawHeaders(b"X-Nvpair-Attempts", (b"%d" % self.attempts,))
         if self.inference and code < 400:

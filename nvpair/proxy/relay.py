@@ -84,6 +84,29 @@ def copyResponseHeaders(
         target.setRawHeaders(b"Content-Length", (b"%d" % length,))
 
 
+_ENGINE_OWNED = (b"server", b"date")  # the engine's replace the proxy's
+
+
+def adoptResponseHeaders(source: Headers, request: Any, length: int | None) -> None:
+    """Make an upstream response's headers the client response's, without copying them.
+
+    The same result as ``copyResponseHeaders`` onto ``request.responseHeaders`` (hop-by-hop
+    fields removed, the engine's ``Server``/``Date``, fields already set on the client
+    response kept unless the engine sent them too, ``Content-Length`` from ``length``), but
+    ``source`` itself becomes ``request.responseHeaders``: it belongs to a response whose
+    head is consumed at commit, and adopting it saves a copy per field on every request.
+    """
+    for name, _ in list(source.getAllRawHeaders()):
+        if name.lower() in HOP_BY_HOP:
+            source.removeHeader(name)
+    for name, values in request.responseHeaders.getAllRawHeaders():
+        if name.lower() not in _ENGINE_OWNED and not source.hasHeader(name):
+            source.setRawHeaders(name, values)
+    if length is not None:
+        source.setRawHeaders(b"Content-Length", (b"%d" % length,))
+    request.responseHeaders = source
+
+
 @implementer(IPushProducer)
 class ClientFlow:
     """The producer the client connection sees: forwards flow control to the upstream read."""
