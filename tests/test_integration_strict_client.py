@@ -96,25 +96,44 @@ class _Reader(protocol.Protocol):
         self.request = request
         self.received = b""
         self.done: defer.Deferred[bytes] = defer.Deferred()
+        self.marker: tuple[bytes, defer.Deferred[None]] | None = None
+
+    def waitFor(self, marker: bytes) -> defer.Deferred[None]:
+        """Fires once ``marker`` has been received."""
+        d: defer.Deferred[None] = defer.Deferred()
+        if marker in self.received:
+            d.callback(None)
+        else:
+            self.marker = (marker, d)
+        return d
 
     def connectionMade(self) -> None:
         self.transport.write(self.request)  # type: ignore[union-attr]
 
     def dataReceived(self, data: bytes) -> None:
         self.received += data
+        if self.marker is not None and self.marker[0] in self.received:
+            d, self.marker = self.marker[1], None
+            d.callback(None)
 
     def connectionLost(self, reason: object = None) -> None:
         self.done.callback(self.received)
 
 
-async def rawExchange(port: int, method: str, path: str, body: bytes = b"") -> bytes:
-    """One request over a fresh connection (Connection: close); every byte answered."""
+async def rawRequest(port: int, method: str, path: str, body: bytes = b"") -> _Reader:
+    """Send one request over a fresh connection (Connection: close)."""
     head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n"
             f"Content-Type: application/json\r\n")
     if body:
         head += f"Content-Length: {len(body)}\r\n"
     reader = _Reader(head.encode() + b"\r\n" + body)
     await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), reader)
+    return reader
+
+
+async def rawExchange(port: int, method: str, path: str, body: bytes = b"") -> bytes:
+    """One request over a fresh connection (Connection: close); every byte answered."""
+    reader = await rawRequest(port, method, path, body)
     answer: bytes = await reader.done.addTimeout(20, reactor)
     return answer
 
@@ -242,3 +261,26 @@ class StrictEngineResponseTests(TestCase):
         self.assertEqual(field(fields, "content-length"), ["256"])
         self.assertEqual(body, b"")
         self.assertEqual(engine.requests, [("HEAD", "/health")])
+
+    @asyncTest
+    async def test_brokenChunkAfterCommitTruncates(self) -> None:
+        """A broken chunk after the stream committed: the client has what was relayed and
+        its connection ends without the chunked body's end (a visible truncation); the
+        next request dials the engine anew."""
+        engine = startRawEngine(self, b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                                      b"Transfer-Encoding: chunked\r\n\r\n"
+                                      b"c\r\ndata: hello\n\r\n")
+        port = await self.proxyWith([directNode("A", engine)])  # type: ignore[arg-type]
+        reader = await rawRequest(port, "POST", "/v1/chat/completions", CHAT)
+        await reader.waitFor(b"data: hello\n").addTimeout(20, reactor)
+        engine.connections[-1].transport.write(b"zz\r\n")  # type: ignore[union-attr]
+        status, fields, body = parseAnswer(await reader.done.addTimeout(20, reactor))
+        self.assertEqual(status, 200)
+        self.assertEqual(field(fields, "transfer-encoding"), ["chunked"])
+        self.assertIn(b"data: hello\n", body)
+        self.assertFalse(body.endswith(b"0\r\n\r\n"), body)
+        engine.answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+        status, _, body = parseAnswer(
+            await rawExchange(port, "POST", "/v1/chat/completions", CHAT))
+        self.assertEqual((status, body), (200, b"{}"))
+        self.assertEqual(len(engine.connections), 2)

@@ -144,6 +144,18 @@ class StrictResponseTests(SynchronousTestCase):
         self.assertTrue(body.reason.check(ResponseDone))
         self.assertEqual(self.pool.connectionCounts(), (1, 1))
 
+    def test_upgradeAdvertisedOnA200(self) -> None:
+        """A 200 that advertises an upgrade (as Apache does: `Upgrade: h2,h2c`,
+        `Connection: Upgrade, Keep-Alive`) is an ordinary answer; Upgrade is not relayed."""
+        d, transport, body = self.exchange([
+            OK + b"Upgrade: h2,h2c\r\nConnection: Upgrade, Keep-Alive\r\n"
+            b"Content-Length: 2\r\n\r\nhi"])
+        response = self.successResultOf(d)
+        self.assertEqual(list(response.headers.getAllRawHeaders()), [])
+        self.assertEqual(body.data, [b"hi"])
+        assert body.reason is not None
+        self.assertTrue(body.reason.check(ResponseDone))
+
     def test_bytesAfterALengthBody(self) -> None:
         """Garbage after a complete Content-Length answer: that answer stands (it was
         framed), the connection is closed and not pooled."""
