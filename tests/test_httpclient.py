@@ -15,6 +15,7 @@ from twisted.internet.error import (
     TimeoutError,
 )
 from twisted.internet.protocol import Protocol
+from twisted.internet.ssl import optionsForClientTLS
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
@@ -27,7 +28,7 @@ from twisted.web.iweb import UNKNOWN_LENGTH
 from nvpair.proxy.httpclient import HTTPClientConnection, serializeRequest
 from nvpair.proxy.httpframing import MAX_BODY_OVERHEAD, MAX_HEAD
 from nvpair.proxy.httppool import ConnectionPool, DirectTCP
-from nvpair.proxy.upstream import Upstream, _PinnedEndpoint
+from nvpair.proxy.upstream import Upstream
 
 
 def frame(payload: bytes, size: bytes | None = None) -> bytes:
@@ -502,14 +503,8 @@ class ClientTests(SynchronousTestCase):
         return self.endpoint.conns[self.endpoint.transports.index(transport)]
 
 
-class _Handed:
-    """A stand-in for the pool's HTTP/1.1 client protocol: only its state."""
-
-    state = "TRANSMITTING"
-
-
 class UpstreamTests(SynchronousTestCase):
-    """Upstream's plaintext path serializes requests the way Agent did."""
+    """Upstream validates and serializes requests for plaintext nodes and peers."""
 
     def test_invalidURIRefused(self) -> None:
         """A request target with control characters fails before anything is sent."""
@@ -523,25 +518,22 @@ class UpstreamTests(SynchronousTestCase):
         d = upstream.request(None, "http://127.0.0.1:1", b"G T", b"/", Headers(), b"")
         self.failureResultOf(d, ValueError)
 
-    def test_peerEndpointQuietAndKeyed(self) -> None:
-        """A pinned peer endpoint makes the pool's factory quiet, connects through its TLS
-        endpoint, and the peer pool keys and counts what it handed out."""
-        protocol = _Handed()
-        inner = SimpleNamespace(factories=[])
-
-        def connect(factory: Any) -> defer.Deferred[Any]:
-            inner.factories.append(factory)
-            return defer.succeed(protocol)
-
-        inner.connect = connect
-        pool = Upstream(Clock(), 1.0).peerPool
-        endpoint = _PinnedEndpoint(inner, ("nvpair-peer", "node-b", "pin"))  # type: ignore[arg-type]
-        got = self.successResultOf(pool.getConnection((b"https", b"h", 1), endpoint))
-        self.assertIs(got, protocol)
-        self.assertFalse(inner.factories[0].noisy)
-        self.assertEqual(pool.connectionCounts(), (0, 0))
-        protocol.state = "QUIESCENT"  # its response is over: idle in the pool
-        self.assertEqual(pool.connectionCounts(), (1, 1))
+    def test_peerOverTheLeanClient(self) -> None:
+        """A peer request goes over the same pool and client as plaintext ones, through a
+        TLS endpoint (dialled with the dial timeout), with Host naming the peer's address."""
+        reactor = MemoryReactorClock()
+        trust = SimpleNamespace(clientCreatorFor=lambda nodeId: optionsForClientTLS("b"),
+                                pinFor=lambda nodeId: "pin", nodeId="node-a", fingerprint="fp")
+        upstream = Upstream(reactor, 7.0, trust)
+        d = upstream.request(SimpleNamespace(id="node-b"), "127.0.0.1:4000", b"GET",
+                             b"/v1/models", Headers(), b"")
+        self.assertNoResult(d)
+        host, port, factory, timeout, _ = reactor.tcpClients[0]
+        self.assertEqual((host, port, timeout), ("127.0.0.1", 4000, 7.0))
+        wire = StringTransport()
+        factory.buildProtocol(None).makeConnection(wire)
+        self.assertEqual(wire.value()[:1], b"\x16")  # a TLS handshake record: ClientHello
+        self.assertEqual(upstream._peer("node-b", "[::1]:4000").host, b"[::1]:4000")
 
     def test_hostAndPrefix(self) -> None:
         """The Host header omits port 80 and brackets IPv6; the address path prefixes."""

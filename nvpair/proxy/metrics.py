@@ -255,10 +255,6 @@ class StateCollector(Collector):
             "nvpair_proxy_workloads_live", "Workloads admitted and not yet ended.",
             value=reporter.live)
         idle, hosts = service.upstream.pool.connectionCounts()
-        peerPool = getattr(service.upstream, "peerPool", None)
-        if peerPool is not None:
-            peerIdle, peerHosts = peerPool.connectionCounts()
-            idle, hosts = idle + peerIdle, hosts + peerHosts
         yield GaugeMetricFamily(
             "nvpair_proxy_upstream_pool_connections",
             "Idle persistent upstream connections held by the shared pool.", value=idle)

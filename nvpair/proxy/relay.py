@@ -68,10 +68,9 @@ def copyResponseHeaders(
 ) -> None:
     """Copy an upstream response's end-to-end headers onto the client response.
 
-    The hop-by-hop set is removed here whatever the client put in ``source`` (the lean
-    client already removed it and the fields its ``Connection`` named; twisted.web's Agent,
-    on the peer path, removes the connection-control set but keeps ``Trailer``).  The
-    client response's ``Content-Length`` is ``length`` (the engine's), or absent.
+    The hop-by-hop set is removed here whatever ``source`` holds (the upstream client has
+    already removed it and the fields its ``Connection`` named).  The client response's
+    ``Content-Length`` is ``length`` (the engine's), or absent.
     """
     target.removeHeader(b"Server")
     target.removeHeader(b"Date")
