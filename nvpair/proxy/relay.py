@@ -63,9 +63,7 @@ def forwardHeaders(incoming: Headers) -> Headers:
     return out
 
 
-def copyResponseHeaders(
-    source: Headers, target: Headers, length: int | None, drop: frozenset[bytes] = frozenset()
-) -> None:
+def copyResponseHeaders(source: Headers, target: Headers, length: int | None) -> None:
     """Copy an upstream response's end-to-end headers onto the client response.
 
     The hop-by-hop set is removed here whatever ``source`` holds (the upstream client has
@@ -76,7 +74,7 @@ def copyResponseHeaders(
     target.removeHeader(b"Date")
     for name, values in source.getAllRawHeaders():
         lower = name.lower()
-        if lower in HOP_BY_HOP or lower in drop:
+        if lower in HOP_BY_HOP:
             continue
         target.setRawHeaders(name, values)
     if length is not None:
