@@ -83,14 +83,15 @@ def responseHead(code: int, phrase: bytes, fields: list[tuple[bytes, bytes]]) ->
 
     ``Content-Length`` has already been checked by the parser (digits only, one field).
     """
-    kept: list[tuple[bytes, bytes, bytes]] = []
+    headers = Headers()
+    add = headers.addRawHeader
     length: int | None = None
     coding: list[bytes] | None = None
     connection: list[bytes] | None = None
     for name, value in fields:
         lower = name.lower()
         if lower not in _CONNECTION_CONTROL:
-            kept.append((lower, name, value))
+            add(name, value.rstrip(_OWS))
         elif lower == b"content-length":
             length = int(value)
         elif lower == b"transfer-encoding":
@@ -100,14 +101,13 @@ def responseHead(code: int, phrase: bytes, fields: list[tuple[bytes, bytes]]) ->
         elif lower == b"connection":
             if connection is None:
                 connection = []
-            connection.append(value.lower())
+            connection.append(value)
     if connection is not None:
-        named = {t.strip(_OWS) for v in connection for t in v.split(b",")}
-        kept = [field for field in kept if field[0] not in named]
-    headers = Headers()
-    add = headers.addRawHeader
-    for _, name, value in kept:
-        add(name, value.rstrip(_OWS))
+        for value in connection:
+            for token in value.split(b","):
+                token = token.strip(_OWS)
+                if isToken(token):
+                    headers.removeHeader(token)
     return ResponseHead(
         code, phrase, headers, length, None if coding is None else b",".join(coding)
     )
