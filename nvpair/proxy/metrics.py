@@ -214,12 +214,6 @@ class Metrics:
             self._fleetSources.labels(engineId, "failed").inc(failed)
 
 
-def _poolConnections(pool: Any) -> tuple[int, int]:
-    """(idle cached connections, distinct upstream keys) of an ``HTTPConnectionPool``."""
-    connections = getattr(pool, "_connections", {})
-    return sum(len(c) for c in connections.values()), len(connections)
-
-
 class StateCollector(Collector):
     """Scrape-time gauges read straight from the service's live state."""
 
@@ -271,11 +265,7 @@ class StateCollector(Collector):
         yield GaugeMetricFamily(
             "nvpair_proxy_workloads_live", "Workloads admitted and not yet ended.",
             value=reporter.live)
-        idle, hosts = _poolConnections(service.upstream.pool)
-        peerPool = getattr(service.upstream, "peerPool", None)
-        if peerPool is not None:
-            peerIdle, peerHosts = _poolConnections(peerPool)
-            idle, hosts = idle + peerIdle, hosts + peerHosts
+        idle, hosts = service.upstream.pool.connectionCounts()
         yield GaugeMetricFamily(
             "nvpair_proxy_upstream_pool_connections",
             "Idle persistent upstream connections held by the shared pool.", value=idle)
