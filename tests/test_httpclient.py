@@ -8,11 +8,18 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet import defer
+from twisted.internet.address import IPv4Address
 from twisted.internet.error import (
     ConnectError,
     ConnectionDone,
     ConnectionRefusedError,
     TimeoutError,
+)
+from twisted.internet.interfaces import (
+    IHostnameResolver,
+    IHostResolution,
+    IReactorPluggableNameResolver,
+    IResolutionReceiver,
 )
 from twisted.internet.protocol import Protocol
 from twisted.internet.ssl import optionsForClientTLS
@@ -24,11 +31,52 @@ from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH
+from zope.interface import implementer
 
 from nvpair.proxy.httpclient import HTTPClientConnection, serializeRequest
 from nvpair.proxy.httpframing import MAX_BODY_OVERHEAD, MAX_HEAD
 from nvpair.proxy.httppool import ConnectionPool, DirectTCP
 from nvpair.proxy.upstream import Upstream
+
+
+@implementer(IHostResolution)
+class _Resolution:
+    """One finished resolution of a name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def cancel(self) -> None:
+        pass
+
+
+@implementer(IHostnameResolver)
+class LiteralResolver:
+    """Resolves an IPv4 literal at once, as the reactor's own resolver would."""
+
+    def resolveHostName(
+        self, receiver: IResolutionReceiver, hostName: str, portNumber: int = 0,
+        addressTypes: Any = None, transportSemantics: str = "TCP",
+    ) -> IHostResolution:
+        resolution = _Resolution(hostName)
+        receiver.resolutionBegan(resolution)
+        receiver.addressResolved(IPv4Address("TCP", hostName, portNumber))
+        receiver.resolutionComplete()
+        return resolution
+
+
+@implementer(IReactorPluggableNameResolver)
+class ResolvingReactor(MemoryReactorClock):
+    """A memory reactor with a name resolver (``MemoryReactor`` has one of its own only
+    from Twisted 25.5 on; this suite also runs on the 24.10 floor)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nameResolver = LiteralResolver()
+
+    def installNameResolver(self, resolver: IHostnameResolver) -> IHostnameResolver:
+        previous, self.nameResolver = self.nameResolver, resolver
+        return previous
 
 
 def frame(payload: bytes, size: bytes | None = None) -> bytes:
@@ -521,7 +569,7 @@ class UpstreamTests(SynchronousTestCase):
     def test_peerOverTheLeanClient(self) -> None:
         """A peer request goes over the same pool and client as plaintext ones, through a
         TLS endpoint (dialled with the dial timeout), with Host naming the peer's address."""
-        reactor = MemoryReactorClock()
+        reactor = ResolvingReactor()
         trust = SimpleNamespace(clientCreatorFor=lambda nodeId: optionsForClientTLS("b"),
                                 pinFor=lambda nodeId: "pin", nodeId="node-a", fingerprint="fp")
         upstream = Upstream(reactor, 7.0, trust)
