@@ -21,9 +21,11 @@ from nvpair.proxy.ops import OpsListener, loopbackHost, opsFactory, opsResource,
 from nvpair.proxy.options import Options
 from nvpair.proxy.reservations import NodeLoad
 from nvpair.proxy.service import ProxyService
+from tests.dom import parseDom
 
 ENGINE = ENGINES["llamacpp"]
 SECRET_PROMPT = "CANARY-ops-prompt"
+START = 1_700_000_000.0
 
 
 def makeService(reactor: Any, *argv: str) -> ProxyService:
@@ -50,11 +52,13 @@ def scripted(service: ProxyService) -> None:
     service.reservations.reserve("A")
     service.activity.change("A", +1)
     reporter = service.reporter
+    service.reactor.advance(START - service.reactor.seconds())
     done = reporter.admit("llamacpp", "m1")
     done.submitted("A")
     done.started("A")
     done.finish("completed", None, {"completionTokens": 3})
     failed = reporter.admit("llamacpp", "m2")
+    service.reactor.advance(2.5)
     failed.finish("failed", "no_owner")
     reporter.admit("llamacpp", "m1")  # still live
 
@@ -135,7 +139,10 @@ class StatusTests(EndpointTestCase):
         first, second = workloads["recent"]
         self.assertEqual(first, {"id": "2", "engine": "llamacpp", "model": "m2",
                                  "state": "failed", "node": None, "attempts": 0,
-                                 "error": "no_owner", "stats": None})
+                                 "error": "no_owner", "stats": None,
+                                 "createdAt": 1_700_000_000_000,
+                                 "completedAt": 1_700_000_002_500, "durationMs": 2500,
+                                 "errorText": "no node serves this model"})
         self.assertEqual(second["id"], "1")
         self.assertEqual((second["state"], second["node"], second["attempts"]),
                          ("completed", "A", 1))
@@ -231,16 +238,47 @@ class PageTests(EndpointTestCase):
     """GET / and what the listener refuses."""
 
     def test_page(self) -> None:
-        """The page is plain HTML that fetches /status, with a strict content policy."""
+        """The page is server-rendered HTML that loads its script and style from the listener
+        only, under a strict content policy with no inline script or style allowed."""
         response, body = self.get("http://127.0.0.1:9464/")
         self.assertEqual(response.code, 200)
         self.assertEqual(response.headers.getRawHeaders("content-type"),
                          ["text/html; charset=utf-8"])
-        self.assertIn(b'fetch("/status"', body)
-        self.assertNotIn(b"innerHTML", body)
         csp = response.headers.getRawHeaders("content-security-policy")[0]
-        self.assertIn("default-src 'none'", csp)
-        self.assertIn("connect-src 'self'", csp)
+        directives = dict(d.strip().split(" ", 1) for d in csp.split(";"))
+        self.assertEqual(directives["default-src"], "'none'")
+        self.assertEqual(directives["script-src"], "'self'")
+        self.assertEqual(directives["style-src"], "'self'")
+        self.assertEqual(directives["connect-src"], "'self'")
+        self.assertNotIn("unsafe", csp)
+        dom = parseDom(body.decode())
+        (script,) = dom.all("script")
+        self.assertEqual((script.attrs["src"], script.content), ("/ops.js", []))
+        (sheet,) = dom.all("link", rel="stylesheet")
+        self.assertEqual(sheet.attrs["href"], "/ops.css")
+        self.assertEqual(dom.all("style"), [])
+        self.assertNotIn(b" style=", body)
+        self.assertEqual(len(dom.all("section", class_="facade")), 1)
+
+    def test_assets(self) -> None:
+        """The script and style sheet are served with their types and fetch nothing elsewhere;
+        the script reads the two JSON documents and never parses text as HTML."""
+        response, script = self.get("http://127.0.0.1/ops.js")
+        self.assertEqual(response.headers.getRawHeaders("content-type"),
+                         ["text/javascript; charset=utf-8"])
+        self.assertIn(b'json("/status")', script)
+        self.assertIn(b'json("/status/history")', script)
+        self.assertIn(b"setInterval(refresh, 2000)", script)
+        for unsafe in (b"innerHTML", b"outerHTML", b"insertAdjacentHTML", b"eval(",
+                       b"document.write"):
+            self.assertNotIn(unsafe, script)
+        response, style = self.get("http://127.0.0.1/ops.css")
+        self.assertEqual(response.headers.getRawHeaders("content-type"),
+                         ["text/css; charset=utf-8"])
+        for asset in (script.replace(b"http://www.w3.org/2000/svg", b""), style):
+            self.assertNotIn(b"http", asset)
+            self.assertNotIn(b"url(", asset)
+            self.assertNotIn(b"@import", asset)
 
     def test_unknownPath(self) -> None:
         """Other paths are 404."""

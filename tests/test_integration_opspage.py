@@ -1,0 +1,189 @@
+"""The operations page in a real browser: headless Chromium against the real standalone process.
+
+Two backends, one a fake engine and one a port nobody listens on, a few requests served (and
+one refused), then Chromium loads ``/`` from the ops listener, runs the page's script (which
+fetches the JSON and redraws) and hands back the DOM and a screenshot.  The test reads what
+was rendered: node states, charts with data points, formatted statistics.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import treq
+from twisted.internet import defer, reactor
+from twisted.internet.error import ProcessExitedAlready
+from twisted.internet.protocol import ProcessProtocol
+from twisted.python.failure import Failure
+from twisted.trial.unittest import SkipTest, TestCase
+
+from tests.dom import Element, parseDom
+from tests.harness import freePort, startEngine
+from tests.standaloneharness import StandaloneProxy
+
+# Flags from TWISTED-NOTES: headless as root, loopback only, nothing fetched from the internet.
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--hide-scrollbars", "--window-size=1400,1000")
+CHROMIUM_TIMEOUT = 60.0
+BASELINE = 26.0  # the y of a zero in a sparkline (height 28, padding 2)
+
+
+def chromiumPath() -> str | None:
+    """The Chromium binary to use: ``NVPAIR_CHROMIUM`` or the first one on ``PATH``."""
+    configured = os.environ.get("NVPAIR_CHROMIUM")
+    if configured:
+        return configured if os.access(configured, os.X_OK) else None
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+class _Browser(ProcessProtocol):
+    """Collects Chromium's stdout (the DOM); keeps only the end of its stderr."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self.err = bytearray()
+        self.ended: defer.Deferred[int | None] = defer.Deferred()
+
+    def outReceived(self, data: bytes) -> None:
+        self.out += data
+
+    def errReceived(self, data: bytes) -> None:
+        self.err = (self.err + data)[-4096:]
+
+    def processEnded(self, reason: Failure) -> None:
+        self.ended.callback(getattr(reason.value, "exitCode", None))
+
+
+async def runChromium(binary: str, url: str, screenshot: str, profile: str) -> str:
+    """Load ``url`` in headless Chromium, let its scripts run, return the DOM; bounded."""
+    browser = _Browser()
+    argv = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+            "--virtual-time-budget=5000", "--dump-dom", f"--screenshot={screenshot}", url]
+    transport = reactor.spawnProcess(browser, binary, argv, env=dict(os.environ))
+
+    def kill() -> None:
+        try:
+            transport.signalProcess("KILL")
+        except ProcessExitedAlready:
+            pass
+
+    killer = reactor.callLater(CHROMIUM_TIMEOUT, kill)
+    code = await browser.ended
+    if killer.active():
+        killer.cancel()
+    else:
+        raise AssertionError(f"Chromium did not finish within {CHROMIUM_TIMEOUT:.0f} s")
+    if code != 0:
+        raise AssertionError(f"Chromium exited {code}: {bytes(browser.err[-800:])!r}")
+    return browser.out.decode("utf-8")
+
+
+def yValues(svg: Element) -> list[float]:
+    """Every y coordinate of a sparkline's lines."""
+    ys = []
+    for line in svg.all("polyline"):
+        for pair in line.attrs["points"].split():
+            ys.append(float(pair.split(",")[1]))
+    return ys
+
+
+def chartsOf(element: Element) -> dict[str, Element]:
+    """The sparklines inside ``element`` by metric."""
+    return {svg.attrs["data-metric"]: svg for svg in element.all("svg", class_="spark")}
+
+
+class OpsPageBrowserTests(TestCase):
+    """Headless Chromium renders the live page of a real standalone proxy."""
+
+    timeout = 120
+
+    def test_pageInChromium(self) -> defer.Deferred[None]:
+        """Node states, charts with data points and formatted statistics are rendered."""
+        return defer.Deferred.fromCoroutine(self._pageInChromium())
+
+    async def _pageInChromium(self) -> None:
+        binary = chromiumPath()
+        if binary is None:
+            raise SkipTest("Chromium is not installed (Debian package 'chromium'; "
+                           ".ci/install-chromium.sh installs it)")
+        engine = startEngine(self, reactor, "openai", ["m1", "m2"], name="A")
+        dead = f"http://127.0.0.1:{freePort()}"
+        opsPort = freePort()
+        proxy = StandaloneProxy(self, reactor, ["llamacpp"],
+                                [("llamacpp", engine.url), ("llamacpp", dead)],
+                                extra=["--ops-port", str(opsPort)])
+        await proxy.start()
+        await proxy.waitForLog(lambda r: r.get("event") == "backend-up")
+        await proxy.waitForLog(lambda r: r.get("event") == "backend-down")
+        chat = proxy.url("llamacpp") + "/v1/chat/completions"
+        messages = [{"role": "user", "content": "hi"}]
+        for model, stream in (("m1", False), ("m2", True), ("m1", False),
+                              ("nobody-has-it", False)):
+            body = {"model": model, "stream": stream, "messages": messages}
+            response = await treq.post(chat, json=body, persistent=False)
+            await treq.content(response)
+        ops = f"http://127.0.0.1:{opsPort}"
+        history = await (await treq.get(ops + "/status/history", persistent=False)).json()
+        facade = history["facades"]["llamacpp"]
+        self.assertEqual(facade["series"]["totals"]["requests"], 4)
+        self.assertEqual(facade["series"]["totals"]["errorsByReason"], {"no_owner": 1})
+        self.assertEqual(facade["nodes"][engine.url]["totals"]["completed"], 3)
+
+        shots = self.mktemp()
+        os.makedirs(shots)
+        screenshot = os.path.join(shots, "ops.png")
+        profile = tempfile.mkdtemp(prefix="nvpair-chromium-")
+        self.addCleanup(shutil.rmtree, profile, True)
+        dom = parseDom(await runChromium(binary, ops + "/", screenshot, profile))
+
+        (live,) = dom.all(id="live")
+        self.assertEqual(live.attrs.get("data-source"), "js", "the page's script did not run")
+        self.assertIn("on", live.attrs["class"].split())
+        for element in dom.all("script") + dom.all("link"):
+            source = element.attrs.get("src") or element.attrs.get("href", "")
+            self.assertTrue(source.startswith("/"), f"loads {source} from elsewhere")
+
+        rows = {row.attrs["data-node"]: row for row in dom.all("tr", class_="node")}
+        self.assertEqual(set(rows), {engine.url, dead})
+        self.assertEqual(rows[engine.url].attrs["data-state"], "up")
+        self.assertEqual(rows[dead].attrs["data-state"], "down")
+        (badge,) = rows[dead].all("span", class_="state")
+        self.assertEqual(badge.textContent(), "down")
+        self.assertIn("inventory poll failed", rows[dead].textContent())
+        self.assertEqual([m.textContent() for m in rows[engine.url].all("span", class_="model")],
+                         ["m1", "m2"])
+
+        charts = chartsOf(rows[engine.url])
+        self.assertEqual(set(charts), {"rps", "ttft", "tps", "errors"})
+        for metric in ("rps", "tps", "ttft"):
+            self.assertTrue(any(y < BASELINE for y in yValues(charts[metric])),
+                            f"the {metric} chart of the serving node has no data point")
+        self.assertFalse(any(y < BASELINE for y in yValues(chartsOf(rows[dead])["rps"])))
+        (card,) = dom.all("section", class_="facade")
+        (errors,) = card.all("div", class_="errors")
+        self.assertEqual(len(errors.all("rect")), 1)
+        self.assertIn("no node serves this model", errors.all("svg")[0].attrs["aria-label"])
+
+        workloads = dom.all("tr", class_="wl")
+        self.assertEqual([w.attrs["data-state"] for w in workloads],
+                         ["failed", "completed", "completed", "completed"])
+        failed = [td.textContent() for td in workloads[0].all("td")]
+        self.assertEqual(failed[0], "4")
+        self.assertEqual(failed[-1], "no node serves this model no_owner")
+        served = [td.textContent() for td in workloads[1].all("td")]
+        self.assertEqual(served[3:5], ["m1", engine.url])
+        self.assertRegex(served[6], r"^\d+ ms$")  # TTFT
+        self.assertRegex(served[7], r"^7 / 3$")  # tokens in / out (the fake engine's usage)
+        self.assertRegex(served[9], r"^\d+ ms$")  # duration
+
+        with open(screenshot, "rb") as f:
+            png = f.read()
+        self.assertTrue(png.startswith(b"\x89PNG\r\n\x1a\n"))
+        self.assertGreater(len(png), 20000)
