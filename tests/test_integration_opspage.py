@@ -61,11 +61,11 @@ class _Browser(ProcessProtocol):
         self.ended.callback(getattr(reason.value, "exitCode", None))
 
 
-async def runChromium(binary: str, url: str, screenshot: str, profile: str) -> str:
+async def runChromium(binary: str, url: str, profile: str, *extra: str) -> str:
     """Load ``url`` in headless Chromium, let its scripts run, return the DOM; bounded."""
     browser = _Browser()
     argv = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
-            "--virtual-time-budget=5000", "--dump-dom", f"--screenshot={screenshot}", url]
+            "--virtual-time-budget=5000", "--dump-dom", *extra, url]
     transport = reactor.spawnProcess(browser, binary, argv, env=dict(os.environ))
 
     def kill() -> None:
@@ -141,7 +141,8 @@ class OpsPageBrowserTests(TestCase):
         screenshot = os.path.join(shots, "ops.png")
         profile = tempfile.mkdtemp(prefix="nvpair-chromium-")
         self.addCleanup(shutil.rmtree, profile, True)
-        dom = parseDom(await runChromium(binary, ops + "/", screenshot, profile))
+        dom = parseDom(await runChromium(binary, ops + "/", profile,
+                                         f"--screenshot={screenshot}"))
 
         (live,) = dom.all(id="live")
         self.assertEqual(live.attrs.get("data-source"), "js", "the page's script did not run")
@@ -182,6 +183,19 @@ class OpsPageBrowserTests(TestCase):
         self.assertRegex(served[6], r"^\d+ ms$")  # TTFT
         self.assertRegex(served[7], r"^7 / 3$")  # tokens in / out (the fake engine's usage)
         self.assertRegex(served[9], r"^\d+ ms$")  # duration
+
+        # Without JavaScript the page as served says the same (Chromium's --dump-dom itself
+        # needs script, so the served HTML is read directly).
+        html = await (await treq.get(ops + "/", persistent=False)).text("utf-8")
+        static = parseDom(html)
+        (live,) = static.all(id="live")
+        self.assertEqual(live.attrs.get("data-source"), "server")
+        self.assertEqual({r.attrs["data-node"]: r.attrs["data-state"]
+                          for r in static.all("tr", class_="node")},
+                         {engine.url: "up", dead: "down"})
+        self.assertTrue(any(y < BASELINE for y in yValues(
+            chartsOf(static.all("tr", class_="node", **{"data-node": engine.url})[0])["rps"])))
+        self.assertEqual(len(static.all("tr", class_="wl")), 4)
 
         with open(screenshot, "rb") as f:
             png = f.read()

@@ -24,6 +24,15 @@ _ATTEMPT_DOWN = {
     "no_content": "last attempt got no first token in time",
 }
 
+# The poller names a failure by its exception type; the common ones in words.
+_POLL_PROBLEMS = {
+    "ConnectError": "could not connect",
+    "ConnectionRefusedError": "connection refused",
+    "TimeoutError": "no answer in time",
+    "DNSLookupError": "name not found",
+    "ResponseFailed": "connection lost",
+}
+
 
 def pollHealth(poll: tuple[float, str] | None, models: int) -> tuple[str, str, float | None]:
     """(state, reason, when) from the last inventory poll of a standalone engine."""
@@ -31,7 +40,7 @@ def pollHealth(poll: tuple[float, str] | None, models: int) -> tuple[str, str, f
         return UNKNOWN, "inventory poll pending", None
     when, problem = poll
     if problem:
-        return DOWN, f"inventory poll failed: {problem}", when
+        return DOWN, f"inventory poll failed: {_POLL_PROBLEMS.get(problem, problem)}", when
     plural = "" if models == 1 else "s"
     return UP, f"inventory poll answered: {models} model{plural}", when
 
