@@ -285,7 +285,9 @@
     live.textContent = "live \u00b7 updated " + new Date(now).toISOString().slice(11, 19) + " UTC";
   }
   function json(path) {
-    return fetch(path, {cache: "no-store"}).then(function (r) {
+    var options = {cache: "no-store"};
+    if (window.AbortSignal && AbortSignal.timeout) options.signal = AbortSignal.timeout(8000);
+    return fetch(path, options).then(function (r) {
       if (!r.ok) throw new Error(path + " answered " + r.status);
       return r.json();
     });
