@@ -20,7 +20,8 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SkipTest, TestCase
 
 from tests.dom import Element, parseDom
-from tests.harness import freePort, startEngine
+from tests.fakeengine import Status
+from tests.harness import ProxyFixture, directNode, freePort, startEngine
 from tests.standaloneharness import StandaloneProxy
 
 # Flags from TWISTED-NOTES: headless as root, loopback only, nothing fetched from the internet.
@@ -195,9 +196,69 @@ class OpsPageBrowserTests(TestCase):
                          {engine.url: "up", dead: "down"})
         self.assertTrue(any(y < BASELINE for y in yValues(
             chartsOf(static.all("tr", class_="node", **{"data-node": engine.url})[0])["rps"])))
+        # ... and the script draws what the server draws (bar the "ended ... ago" column).
+        def workloadCells(page: Element) -> list[list[str]]:
+            rows = [[td.textContent() for td in r.all("td")] for r in page.all("tr", class_="wl")]
+            return [r[:1] + r[2:] for r in rows]
+
+        def nodeValues(page: Element) -> list[list[str]]:
+            return [[v.textContent() for v in r.all("span", class_="sv")]
+                    + [m.textContent() for m in r.all("span", class_="model")]
+                    for r in page.all("tr", class_="node")]
+
+        self.assertEqual(workloadCells(static), workloadCells(dom))
+        self.assertEqual(nodeValues(static), nodeValues(dom))
         self.assertEqual(len(static.all("tr", class_="wl")), 4)
 
         with open(screenshot, "rb") as f:
             png = f.read()
         self.assertTrue(png.startswith(b"\x89PNG\r\n\x1a\n"))
         self.assertGreater(len(png), 20000)
+
+
+class OpsPageBrokerTests(TestCase):
+    """Under a broker the real process judges discovered nodes by its last attempt on them."""
+
+    timeout = 90
+
+    def test_statesFromAttempts(self) -> defer.Deferred[None]:
+        """A node that refused the connection is down, one that answered 503 and one that
+        served are up, one never tried is unknown; the page and the history agree."""
+        return defer.Deferred.fromCoroutine(self._statesFromAttempts())
+
+    async def _statesFromAttempts(self) -> None:
+        answering = startEngine(self, reactor, "openai", ["m1"], name="B")
+        serving = startEngine(self, reactor, "openai", ["m1"], name="C")
+        idle = startEngine(self, reactor, "openai", ["other"], name="D")
+        opsPort = freePort()
+        proxy = ProxyFixture(self, reactor, ["--ops-port", str(opsPort)])
+        await proxy.start()
+        port = await proxy.enable("llamacpp")
+        dead = {"id": "A", "self": False, "addresses": [f"http://127.0.0.1:{freePort()}"],
+                "models": ["m1"]}
+        # With no scheduler order the default order (by id) is tried: A, then B, then C.
+        await proxy.nodes("llamacpp", [dead, directNode("B", answering),
+                                       directNode("C", serving), directNode("D", idle)])
+        answering.script(Status(503))
+        response = await treq.post(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                   json={"model": "m1", "messages": []}, persistent=False)
+        await treq.content(response)
+        self.assertEqual(response.headers.getRawHeaders("x-nvpair-node"), ["C"])
+        await proxy.waitFor("workload:completed")
+        ops = f"http://127.0.0.1:{opsPort}"
+        status = await (await treq.get(ops + "/status", persistent=False)).json()
+        nodes = {n["id"]: n for n in status["facades"]["llamacpp"]["nodes"]}
+        self.assertEqual({k: (n["state"], n["stateReason"]) for k, n in nodes.items()}, {
+            "A": ("down", "last attempt could not reach the engine"),
+            "B": ("up", "last attempt answered status 503"),
+            "C": ("up", "last attempt served"),
+            "D": ("unknown", "listed by discovery, not tried yet")})
+        history = await (await treq.get(ops + "/status/history", persistent=False)).json()
+        series = history["facades"]["llamacpp"]["nodes"]
+        self.assertEqual(series["A"]["totals"]["errorsByReason"], {"attempt transport": 1})
+        self.assertEqual(series["B"]["totals"]["errorsByReason"], {"attempt status": 1})
+        self.assertEqual(series["C"]["totals"]["completed"], 1)
+        html = await (await treq.get(ops + "/", persistent=False)).text("utf-8")
+        rows = parseDom(html).all("tr", class_="node")
+        self.assertEqual({r.attrs["data-node"]: r.attrs["data-state"] for r in rows},
+                         {"A": "down", "B": "up", "C": "up", "D": "unknown"})

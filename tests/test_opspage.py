@@ -12,7 +12,16 @@ from twisted.trial.unittest import SynchronousTestCase
 from nvpair.proxy.candidates import Snapshot, parseNodes
 from nvpair.proxy.history import Window
 from nvpair.proxy.ops import historyDocument, opsResource, statusDocument
-from nvpair.proxy.opsformat import ago, bar, millis, number, reasonText, seconds, sparkline
+from nvpair.proxy.opsformat import (
+    ago,
+    bar,
+    fixed,
+    millis,
+    number,
+    reasonText,
+    seconds,
+    sparkline,
+)
 from nvpair.proxy.opspage import renderPage
 from tests.dom import Element, parseDom
 from tests.test_ops import ENGINE, makeService, scripted
@@ -49,6 +58,13 @@ class UnitTests(SynchronousTestCase):
                          ["–", "0", "7", "0.25", "3.46", "12.3", "813", "9999", "76.8k",
                           "3.1M"])
         self.assertEqual(number(0.1), "0.1")
+
+    def test_roundingAsTheScript(self) -> None:
+        """Exact halves round up, as JavaScript's ``toFixed`` does (the script draws the same
+        numbers); values just below a half, as binary holds them, round down."""
+        self.assertEqual((fixed(2.5, 0), fixed(0.125, 2), fixed(1.005, 2)), ("3", "0.13", "1.00"))
+        self.assertEqual(millis(2.5), "3 ms")
+        self.assertEqual(number(0.125), "0.13")
 
     def test_reasons(self) -> None:
         """Reason codes in words; engine statuses named; unknown text shown as it is."""

@@ -7,7 +7,9 @@ an engine or a client (model names, node ids, error texts) goes through :func:`e
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from decimal import ROUND_HALF_UP, Decimal
 from html import escape
 
 SPARK_WIDTH = 120
@@ -40,6 +42,17 @@ def esc(text: object) -> str:
     return escape(str(text), quote=True)
 
 
+def fixed(value: float, digits: int) -> str:
+    """``value`` with ``digits`` decimals as JavaScript's ``toFixed`` writes it (an exact half
+    rounds up), so the page reads the same whether the server or the script drew it."""
+    return str(Decimal(value).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))
+
+
+def _r1(value: float) -> float:
+    """One decimal, as ``Math.round(value * 10) / 10`` in the script."""
+    return math.floor(value * 10 + 0.5) / 10
+
+
 def reasonText(code: str | None) -> str:
     """An error reason code in words (codes we do not know are shown as they are)."""
     if code is None:
@@ -54,18 +67,18 @@ def millis(ms: float | None) -> str:
     if ms is None:
         return "–"
     if ms < 1000:
-        return f"{ms:.0f} ms"
+        return f"{fixed(ms, 0)} ms"
     return seconds(ms / 1000)
 
 
 def seconds(s: float) -> str:
     """A duration in seconds, in the largest sensible unit."""
     if s < 1:
-        return f"{s * 1000:.0f} ms"
+        return f"{fixed(s * 1000, 0)} ms"
     if s < 10:
-        return f"{s:.2f} s"
+        return f"{fixed(s, 2)} s"
     if s < 60:
-        return f"{s:.1f} s"
+        return f"{fixed(s, 1)} s"
     if s < 3600:
         return f"{int(s // 60)} min {int(s % 60)} s"
     return f"{int(s // 3600)} h {int(s % 3600 // 60)} min"
@@ -76,10 +89,10 @@ def ago(s: float) -> str:
     if s < 1:
         return "just now"
     if s < 60:
-        return f"{s:.0f} s ago"
+        return f"{fixed(s, 0)} s ago"
     if s < 3600:
-        return f"{s // 60:.0f} min ago"
-    return f"{s // 3600:.0f} h ago"
+        return f"{int(s // 60)} min ago"
+    return f"{int(s // 3600)} h ago"
 
 
 def number(value: float | None) -> str:
@@ -87,14 +100,14 @@ def number(value: float | None) -> str:
     if value is None:
         return "–"
     if value >= 1e6:
-        return f"{value / 1e6:.1f}M"
+        return f"{fixed(value / 1e6, 1)}M"
     if value >= 1e4:
-        return f"{value / 1e3:.1f}k"
+        return f"{fixed(value / 1e3, 1)}k"
     if value == int(value):
         return f"{int(value)}"
     if value >= 100:
-        return f"{value:.0f}"
-    return f"{value:.1f}" if value >= 10 else f"{value:.2f}".rstrip("0").rstrip(".")
+        return fixed(value, 0)
+    return fixed(value, 1) if value >= 10 else fixed(value, 2).rstrip("0").rstrip(".")
 
 
 def _compress(segment: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -118,7 +131,7 @@ def points(values: Sequence[float | None], top: float) -> list[list[tuple[float,
             current = []
             continue
         y = SPARK_HEIGHT - _PAD - (v / top * span if top > 0 else 0)
-        current.append((round(_PAD + i * step, 1), round(y, 1)))
+        current.append((_r1(_PAD + i * step), _r1(y)))
     if current:
         segments.append(_compress(current))
     return segments
@@ -141,15 +154,15 @@ def sparkline(metric: str, values: Sequence[float | None], label: str, bars: boo
         width = (SPARK_WIDTH - 2 * _PAD) / max(n, 1)
         for i, v in enumerate(values):
             if v:
-                h = round(v / top * (SPARK_HEIGHT - 2 * _PAD), 1)
-                body.append(f'<rect x="{_n(round(_PAD + i * width, 1))}" '
-                            f'y="{_n(round(SPARK_HEIGHT - _PAD - h, 1))}" '
-                            f'width="{_n(round(max(width, 1.0), 1))}" height="{_n(h)}"/>')
+                h = _r1(v / top * (SPARK_HEIGHT - 2 * _PAD))
+                body.append(f'<rect x="{_n(_r1(_PAD + i * width))}" '
+                            f'y="{_n(_r1(SPARK_HEIGHT - _PAD - h))}" '
+                            f'width="{_n(_r1(max(width, 1.0)))}" height="{_n(h)}"/>')
     else:
         for segment in points(values, top):
             if len(segment) == 1:  # a value between gaps: a short dash (a point would not show)
                 x, y = segment[0]
-                segment = [(max(x - 1.5, _PAD), y), (min(x + 1.5, SPARK_WIDTH - _PAD), y)]
+                segment = [(_r1(max(x - 1.5, _PAD)), y), (_r1(min(x + 1.5, SPARK_WIDTH - _PAD)), y)]
             text = " ".join(f"{_n(x)},{_n(y)}" for x, y in segment)
             body.append(f'<polyline points="{text}"/>')
     return (f'<svg class="spark {esc(metric)}" data-metric="{esc(metric)}" '
@@ -160,7 +173,7 @@ def sparkline(metric: str, values: Sequence[float | None], label: str, bars: boo
 
 def bar(metric: str, value: float, scale: float, label: str) -> str:
     """A small horizontal bar for ``value`` out of ``scale``, then the value and ``label``."""
-    fill = round(BAR_WIDTH * min(value / scale, 1.0), 1) if scale > 0 else 0.0
+    fill = _r1(BAR_WIDTH * min(value / scale, 1.0)) if scale > 0 else 0.0
     return (f'<span class="meter"><svg class="bar {esc(metric)}" width="{BAR_WIDTH}" '
             f'height="{BAR_HEIGHT}" viewBox="0 0 {BAR_WIDTH} {BAR_HEIGHT}" aria-hidden="true">'
             f'<rect class="track" width="{BAR_WIDTH}" height="{BAR_HEIGHT}" rx="2"/>'

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from nvpair.proxy.opsformat import ago, bar, esc, millis, number, reasonText, sparkline
+from nvpair.proxy.opsformat import ago, bar, esc, fixed, millis, number, reasonText, sparkline
 
 MAX_MODELS_SHOWN = 6
 _MINUTE_BUCKETS = 6
@@ -74,7 +74,7 @@ def _affinityTile(affinity: dict[str, Any]) -> str:
     hits, misses = affinity.get("hits"), affinity.get("misses")
     value = "–"
     if isinstance(hits, int | float) and isinstance(misses, int | float) and hits + misses:
-        value = f"{100 * hits / (hits + misses):.0f}%"
+        value = f"{fixed(100 * hits / (hits + misses), 0)}%"
     detail = " · ".join(f"{esc(k)} {esc(number(v) if isinstance(v, int | float) else v)}"
                         for k, v in sorted(affinity.items()))
     return (f'<div class="tile affinity"><div class="tlabel">affinity hit rate</div>'
