@@ -15,6 +15,7 @@ outcome (:meth:`History.attempt`): a few list increments, no allocation in the s
 from __future__ import annotations
 
 from bisect import bisect_left
+from operator import add
 from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
@@ -121,13 +122,13 @@ class Window:
 
         ttftTotal = [0] * _BINS
         medians: list[float | None] = []
+        ttft, served = self.ttft, self.requests
         for i in live:
-            if i < 0:
+            if i < 0 or not served[i]:
                 medians.append(None)
                 continue
-            bins = self.ttft[i * _BINS:(i + 1) * _BINS]
-            for b, count in enumerate(bins):
-                ttftTotal[b] += count
+            bins = ttft[i * _BINS:(i + 1) * _BINS]
+            ttftTotal = list(map(add, ttftTotal, bins))
             medians.append(median(bins))
         requests, tokens = column(self.requests), column(self.tokens)
         reasons = {r: column(row) for r, row in sorted(self.reasons.items())}
@@ -138,10 +139,10 @@ class Window:
             "completed": column(self.completed),
             "failed": column(self.failed),
             "cancelled": column(self.cancelled),
-            "requestsPerSecond": [round(n / BUCKET_SECONDS, 3) for n in requests],
+            "requestsPerSecond": [n / BUCKET_SECONDS for n in requests],
             "ttftP50Ms": medians,
             "tokens": tokens,
-            "tokensPerSecond": [round(n / BUCKET_SECONDS, 2) for n in tokens],
+            "tokensPerSecond": [n / BUCKET_SECONDS for n in tokens],
             "errors": errors,
             "errorsByReason": reasons,
             "totals": {
@@ -219,9 +220,9 @@ class History:
         for engine, window in sorted(self.facades.items()):
             facades[engine] = {"series": window.document(current), "nodes": {}}
         for (engine, node), window in sorted(self.nodes.items()):
-            entry = facades.setdefault(engine, {"series": Window().document(current),
-                                                "nodes": {}})
-            entry["nodes"][node] = window.document(current)
+            if engine not in facades:
+                facades[engine] = {"series": Window().document(current), "nodes": {}}
+            facades[engine]["nodes"][node] = window.document(current)
         return {
             "bucketSeconds": BUCKET_SECONDS,
             "buckets": BUCKETS,

@@ -157,7 +157,7 @@ def sparkline(metric: str, values: Sequence[float | None], label: str, bars: boo
                 h = _r1(v / top * (SPARK_HEIGHT - 2 * _PAD))
                 body.append(f'<rect x="{_n(_r1(_PAD + i * width))}" '
                             f'y="{_n(_r1(SPARK_HEIGHT - _PAD - h))}" '
-                            f'width="{_n(_r1(max(width, 1.0)))}" height="{_n(h)}"/>')
+                            f'width="{_n(_r1(max(width, 2.0)))}" height="{_n(h)}"/>')
     else:
         for segment in points(values, top):
             if len(segment) == 1:  # a value between gaps: a short dash (a point would not show)

@@ -75,7 +75,7 @@
         if (!v) return;
         var h = r1(v / top * (H - 2 * PAD));
         s.appendChild(svg("rect", {x: r1(PAD + i * width), y: r1(H - PAD - h),
-          width: r1(Math.max(width, 1)), height: h}));
+          width: r1(Math.max(width, 2)), height: h}));
       });
       return s;
     }
