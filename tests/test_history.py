@@ -129,7 +129,8 @@ class MedianTests(SynchronousTestCase):
         """No value: None; beyond the last bound: the last bound; zero: the first bin."""
         self.assertIsNone(median(self.bins()))
         self.assertEqual(median(self.bins(120_000)), 60000.0)
-        self.assertEqual(median(self.bins(0)), 2.5)
+        self.assertEqual(median(self.bins(0)), 0.5)
+        self.assertEqual(median(self.bins(3, 4)), 3.5)
 
     def test_perBucketAndWindow(self) -> None:
         """Each bucket has its median (None when empty); the totals merge the histograms."""

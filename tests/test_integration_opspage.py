@@ -29,6 +29,8 @@ CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-
                   "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--hide-scrollbars", "--window-size=1400,1000")
 CHROMIUM_TIMEOUT = 60.0
+NO_CHROMIUM = ("Chromium is not installed (Debian package 'chromium'; .ci/install-chromium.sh "
+               "installs it)")
 BASELINE = 26.0  # the y of a zero in a sparkline (height 28, padding 2)
 
 
@@ -95,6 +97,11 @@ def yValues(svg: Element) -> list[float]:
     return ys
 
 
+def nodeStates(page: Element) -> dict[str, str]:
+    """Each node row's state by node id."""
+    return {r.attrs["data-node"]: r.attrs["data-state"] for r in page.all("tr", class_="node")}
+
+
 def chartsOf(element: Element) -> dict[str, Element]:
     """The sparklines inside ``element`` by metric."""
     return {svg.attrs["data-metric"]: svg for svg in element.all("svg", class_="spark")}
@@ -112,8 +119,7 @@ class OpsPageBrowserTests(TestCase):
     async def _pageInChromium(self) -> None:
         binary = chromiumPath()
         if binary is None:
-            raise SkipTest("Chromium is not installed (Debian package 'chromium'; "
-                           ".ci/install-chromium.sh installs it)")
+            raise SkipTest(NO_CHROMIUM)
         engine = startEngine(self, reactor, "openai", ["m1", "m2"], name="A")
         dead = f"http://127.0.0.1:{freePort()}"
         opsPort = freePort()
@@ -259,6 +265,21 @@ class OpsPageBrokerTests(TestCase):
         self.assertEqual(series["B"]["totals"]["errorsByReason"], {"attempt status": 1})
         self.assertEqual(series["C"]["totals"]["completed"], 1)
         html = await (await treq.get(ops + "/", persistent=False)).text("utf-8")
-        rows = parseDom(html).all("tr", class_="node")
-        self.assertEqual({r.attrs["data-node"]: r.attrs["data-state"] for r in rows},
-                         {"A": "down", "B": "up", "C": "up", "D": "unknown"})
+        served = parseDom(html)
+        expected = {"A": "down", "B": "up", "C": "up", "D": "unknown"}
+        self.assertEqual(nodeStates(served), expected)
+        binary = chromiumPath()
+        if binary is None:
+            raise SkipTest(NO_CHROMIUM + "; the served page was checked")
+        shots = self.mktemp()
+        os.makedirs(shots)
+        profile = tempfile.mkdtemp(prefix="nvpair-chromium-")
+        self.addCleanup(shutil.rmtree, profile, True)
+        dom = parseDom(await runChromium(binary, ops + "/", profile,
+                                         f"--screenshot={os.path.join(shots, 'ops.png')}"))
+        self.assertEqual(dom.all(id="live")[0].attrs.get("data-source"), "js")
+        self.assertEqual(nodeStates(dom), expected)
+        addresses = {r.attrs["data-node"]: r.all("div", class_="addr")[0].textContent()
+                     for r in dom.all("tr", class_="node")}
+        self.assertEqual(addresses, {"A": dead["addresses"][0], "B": answering.url,
+                                     "C": serving.url, "D": idle.url})

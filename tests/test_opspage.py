@@ -149,6 +149,9 @@ class PageTests(SynchronousTestCase):
         self.assertEqual([m.textContent() for m in rows["A"].all("span", class_="model")],
                          ["m1", "m2"])
         self.assertIn("self", rows["me"].textContent())
+        (addresses,) = rows["A"].all("div", class_="addr")
+        self.assertEqual(addresses.textContent(), "http://10.0.0.2:8081 http://10.0.0.1:8081")
+        self.assertEqual(rows["me"].all("div", class_="addr"), [])
 
     def test_work(self) -> None:
         """In-flight and reserved work as bars scaled to the busiest node, and the load."""

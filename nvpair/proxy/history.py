@@ -26,8 +26,8 @@ MAX_REASONS = 8
 MAX_NODE_SERIES = 256
 OTHER = "other"
 # Upper bounds (ms) of the time-to-first-token bins; one more bin holds everything above.
-TTFT_BOUNDS_MS = (5, 10, 20, 35, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 1500, 2000,
-                  3000, 5000, 7500, 10000, 15000, 30000, 60000)
+TTFT_BOUNDS_MS = (1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 1500,
+                  2000, 3000, 5000, 7500, 10000, 15000, 30000, 60000)
 _BINS = len(TTFT_BOUNDS_MS) + 1
 # Outcomes of an attempt that say nothing about the node's health.
 _UNINFORMATIVE = frozenset({"left"})

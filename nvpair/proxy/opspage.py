@@ -89,6 +89,16 @@ def _models(names: list[str], count: int) -> str:
     return shown or '<span class="none">none</span>'
 
 
+def _addresses(node: dict[str, Any]) -> str:
+    """The node's addresses under its id (the one last reached first), unless it is its id."""
+    confirmed = node["confirmed"]
+    addresses = [confirmed] if confirmed else []
+    addresses += [a for a in node["addresses"] if a != confirmed]
+    if not addresses or addresses == [node["id"]]:
+        return ""
+    return f'<div class="addr">{esc(" ".join(addresses))}</div>'
+
+
 def _nodeRow(node: dict[str, Any], series: dict[str, Any] | None, empty: dict[str, Any],
              bucketSeconds: int, scale: float, now: int) -> str:
     state = node["state"]
@@ -99,7 +109,7 @@ def _nodeRow(node: dict[str, Any], series: dict[str, Any] | None, empty: dict[st
     cells = [
         f'<td class="st"><span class="state {esc(state)}">{esc(state)}</span>'
         f'<div class="why">{esc(why)}</div></td>',
-        f'<td class="nid">{esc(node["id"])}{selfMark}</td>',
+        f'<td class="nid">{esc(node["id"])}{selfMark}{_addresses(node)}</td>',
         f'<td class="models">{_models(node["modelNames"], node["models"])}</td>',
         f'<td class="work">{bar("inflight", node["inFlight"], scale, "in flight")}'
         f'{bar("reserved", node["reserved"], scale, "reserved")}</td>',

@@ -185,6 +185,10 @@
     tr.setAttribute("data-state", node.state);
     var id = el("td", "nid", node.id);
     if (node.self) id.appendChild(el("span", "self", "self"));
+    var addresses = node.confirmed ? [node.confirmed] : [];
+    node.addresses.forEach(function (a) { if (a !== node.confirmed) addresses.push(a); });
+    if (addresses.length && !(addresses.length === 1 && addresses[0] === node.id))
+      id.appendChild(el("div", "addr", addresses.join(" ")));
     add(tr, [add(el("td", "st"), [el("span", "state " + node.state, node.state),
       el("div", "why", why)]), id, models(node.modelNames, node.models),
       add(el("td", "work"), [bar("inflight", node.inFlight, scale, "in flight"),
