@@ -21,7 +21,6 @@ from nvpair.proxy.ops import OpsListener, loopbackHost, opsFactory, opsResource,
 from nvpair.proxy.options import Options
 from nvpair.proxy.reservations import NodeLoad
 from nvpair.proxy.service import ProxyService
-from tests.dom import parseDom
 
 ENGINE = ENGINES["llamacpp"]
 SECRET_PROMPT = "CANARY-ops-prompt"
@@ -235,50 +234,7 @@ class MetricsEndpointTests(EndpointTestCase):
 
 
 class PageTests(EndpointTestCase):
-    """GET / and what the listener refuses."""
-
-    def test_page(self) -> None:
-        """The page is server-rendered HTML that loads its script and style from the listener
-        only, under a strict content policy with no inline script or style allowed."""
-        response, body = self.get("http://127.0.0.1:9464/")
-        self.assertEqual(response.code, 200)
-        self.assertEqual(response.headers.getRawHeaders("content-type"),
-                         ["text/html; charset=utf-8"])
-        csp = response.headers.getRawHeaders("content-security-policy")[0]
-        directives = dict(d.strip().split(" ", 1) for d in csp.split(";"))
-        self.assertEqual(directives["default-src"], "'none'")
-        self.assertEqual(directives["script-src"], "'self'")
-        self.assertEqual(directives["style-src"], "'self'")
-        self.assertEqual(directives["connect-src"], "'self'")
-        self.assertNotIn("unsafe", csp)
-        dom = parseDom(body.decode())
-        (script,) = dom.all("script")
-        self.assertEqual((script.attrs["src"], script.content), ("/ops.js", []))
-        (sheet,) = dom.all("link", rel="stylesheet")
-        self.assertEqual(sheet.attrs["href"], "/ops.css")
-        self.assertEqual(dom.all("style"), [])
-        self.assertNotIn(b" style=", body)
-        self.assertEqual(len(dom.all("section", class_="facade")), 1)
-
-    def test_assets(self) -> None:
-        """The script and style sheet are served with their types and fetch nothing elsewhere;
-        the script reads the two JSON documents and never parses text as HTML."""
-        response, script = self.get("http://127.0.0.1/ops.js")
-        self.assertEqual(response.headers.getRawHeaders("content-type"),
-                         ["text/javascript; charset=utf-8"])
-        self.assertIn(b'json("/status")', script)
-        self.assertIn(b'json("/status/history")', script)
-        self.assertIn(b"setInterval(refresh, 2000)", script)
-        for unsafe in (b"innerHTML", b"outerHTML", b"insertAdjacentHTML", b"eval(",
-                       b"document.write"):
-            self.assertNotIn(unsafe, script)
-        response, style = self.get("http://127.0.0.1/ops.css")
-        self.assertEqual(response.headers.getRawHeaders("content-type"),
-                         ["text/css; charset=utf-8"])
-        for asset in (script.replace(b"http://www.w3.org/2000/svg", b""), style):
-            self.assertNotIn(b"http", asset)
-            self.assertNotIn(b"url(", asset)
-            self.assertNotIn(b"@import", asset)
+    """What the listener refuses (the page itself: tests/test_opspage.py)."""
 
     def test_unknownPath(self) -> None:
         """Other paths are 404."""
