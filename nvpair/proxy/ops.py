@@ -4,8 +4,10 @@ A klein app on its own port, bound to 127.0.0.1 and served through the facades'
 ``PersonalityFactory`` with ``loopbackOnly``, so a non-loopback peer (or a TLS hello) is
 closed without an HTTP answer.  Requests whose ``Host`` is not a loopback name are refused
 too (403), so a web page cannot read it through DNS rebinding.  Everything it shows is read from
-the service at request time; nothing here runs on the request path.  The listener is a
-child service of the ``ProxyService`` and stops with it.
+the service at request time (the 15-minute history is kept by ``nvpair.proxy.history``, fed
+once per workload end and attempt outcome); nothing here runs on the request path.  The
+page (``nvpair.proxy.opspage``) loads its script and style from this listener only.  The
+listener is a child service of the ``ProxyService`` and stops with it.
 """
 
 from __future__ import annotations
