@@ -249,7 +249,8 @@ class PageTests(EndpointTestCase):
     def test_foreignHost(self) -> None:
         """A request naming a non-loopback host (DNS rebinding) gets 403 and no data."""
         for url in ("http://evil.example:9464/status", "http://10.0.0.1:9464/metrics",
-                    "http://localhost.evil.example/"):
+                    "http://localhost.evil.example/", "http://evil.example/status/history",
+                    "http://evil.example/ops.js"):
             response, body = self.get(url)
             self.assertEqual(response.code, 403, url)
             self.assertNotIn(self.service.reporter.runId.encode(), body)
