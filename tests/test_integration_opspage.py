@@ -47,11 +47,15 @@ def chromiumPath() -> str | None:
 
 
 class _Browser(ProcessProtocol):
-    """Collects Chromium's stdout (the DOM); keeps only the end of its stderr."""
+    """Collects Chromium's stdout (the DOM), the page's console lines from its log on stderr
+    (script errors and Content-Security-Policy violations land there), and the end of the
+    rest of stderr."""
 
     def __init__(self) -> None:
         self.out = bytearray()
         self.err = bytearray()
+        self.console: list[str] = []
+        self._line = bytearray()
         self.ended: defer.Deferred[int | None] = defer.Deferred()
 
     def outReceived(self, data: bytes) -> None:
@@ -59,16 +63,23 @@ class _Browser(ProcessProtocol):
 
     def errReceived(self, data: bytes) -> None:
         self.err = (self.err + data)[-4096:]
+        self._line += data
+        *lines, rest = self._line.split(b"\n")
+        self._line = bytearray(rest[-65536:])
+        for line in lines:
+            if b":CONSOLE" in line and len(self.console) < 100:
+                self.console.append(line.decode("utf-8", "replace"))
 
     def processEnded(self, reason: Failure) -> None:
         self.ended.callback(getattr(reason.value, "exitCode", None))
 
 
-async def runChromium(binary: str, url: str, profile: str, *extra: str) -> str:
-    """Load ``url`` in headless Chromium, let its scripts run, return the DOM; bounded."""
+async def runChromium(binary: str, url: str, profile: str, *extra: str) -> Element:
+    """Load ``url`` in headless Chromium, let its scripts run (virtual time), and return the
+    DOM; fails if the page logged anything to its console.  Bounded in time."""
     browser = _Browser()
-    argv = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
-            "--virtual-time-budget=5000", "--dump-dom", *extra, url]
+    argv = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr",
+            "--v=0", "--virtual-time-budget=5000", "--dump-dom", *extra, url]
     transport = reactor.spawnProcess(browser, binary, argv, env=dict(os.environ))
 
     def kill() -> None:
@@ -85,7 +96,9 @@ async def runChromium(binary: str, url: str, profile: str, *extra: str) -> str:
         raise AssertionError(f"Chromium did not finish within {CHROMIUM_TIMEOUT:.0f} s")
     if code != 0:
         raise AssertionError(f"Chromium exited {code}: {bytes(browser.err[-800:])!r}")
-    return browser.out.decode("utf-8")
+    if browser.console:
+        raise AssertionError("the page logged to its console:\n" + "\n".join(browser.console))
+    return parseDom(browser.out.decode("utf-8"))
 
 
 def yValues(svg: Element) -> list[float]:
@@ -148,8 +161,7 @@ class OpsPageBrowserTests(TestCase):
         screenshot = os.path.join(shots, "ops.png")
         profile = tempfile.mkdtemp(prefix="nvpair-chromium-")
         self.addCleanup(shutil.rmtree, profile, True)
-        dom = parseDom(await runChromium(binary, ops + "/", profile,
-                                         f"--screenshot={screenshot}"))
+        dom = await runChromium(binary, ops + "/", profile, f"--screenshot={screenshot}")
 
         (live,) = dom.all(id="live")
         self.assertEqual(live.attrs.get("data-source"), "js", "the page's script did not run")
@@ -275,8 +287,8 @@ class OpsPageBrokerTests(TestCase):
         os.makedirs(shots)
         profile = tempfile.mkdtemp(prefix="nvpair-chromium-")
         self.addCleanup(shutil.rmtree, profile, True)
-        dom = parseDom(await runChromium(binary, ops + "/", profile,
-                                         f"--screenshot={os.path.join(shots, 'ops.png')}"))
+        dom = await runChromium(binary, ops + "/", profile,
+                                f"--screenshot={os.path.join(shots, 'ops.png')}")
         self.assertEqual(dom.all(id="live")[0].attrs.get("data-source"), "js")
         self.assertEqual(nodeStates(dom), expected)
         addresses = {r.attrs["data-node"]: r.all("div", class_="addr")[0].textContent()
