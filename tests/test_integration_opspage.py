@@ -166,6 +166,8 @@ class OpsPageBrowserTests(TestCase):
         (live,) = dom.all(id="live")
         self.assertEqual(live.attrs.get("data-source"), "js", "the page's script did not run")
         self.assertIn("on", live.attrs["class"].split())
+        # Five seconds of the page's (virtual) time: drawn at load, then again every 2 s.
+        self.assertGreaterEqual(int(live.attrs["data-refreshes"]), 3)
         for element in dom.all("script") + dom.all("link"):
             source = element.attrs.get("src") or element.attrs.get("href", "")
             self.assertTrue(source.startswith("/"), f"loads {source} from elsewhere")

@@ -142,6 +142,9 @@ class ServedTests(EndpointTestCase):
         (sheet,) = dom.all("link", rel="stylesheet")
         self.assertEqual(sheet.attrs["href"], "/ops.css")
         self.assertEqual(dom.all("style"), [])
+        (refresh,) = dom.all("meta", **{"http-equiv": "refresh"})
+        self.assertEqual(refresh.attrs["content"], "10")
+        self.assertEqual(dom.all("noscript")[0].children, [refresh])  # only without script
         self.assertNotIn(b" style=", body)
         self.assertEqual(len(dom.all("section", class_="facade")), 1)
 

@@ -9,6 +9,7 @@
     "requests/s", "TTFT p50", "tokens/s", "errors"];
   var reasons = {};
   var busy = false;
+  var refreshes = 0;
 
   function el(tag, cls, text) {
     var e = document.createElement(tag);
@@ -286,6 +287,7 @@
     var live = document.getElementById("live");
     live.className = "live on";
     live.setAttribute("data-source", "js");
+    live.setAttribute("data-refreshes", String(++refreshes));
     live.textContent = "live \u00b7 updated " + new Date(now).toISOString().slice(11, 19) + " UTC";
   }
   function json(path) {
