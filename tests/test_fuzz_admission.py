@@ -116,8 +116,8 @@ class AdmissionFuzzTests(SynchronousTestCase):
                 {"id": "A", "addresses": ["http://127.0.0.1:9"], "models": ["m1"]}]})
             facade = self.service.facades[engineId]
             self.sites[engineId] = FacadeSite(
-                FrontDoor(self.service, facade, self.service.fleet), self.reactor, MAX_BODY,
-                30.0, MAX_HEADER_BYTES)
+                FrontDoor(self.service, facade, self.service.fleet, self.service.hosts),
+                self.reactor, MAX_BODY, 30.0, MAX_HEADER_BYTES)
 
     def exchange(self, engineId: str, raw: bytes) -> bytes:
         return siteExchange(self.sites[engineId], raw)

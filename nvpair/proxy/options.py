@@ -16,6 +16,7 @@ import attrs
 from twisted.python import usage
 
 from nvpair.proxy.engines import ENGINES
+from nvpair.proxy.hostcheck import parseAllowedHosts
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
 _UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -82,6 +83,7 @@ class Settings:
     maxConnections: int
     headerReadTimeout: float
     maxHeaderBytes: int
+    allowedHosts: tuple[str, ...] = ()
 
 
 # (flag, env var, default text, parser, Settings field)
@@ -138,6 +140,7 @@ _VALUED: list[tuple[str, str | None, str | None, Any, str]] = [
         lambda t: _parseInt(t, 1024),
         "maxHeaderBytes",
     ),
+    ("allowed-hosts", "NVPAIR_PROXY_ALLOWED_HOSTS", "", parseAllowedHosts, "allowedHosts"),
 ]
 
 _HELP = {
@@ -163,6 +166,8 @@ _HELP = {
     "[env NVPAIR_PROXY_HEADER_READ_TIMEOUT]",
     "max-header-bytes": "largest request header block; larger get 431 "
     "[env NVPAIR_PROXY_MAX_HEADER_BYTES]",
+    "allowed-hosts": "extra Host names plaintext requests may use, comma-separated; "
+    "* disables the check [env NVPAIR_PROXY_ALLOWED_HOSTS]",
 }
 
 STANDALONE_OPS_PORT = 9464
