@@ -42,14 +42,14 @@ class WorkloadReporter:
     """Numbers workloads and events, and keeps the last ones and their 15-minute history."""
 
     def __init__(
-        self, sink: IBrokerSink, clock: IReactorTime, runId: str | None = None, history: int = 50
+        self, sink: IBrokerSink, clock: IReactorTime, runId: str | None = None, recent: int = 50
     ) -> None:
         self.sink = sink
         self.clock = clock
         self.runId = runId or os.urandom(8).hex()
         self._nextId = 0
         self.seq = 0
-        self.recent: deque[dict[str, Any]] = deque(maxlen=history)
+        self.recent: deque[dict[str, Any]] = deque(maxlen=recent)
         self.terminals: dict[str, int] = {}
         self.live = 0
         self.history = History(clock)
