@@ -17,6 +17,7 @@ from nvpair.proxy.history import (
     TTFT_BOUNDS_MS,
     History,
     Window,
+    measures,
     median,
 )
 from nvpair.proxy.workloads import WorkloadReporter
@@ -111,9 +112,8 @@ class MedianTests(SynchronousTestCase):
 
     def bins(self, *values: float) -> list[int]:
         window = Window()
-        index = window.slot(0)
         for v in values:
-            window.served(index, "completed", {"ttftMs": v})
+            window.count(0, "completed", None, *measures({"ttftMs": v}))
         return window.ttft[:len(TTFT_BOUNDS_MS) + 1]
 
     def test_singleValue(self) -> None:
@@ -149,8 +149,9 @@ class MedianTests(SynchronousTestCase):
         """A TTFT or token count that is not a number (or is a bool) is not counted."""
         window = Window()
         index = window.slot(0)
-        window.served(index, "completed", {"ttftMs": "12", "completionTokens": True})
-        window.served(index, "completed", {"ttftMs": None, "completionTokens": -3})
+        for stats in ({"ttftMs": "12", "completionTokens": True},
+                      {"ttftMs": None, "completionTokens": -3}):
+            window.count(0, "completed", None, *measures(stats))
         self.assertEqual(sum(window.ttft), 0)
         self.assertEqual(window.tokens[index], 0)
         self.assertEqual(window.requests[index], 2)

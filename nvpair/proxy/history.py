@@ -51,6 +51,17 @@ def median(counts: list[int]) -> float | None:
     return None  # pragma: no cover (the loop always reaches the rank)
 
 
+def measures(stats: dict[str, Any] | None) -> tuple[int, int]:
+    """(TTFT bin or -1, completion tokens) of a workload's statistics; a value that is not a
+    number (or is a bool, or a negative count) is left out."""
+    if not stats:
+        return -1, 0
+    ttft = stats.get("ttftMs")
+    tokens = stats.get("completionTokens")
+    ttftBin = bisect_left(TTFT_BOUNDS_MS, ttft) if type(ttft) is int or type(ttft) is float else -1
+    return ttftBin, tokens if type(tokens) is int and tokens > 0 else 0
+
+
 class Window:
     """One series of ``BUCKETS`` buckets: ended workloads, tokens, TTFT bins, errors by reason."""
 
@@ -72,17 +83,22 @@ class Window:
         """The slot of ``bucket``, cleared first if it held an older bucket."""
         index = bucket % BUCKETS
         if self.stamps[index] != bucket:
-            self.stamps[index] = bucket
-            self.requests[index] = self.completed[index] = self.cancelled[index] = 0
-            self.failed[index] = self.tokens[index] = 0
-            start = index * _BINS
-            self.ttft[start:start + _BINS] = _ZEROS
-            for reason, row in list(self.reasons.items()):
-                row[index] = 0
-                if not any(row):
-                    del self.reasons[reason]
-        self.last = max(self.last, bucket)
+            self._claim(index, bucket)
         return index
+
+    def _claim(self, index: int, bucket: int) -> None:
+        """Give slot ``index`` to ``bucket``, empty (a reason row left all zero is dropped)."""
+        self.stamps[index] = bucket
+        self.requests[index] = self.completed[index] = self.cancelled[index] = 0
+        self.failed[index] = self.tokens[index] = 0
+        start = index * _BINS
+        self.ttft[start:start + _BINS] = _ZEROS
+        for reason, row in list(self.reasons.items()):
+            row[index] = 0
+            if not any(row):
+                del self.reasons[reason]
+        if bucket > self.last:
+            self.last = bucket
 
     def error(self, index: int, reason: str) -> None:
         """Count one error for ``reason`` in slot ``index``."""
@@ -95,8 +111,13 @@ class Window:
                 row = self.reasons[reason] = [0] * BUCKETS
         row[index] += 1
 
-    def served(self, index: int, state: str, stats: dict[str, Any] | None) -> None:
-        """Count one ended request in slot ``index`` with its terminal state and statistics."""
+    def count(self, bucket: int, state: str, error: str | None, ttftBin: int,
+              tokens: int) -> None:
+        """Count one request that ended in ``bucket``: its terminal state (a failure by its
+        ``error``), its TTFT bin (-1: none) and completion tokens (see :func:`measures`)."""
+        index = bucket % BUCKETS
+        if self.stamps[index] != bucket:
+            self._claim(index, bucket)
         self.requests[index] += 1
         if state == "completed":
             self.completed[index] += 1
@@ -104,13 +125,11 @@ class Window:
             self.cancelled[index] += 1
         else:
             self.failed[index] += 1
-        if stats:
-            ttft = stats.get("ttftMs")
-            if type(ttft) is int or type(ttft) is float:
-                self.ttft[index * _BINS + bisect_left(TTFT_BOUNDS_MS, ttft)] += 1
-            tokens = stats.get("completionTokens")
-            if type(tokens) is int and tokens > 0:
-                self.tokens[index] += tokens
+            self.error(index, error or "unknown")
+        if ttftBin >= 0:
+            self.ttft[index * _BINS + ttftBin] += 1
+        if tokens:
+            self.tokens[index] += tokens
 
     def document(self, current: int) -> dict[str, Any]:
         """The series over the buckets ``current - BUCKETS + 1`` to ``current``, oldest first."""
@@ -184,20 +203,13 @@ class History:
               error: str | None, stats: dict[str, Any] | None) -> None:
         """One workload ended: count it for its facade, and for its node if it served it."""
         bucket = int(self.clock.seconds() // BUCKET_SECONDS)
+        ttftBin, tokens = measures(stats)
         window = self.facades.get(engine)
         if window is None:
             window = self.facades[engine] = Window()
-        index = window.slot(bucket)
-        window.served(index, state, stats)
-        failed = state != "completed" and state != "cancelled"
-        if failed:
-            window.error(index, error or "unknown")
+        window.count(bucket, state, error, ttftBin, tokens)
         if served and node is not None:
-            nodeWindow = self._nodeWindow((engine, node))
-            index = nodeWindow.slot(bucket)
-            nodeWindow.served(index, state, stats)
-            if failed:
-                nodeWindow.error(index, error or "unknown")
+            self._nodeWindow((engine, node)).count(bucket, state, error, ttftBin, tokens)
 
     def attempt(self, engine: str, node: str, kind: str | None, status: int | None) -> None:
         """An attempt on ``node`` committed (``kind`` None) or failed uncommitted with ``kind``."""
