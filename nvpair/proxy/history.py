@@ -66,7 +66,7 @@ class Window:
     """One series of ``BUCKETS`` buckets: ended workloads, tokens, TTFT bins, errors by reason."""
 
     __slots__ = ("stamps", "requests", "completed", "cancelled", "failed", "tokens", "ttft",
-                 "reasons", "last")
+                 "reasons", "last", "medians")
 
     def __init__(self) -> None:
         self.stamps = [-1] * BUCKETS
@@ -78,6 +78,8 @@ class Window:
         self.ttft = [0] * (BUCKETS * _BINS)
         self.reasons: dict[str, list[int]] = {}
         self.last = -1  # the newest bucket written
+        # Per slot, (bucket, TTFT median) once that bucket is over (it can no longer change).
+        self.medians: list[tuple[int, float | None]] = [(-1, None)] * BUCKETS
 
     def slot(self, bucket: int) -> int:
         """The slot of ``bucket``, cleared first if it held an older bucket."""
@@ -135,20 +137,30 @@ class Window:
         """The series over the buckets ``current - BUCKETS + 1`` to ``current``, oldest first."""
         live = [(b % BUCKETS if self.stamps[b % BUCKETS] == b else -1)
                 for b in range(current - BUCKETS + 1, current + 1)]
+        start = (current + 1) % BUCKETS  # the slot of the oldest bucket shown
+        dead = [position for position, i in enumerate(live) if i < 0]
 
         def column(values: list[int]) -> list[int]:
-            return [values[i] if i >= 0 else 0 for i in live]
+            rotated = values[start:] + values[:start]
+            for position in dead:
+                rotated[position] = 0
+            return rotated
 
         ttftTotal = [0] * _BINS
         medians: list[float | None] = []
-        ttft, served = self.ttft, self.requests
+        ttft, served, stamps, cached = self.ttft, self.requests, self.stamps, self.medians
         for i in live:
             if i < 0 or not served[i]:
                 medians.append(None)
                 continue
             bins = ttft[i * _BINS:(i + 1) * _BINS]
             ttftTotal = list(map(add, ttftTotal, bins))
-            medians.append(median(bins))
+            bucket, value = cached[i]
+            if bucket != stamps[i]:
+                value = median(bins)
+                if stamps[i] < current:
+                    cached[i] = (stamps[i], value)
+            medians.append(value)
         requests, tokens = column(self.requests), column(self.tokens)
         reasons = {r: column(row) for r, row in sorted(self.reasons.items())}
         reasons = {r: row for r, row in reasons.items() if any(row)}
