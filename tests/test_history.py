@@ -145,6 +145,28 @@ class MedianTests(SynchronousTestCase):
         self.assertEqual(series["ttftP50Ms"][:-2], [None] * (BUCKETS - 2))
         self.assertEqual(series["totals"]["ttftP50Ms"], 50.0)  # rank 1 of 2: the lower value's bin
 
+    def test_mediansFollowTheirBuckets(self) -> None:
+        """A bucket still filling has its median recomputed on every read; a reused slot never
+        shows the median of the bucket it held before."""
+        clock = Clock()
+        history = History(clock)
+
+        def newest(count: int) -> list[float | None]:
+            series = history.document()["facades"]["llamacpp"]["series"]
+            return list(series["ttftP50Ms"][-count:])
+
+        served(history, ttft=40)
+        self.assertEqual(newest(1), [42.5])
+        served(history, ttft=400)
+        served(history, ttft=400)
+        self.assertEqual(newest(1), [350.0])  # rank 1.5 of 3: half way into the (300, 500] bin
+        clock.advance(BUCKET_SECONDS)
+        self.assertEqual(newest(2), [350.0, None])  # the finished bucket's median, kept
+        clock.advance(BUCKET_SECONDS * (BUCKETS - 1))
+        served(history, ttft=8)  # the first bucket's slot, reused
+        clock.advance(BUCKET_SECONDS)
+        self.assertEqual(newest(2), [7.5, None])
+
     def test_badValuesIgnored(self) -> None:
         """A TTFT or token count that is not a number (or is a bool) is not counted."""
         window = Window()
