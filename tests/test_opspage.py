@@ -203,6 +203,18 @@ class PageTests(SynchronousTestCase):
         self.assertEqual(addresses.textContent(), "http://10.0.0.2:8081 http://10.0.0.1:8081")
         self.assertEqual(rows["me"].all("div", class_="addr"), [])
 
+    def test_manyModels(self) -> None:
+        """Six model names are shown; the rest are counted, and named in the tooltip."""
+        names = [f"model-{i:02d}" for i in range(9)] + ["<b>x</b>"]
+        self.service.facades["llamacpp"].setSnapshot(Snapshot(parseNodes({"nodes": [
+            {"id": "A", "models": names}]}), ENGINE.normalize))
+        (row,) = self.page().all("tr", class_="node")
+        self.assertEqual([m.textContent() for m in row.all("span", class_="model")],
+                         sorted(names)[:6])
+        (more,) = row.all("span", class_="more")
+        self.assertEqual(more.textContent(), "+4 more")
+        self.assertEqual(more.attrs["title"], ", ".join(sorted(names)[6:]))
+
     def test_work(self) -> None:
         """In-flight and reserved work as bars scaled to the busiest node, and the load."""
         self.service.activity.change("A", +1)

@@ -85,7 +85,8 @@ def _models(names: list[str], count: int) -> str:
     shown = "".join(f'<span class="model">{esc(n)}</span>' for n in names[:MAX_MODELS_SHOWN])
     more = count - min(len(names), MAX_MODELS_SHOWN)
     if more > 0:
-        shown += f'<span class="more">+{more} more</span>'
+        hidden = esc(", ".join(names[MAX_MODELS_SHOWN:]))
+        shown += f'<span class="more" title="{hidden}">+{more} more</span>'
     return shown or '<span class="none">none</span>'
 
 

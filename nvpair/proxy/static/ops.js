@@ -174,7 +174,11 @@
     var td = el("td", "models");
     names.slice(0, MAX_MODELS).forEach(function (n) { td.appendChild(el("span", "model", n)); });
     var more = count - Math.min(names.length, MAX_MODELS);
-    if (more > 0) td.appendChild(el("span", "more", "+" + more + " more"));
+    if (more > 0) {
+      var rest = el("span", "more", "+" + more + " more");
+      rest.title = names.slice(MAX_MODELS).join(", ");
+      td.appendChild(rest);
+    }
     if (!td.childNodes.length) td.appendChild(el("span", "none", "none"));
     return td;
   }
