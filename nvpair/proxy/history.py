@@ -9,7 +9,8 @@ reasons into at most ``MAX_REASONS`` rows per series (the rest count as ``other`
 is therefore constant whatever the load; the number of node series is capped too.
 
 :class:`History` is fed once per workload end (:meth:`History.ended`) and once per attempt
-outcome (:meth:`History.attempt`): a few list increments, no allocation in the steady state.
+outcome (:meth:`History.attempt`): a few list increments and a small tuple or two; lists are
+allocated only for a new series or error reason, and cleared only when a bucket rolls over.
 """
 
 from __future__ import annotations
