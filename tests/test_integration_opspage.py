@@ -8,21 +8,31 @@ was rendered: node states, charts with data points, formatted statistics.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
+from typing import Any
 
 import treq
 from twisted.internet import defer, reactor
 from twisted.internet.error import ProcessExitedAlready
 from twisted.internet.protocol import ProcessProtocol
+from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SkipTest, TestCase
+from twisted.web.resource import Resource
+from twisted.web.server import Site
 
+from nvpair.proxy.candidates import Snapshot, parseNodes
+from nvpair.proxy.history import Window
+from nvpair.proxy.ops import PAGE_CSP, historyDocument, opsResource, statusDocument
+from nvpair.proxy.opspage import renderPage
 from tests.dom import Element, parseDom
 from tests.fakeengine import Status
 from tests.harness import ProxyFixture, directNode, freePort, startEngine
 from tests.standaloneharness import StandaloneProxy
+from tests.test_ops import ENGINE, makeService, scripted
 
 # Flags from TWISTED-NOTES: headless as root, loopback only, nothing fetched from the internet.
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -297,3 +307,92 @@ class OpsPageBrokerTests(TestCase):
                      for r in dom.all("tr", class_="node")}
         self.assertEqual(addresses, {"A": dead["addresses"][0], "B": answering.url,
                                      "C": serving.url, "D": idle.url})
+
+
+HOSTILE = "<img src=x onerror=alert(1)>"
+AFFINITY = {"mode": "prefix", "active": True, "counts": {"llamacpp": {"hit": 3, "miss": 1}}}
+
+
+class _WithAffinity(Resource):
+    """The ops resource of a scripted service, its page and /status given an ``affinity``
+    object (as the affinity feature adds) so that both renderers draw that tile too."""
+
+    isLeaf = True
+
+    def __init__(self, service: Any) -> None:
+        super().__init__()
+        self.service = service
+        self.ops = opsResource(service)
+
+    def status(self) -> dict[str, Any]:
+        return {**statusDocument(self.service), "affinity": AFFINITY}
+
+    def render(self, request: Any) -> Any:
+        if request.path == b"/status":
+            request.setHeader(b"content-type", b"application/json")
+            return json.dumps(self.status()).encode()
+        if request.path == b"/":
+            request.setHeader(b"content-type", b"text/html; charset=utf-8")
+            request.setHeader(b"content-security-policy", PAGE_CSP)
+            return renderPage(self.status(), historyDocument(self.service),
+                              Window().document(0)).encode()
+        return self.ops.render(request)
+
+
+def drawn(page: Element) -> list[Any]:
+    """What a reader sees of the facades and workloads: texts, states, chart geometry."""
+    shapes: list[Any] = []
+    for root in page.all(id="facades") + page.all(id="workloads"):
+        shapes.append(root.textContent())
+        for element in root.all():
+            if element.tag in ("polyline", "rect") or "data-state" in element.attrs:
+                shapes.append((element.tag, sorted(element.attrs.items())))
+    return shapes
+
+
+class ScriptParityTests(TestCase):
+    """On a frozen clock the script redraws exactly the page the server rendered."""
+
+    timeout = 90
+
+    def test_scriptDrawsWhatServerDraws(self) -> defer.Deferred[None]:
+        """Same texts, states, charts and affinity tile; engine-provided markup stays text in
+        the browser too (no element injected, nothing logged to the console)."""
+        return defer.Deferred.fromCoroutine(self._parity())
+
+    async def _parity(self) -> None:
+        binary = chromiumPath()
+        if binary is None:
+            raise SkipTest(NO_CHROMIUM)
+        clock = MemoryReactorClock()
+        clock.advance(1_764_000_000)
+        service = makeService(clock)
+        scripted(service)
+        service.facades["llamacpp"].setSnapshot(Snapshot(parseNodes({"nodes": [
+            {"id": "A", "addresses": ["http://10.0.0.1:8081"],
+             "models": [f"m{i}" for i in range(8)] + [HOSTILE]},
+            {"id": HOSTILE, "models": ["m1"]}]}), ENGINE.normalize))
+        for ttft, error in ((120, None), (480, HOSTILE), (60, None)):
+            clock.advance(7)
+            w = service.reporter.admit("llamacpp", HOSTILE if error else "m1")
+            w.submitted("A")
+            w.started("A")
+            w.finish("failed" if error else "completed", error,
+                     {"ttftMs": ttft, "completionTokens": 42, "tokensPerSecond": 31.5})
+        service.reporter.history.attempt("llamacpp", HOSTILE, "transport", None)
+        port = reactor.listenTCP(0, Site(_WithAffinity(service)), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        url = f"http://127.0.0.1:{port.getHost().port}/"
+        profile = tempfile.mkdtemp(prefix="nvpair-chromium-")
+        self.addCleanup(shutil.rmtree, profile, True)
+        dom = await runChromium(binary, url, profile)
+        served = parseDom(await (await treq.get(url, persistent=False)).text("utf-8"))
+        self.assertEqual(dom.all(id="live")[0].attrs["data-source"], "js")
+        self.assertEqual(dom.all("img"), [])
+        self.assertEqual([s.attrs.get("src") for s in dom.all("script")], ["/ops.js"])
+        self.assertEqual(drawn(dom), drawn(served))
+        (tile,) = dom.all("div", class_="affinity")
+        self.assertEqual(tile.textContent(), "affinity hit rate 75% hit 3 · miss 1")
+        hostile = dom.all("tr", class_="wl")[1]
+        self.assertEqual(hostile.all("td")[3].textContent(), HOSTILE)
+        self.assertEqual(hostile.all("td")[-1].textContent(), f"{HOSTILE} {HOSTILE}")

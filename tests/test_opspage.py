@@ -289,15 +289,28 @@ class PageTests(SynchronousTestCase):
         tiles = dom.all("div", class_="errors")
         self.assertIn(HOSTILE_ERROR, tiles[0].all("svg")[0].attrs["aria-label"])
 
+    def affinityTiles(self, status: dict[str, Any]) -> list[Element]:
+        html = renderPage(status, historyDocument(self.service), Window().document(0))
+        return parseDom(html).all("div", class_="affinity")
+
     def test_affinity(self) -> None:
-        """A facade whose status has affinity counters shows their hit rate; others show none."""
+        """Where the status has conversation-affinity counters (the process-wide ``affinity``
+        object when active, or the facade's own) a tile shows the hit rate; else none."""
         status = statusDocument(self.service)
-        history = historyDocument(self.service)
-        empty = Window().document(0)
-        self.assertEqual(parseDom(renderPage(status, history, empty)).all(
-            "div", class_="affinity"), [])
-        status["facades"]["llamacpp"]["affinity"] = {"hits": 8, "misses": 2}
-        (tile,) = parseDom(renderPage(status, history, empty)).all("div", class_="affinity")
+        self.assertEqual(self.affinityTiles(status), [])
+        status["affinity"] = {"mode": "off", "active": False}
+        self.assertEqual(self.affinityTiles(status), [])
+        status["affinity"] = {"mode": "prefix", "active": True, "entries": 0, "counts": {}}
+        (tile,) = self.affinityTiles(status)
+        self.assertEqual(tile.all("div", class_="tval")[0].textContent(), "–")
+        self.assertEqual(tile.all("div", class_="tsub")[0].textContent(), "no placements yet")
+        status["affinity"]["counts"] = {"llamacpp": {"hit": 6, "miss": 3, "overridden": 1}}
+        (tile,) = self.affinityTiles(status)
+        self.assertEqual(tile.all("div", class_="tval")[0].textContent(), "60%")
+        self.assertEqual(tile.all("div", class_="tsub")[0].textContent(),
+                         "hit 6 · miss 3 · overridden 1")
+        status["facades"]["llamacpp"]["affinity"] = {"hits": 8, "misses": 2, "<b>": True}
+        (tile,) = self.affinityTiles(status)
         self.assertEqual(tile.all("div", class_="tval")[0].textContent(), "80%")
         self.assertEqual(tile.all("div", class_="tsub")[0].textContent(), "hits 8 · misses 2")
 

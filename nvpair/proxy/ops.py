@@ -42,7 +42,7 @@ _STATIC = files("nvpair.proxy") / "static"
 OPS_JS = (_STATIC / "ops.js").read_bytes()
 OPS_CSS = (_STATIC / "ops.css").read_bytes()
 # Scripts, styles and data from the listener itself only; no inline script or style.
-_PAGE_CSP = (b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+PAGE_CSP = (b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
              b"connect-src 'self'; base-uri 'none'; form-action 'none'; "
              b"frame-ancestors 'none'")
 
@@ -151,7 +151,7 @@ class OpsApp:
     def page(self, request: Any) -> bytes:
         """The operations page, rendered here; ``/ops.js`` keeps it live from the JSON."""
         _common(request, b"text/html; charset=utf-8")
-        request.setHeader(b"content-security-policy", _PAGE_CSP)
+        request.setHeader(b"content-security-policy", PAGE_CSP)
         html = renderPage(statusDocument(self.service), historyDocument(self.service),
                           Window().document(0))
         return html.encode("utf-8")

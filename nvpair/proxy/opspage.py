@@ -58,27 +58,45 @@ def charts(series: dict[str, Any], bucketSeconds: int) -> list[tuple[str, str, s
     ]
 
 
-def _tiles(series: dict[str, Any], bucketSeconds: int, affinity: Any) -> str:
+def _tiles(series: dict[str, Any], bucketSeconds: int, affinity: dict[str, Any] | None) -> str:
     tiles = [
         f'<div class="tile {metric}"><div class="tlabel">{title}</div>'
         f'<div class="tval">{esc(value)}</div>{svg}<div class="tsub">{esc(sub)}</div></div>'
         for metric, title, value, svg, sub in charts(series, bucketSeconds)
     ]
-    if isinstance(affinity, dict) and affinity:
+    if affinity is not None:
         tiles.append(_affinityTile(affinity))
     return f'<div class="tiles">{"".join(tiles)}</div>'
 
 
+def affinityCounts(status: dict[str, Any], engineId: str) -> dict[str, Any] | None:
+    """A facade's conversation-affinity counters, or None where affinity does not apply.
+
+    Either the facade's own ``affinity`` object, or the process-wide ``affinity`` object's
+    ``counts`` for this engine when it is ``active`` (empty until the first placement).
+    """
+    own = status["facades"][engineId].get("affinity")
+    if isinstance(own, dict) and own:
+        return own
+    shared = status.get("affinity")
+    if not isinstance(shared, dict) or not shared.get("active"):
+        return None
+    counts = shared.get("counts")
+    found = counts.get(engineId) if isinstance(counts, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
 def _affinityTile(affinity: dict[str, Any]) -> str:
-    """Conversation-affinity counters, when the status document has them."""
-    hits, misses = affinity.get("hits"), affinity.get("misses")
-    value = "–"
-    if isinstance(hits, int | float) and isinstance(misses, int | float) and hits + misses:
-        value = f"{fixed(100 * hits / (hits + misses), 0)}%"
-    detail = " · ".join(f"{esc(k)} {esc(number(v) if isinstance(v, int | float) else v)}"
-                        for k, v in sorted(affinity.items()))
+    """The hit rate (``hit`` or ``hits`` over every counted placement) and the counters."""
+    numbers = {k: v for k, v in affinity.items()
+               if isinstance(v, int | float) and not isinstance(v, bool)}
+    hits = numbers.get("hit", numbers.get("hits"))
+    total = sum(numbers.values())
+    value = f"{fixed(100 * hits / total, 0)}%" if hits is not None and total else "–"
+    detail = " · ".join(f"{esc(k)} {number(v)}" for k, v in sorted(numbers.items()))
     return (f'<div class="tile affinity"><div class="tlabel">affinity hit rate</div>'
-            f'<div class="tval">{value}</div><div class="tsub">{detail}</div></div>')
+            f'<div class="tval">{value}</div>'
+            f'<div class="tsub">{detail or "no placements yet"}</div></div>')
 
 
 def _models(names: list[str], count: int) -> str:
@@ -122,8 +140,9 @@ def _nodeRow(node: dict[str, Any], series: dict[str, Any] | None, empty: dict[st
             f'{"".join(cells)}</tr>')
 
 
-def _facade(engineId: str, facade: dict[str, Any], history: dict[str, Any],
+def _facade(engineId: str, status: dict[str, Any], history: dict[str, Any],
             empty: dict[str, Any], now: int) -> str:
+    facade = status["facades"][engineId]
     seconds = history["bucketSeconds"]
     hist = history["facades"].get(engineId, {"series": empty, "nodes": {}})
     ports = str(facade["port"]) + "".join(f" + {esc(a)}" for a in facade["aliases"])
@@ -139,7 +158,7 @@ def _facade(engineId: str, facade: dict[str, Any], history: dict[str, Any],
     heads = "".join(f"<th>{h}</th>" for h in _NODE_HEADINGS)
     return (f'<section class="card facade" data-facade="{esc(engineId)}">'
             f'<div class="fhead"><h2>{esc(engineId)}</h2><span class="meta">{meta}</span></div>'
-            f'{_tiles(hist["series"], seconds, facade.get("affinity"))}'
+            f'{_tiles(hist["series"], seconds, affinityCounts(status, engineId))}'
             f'<table class="nodes"><thead><tr>{heads}</tr></thead><tbody>{rows}</tbody></table>'
             f'</section>')
 
@@ -180,7 +199,7 @@ def summary(status: dict[str, Any]) -> str:
 def renderPage(status: dict[str, Any], history: dict[str, Any], empty: dict[str, Any]) -> str:
     """The whole page; ``empty`` is the document of a series with no data."""
     now = status["now"]
-    facades = "".join(_facade(e, f, history, empty, now) for e, f in status["facades"].items())
+    facades = "".join(_facade(e, status, history, empty, now) for e in status["facades"])
     if not facades:
         facades = '<section class="card"><p class="none">no facade is enabled yet</p></section>'
     rows = "".join(_workloadRow(w, now) for w in status["workloads"]["recent"])

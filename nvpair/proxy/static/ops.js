@@ -150,15 +150,21 @@
       totals: {requests: 0, tokens: 0, ttftP50Ms: null, errors: 0, errorsByReason: {}}};
   }
 
+  function affinityCounts(s, id) {  // as opspage.affinityCounts
+    var own = s.facades[id].affinity, shared = s.affinity;
+    if (own && typeof own === "object" && Object.keys(own).length) return own;
+    if (!shared || typeof shared !== "object" || !shared.active) return null;
+    var found = shared.counts && shared.counts[id];
+    return found && typeof found === "object" ? found : {};
+  }
   function affinityTile(a) {
-    var keys = Object.keys(a).sort(), value = "\u2013";
-    if (typeof a.hits === "number" && typeof a.misses === "number" && a.hits + a.misses)
-      value = (100 * a.hits / (a.hits + a.misses)).toFixed(0) + "%";
-    var detail = keys.map(function (k) {
-      return k + " " + (typeof a[k] === "number" ? number(a[k]) : String(a[k]));
-    }).join(" \u00b7 ");
+    var keys = Object.keys(a).filter(function (k) { return typeof a[k] === "number"; }).sort();
+    var total = keys.reduce(function (sum, k) { return sum + a[k]; }, 0);
+    var hits = "hit" in a ? a.hit : a.hits, value = "\u2013";
+    if (typeof hits === "number" && total) value = (100 * hits / total).toFixed(0) + "%";
+    var detail = keys.map(function (k) { return k + " " + number(a[k]); }).join(" \u00b7 ");
     return add(el("div", "tile affinity"), [el("div", "tlabel", "affinity hit rate"),
-      el("div", "tval", value), el("div", "tsub", detail)]);
+      el("div", "tval", value), el("div", "tsub", detail || "no placements yet")]);
   }
   function tiles(series, bucketSeconds, affinity) {
     var box = el("div", "tiles");
@@ -166,8 +172,7 @@
       add(box, [add(el("div", "tile " + c[0]), [el("div", "tlabel", c[1]),
         el("div", "tval", c[2]), c[3], el("div", "tsub", c[4])])]);
     });
-    if (affinity && typeof affinity === "object" && Object.keys(affinity).length)
-      box.appendChild(affinityTile(affinity));
+    if (affinity !== null) box.appendChild(affinityTile(affinity));
     return box;
   }
   function models(names, count) {
@@ -204,7 +209,8 @@
     });
     return tr;
   }
-  function facadeCard(id, f, history, now) {
+  function facadeCard(id, s, history, now) {
+    var f = s.facades[id];
     var bs = history.bucketSeconds, empty = emptySeries(history.buckets);
     var hist = history.facades[id] || {series: empty, nodes: {}};
     var ports = String(f.port) + f.aliases.map(function (a) { return " + " + a; }).join("");
@@ -226,7 +232,7 @@
       body.appendChild(add(el("tr"), [none]));
     }
     return add(card, [add(el("div", "fhead"), [el("h2", null, id), el("span", "meta", meta)]),
-      tiles(hist.series, bs, f.affinity),
+      tiles(hist.series, bs, affinityCounts(s, id)),
       add(el("table", "nodes"), [add(el("thead"), [head]), body])]);
   }
 
@@ -274,7 +280,7 @@
       document.getElementById("summary"), Array.from(chips(s).childNodes));
     var facades = document.getElementById("facades"), ids = Object.keys(s.facades);
     facades.replaceChildren.apply(facades, ids.map(function (id) {
-      return facadeCard(id, s.facades[id], history, now);
+      return facadeCard(id, s, history, now);
     }));
     if (!ids.length) {
       facades.appendChild(add(el("section", "card"),
