@@ -45,11 +45,11 @@ class AnsweringDoor:
 
     def handle(self, request: Any) -> None:
         request.setResponseCode(200, b"OK")
-        raw = request.responseHeaders._rawHeaders
-        raw[b"Content-Type"] = [b"application/json"]
-        raw[b"Content-Length"] = [b"%d" % len(ANSWER)]
-        raw[b"X-Nvpair-Node"] = [b"E"]
-        raw[b"X-Nvpair-Attempts"] = [b"1"]
+        headers = request.responseHeaders
+        headers.setRawHeaders(b"Content-Type", [b"application/json"])
+        headers.setRawHeaders(b"Content-Length", [b"%d" % len(ANSWER)])
+        headers.setRawHeaders(b"X-Nvpair-Node", [b"E"])
+        headers.setRawHeaders(b"X-Nvpair-Attempts", [b"1"])
         request.write(ANSWER)
         request.finish()
 
