@@ -66,6 +66,7 @@ class ServerChannel(Protocol):
 
     def __init__(self, site: FacadeSite) -> None:
         self.site = site
+        self._maxHead = site.maxHeaderBytes
         self._parser = HttpRequestParser(self)
         # The message being parsed: its head, then its body.
         self._inMessage = False
@@ -73,6 +74,7 @@ class ServerChannel(Protocol):
         self._resuming = False  # a synthetic head that frames an upgrade request's body
         self._url = b""
         self._fields: list[tuple[bytes, bytes]] = []
+        self._counted = 0  # fields already in ``_headBytes``
         self._headBytes = 0  # what the reported parts of the head add up to
         self._headRaw = 0  # the head's bytes read so far, when known
         self._trailerBytes = 0
@@ -150,13 +152,15 @@ class ServerChannel(Protocol):
         if self._stopped:
             return  # after a refusal or a last request: read and dropped
         ticks = self._ticks
+        fields = len(self._fields)
         # Whether this read starts in a head (or before one): then, while the head lasts,
         # all of it is head bytes.
         whole = self._inHead or not self._inMessage
         done = self._done
         self._feed(data)
         if not self._stopped:
-            self._limitPending(data, ticks, whole and done == self._done)
+            self._limitPending(data, ticks != self._ticks or fields != len(self._fields),
+                               whole and done == self._done)
         self._serve()
         if self._current is None:
             if self._incoming is not None:
@@ -165,18 +169,20 @@ class ServerChannel(Protocol):
             self._paused = True
             self.transport.pauseProducing()  # type: ignore[union-attr]
 
-    def _limitPending(self, data: bytes, ticks: int, whole: bool) -> None:
+    def _limitPending(self, data: bytes, progressed: bool, whole: bool) -> None:
         """Bound what llhttp and httptools hold of a head or chunk line not yet complete
         (they have no limit): the head's bytes when this read is all head, else the
         fields reported plus the bytes of reads that completed no field."""
-        if self._ticks != ticks:
+        if progressed:
             self._stale = 0
         elif self._inMessage:
             self._stale += len(data)
-        limit = self.site.maxHeaderBytes
+        limit = self._maxHead
         if self._inHead:
             self._headRaw = self._headRaw + len(data) if whole else 0
-            if max(self._headRaw, self._headBytes + self._stale) > limit:
+            if max(self._headRaw, self._headSize() + self._stale) > limit or (
+                len(self._fields) > MAX_HEADERS
+            ):
                 self._refused(Refusal(431, _HEAD_TOO_LARGE, pathOf(self._url)))
         elif self._stale > limit:
             self._refused(Refusal(400, "a chunk line is longer than the proxy accepts",
@@ -235,29 +241,37 @@ class ServerChannel(Protocol):
         self._headRaw = 0
         self._url = b""
         self._fields = []
+        self._counted = 0
         self._trailerBytes = 0
 
     def on_url(self, url: bytes) -> None:
         self._ticks += 1
         self._url += url
         self._headBytes += len(url)
-        if self._headBytes > self.site.maxHeaderBytes:
+        if self._headBytes > self._maxHead:
             self._fail(Refusal(431, _HEAD_TOO_LARGE))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._ticks += 1
-        size = len(name) + len(value) + 4
-        limit = self.site.maxHeaderBytes
         if self._inHead:
-            self._fields.append((name, value))
-            self._headBytes += size
-            if self._headBytes > limit or len(self._fields) > MAX_HEADERS:
-                self._fail(Refusal(431, _HEAD_TOO_LARGE, pathOf(self._url)))
-        else:
-            self._trailerBytes += size
-            if self._trailerBytes > limit:
-                self._fail(Refusal(431, "the request trailers are larger than the proxy "
-                                        "accepts", pathOf(self._url)))
+            self._fields.append((name, value))  # counted by ``_headSize``
+            return
+        self._ticks += 1
+        self._trailerBytes += len(name) + len(value) + 4
+        if self._trailerBytes > self._maxHead:
+            self._fail(Refusal(431, "the request trailers are larger than the proxy accepts",
+                               pathOf(self._url)))
+
+    def _headSize(self) -> int:
+        """The bytes of the head's reported parts (its fields counted once each)."""
+        fields = self._fields
+        counted = self._counted
+        if len(fields) > counted:
+            size = self._headBytes
+            for name, value in fields[counted:] if counted else fields:
+                size += len(name) + len(value) + 4
+            self._headBytes = size
+            self._counted = len(fields)
+        return self._headBytes
 
     def on_headers_complete(self) -> None:
         self._ticks += 1
@@ -267,12 +281,15 @@ class ServerChannel(Protocol):
             self._upgrade = False
             self._trailerBytes = 0
             return
+        if self._headSize() > self._maxHead or len(self._fields) > MAX_HEADERS:
+            self._fail(Refusal(431, _HEAD_TOO_LARGE, pathOf(self._url)))
         parser = self._parser
         try:
             proto = clientProtocol(parser.get_http_version())
             method = parser.get_method()
             headers = headersOf(self._fields)
-            uri = checkHead(method, proto, self._url, headers)
+            codings = headers.getRawHeaders(b"transfer-encoding")
+            uri = checkHead(method, proto, self._url, headers, codings)
         except Refusal as refusal:
             if refusal.path == b"/":
                 refusal.path = pathOf(self._url)
@@ -286,9 +303,8 @@ class ServerChannel(Protocol):
         self._received = 0
         self._upgrade = parser.should_upgrade()
         length = _announced(headers)
-        chunked = headers.getRawHeaders(b"transfer-encoding") is not None
-        self._bodyLength = -1 if chunked else length
-        if not (chunked or length):
+        self._bodyLength = -1 if codings is not None else length
+        if not self._bodyLength:
             return
         if length > self.site.maxBody:
             request.tooLarge = True

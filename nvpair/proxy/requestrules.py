@@ -11,6 +11,7 @@ OPTIONS only).  A request that breaks a rule raises ``Refusal``: an error answer
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from httptools import HttpParserInvalidURLError, parse_url
 from twisted.web.http_headers import Headers
@@ -50,9 +51,12 @@ def headersOf(fields: list[tuple[bytes, bytes]]) -> Headers:
     return headers
 
 
-def checkHead(method: bytes, proto: bytes, url: bytes, headers: Headers) -> bytes:
-    """Apply the rules to one head; return the origin-form target to route (``headers``'
-    ``Host`` is replaced by the authority of an absolute-form target)."""
+def checkHead(
+    method: bytes, proto: bytes, url: bytes, headers: Headers, codings: Sequence[bytes] | None
+) -> bytes:
+    """Apply the rules to one head (``codings``: its Transfer-Encoding values); return the
+    origin-form target to route (``headers``' ``Host`` is replaced by the authority of an
+    absolute-form target)."""
     path = pathOf(url)
     hosts = headers.getRawHeaders(b"host")
     if hosts is None:
@@ -60,7 +64,6 @@ def checkHead(method: bytes, proto: bytes, url: bytes, headers: Headers) -> byte
             raise Refusal(400, "an HTTP/1.1 request must carry a Host header", path)
     elif len(hosts) > 1:
         raise Refusal(400, "the request carries more than one Host header", path)
-    codings = headers.getRawHeaders(b"transfer-encoding")
     if codings is not None:
         if proto != b"HTTP/1.1":
             raise Refusal(400, "Transfer-Encoding is not allowed in an HTTP/1.0 request", path)

@@ -107,25 +107,30 @@ class ServerRequest:
         return data
 
     def _head(self) -> bytes:
-        headers = self.responseHeaders
         code = self.code
+        parts = [b"%s %d %s\r\n" % (self.clientproto, code, self.code_message)]
+        hasLength = False
+        connection = None
+        # ``getAllRawHeaders`` gives names in their canonical capitalization.
+        for name, values in self.responseHeaders.getAllRawHeaders():
+            if name == b"Content-Length":
+                hasLength = True
+            elif name == b"Connection":
+                connection = values[-1]
+            for value in values:
+                parts.append(b"%s: %s\r\n" % (name, value))
         if self.method == b"HEAD" or code in NO_BODY_CODES or code < 200:
             self._noBody = True
-        elif not headers.hasHeader(b"content-length"):
+        elif not hasLength:
             if self.clientproto == HTTP11:
-                headers.setRawHeaders(b"transfer-encoding", [b"chunked"])
+                parts.append(b"Transfer-Encoding: chunked\r\n")
                 self._chunked = True
             else:
                 self.persistent = False
-        connection = headers.getRawHeaders(b"connection")
-        if connection is not None and b"close" in connection[-1].lower():
+        if connection is not None and b"close" in connection.lower():
             self.persistent = False
         elif not self.persistent and self.clientproto == HTTP11:
-            headers.setRawHeaders(b"connection", [b"close"])
-        parts = [b"%s %d %s\r\n" % (self.clientproto, code, self.code_message)]
-        for name, values in headers.getAllRawHeaders():
-            for value in values:
-                parts.append(b"%s: %s\r\n" % (name, value))
+            parts.append(b"Connection: close\r\n")
         parts.append(b"\r\n")
         return b"".join(parts)
 
