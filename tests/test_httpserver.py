@@ -278,6 +278,17 @@ class UpgradeTests(SynchronousTestCase):
         self.assertEqual(out.count(b"HTTP/1.1 200 OK\r\n"), 2, out)
 
 
+    def test_manyUpgradesInOneRead(self) -> None:
+        """Thousands of pipelined upgrade requests in one read are all served in order."""
+        door = Door()
+        conn = Connection(door)
+        one = (b"GET /ws?%d HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\n"
+               b"Upgrade: websocket\r\n\r\n")
+        out = conn.send(b"".join(one % i for i in range(3000)))
+        self.assertEqual(out.count(b"HTTP/1.1 200 OK\r\n"), 3000)
+        self.assertEqual(door.requests[-1].uri, b"/ws?2999")
+
+
 class ResponseFramingTests(SynchronousTestCase):
     """Answers are framed by length, by chunks, or by the connection's end."""
 

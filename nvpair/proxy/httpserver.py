@@ -189,36 +189,36 @@ class ServerChannel(Protocol):
                                   pathOf(self._url)))
 
     def _feed(self, data: bytes) -> None:
-        try:
-            self._parser.feed_data(data)
-        except HttpParserUpgrade as upgrade:
-            self._notUpgraded(data[upgrade.args[0]:])
-        except HttpParserError as error:
-            if self._stopped:
-                return  # stopped on purpose from a callback
-            refusal = self._refusal
-            if refusal is None:
-                if isinstance(error, HttpParserCallbackError):
-                    cause = type(error.__context__).__name__
-                    self.log.error("request-parse-crashed", problem=cause)
-                    refusal = Refusal(500, "internal proxy error")
-                else:
-                    refusal = Refusal(400, f"the request is not valid HTTP/1.1: {error}",
-                                      pathOf(self._url))
-            self._refused(refusal)
+        while data:
+            try:
+                self._parser.feed_data(data)
+                return
+            except HttpParserUpgrade as upgrade:
+                data = self._notUpgraded(data[upgrade.args[0]:])
+            except HttpParserError as error:
+                if not self._stopped:  # else stopped on purpose from a callback
+                    self._refused(self._refusalFor(error))
+                return
 
-    def _notUpgraded(self, rest: bytes) -> None:
+    def _notUpgraded(self, rest: bytes) -> bytes:
         """llhttp stopped at an upgrade request: never upgrade, go on with a fresh parser
-        (first framing the upgrade request's body, which llhttp skipped)."""
+        (first framing the upgrade request's body, which llhttp skipped); the bytes to feed
+        it."""
         self._parser = HttpRequestParser(self)
         length, self._awaitBody = self._awaitBody, 0
-        if length:
-            self._resuming = True
-            framing = (b"Transfer-Encoding: chunked" if length < 0
-                       else b"Content-Length: %d" % length)
-            self._feed(b"POST / HTTP/1.1\r\n%s\r\n\r\n" % framing)
-        if rest and not self._stopped:
-            self._feed(rest)
+        if not length:
+            return rest
+        self._resuming = True
+        framing = b"Transfer-Encoding: chunked" if length < 0 else b"Content-Length: %d" % length
+        return b"POST / HTTP/1.1\r\n%s\r\n\r\n%s" % (framing, rest)
+
+    def _refusalFor(self, error: HttpParserError) -> Refusal:
+        if self._refusal is not None:
+            return self._refusal
+        if isinstance(error, HttpParserCallbackError):
+            self.log.error("request-parse-crashed", problem=type(error.__context__).__name__)
+            return Refusal(500, "internal proxy error")
+        return Refusal(400, f"the request is not valid HTTP/1.1: {error}", pathOf(self._url))
 
     def _held(self) -> int:
         """Bytes of requests parsed ahead of the answer in progress."""
