@@ -12,7 +12,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.engines import OLLAMA, Engine
+from nvpair.proxy.engines import LLAMACPP, OLLAMA, Engine
 from nvpair.proxy.httpserver import PIPELINE_HOLD
 from nvpair.proxy.site import FacadeSite
 
@@ -692,6 +692,21 @@ class RfcRuleTests(SynchronousTestCase):
         conn = Connection(OllamaDoor())
         _, _, doc = errorOf(conn.send(b"B@D /api/chat HTTP/1.1\r\n\r\n"))
         self.assertEqual(doc["error"]["code"], "bad_request")
+
+    def test_errorShapeOfPeerDoor(self) -> None:
+        """A door holding its facade (the peer personality's) gives that facade's engine;
+        an engine passed to the site wins over the door's."""
+
+        class Facade:
+            engine = OLLAMA
+
+        class PeerLikeDoor(Door):
+            facade = Facade()
+
+        site = FacadeSite(PeerLikeDoor(), Clock(), 10, 1.0, 100)
+        self.assertIs(site.engine, OLLAMA)
+        site = FacadeSite(OllamaDoor(), Clock(), 10, 1.0, 100, engine=LLAMACPP)
+        self.assertIs(site.engine, LLAMACPP)
 
     def test_headRefusalHasBody(self) -> None:
         """A refused HEAD request still gets its error body (the method is not trusted)."""
