@@ -41,7 +41,8 @@ class HeadRuleTests(SynchronousTestCase):
     def check(self, fields: list[tuple[bytes, bytes]], proto: bytes = b"HTTP/1.1",
               url: bytes = b"/p?q", method: bytes = b"GET") -> bytes:
         headers = headersOf(fields)
-        return checkHead(method, proto, url, headers, headers.getRawHeaders(b"transfer-encoding"))
+        return checkHead(method, proto, url, headers[0],
+                         headers[0].getRawHeaders(b"transfer-encoding"))
 
     def refusal(self, fields: list[tuple[bytes, bytes]]) -> Refusal:
         with self.assertRaises(Refusal) as caught:
@@ -61,7 +62,7 @@ class HeadRuleTests(SynchronousTestCase):
     def test_absoluteFormReplacesHost(self) -> None:
         """An absolute-form target's authority replaces the received Host (whatever it
         was), and the origin form is returned."""
-        headers = headersOf([(b"Host", b"not valid at all")])
+        headers, _ = headersOf([(b"Host", b"not valid at all")])
         target = checkHead(b"POST", b"HTTP/1.1", b"http://e:1/v1/x", headers, None)
         self.assertEqual(target, b"/v1/x")
         self.assertEqual(headers.getRawHeaders(b"host"), [b"e:1"])
@@ -78,6 +79,19 @@ class HeadRuleTests(SynchronousTestCase):
             with self.assertRaises(Refusal) as caught:
                 clientProtocol(version)
             self.assertEqual(caught.exception.status, status)
+
+    def test_headersOf(self) -> None:
+        """Values lose trailing whitespace; the size counts each line as sent."""
+        headers, size = headersOf([(b"A", b"x \t"), (b"a", b"y")])
+        self.assertEqual(headers.getRawHeaders(b"a"), [b"x", b"y"])
+        self.assertEqual(size, len(b"A: x \t\r\na: y\r\n"))
+
+    def test_validHostRemembered(self) -> None:
+        """A Host value found valid once passes again; an invalid one is refused every
+        time (never remembered)."""
+        for _ in range(2):
+            self.assertEqual(self.check([(b"Host", b"again.local:1")]), b"/p?q")
+            self.refusal([(b"Host", b"bad host")])
 
     def test_pathOf(self) -> None:
         """The path of an origin-form target; ``/`` for anything else."""

@@ -74,8 +74,9 @@ class ServerChannel(Protocol):
         self._resuming = False  # a synthetic head that frames an upgrade request's body
         self._url = b""
         self._fields: list[tuple[bytes, bytes]] = []
-        self._counted = 0  # fields already in ``_headBytes``
-        self._headBytes = 0  # what the reported parts of the head add up to
+        self._headBytes = 0  # the request line and target as reported so far
+        self._fieldBytes = 0  # the first ``_counted`` fields of a head still arriving
+        self._counted = 0
         self._headRaw = 0  # the head's bytes read so far, when known
         self._trailerBytes = 0
         self._incoming: ServerRequest | None = None
@@ -158,9 +159,11 @@ class ServerChannel(Protocol):
         whole = self._inHead or not self._inMessage
         done = self._done
         self._feed(data)
-        if not self._stopped:
+        if self._inMessage and not self._stopped:
             self._limitPending(data, ticks != self._ticks or fields != len(self._fields),
                                whole and done == self._done)
+        else:
+            self._stale = 0
         self._serve()
         if self._current is None:
             if self._incoming is not None:
@@ -173,10 +176,7 @@ class ServerChannel(Protocol):
         """Bound what llhttp and httptools hold of a head or chunk line not yet complete
         (they have no limit): the head's bytes when this read is all head, else the
         fields reported plus the bytes of reads that completed no field."""
-        if progressed:
-            self._stale = 0
-        elif self._inMessage:
-            self._stale += len(data)
+        self._stale = 0 if progressed else self._stale + len(data)
         limit = self._maxHead
         if self._inHead:
             self._headRaw = self._headRaw + len(data) if whole else 0
@@ -241,7 +241,7 @@ class ServerChannel(Protocol):
         self._headRaw = 0
         self._url = b""
         self._fields = []
-        self._counted = 0
+        self._fieldBytes = self._counted = 0
         self._trailerBytes = 0
 
     def on_url(self, url: bytes) -> None:
@@ -262,16 +262,16 @@ class ServerChannel(Protocol):
                                pathOf(self._url)))
 
     def _headSize(self) -> int:
-        """The bytes of the head's reported parts (its fields counted once each)."""
+        """The bytes of a partial head's reported parts (each field counted once)."""
         fields = self._fields
         counted = self._counted
         if len(fields) > counted:
-            size = self._headBytes
-            for name, value in fields[counted:] if counted else fields:
+            size = self._fieldBytes
+            for name, value in fields[counted:]:
                 size += len(name) + len(value) + 4
-            self._headBytes = size
+            self._fieldBytes = size
             self._counted = len(fields)
-        return self._headBytes
+        return self._headBytes + self._fieldBytes
 
     def on_headers_complete(self) -> None:
         self._ticks += 1
@@ -281,13 +281,15 @@ class ServerChannel(Protocol):
             self._upgrade = False
             self._trailerBytes = 0
             return
-        if self._headSize() > self._maxHead or len(self._fields) > MAX_HEADERS:
+        fields = self._fields
+        headers, size = headersOf(fields)
+        self._headBytes += size
+        if self._headBytes > self._maxHead or len(fields) > MAX_HEADERS:
             self._fail(Refusal(431, _HEAD_TOO_LARGE, pathOf(self._url)))
         parser = self._parser
         try:
             proto = clientProtocol(parser.get_http_version())
             method = parser.get_method()
-            headers = headersOf(self._fields)
             codings = headers.getRawHeaders(b"transfer-encoding")
             uri = checkHead(method, proto, self._url, headers, codings)
         except Refusal as refusal:
