@@ -12,6 +12,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
+from nvpair.proxy import requestreader
 from nvpair.proxy.engines import LLAMACPP, OLLAMA, Engine
 from nvpair.proxy.httpserver import PIPELINE_HOLD
 from nvpair.proxy.site import FacadeSite
@@ -712,6 +713,21 @@ class RfcRuleTests(SynchronousTestCase):
         """A refused HEAD request still gets its error body (the method is not trusted)."""
         status, _, doc = errorOf(Connection(Door()).send(b"HEAD / HTTP/1.1\r\n\r\n"))
         self.assertEqual((status, doc["error"]["code"]), (400, "bad_request"))
+
+    def test_parseCrashIs500(self) -> None:
+        """An unexpected exception inside the parser's callbacks is answered 500
+        ``internal`` (not passed off as the client's fault), and the connection closes."""
+
+        def broken(*args: object) -> bytes:
+            raise ValueError("a bug")
+
+        self.patch(requestreader, "checkHead", broken)
+        door = Door()
+        conn = Connection(door)
+        status, _, doc = errorOf(conn.send(GET))
+        self.assertEqual((status, doc["error"]["code"]), (500, "internal"))
+        self.assertEqual(door.requests, [])
+        self.assertTrue(conn.closed)
 
     def test_doorCrashReported(self) -> None:
         """An exception from the door goes to its ``crashed`` with the request."""
