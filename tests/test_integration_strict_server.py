@@ -102,3 +102,21 @@ class StrictServerTests(TestCase):
                          ("POST", "/v1/chat/completions?trace=1"))
         self.assertEqual(recorded.json()["model"], "m1")
         self.assertEqual(proxy.crashes, [])
+
+    @defer.inlineCallbacks
+    def test_h2cUpgradeServedWithBody(self):  # type: ignore[no-untyped-def]
+        """A POST offering ``Upgrade: h2c`` (as curl sends it) is answered in HTTP/1.1, its
+        body reaches the engine whole, and the connection serves the next request."""
+        proxy, port, engine = yield defer.Deferred.fromCoroutine(self.proxy())
+        raw = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+               b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+               b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n"
+               b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(BODY)
+               + BODY
+               + b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        answer = yield defer.Deferred.fromCoroutine(self.exchange(port, raw))
+        self.assertEqual(answer.count(b"HTTP/1.1 200 OK\r\n"), 2, answer)
+        self.assertNotIn(b" 101 ", answer)
+        recorded = yield engine.waitForRequest(1)
+        self.assertEqual(recorded.body, BODY)
+        self.assertEqual(proxy.crashes, [])
