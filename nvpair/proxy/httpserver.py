@@ -42,7 +42,7 @@ class ServerChannel(Protocol):
 
     def __init__(self, site: FacadeSite) -> None:
         self.site = site
-        self._reader = RequestReader(self, site.maxHeaderBytes, site.maxBody)
+        self._reader = RequestReader(self, site)
         # Complete requests waiting (with the bytes each holds), and the one answered.
         self._queue: deque[tuple[int, ServerRequest | Refusal]] = deque()
         self._current: ServerRequest | None = None

@@ -32,6 +32,7 @@ from nvpair.proxy.serverrequest import HTTP11, ServerRequest
 
 if TYPE_CHECKING:
     from nvpair.proxy.httpserver import ServerChannel
+    from nvpair.proxy.site import FacadeSite
 
 MAX_HEADERS = 500
 REQUEST_LINE = 16  # the method, version, spaces and line ends around the target
@@ -48,10 +49,11 @@ class RequestReader:
 
     log = Logger()
 
-    def __init__(self, channel: ServerChannel, maxHeaderBytes: int, maxBody: int) -> None:
+    def __init__(self, channel: ServerChannel, site: FacadeSite) -> None:
         self.channel = channel
-        self._maxHead = maxHeaderBytes
-        self._maxBody = maxBody
+        self._site = site  # its limits are read anew for each request
+        self._maxHead = site.maxHeaderBytes
+        self._maxBody = site.maxBody
         self._parser = HttpRequestParser(self)
         self.stopped = False
         # The message being parsed: its head, then its body.
@@ -164,6 +166,8 @@ class RequestReader:
         self._headBytes = REQUEST_LINE
         if self._resuming:
             return
+        self._maxHead = self._site.maxHeaderBytes
+        self._maxBody = self._site.maxBody
         self._inHead = True
         self._headRaw = 0
         self._url = b""
