@@ -486,6 +486,16 @@ class LimitTests(SynchronousTestCase):
         out = conn.take()
         self.assertTrue(out.endswith(b"first" + b"HTTP/1.1 100 Continue\r\n\r\n"), out)
 
+    def test_noContinueAfterRefusal(self) -> None:
+        """A request refused while it waited for its 100 never gets one after the error."""
+        door = Door(hold=True)
+        conn = Connection(door)
+        conn.send(GET + chunkedPost(b"zz\r\n", extra=b"Expect: 100-continue\r\n"))
+        answer(door.requests[0], b"first")
+        out = conn.take()
+        self.assertNotIn(b"100 Continue", out)
+        self.assertEqual(errorOf(out.partition(b"first")[2])[0], 400)
+
     def test_expectContinueTooLarge(self) -> None:
         """An announced body over the limit is answered at once, without 100, then closed."""
         door = Door(hold=True)

@@ -85,6 +85,7 @@ class RequestReader:
         """Parse nothing more (the connection ends)."""
         self.stopped = True
         self.incoming = None
+        self.wantsContinue = False
         self._parts = []
 
     def pending(self) -> int:
