@@ -279,6 +279,16 @@ class UpgradeTests(SynchronousTestCase):
         self.assertEqual(out.count(b"HTTP/1.1 200 OK\r\n"), 2, out)
 
 
+    def test_upgradeBodyRefused(self) -> None:
+        """A malformed body of an upgrade request is refused like any other, in the shape
+        of the request's own path."""
+        conn = Connection(OllamaDoor())
+        out = conn.send(b"POST /api/chat HTTP/1.1\r\nHost: h\r\nConnection: upgrade\r\n"
+                        b"Upgrade: h2c\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\nzz\r\n")
+        status, _, doc = errorOf(out)
+        self.assertEqual((status, doc["reason"]), (400, "bad_request"))
+        self.assertTrue(conn.closed)
+
     def test_manyUpgradesInOneRead(self) -> None:
         """Thousands of pipelined upgrade requests in one read are all served in order."""
         door = Door()

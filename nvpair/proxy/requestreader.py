@@ -178,6 +178,8 @@ class RequestReader:
 
     def on_url(self, url: bytes) -> None:
         self._ticks += 1
+        if self._resuming:
+            return
         self._url += url
         self._headBytes += len(url)
         if self._headBytes > self._maxHead:
