@@ -8,6 +8,8 @@ import tomllib
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from nvpair.proxy.requestrules import Refusal, originForm
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -67,3 +69,20 @@ class FloorTests(SynchronousTestCase):
                         if re.search(r"^\s*(import|from)\s+treq\b", f.read(), re.MULTILINE):
                             importing.append(name)
         self.assertEqual(importing, [])
+
+
+class HttptoolsFloorTests(SynchronousTestCase):
+    """What the httptools floor (0.8) is for: before it, ``parse_url`` cut a target longer
+    than 65,535 bytes short and the proxy would forward a different path."""
+
+    def test_longAbsoluteTargetExactOrRefused(self) -> None:
+        """An absolute-form target of 60,000 and of 70,000 bytes is either forwarded exactly
+        (origin form) or refused with 400, never shortened."""
+        for size in (60_000, 70_000):
+            path = b"/" + b"a" * size
+            try:
+                target, authority = originForm(b"http://engine.local" + path + b"?q=1")
+            except Refusal as refusal:
+                self.assertEqual(refusal.status, 400, size)
+            else:
+                self.assertEqual((target, authority), (path + b"?q=1", b"engine.local"), size)

@@ -68,7 +68,7 @@ class LiteralResolver:
 @implementer(IReactorPluggableNameResolver)
 class ResolvingReactor(MemoryReactorClock):
     """A memory reactor with a name resolver (``MemoryReactor`` has one of its own only
-    from Twisted 25.5 on; this suite also runs on the 24.10 floor)."""
+    from Twisted 25.5 on; this suite also runs on the 24.7 floor)."""
 
     def __init__(self) -> None:
         super().__init__()
