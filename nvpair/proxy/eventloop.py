@@ -9,9 +9,10 @@ the same way: logged, and the descriptor disconnected.
 
 This is the one module of the proxy that uses Twisted private names (the epoll reactor's
 ``_poller``, ``_selectables``, ``_doReadOrWrite`` and ``_disconnectSelectable``), kept
-because it measured 6-7 % less proxy CPU per request than the stock reactor (A/B in
-``bench/RESULTS.md``, "Reactor internals: A/B"; ``python -m bench.reactorab``).
-``tests/test_eventloop.py`` pins what is relied on against the installed Twisted.
+because it measured 6-14 % less proxy CPU per request (and per stream) than the stock
+reactor (A/B in ``bench/RESULTS.md``, "Reactor internals: A/B"; ``python -m
+bench.reactorab``).  ``tests/test_eventloop.py`` pins what is relied on against the
+installed Twisted.
 
 ``install`` puts it in place when twistd has not installed a reactor yet (``--reactor``
 given, or a test process); otherwise the installed reactor is kept.  Should a Twisted
