@@ -25,6 +25,7 @@ from twisted.logger import Logger
 from twisted.web import server
 from twisted.web.resource import Resource
 
+from nvpair.proxy.affinity import affinityStatus
 from nvpair.proxy.listener import PersonalityFactory
 from nvpair.proxy.metrics import StateCollector
 
@@ -92,6 +93,7 @@ def statusDocument(service: Any) -> dict[str, Any]:
         },
         "inFlight": inFlight,
         "reservations": reserved,
+        "affinity": affinityStatus(service),
         "workloads": {
             "live": reporter.live,
             "terminals": dict(reporter.terminals),
