@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import io
+import sys
 from typing import Any
 
 from twisted.logger import Logger
 from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.stallwatch import StallWatch
-from tests.fakeupstream import FakeContext, FakeRequest, FakeResponse, makeFacade, node, \
-    startExchange
+from tests.fakeupstream import (
+    FakeContext,
+    FakeRequest,
+    FakeResponse,
+    makeFacade,
+    node,
+    startExchange,
+)
+from tests.test_options import parse
 
 SSE = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
 
@@ -169,3 +178,30 @@ class BackpressureTests(StallCase):
         self.assertEqual([t["state"] for t in self.terminals()], ["cancelled"])
         self.assertEqual(self.stalls(), [])
         self.assertEqual(self.clock.getDelayedCalls(), [])
+
+
+class OptionTests(SynchronousTestCase):
+    """``--stream-idle-timeout DUR`` (env ``NVPAIR_PROXY_STREAM_IDLE_TIMEOUT``), default 5m."""
+
+    def test_values(self) -> None:
+        """Default five minutes; durations as every other option; 0 allowed; flag wins."""
+        self.assertEqual(parse([]).streamIdleTimeout, 300.0)
+        self.assertEqual(parse(["--stream-idle-timeout", "90s"]).streamIdleTimeout, 90.0)
+        self.assertEqual(parse(["--stream-idle-timeout", "0"]).streamIdleTimeout, 0.0)
+        env = {"NVPAIR_PROXY_STREAM_IDLE_TIMEOUT": "2m"}
+        self.assertEqual(parse([], env).streamIdleTimeout, 120.0)
+        self.assertEqual(parse(["--stream-idle-timeout=1.5"], env).streamIdleTimeout, 1.5)
+
+    def test_malformed(self) -> None:
+        """A malformed value exits 2 with one stderr line naming the option."""
+        for argv, env in ((["--stream-idle-timeout", "soon"], {}),
+                          ([], {"NVPAIR_PROXY_STREAM_IDLE_TIMEOUT": "-1s"})):
+            stderr, stdout = io.StringIO(), io.StringIO()
+            self.patch(sys, "stderr", stderr)
+            self.patch(sys, "stdout", stdout)
+            with self.assertRaises(SystemExit) as cm:
+                parse(argv, env)
+            self.assertEqual(cm.exception.code, 2)
+            [line] = stderr.getvalue().splitlines()
+            self.assertIn("--stream-idle-timeout", line)
+            self.assertEqual(stdout.getvalue(), "")
