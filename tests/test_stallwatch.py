@@ -62,6 +62,11 @@ class StallCase(SynchronousTestCase):
             self.clock.advance(step)
         self.clock.advance(max(end - self.clock.seconds(), 0.0))
 
+    def ticks(self) -> list[Any]:
+        """The pending calls of the watches' timer."""
+        return [c for c in self.clock.getDelayedCalls()
+                if getattr(c.func, "__name__", "") == "_tick"]
+
     def terminals(self) -> list[dict[str, Any]]:
         return [info for method, info in self.context.sink.workloadEvents()
                 if method in ("workload:completed", "workload:errored")]
@@ -129,7 +134,28 @@ class CutTests(StallCase):
         self.assertFalse(response.transport.stopped)
         self.assertEqual(self.stalls(), [])
         self.assertEqual(self.metrics.stalled, [])
-        self.assertEqual(self.clock.getDelayedCalls(), [], "the watch is disarmed at the end")
+        self.assertEqual(len(self.context.stalls), 0, "no longer watched")
+        self.elapse(self.idleTimeout / 8)
+        self.assertEqual(self.clock.getDelayedCalls(), [], "the timer stops once idle")
+
+    def test_oneTimerForAllStreams(self) -> None:
+        """Fifty streams are watched by one timer; each is cut on its own schedule."""
+        streams = [self.commit() for _ in range(50)]
+        self.assertEqual(len(self.ticks()), 1)
+        self.assertEqual(len(self.clock.getDelayedCalls()), 1)
+        self.assertEqual(len(self.context.stalls), 50)
+        for _ in range(8):
+            self.elapse(self.idleTimeout / 2)
+            for _, _, response in streams[:25]:
+                response.send(SSE)
+        self.assertEqual([r.transport.stopped for _, _, r in streams], [False] * 25 + [True] * 25)
+        self.assertEqual(len(self.ticks()), 1)
+        for _, _, response in streams[:25]:
+            response.end()
+        self.elapse(self.idleTimeout)
+        self.assertEqual(self.ticks(), [])
+        self.assertEqual(len(self.stalls()), 25)
+        self.assertEqual(len(self.terminals()), 50)
 
     def test_zeroDisables(self) -> None:
         """``0`` turns the watch off: a stream silent for hours is kept."""

@@ -37,6 +37,7 @@ from nvpair.proxy.ports import PortError, PortStore, requestedPort
 from nvpair.proxy.relay import forwardHeaders
 from nvpair.proxy.reservations import ReservationMap, parsePriority
 from nvpair.proxy.site import FacadeSite, sendError
+from nvpair.proxy.stallwatch import StallWatches
 from nvpair.proxy.upstream import Upstream
 from nvpair.proxy.workloads import WorkloadReporter
 
@@ -68,6 +69,7 @@ class ProxyService(MultiService):
         self.trust = trust
         self.upstream = Upstream(reactor, settings.dialTimeout, trust)
         self.metrics = Metrics()
+        self.stalls = StallWatches(reactor, settings.streamIdleTimeout)
         self.reporter = WorkloadReporter(self._sinkProxy, reactor)
         self.activity = Activity(self._sinkProxy)
         self.fleet = Fleet(self)
