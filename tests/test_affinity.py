@@ -365,3 +365,34 @@ class StandaloneWiringTests(SynchronousTestCase):
         self.assertTrue(admission.documents.enabled)
         self.assertTrue(affinityStatus(on)["active"])
         on.stopService()
+
+
+class SingleNodeTests(SynchronousTestCase):
+    """A fleet of one node has no choice to make: nothing is keyed, recorded or counted."""
+
+    def test_singleNodeFleet(self) -> None:
+        """One backend: served as usual, the table stays empty, no count."""
+        context = FakeContext()
+        context.reservations.applyPriority(0, ["A"], {})
+        affinity = Affinity(context.clock)
+        context.affinity = affinity  # type: ignore[attr-defined]
+        facade = makeFacade(context.clock, [node("A")])
+        for n in (1, 2):
+            ex, request = startExchange(context, facade, FakeRequest(), body=body(turn(n)))
+            context.upstream.last().answer(200, b"data: [DONE]\n\n")
+            self.assertEqual(request.code, 200)
+        self.assertEqual(len(affinity.table), 0)
+        self.assertEqual(affinity.counts, {})
+
+    def test_twoNodesOneOwner(self) -> None:
+        """Two nodes of which one owns the model: keyed and recorded, so the conversation
+        has a home when the other node comes to own the model too."""
+        context = FakeContext()
+        context.reservations.applyPriority(0, ["A", "B"], {})
+        affinity = Affinity(context.clock)
+        context.affinity = affinity  # type: ignore[attr-defined]
+        facade = makeFacade(context.clock, [node("A", models=("other",)), node("B")])
+        ex, request = startExchange(context, facade, FakeRequest(), body=body(turn(1)))
+        context.upstream.last().answer(200, b"data: [DONE]\n\n")
+        self.assertEqual(affinity.counts["llamacpp"], [0, 1, 0])
+        self.assertEqual(affinity.table.lookup(chatKey(turn(2)).lookups), "B")

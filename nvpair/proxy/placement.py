@@ -55,9 +55,10 @@ def placeInference(ex: Exchange) -> Policy:
     maxAttempts = settings.maxDispatchAttempts
     dispatched = 0
     affinity: Any = getattr(ex.context, "affinity", None)  # standalone with --affinity prefix
+    doc: Any = None
+    if affinity is not None:
+        doc = documents.take(ex.body)  # what admission parsed, now or never
     key = None
-    if affinity is not None and model is not None:
-        key = keyFor(facade.engine.id, model, ex.path, documents.take(ex.body))
     counted: str | None = facade.engine.id  # affinity outcomes count once per request
     while True:
         snapshot = facade.snapshot
@@ -72,6 +73,10 @@ def placeInference(ex: Exchange) -> Policy:
             backoff = waited
             continue
         ordered, pinApplied = orderCandidates(owners, facade.pin, reservations.rank)
+        if doc is not None and model is not None and len(snapshot) > 1:
+            # Computed once, and only in a fleet of several nodes: one has no choice to make.
+            key = keyFor(facade.engine.id, model, ex.path, doc)
+            doc = None
         if key is not None and not pinApplied:
             target = affinity.place(ordered, key, reservations, counted)
             counted = None
