@@ -1,21 +1,23 @@
 """Conversation affinity with real engines: time to first token of later turns, prefix vs off.
 
-    python -m bench.affinity [--conversations 4] [--turns 6] [--rounds 2] [--threads 1]
+    python -m bench.affinity [--conversations 2] [--turns 6] [--rounds 2] [--threads 1]
 
-Starts two llama-cpp-python servers (Gemma 3 270M, ``--cache true --cache_type ram``: each
-keeps the states of the prompts it evaluated) and one standalone proxy over both, then runs
-the same workload once per mode, alternating ``--affinity prefix`` and ``--affinity off``
-for ``--rounds`` rounds, with fresh engines (empty caches) and a fresh proxy for every run.
-The workload: ``--conversations`` conversations at once, each a thread sending its turns
-one after the other; every turn re-sends the whole history (a long system prompt, every
-earlier question and answer) plus a new question, streamed, ``max_tokens`` small and
-temperature 0.  Reported per run: time to first token (request sent to the first content
-event) of the first turns and of the later turns, how often a conversation changed node,
-and the proxy's affinity counts.  The interpreter with ``llama_cpp`` and the model package
-is ``NVPAIR_LLAMA_PYTHON`` (default: the main checkout's ``.venv-llama``).  Every process is
-started here and ended by its pid.
+Starts two llama-cpp-python servers (Gemma 3 270M, through ``bench/llamalaunch.py`` so that
+llama.cpp keeps a full-size sliding-window cache: each engine then reuses the longest common
+prefix of the prompt it evaluated last, as llama.cpp's own server does for a slot; with
+``--ram-cache`` also llama-cpp-python's RAM prompt cache; ``--logits_all false``) and one
+standalone proxy over both, then runs the same workload once per mode, alternating
+``--affinity prefix`` and ``--affinity off`` for ``--rounds`` rounds, with fresh engines
+(empty caches) and a fresh proxy for every run.  The workload: ``--conversations``
+conversations at once, each a thread sending its turns one after the other with a pause of
+up to ``--think`` seconds (seeded); every turn re-sends the whole history (a long system
+prompt, every earlier question and answer) plus a new question, streamed, ``max_tokens``
+small and temperature 0.  Reported per run: time to first token (request sent to the first
+content event) of the first turns and of the later turns, how often a conversation changed
+node, and the proxy's affinity counts.  The interpreter with ``llama_cpp`` and the model
+package is ``NVPAIR_LLAMA_PYTHON`` (default: the main checkout's ``.venv-llama``).  Every
+process is started here and ended by its pid.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -36,11 +38,11 @@ from bench.procs import ROOT, freePort, spawn, stop, waitForPort
 MODEL = "gemma3-270m"
 LLAMA_PYTHONS = (os.path.join(ROOT, ".venv-llama", "bin", "python"),
                  "/work/main/.venv-llama/bin/python")
-WORDS = ("river stone lantern harbor meadow copper signal orchard winter candle mirror "
-         "valley thunder garden silver compass anchor feather marble canyon harvest beacon "
-         "glacier pepper violin saddle quarry ribbon tunnel walnut falcon prism ember cobalt "
-         "lagoon parcel trellis summit velvet basalt cedar fjord gravel hollow juniper kettle "
-         "lichen mosaic nectar oyster pebble quiver rafter sorrel timber umber vessel willow").split()
+WORDS = ("river stone lantern harbor meadow copper signal orchard winter candle mirror valley "
+         "thunder garden silver compass anchor feather marble canyon harvest beacon glacier "
+         "pepper violin saddle quarry ribbon tunnel walnut falcon prism ember cobalt lagoon "
+         "parcel trellis summit velvet basalt cedar fjord gravel hollow juniper kettle lichen "
+         "mosaic nectar oyster pebble quiver rafter sorrel timber umber vessel willow").split()
 
 
 def llamaPython() -> str:
@@ -77,14 +79,16 @@ def waitUntil(check: Any, what: str, timeout: float) -> None:
     raise RuntimeError(f"{what} not ready within {timeout:.0f}s")
 
 
-def startEngine(python: str, model: str, threads: int, ctx: int) -> tuple[Any, str]:
-    """One llama-cpp-python server with its RAM prompt cache on; (process, URL)."""
+def startEngine(python: str, model: str, args: argparse.Namespace) -> tuple[Any, str]:
+    """One llama-cpp-python server (full-size SWA cache); (process, URL)."""
     port = freePort()
-    proc = spawn([python, "-m", "llama_cpp.server", "--model", model, "--chat_format", "gemma",
+    launcher = os.path.join(ROOT, "bench", "llamalaunch.py")
+    proc = spawn([python, launcher, "--model", model, "--chat_format", "gemma",
                   "--model_alias", MODEL, "--host", "127.0.0.1", "--port", str(port),
-                  "--n_ctx", str(ctx), "--n_threads", str(threads),
-                  "--n_threads_batch", str(threads), "--cache", "true", "--cache_type", "ram",
-                  "--verbose", "false"],
+                  "--n_ctx", str(args.ctx), "--n_threads", str(args.threads),
+                  "--n_threads_batch", str(args.threads),
+                  "--cache", "true" if args.ram_cache else "false", "--cache_type", "ram",
+                  "--logits_all", "false", "--verbose", "false"],
                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     waitUntil(lambda: getJSON(url + "/v1/models")["data"], "llama.cpp server", 120)
@@ -152,10 +156,20 @@ def turnTTFT(port: int, messages: list[dict[str, str]], maxTokens: int) -> tuple
 def conversation(port: int, index: int, args: argparse.Namespace,
                  out: list[tuple[int, float, str]]) -> None:
     """One conversation's turns, in order; appends (turn, ttft, node) to ``out``."""
+    try:
+        _conversation(port, index, args, out)
+    except Exception as e:  # reported by the run: every turn must complete
+        print(f"conversation {index} failed: {e!r}", flush=True)
+
+
+def _conversation(port: int, index: int, args: argparse.Namespace,
+                  out: list[tuple[int, float, str]]) -> None:
     rng = random.Random(1000 + index)
     messages = [{"role": "system", "content": f"Conversation {index}. " +
                  text(rng, args.system_words)}]
     for turn in range(args.turns):
+        if turn:
+            time.sleep(rng.uniform(0, args.think))  # the user reads, then types
         messages.append({"role": "user", "content": text(rng, args.user_words) + "?"})
         ttft, answer, node = turnTTFT(port, messages, args.max_tokens)
         out.append((turn, ttft, node))
@@ -169,7 +183,7 @@ def affinityCounts(opsPort: int) -> dict[str, int]:
 
 def runOnce(mode: str, python: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
     """Fresh engines and proxy, the whole workload in ``mode``; the figures of the run."""
-    engines = [startEngine(python, model, args.threads, args.ctx) for _ in range(2)]
+    engines = [startEngine(python, model, args) for _ in range(2)]
     proxy, port, opsPort = startProxy([url for _, url in engines], mode)
     try:
         results: list[list[tuple[int, float, str]]] = [[] for _ in range(args.conversations)]
@@ -188,7 +202,8 @@ def runOnce(mode: str, python: str, model: str, args: argparse.Namespace) -> dic
             stop(proc)
     firsts = [t for conv in results for turn, t, _ in conv if turn == 0]
     laters = [t for conv in results for turn, t, _ in conv if turn > 0]
-    moves = sum(1 for conv in results for a, b in zip(conv, conv[1:]) if a[2] != b[2])
+    moves = sum(1 for conv in results for a, b in zip(conv, conv[1:], strict=False)
+                if a[2] != b[2])
     if len(laters) != args.conversations * (args.turns - 1):
         raise RuntimeError("a conversation did not finish")
     return {"mode": mode, "elapsed": elapsed, "first": firsts, "later": laters,
@@ -211,20 +226,26 @@ def describe(run: dict[str, Any], args: argparse.Namespace) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--conversations", type=int, default=4)
+    parser.add_argument("--conversations", type=int, default=2)
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="threads per engine")
-    parser.add_argument("--ctx", type=int, default=4096)
-    parser.add_argument("--system-words", type=int, default=400)
-    parser.add_argument("--user-words", type=int, default=90)
+    parser.add_argument("--ctx", type=int, default=8192)
+    parser.add_argument("--system-words", type=int, default=1500)
+    parser.add_argument("--user-words", type=int, default=150)
     parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--ram-cache", action="store_true",
+                        help="also turn on llama-cpp-python's RAM prompt cache")
+    parser.add_argument("--think", type=float, default=3.0,
+                        help="longest pause between a conversation's turns, seconds")
     args = parser.parse_args()
     python = llamaPython()
     model = modelPath(python)
     print(f"{args.conversations} conversations at once x {args.turns} turns, 2 engines "
           f"({args.threads} thread each), system {args.system_words} words, "
-          f"+{args.user_words} words a turn, max_tokens {args.max_tokens}", flush=True)
+          f"+{args.user_words} words a turn, max_tokens {args.max_tokens}, "
+          f"0-{args.think:g} s between turns, RAM cache {'on' if args.ram_cache else 'off'}",
+          flush=True)
     print("| affinity | TTFT turn 1 median (s) | later turns median (s) | later mean (s) | "
           "later p90 (s) | node changes | proxy counts | run (s) |")
     print("|---|---|---|---|---|---|---|---|", flush=True)
