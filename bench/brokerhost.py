@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--engine-port", type=int, required=True)
     parser.add_argument("--facade-port", type=int, required=True)
     parser.add_argument("--state-dir", required=True)
-    parser.add_argument("--models", default="m1")
+    parser.add_argument("--models", default="bench")
     parser.add_argument("--max-connections", type=int, default=20000)
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args()

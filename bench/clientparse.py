@@ -1,4 +1,4 @@
-"""In-process micro-benchmark of the upstream client's response parsing (``httpclient``).
+"""In-process micro-benchmark of the upstream client's response parsing (``httpclient`` on llhttp).
 
 No sockets: one ``HTTPClientConnection`` on a ``StringTransport`` and a stand-in pool that
 takes the connection back after each response.  Three cases, µs per response:

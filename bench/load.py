@@ -17,7 +17,7 @@ from typing import Any
 from bench.procs import PYTHON, ROOT, cpuSeconds, rssKiB, spawn, stop
 
 LUA = os.path.join(ROOT, "bench", "post.lua")
-CHAT_BODY = '{"model":"m1","messages":[{"role":"user","content":"hi"}]}'
+CHAT_BODY = '{"model":"bench","messages":[{"role":"user","content":"hi"}]}'
 
 
 def _benchJSON(text: str, marker: str = "BENCHJSON ") -> dict[str, Any]:

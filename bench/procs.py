@@ -100,6 +100,8 @@ class Server:
         self.port = port
         self.pid = pid
         self.procs = procs
+        self.engineKind = ""
+        self.extraEvents = 0
         self.extraPids: dict[str, int] = {}
 
     def close(self) -> None:
@@ -108,15 +110,38 @@ class Server:
             stop(proc)
 
 
+# The benchmark's engine: the Node fake engine of the shared bench folder (~65k req/s on this
+# kind of machine, so it never limits nginx), or tests.fakeengine where Node or the file is
+# missing (it caps nginx near 26k req/s: ratios against nginx then flatter the proxy).
+NODE_ENGINE = os.environ.get(
+    "BENCH_ENGINE_JS", os.path.join(os.path.dirname(ROOT), "shared", "bench", "fake_engine.js"))
+MODEL = "bench"  # the one model both engines answer for and list
+
+
 def startEngine(chunks: int, chunkDelay: float = 0.0) -> Server:
-    """The fake OpenAI-dialect engine serving model ``m1`` on a free port."""
+    """The fake OpenAI-dialect engine serving model ``bench`` on a free port.
+
+    ``server.extraEvents`` is how many SSE events a stream carries besides its ``chunks``.
+    """
+    node = shutil.which("node")
+    if node and os.path.isfile(NODE_ENGINE):
+        port = freePort()
+        env = dict(os.environ, HOST="127.0.0.1", PORT=str(port), FAKE_CHUNKS=str(chunks),
+                   FAKE_DELAY_MS=str(int(chunkDelay * 1000)))
+        proc = spawn([node, NODE_ENGINE], env=env, stdout=subprocess.DEVNULL)
+        waitForPort(port, "node fake engine", proc)
+        server = Server("direct", port, proc.pid, [proc])
+        server.engineKind, server.extraEvents = "node", 1  # [DONE]
+        return server
     proc = spawn(
         [PYTHON, "-m", "tests.fakeengine", "--port", "0", "--dialect", "openai",
-         "--models", "m1", "--chunks", str(chunks), "--chunk-delay", str(chunkDelay)],
+         "--models", MODEL, "--chunks", str(chunks), "--chunk-delay", str(chunkDelay)],
         stdout=subprocess.PIPE,
     )
     port = int(_readJSONLine(proc, "fake engine", 30)["port"])
-    return Server("direct", port, proc.pid, [proc])
+    server = Server("direct", port, proc.pid, [proc])
+    server.engineKind, server.extraEvents = "python", 2  # the usage event and [DONE]
+    return server
 
 
 NGINX_CONF = """\
@@ -227,7 +252,7 @@ def waitForPort(port: int, what: str, proc: subprocess.Popen[bytes], timeout: fl
     raise RuntimeError(f"{what} did not listen on {port} within {timeout:.0f}s")
 
 
-CHAT = b'{"model":"m1","messages":[{"role":"user","content":"hi"}]}'
+CHAT = b'{"model":"bench","messages":[{"role":"user","content":"hi"}]}'
 
 
 def post(port: int, body: bytes = CHAT, timeout: float = 10) -> tuple[int, dict[str, str]]:

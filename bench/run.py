@@ -29,7 +29,6 @@ from bench import load, procs, profile, report
 
 OUT = os.path.join(procs.ROOT, "bench", "out")
 CONFIGS = ("direct", "nginx", "nvpair")
-EVENTS_50 = 52  # 50 chunks + the usage event + [DONE]
 
 
 def log(message: str) -> None:
@@ -89,10 +88,12 @@ def loadPhase(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Rounds of every metric on every configuration; then the profiles."""
     engine = procs.startEngine(chunks=50)
+    events50 = 50 + engine.extraEvents
     nginx = procs.startNginx(engine.port, OUT, args.fd_limit)
     proxy = startProxy(args.proxy_mode, engine.port, 20000)
     servers = {"direct": engine, "nginx": nginx, "nvpair": proxy}
-    log(f"engine :{engine.port} pid {engine.pid}; nginx :{nginx.port} pid {nginx.pid}; "
+    log(f"engine ({engine.engineKind}) :{engine.port} pid {engine.pid}; "
+        f"nginx :{nginx.port} pid {nginx.pid}; "
         f"nvpair :{proxy.port} pid {proxy.pid} ({args.proxy_mode})")
 
     def accounted(name: str) -> dict[str, int]:
@@ -106,7 +107,7 @@ def loadPhase(
     try:
         for name in CONFIGS:  # warm-up: connections, pools, caches
             load.wrk(servers[name].port, 32, args.warmup, bodyFile, {})
-            load.sse(servers[name].port, 16, args.warmup / 2, EVENTS_50, {})
+            load.sse(servers[name].port, 16, args.warmup / 2, events50, {})
         rounds: list[dict[str, Any]] = []
         for r in range(args.rounds):
             order = CONFIGS[r % 3:] + CONFIGS[:r % 3]
@@ -120,7 +121,7 @@ def loadPhase(
                     servers[name].port, 1, args.duration, bodyFile, accounted(name))
             for name in order:
                 current[name]["sse16"] = load.sse(
-                    servers[name].port, 16, args.duration, EVENTS_50, accounted(name))
+                    servers[name].port, 16, args.duration, events50, accounted(name))
             for name in CONFIGS:
                 c = current[name]
                 log(f"  {name:7s} post32 {c['post32']['rps']:8.0f} req/s  "
@@ -130,8 +131,9 @@ def loadPhase(
                     f"cpu {c['post32']['cpu_server_us_per_req']:6.1f} us/req")
             rounds.append(current)
         extras["upstream"] = upstreamSockets(engine.port)
+        extras["engine"] = engine.engineKind
         if not args.no_profile and profile.available():
-            extras["profiles"] = profiles(args, proxy, bodyFile)
+            extras["profiles"] = profiles(args, proxy, bodyFile, events50)
         elif not args.no_profile:
             log("py-spy is not installed in bench/.venv: no profile")
         extras["proxy_rss_after_load_kib"] = procs.rssKiB(proxy.pid)
@@ -153,13 +155,15 @@ def upstreamSockets(enginePort: int) -> dict[str, int]:
     return states
 
 
-def profiles(args: argparse.Namespace, proxy: procs.Server, bodyFile: str) -> dict[str, Any]:
+def profiles(
+    args: argparse.Namespace, proxy: procs.Server, bodyFile: str, events50: int
+) -> dict[str, Any]:
     """py-spy profiles of the proxy under the POST and the SSE loads."""
     seconds = args.profile_seconds
     out: dict[str, Any] = {}
     loads: dict[str, Callable[[], Any]] = {
         "post32": lambda: load.wrk(proxy.port, 32, seconds + 1, bodyFile, {}),
-        "sse16": lambda: load.sse(proxy.port, 16, seconds + 1, EVENTS_50, {}),
+        "sse16": lambda: load.sse(proxy.port, 16, seconds + 1, events50, {}),
     }
     for name, run in loads.items():
         raw = os.path.join(OUT, f"profile-{name}.txt")
@@ -194,7 +198,7 @@ def heldPhase(args: argparse.Namespace) -> dict[str, Any]:
                 target = server or engine
                 for _ in range(20):
                     procs.post(target.port)
-                result = load.hold(target.port, size, chunks + 2, target.pid,
+                result = load.hold(target.port, size, chunks + engine.extraEvents, target.pid,
                                    timeout=60 + chunks * delay + size / 100)
                 result["fds_note"] = f"fd limit {args.fd_limit}"
                 results[f"{name}:{size}"] = result

@@ -34,6 +34,24 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
+def _dechunk(body: bytearray) -> bytes:
+    """The payload of a complete chunked body (what is left unparsed is dropped)."""
+    out = bytearray()
+    pos = 0
+    while True:
+        eol = body.find(b"\r\n", pos)
+        if eol < 0:
+            return bytes(out)
+        try:
+            size = int(bytes(body[pos:eol]).split(b";", 1)[0], 16)
+        except ValueError:
+            return bytes(out)
+        if size == 0:
+            return bytes(out)
+        out += body[eol + 2:eol + 2 + size]
+        pos = eol + 2 + size + 2
+
+
 class _Conn(asyncio.Protocol):
     """One HTTP/1.1 connection carrying one streamed response at a time."""
 
@@ -119,8 +137,9 @@ class _Conn(asyncio.Protocol):
             done.set_result(True)
 
     def events(self) -> int:
-        """How many SSE ``data:`` events the last response carried."""
-        return self._body.count(b"data: ")
+        """How many SSE ``data:`` events the last response carried (counted in the decoded
+        body: a server that re-chunks the stream may split ``data:`` across chunks)."""
+        return (_dechunk(self._body) if self._chunked else bytes(self._body)).count(b"data: ")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -267,7 +286,7 @@ def main() -> None:
     parser.add_argument("--path", default="/v1/chat/completions")
     parser.add_argument(
         "--body",
-        default='{"model":"m1","stream":true,"messages":[{"role":"user","content":"hi"}]}',
+        default='{"model":"bench","stream":true,"messages":[{"role":"user","content":"hi"}]}',
     )
     parser.add_argument("--expect-events", type=int, required=True)
     parser.add_argument("--conns", type=int, default=16)

@@ -16,6 +16,7 @@ from twisted.internet import defer
 from twisted.internet.error import ConnectionLost, ConnectionRefusedError
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http_headers import Headers
@@ -28,6 +29,7 @@ from nvpair.proxy.candidates import Node, Snapshot
 from nvpair.proxy.dispatch import Exchange
 from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.facade import Facade
+from nvpair.proxy.httpclient import HTTPClientConnection
 from nvpair.proxy.options import Settings
 from nvpair.proxy.relay import forwardHeaders
 from nvpair.proxy.reservations import ReservationMap
@@ -204,6 +206,19 @@ class Call:
         response.end()
         return response
 
+    def respondRaw(self, *reads: bytes) -> HTTPClientConnection:
+        """The engine answers with these raw bytes (one read each), parsed by the real
+        upstream client on an in-memory transport; more reads go to the connection."""
+        self.connect()
+        conn = HTTPClientConnection(_NoPool(), ("http", b"e", 1))  # type: ignore[arg-type]
+        conn.makeConnection(StringTransport())
+        sent: defer.Deferred[Any] = defer.Deferred()
+        sent.addCallbacks(self.deferred.callback, self.deferred.errback)
+        conn.send(b"", self.method, sent)
+        for data in reads:
+            conn.dataReceived(data)
+        return conn
+
     def refuse(self) -> None:
         """The dial failed (connection refused)."""
         self.deferred.errback(ConnectionRefusedError())
@@ -212,6 +227,16 @@ class Call:
         """The connection died before any headers."""
         self.connect()
         self.deferred.errback(ResponseFailed([Failure(ConnectionLost())]))
+
+
+class _NoPool:
+    """The pool of a ``respondRaw`` connection: keeps nothing."""
+
+    def release(self, conn: Any) -> None:
+        conn.transport.loseConnection()
+
+    def lost(self, conn: Any) -> None:
+        pass
 
 
 @implementer(IUpstream)

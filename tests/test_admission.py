@@ -106,7 +106,10 @@ class FrontDoorTests(SynchronousTestCase):
 
         self.clock = Clock()
         self.context = _Context()
-        door = FrontDoor(self.context, _Facade(OLLAMA), _CrashingFleet())
+        from nvpair.proxy.hostcheck import HostGate, HostRule
+
+        door = FrontDoor(self.context, _Facade(OLLAMA), _CrashingFleet(),
+                         HostGate(HostRule(["*"]), lambda listener: None))
         self.site = FacadeSite(door, self.clock, 100, 30.0, 65536)
 
     def exchange(self, raw: bytes) -> bytes:

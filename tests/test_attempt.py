@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from twisted.internet.error import ConnectError, TimeoutError
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
@@ -10,7 +12,12 @@ from zope.interface.verify import verifyObject
 
 from nvpair.proxy._interfaces import IUpstream
 from nvpair.proxy.attempt import discard, retryableStatus
-from nvpair.proxy.relay import ClientFlow, copyResponseHeaders, forwardHeaders
+from nvpair.proxy.relay import (
+    ClientFlow,
+    adoptResponseHeaders,
+    copyResponseHeaders,
+    forwardHeaders,
+)
 from nvpair.proxy.upstream import Upstream, addressesFor, splitHostPort
 from tests.fakeupstream import (
     BodyTransport,
@@ -132,6 +139,30 @@ class HeadersTests(SynchronousTestCase):
                                b"access-control-allow-origin": [b"*"],
                                b"content-length": [b"12"]})
 
+    def test_adoptResponse(self) -> None:
+        """Adopting gives the client response what copying would (hop-by-hop dropped, the
+        engine's Server and Date, the client's other fields kept unless the engine sent
+        them, Content-Length from the length), and the engine's Headers object itself."""
+        def source() -> Headers:
+            return Headers({b"Connection": [b"close"], b"Content-Type": [b"a/b"],
+                            b"Transfer-Encoding": [b"chunked"], b"Server": [b"engine"],
+                            b"Trailer": [b"x"], b"Vary": [b"Origin"]})
+
+        def target() -> Headers:
+            return Headers({b"server": [b"proxy"], b"date": [b"now"], b"vary": [b"mine"],
+                            b"x-proxy": [b"kept"]})
+
+        copied = target()
+        copyResponseHeaders(source(), copied, 12)
+        engine = source()
+        request = SimpleNamespace(responseHeaders=target())
+        adoptResponseHeaders(engine, request, 12)
+        self.assertIs(request.responseHeaders, engine)
+        self.assertEqual(sorted(engine.getAllRawHeaders()), sorted(copied.getAllRawHeaders()))
+        self.assertEqual(sorted(n for n, _ in engine.getAllRawHeaders()),
+                         [b"Content-Length", b"Content-Type", b"Server", b"Vary", b"X-Proxy"])
+        self.assertEqual(engine.getRawHeaders(b"vary"), [b"Origin"])
+
     def test_contentLengthPassedThrough(self) -> None:
         """A known upstream length is the client's Content-Length."""
         context = FakeContext()
@@ -142,6 +173,55 @@ class HeadersTests(SynchronousTestCase):
         response.end()
         self.assertEqual(request.header(b"content-length"), [b"4"])
         self.assertEqual(request.body, b"abcd")
+
+
+_CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+class MalformedUpstreamTests(SynchronousTestCase):
+    """An engine answer that breaks HTTP/1.1 framing, read by the real upstream client: a
+    transport failure before commit, a visible truncation after it (issue 15)."""
+
+    def test_beforeCommitRetriedElsewhere(self) -> None:
+        """A broken chunk size before the first body byte fails A's attempt at the
+        transport; B's answer is the client's, and A's connection is aborted."""
+        context = FakeContext()
+        facade = makeFacade(context.clock, [node("A"), node("B")])
+        ex, request = startExchange(context, facade)
+        conn = context.upstream.last().respondRaw(_CHUNKED_HEAD, b"zz\r\nhello\r\n")
+        self.assertTrue(conn.transport.disconnecting)  # type: ignore[union-attr]
+        self.assertEqual(context.record.failedAttempts[0].kind, "transport")
+        self.assertIsNone(request.code)
+        self.assertEqual(context.upstream.last().nodeId, "B")
+        context.upstream.last().answer(200, b"ok")
+        self.assertEqual((request.code, request.body), (200, b"ok"))
+        self.assertEqual(request.header(b"x-nvpair-node"), [b"B"])
+
+    def test_finalAttemptAnswers502(self) -> None:
+        """`Content-Length: +256` on the final attempt: 502 upstream_unreachable, no 200."""
+        context = FakeContext(maxDispatchAttempts=1)
+        facade = makeFacade(context.clock, [node("A")])
+        ex, request = startExchange(context, facade)
+        context.upstream.last().respondRaw(
+            b"HTTP/1.1 200 OK\r\nContent-Length: +256\r\n\r\n" + b"x" * 256)
+        self.assertEqual(request.code, 502)
+        self.assertIn(b"upstream_unreachable", request.body)
+        self.assertNotIn(b"xxx", request.body)
+
+    def test_afterCommitVisibleTruncation(self) -> None:
+        """A broken chunk after the first bytes were relayed: what was relayed stays, the
+        client connection is closed without the response's end, the engine's aborted."""
+        context = FakeContext()
+        facade = makeFacade(context.clock, [node("A"), node("B")])
+        ex, request = startExchange(context, facade)
+        conn = context.upstream.last().respondRaw(_CHUNKED_HEAD + b"5\r\nhello\r\n")
+        self.assertEqual((request.code, request.body), (200, b"hello"))
+        conn.dataReceived(b"zz\r\n")
+        self.assertTrue(conn.transport.disconnecting)  # type: ignore[union-attr]
+        self.assertTrue(request.closed)
+        self.assertFalse(request.finished)
+        self.assertEqual(request.body, b"hello")
+        self.assertEqual(context.upstream.nodesCalled(), ["A"])
 
 
 class ClientFlowTests(SynchronousTestCase):

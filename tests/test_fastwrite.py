@@ -1,12 +1,20 @@
-"""Unit tests of immediate writes and the response head held for its body (``fastwrite``, site)."""
+"""Unit tests of immediate writes and the response head held for its body (``fastwrite``, site).
+
+``PinnedInternalsTests`` run ``sendNow`` on Twisted's own ``tcp.Server`` (over a fake socket
+and a memory reactor) and pin what it relies on: a transport with nothing queued takes a
+direct send, anything queued makes later bytes queue behind it, and a flushed transport is
+idle again.  A Twisted release that changes the buffer internals fails these tests (and,
+in production, falls back to the public ``write``).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from twisted.internet import tcp
+from twisted.internet.protocol import Protocol
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
+from twisted.internet.testing import MemoryReactor, StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy import fastwrite
@@ -114,3 +122,95 @@ class UnknownInternalsTests(SynchronousTestCase):
         finally:
             fastwrite._PLAIN = original
         self.assertEqual(written, [b"abc"])
+
+
+class FakeSocket:
+    """A non-blocking socket stand-in that takes up to ``window`` bytes per send."""
+
+    def __init__(self) -> None:
+        self.window = 1 << 20
+        self.sent = b""
+
+    def setblocking(self, flag: bool) -> None:
+        pass
+
+    def fileno(self) -> int:
+        return 99
+
+    def send(self, data: Any) -> int:
+        if not self.window:
+            raise BlockingIOError()
+        taken = bytes(data[:self.window])
+        self.sent += taken
+        return len(taken)
+
+    def shutdown(self, how: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class PinnedInternalsTests(SynchronousTestCase):
+    """``sendNow`` on a real ``tcp.Server``: direct when idle, in order otherwise."""
+
+    def setUp(self) -> None:
+        self.reactor = MemoryReactor()
+        self.socket = FakeSocket()
+        self.transport = tcp.Server(self.socket, Protocol(), ("127.0.0.1", 5), None, 1,
+                                    self.reactor)
+
+    def queued(self) -> bool:
+        return self.transport in self.reactor.getWriters()
+
+    def test_idleSendsDirectly(self) -> None:
+        """With nothing queued the bytes go to the socket at once, nothing is queued."""
+        sendNow(self.transport, b"abc")
+        self.assertEqual(self.socket.sent, b"abc")
+        self.assertFalse(self.queued())
+
+    def test_partialSendKeepsOrder(self) -> None:
+        """What the kernel does not take is queued, later bytes queue behind it, and once
+        the queue is flushed the transport sends directly again."""
+        self.socket.window = 3
+        sendNow(self.transport, b"abcdef")
+        self.assertEqual(self.socket.sent, b"abc")
+        self.assertTrue(self.queued())
+        sendNow(self.transport, b"gh")
+        self.assertEqual(self.socket.sent, b"abc")
+        self.socket.window = 1 << 20
+        self.transport.doWrite()
+        self.assertEqual(self.socket.sent, b"abcdefgh")
+        self.assertFalse(self.queued())
+        sendNow(self.transport, b"ij")
+        self.assertEqual(self.socket.sent, b"abcdefghij")
+
+    def test_publicWriteQueuedFirst(self) -> None:
+        """Bytes queued by a plain ``write`` are never overtaken."""
+        self.transport.write(b"first")
+        sendNow(self.transport, b"second")
+        self.assertEqual(self.socket.sent, b"")
+        self.transport.doWrite()
+        self.assertEqual(self.socket.sent, b"firstsecond")
+
+    def test_fullSocketQueues(self) -> None:
+        """A socket that takes nothing leaves everything queued."""
+        self.socket.window = 0
+        sendNow(self.transport, b"abc")
+        self.assertTrue(self.queued())
+        self.socket.window = 10
+        self.transport.doWrite()
+        self.assertEqual(self.socket.sent, b"abc")
+
+    def test_disconnectingNotDirect(self) -> None:
+        """After ``loseConnection`` nothing is sent directly."""
+        self.transport.loseConnection()
+        sendNow(self.transport, b"late")
+        self.assertEqual(self.socket.sent, b"")
+
+    def test_switchOff(self) -> None:
+        """With ``DIRECT`` off every write is queued (the benchmark's public side)."""
+        self.patch(fastwrite, "DIRECT", False)
+        sendNow(self.transport, b"abc")
+        self.assertEqual(self.socket.sent, b"")
+        self.assertTrue(self.queued())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from hypothesis import given, settings
@@ -14,6 +15,7 @@ from twisted.internet.error import (
     TimeoutError,
 )
 from twisted.internet.protocol import Protocol
+from twisted.internet.ssl import optionsForClientTLS
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
@@ -24,10 +26,50 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH
 
 from nvpair.proxy.httpclient import HTTPClientConnection, serializeRequest
-from nvpair.proxy.httpframing import MAX_HEAD, MAX_LINE
+from nvpair.proxy.httpframing import MAX_BODY_OVERHEAD, MAX_HEAD
 from nvpair.proxy.httppool import ConnectionPool, DirectTCP
 from nvpair.proxy.upstream import Upstream
-from tests.test_httpframing import chunkedBodies, cut, sseBody
+
+
+def frame(payload: bytes, size: bytes | None = None) -> bytes:
+    """One chunk: its size line (``size`` as given, else lower-case hex), data and CRLF."""
+    return b"%s\r\n%s\r\n" % (b"%x" % len(payload) if size is None else size, payload)
+
+
+def sseBody(events: int = 50) -> tuple[bytes, bytes]:
+    """A streamed chat answer as an engine frames it: the chunked body and its payload."""
+    pieces = [
+        b'data: {"choices":[{"index":0,"delta":{"content":"tok%d"},"finish_reason":null}]}\n\n'
+        % i for i in range(events)
+    ]
+    pieces.append(b"data: [DONE]\n\n")
+    return b"".join(frame(p) for p in pieces) + b"0\r\n\r\n", b"".join(pieces)
+
+
+def cut(raw: bytes, points: list[int]) -> list[bytes]:
+    """``raw`` cut at ``points`` (any order, repeats allowed: empty reads)."""
+    bounds = [0, *sorted(p % (len(raw) + 1) for p in points), len(raw)]
+    return [raw[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+_SIZES = st.one_of(st.integers(1, 20), st.sampled_from([0xBA, 0xFF, 0x100, 0x1FF]))
+_DATA = st.sampled_from(b"a\r\n;0")
+
+
+@st.composite
+def chunkedBodies(draw: st.DrawFn) -> tuple[bytes, bytes]:
+    """A valid chunked body (sizes in any hex form, extensions, trailers) and its payload."""
+    raw, payload = [], []
+    for size in draw(st.lists(_SIZES, max_size=12)):
+        pattern = bytes(draw(st.lists(_DATA, min_size=1, max_size=6)))
+        data = (pattern * size)[:size]
+        line = draw(st.sampled_from([b"%x", b"%X", b"0%x"])) % size
+        line += draw(st.sampled_from([b""] * 4 + [b";a=b", b";x"]))
+        raw.append(line + b"\r\n" + data + b"\r\n")
+        payload.append(data)
+    raw.append(b"0\r\n" + draw(st.sampled_from([b"", b"T: 1\r\n", b"A: b\r\nC: d\r\n"]))
+               + b"\r\n")
+    return b"".join(raw), b"".join(payload)
 
 
 class FakeEndpoint:
@@ -230,21 +272,37 @@ class ClientTests(SynchronousTestCase):
         self.assertEqual(self.pool._connections, {})
 
     def test_noBodyResponses(self) -> None:
-        """HEAD, 204 and 304 answers have no body (length 0) and keep the connection."""
-        for raw, method in (
-            (b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n", b"HEAD"),
-            (b"HTTP/1.1 204 No Content\r\n\r\n", b"GET"),
-            (b"HTTP/1.1 304 Not Modified\r\nContent-Length: 7\r\n\r\n", b"GET"),
+        """204 and 304 answers have no body and keep the connection; a 304's length is the
+        engine's Content-Length, a 204 has none."""
+        for raw, length in (
+            (b"HTTP/1.1 204 No Content\r\n\r\n", UNKNOWN_LENGTH),
+            (b"HTTP/1.1 304 Not Modified\r\nContent-Length: 7\r\n\r\n", 7),
         ):
             self.pool._connections.clear()
-            response, body, transport = self.respond(raw, method)
-            self.assertEqual(response.length, 0)
+            response, body, transport = self.respond(raw, b"GET")
+            self.assertEqual(response.length, length)
             self.assertEqual(body.data, [])
             assert body.reason is not None
             self.assertTrue(body.reason.check(ResponseDone))
             self.assertFalse(transport.disconnecting)
-            if method == b"HEAD":
-                self.assertEqual(response.headers.getRawHeaders(b"content-length"), [b"7"])
+            self.assertEqual(self.pool.connectionCounts(), (1, 1))
+
+    def test_headAnswerCarriesTheEnginesLength(self) -> None:
+        """A HEAD answer ends at its head with the engine's Content-Length as its length
+        (not 0); llhttp would wait for a body, so the connection is closed, not pooled."""
+        for raw, length, xb in (
+            (b"HTTP/1.1 200 OK\r\nContent-Length: 256\r\nX-B: y\r\n\r\n", 256, [b"y"]),
+            (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", UNKNOWN_LENGTH, None),
+        ):
+            response, body, transport = self.respond(raw, b"HEAD")
+            self.assertEqual((response.code, response.length), (200, length))
+            self.assertEqual(response.headers.getRawHeaders(b"x-b"), xb)
+            self.assertIsNone(response.headers.getRawHeaders(b"content-length"))
+            self.assertEqual(body.data, [])
+            assert body.reason is not None
+            self.assertTrue(body.reason.check(ResponseDone))
+            self.assertTrue(transport.disconnecting)
+            self.assertEqual(self.pool.connectionCounts(), (0, 0))
 
     def test_connectionClose(self) -> None:
         """A response with Connection: close is not pooled."""
@@ -300,13 +358,20 @@ class ClientTests(SynchronousTestCase):
         self.assertEqual(transport.producerState, "producing")
 
     def test_badChunkSize(self) -> None:
-        """A malformed chunk size fails the body and aborts the connection."""
-        _, body, transport = self.respond(
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
-        )
+        """A malformed chunk size after the head was handed out fails the body and aborts
+        the connection; in the head's own read it fails the request instead."""
+        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        _, body, transport = self.respond(head)
+        self.connectionOf(transport).dataReceived(b"zz\r\n")
         assert body.reason is not None
         self.assertTrue(body.reason.check(ResponseFailed))
         self.assertTrue(transport.disconnecting)
+        d = self.send()
+        conn, transport = self.endpoint.complete()
+        conn.dataReceived(head + b"zz\r\n")
+        self.failureResultOf(d, ResponseFailed)
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(self.pool.connectionCounts(), (0, 0))
 
     def test_badStatusLine(self) -> None:
         """A response that is not HTTP fails the request."""
@@ -331,7 +396,7 @@ class ClientTests(SynchronousTestCase):
         """A 50-event chunked stream arriving with its head in one read reaches the body
         protocol as one dataReceived, ends clean and the connection is pooled."""
         raw, payload = sseBody()
-        for _ in range(2):  # the second time with every size line known
+        for _ in range(2):  # the second time over the pooled connection
             self.pool._connections.clear()
             _, body, transport = self.respond(
                 b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + raw
@@ -363,11 +428,11 @@ class ClientTests(SynchronousTestCase):
 
     @settings(max_examples=100)
     @given(chunkedBodies(), st.lists(st.integers(0, 10_000), max_size=6))
-    def test_chunkedCutsProperty(self, chunked: tuple[bytes, bytes, list[int]],
+    def test_chunkedCutsProperty(self, chunked: tuple[bytes, bytes],
                                  points: list[int]) -> None:
         """A chunked answer cut anywhere: its payload, at most one dataReceived per read, a
         clean end and the connection pooled."""
-        raw, payload, _ = chunked
+        raw, payload = chunked
         raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + raw
         self.pool._connections.clear()
         d = self.send()
@@ -395,11 +460,6 @@ class ClientTests(SynchronousTestCase):
         self.assertTrue(transport.disconnecting)
         self.assertEqual(self.pool._connections, {})
 
-    def test_bareLineFeedHead(self) -> None:
-        """A head with bare LF line ends is read like a CRLF one."""
-        response, body, _ = self.respond(b"HTTP/1.1 200 OK\nContent-Length: 2\nX-B: y\n\nhi")
-        self.assertEqual(response.headers.getRawHeaders(b"x-b"), [b"y"])
-        self.assertEqual(body.data, [b"hi"])
 
     def test_headTooLarge(self) -> None:
         """A head growing past MAX_HEAD without its end fails the request and aborts."""
@@ -412,21 +472,28 @@ class ClientTests(SynchronousTestCase):
         self.assertIn("too large", str(failure.value.reasons[0].value))
         self.assertTrue(transport.disconnecting)
 
-    def test_chunkLineTooLong(self) -> None:
-        """A chunk-size line over MAX_LINE bytes fails the body and aborts the connection."""
-        _, body, transport = self.respond(
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"1" * (MAX_LINE + 1)
-        )
-        assert body.reason is not None
-        self.assertTrue(body.reason.check(ResponseFailed))
-        self.assertTrue(transport.disconnecting)
+    def test_framingWithoutPayloadBounded(self) -> None:
+        """Framing bytes (a chunk extension, trailers) growing past MAX_BODY_OVERHEAD
+        without a payload byte fail the body and abort the connection."""
+        for tail in (b"1;" + b"a" * MAX_BODY_OVERHEAD, b"0\r\nT: " + b"a" * MAX_BODY_OVERHEAD):
+            _, body, transport = self.respond(
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nx\r\n"
+            )
+            self.connectionOf(transport).dataReceived(tail[:1000])
+            self.assertIsNone(body.reason)
+            self.connectionOf(transport).dataReceived(tail[1000:])
+            assert body.reason is not None
+            self.assertTrue(body.reason.check(ResponseFailed))
+            self.assertEqual(body.data, [b"x"])
+            self.assertTrue(transport.disconnecting)
 
     def test_errorDropsTheFailingRead(self) -> None:
         """A framing error fails the body; payload of the failing read is not delivered."""
         _, body, transport = self.respond(
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n1\r\nxY\r\n"
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n"
         )
-        self.assertEqual(body.data, [])
+        self.connectionOf(transport).dataReceived(b"1\r\nc\r\n1\r\nxY\r\n")
+        self.assertEqual(body.data, [b"ab"])
         assert body.reason is not None
         self.assertTrue(body.reason.check(ResponseFailed))
         self.assertTrue(transport.disconnecting)
@@ -437,13 +504,36 @@ class ClientTests(SynchronousTestCase):
 
 
 class UpstreamTests(SynchronousTestCase):
-    """Upstream's plaintext path serializes requests the way Agent did."""
+    """Upstream validates and serializes requests for plaintext nodes and peers."""
 
     def test_invalidURIRefused(self) -> None:
         """A request target with control characters fails before anything is sent."""
         upstream = Upstream(Clock(), 1.0)
         d = upstream.request(None, "http://127.0.0.1:1", b"GET", b"/a\x00b", Headers(), b"")
         self.failureResultOf(d, ValueError)
+
+    def test_invalidMethodRefused(self) -> None:
+        """A method that is not an HTTP token fails before anything is sent."""
+        upstream = Upstream(Clock(), 1.0)
+        d = upstream.request(None, "http://127.0.0.1:1", b"G T", b"/", Headers(), b"")
+        self.failureResultOf(d, ValueError)
+
+    def test_peerOverTheLeanClient(self) -> None:
+        """A peer request goes over the same pool and client as plaintext ones, through a
+        TLS endpoint (dialled with the dial timeout), with Host naming the peer's address."""
+        reactor = MemoryReactorClock()
+        trust = SimpleNamespace(clientCreatorFor=lambda nodeId: optionsForClientTLS("b"),
+                                pinFor=lambda nodeId: "pin", nodeId="node-a", fingerprint="fp")
+        upstream = Upstream(reactor, 7.0, trust)
+        d = upstream.request(SimpleNamespace(id="node-b"), "127.0.0.1:4000", b"GET",
+                             b"/v1/models", Headers(), b"")
+        self.assertNoResult(d)
+        host, port, factory, timeout, _ = reactor.tcpClients[0]
+        self.assertEqual((host, port, timeout), ("127.0.0.1", 4000, 7.0))
+        wire = StringTransport()
+        factory.buildProtocol(None).makeConnection(wire)
+        self.assertEqual(wire.value()[:1], b"\x16")  # a TLS handshake record: ClientHello
+        self.assertEqual(upstream._peer("node-b", "[::1]:4000").host, b"[::1]:4000")
 
     def test_hostAndPrefix(self) -> None:
         """The Host header omits port 80 and brackets IPv6; the address path prefixes."""

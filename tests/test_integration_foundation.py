@@ -460,7 +460,8 @@ class IngressTests(TestCase):
         hello = b"\x16\x03\x01\x00\x05\x01\x00\x00\x01\x00"
         self.assertEqual(await self.rawExchange("127.0.0.1", port, hello), b"")
         answer = await self.rawExchange(
-            "127.0.0.1", port, b"GET /api/tags HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            "127.0.0.1", port,
+            b"GET /api/tags HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         self.assertTrue(answer.startswith(b"HTTP/1.1 200 "), answer[:40])
 
     async def test_plaintextFromLanClosed(self) -> None:

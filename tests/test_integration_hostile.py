@@ -124,7 +124,7 @@ class HostileClientTests(TestCase):
         stuck = RawClient(reading=False)
         yield connect(port, stuck)
         body = json.dumps({"model": "m1", "stream": True, "messages": []}).encode()
-        stuck.transport.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        stuck.transport.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
                               b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
                               % len(body) + body)
         yield engine.waitForRequest(1)

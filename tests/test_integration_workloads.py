@@ -304,7 +304,7 @@ class BackpressureTests(WorkloadCase):
         url = f"http://127.0.0.1:{listening.getHost().port}"
         await proxy.nodes(self.engineId, [{"id": "E", "addresses": [url], "models": ["m1"]}])
         body = json.dumps(STREAM).encode()
-        request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
                    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                    % (len(body), body))
         clientLost: defer.Deferred[None] = defer.Deferred()

@@ -5,8 +5,10 @@ the server side, 10.203.0.2/30 on the client side; these addresses exist only in
 namespaces), runs the real proxy and a fake engine inside the server namespace, and a
 small stdlib client inside the client namespace.  A plaintext caller from 10.203.0.2 is
 closed without an HTTP answer; a pinned TLS caller from the same address is served; an
-unpinned TLS caller is refused.  The namespaces are always deleted in cleanup.  Skipped
-where namespaces cannot be created (not root, no ``ip``, or ``ip netns add`` failing).
+unpinned TLS caller is refused.  The request names ``Host: peer``: a plaintext loopback
+caller is refused for it (403, protocol §8), a pinned TLS peer is not.  The namespaces are
+always deleted in cleanup.  Skipped where namespaces cannot be created (not root, no
+``ip``, or ``ip netns add`` failing).
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ CLIENT = r"""
 import hashlib, json, socket, ssl, sys
 args = json.loads(sys.argv[1])
 body = json.dumps(args["body"]).encode()
-req = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: peer\r\nConnection: close\r\n"
-       b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
+req = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n"
+       b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+       % (args.get("hostHeader", "peer").encode(), len(body))) + body
 out = {"received": 0, "head": "", "error": None, "pinOk": None}
 try:
     sock = socket.create_connection((args["host"], args["port"]), timeout=20)
@@ -180,8 +183,10 @@ class IngressGateTests(TestCase):
                 f.write(data)
         d = defer.Deferred.fromCoroutine
 
-        local = yield d(self.call(self.server, "127.0.0.1", node.port))
+        local = yield d(self.call(self.server, "127.0.0.1", node.port, hostHeader="localhost"))
         self.assertTrue(local["head"].startswith("HTTP/1.1 200"), local)
+        foreign = yield d(self.call(self.server, "127.0.0.1", node.port))  # Host: peer
+        self.assertTrue(foreign["head"].startswith("HTTP/1.1 403"), foreign)
 
         plain = yield d(self.call(self.client, SERVER_IP, node.port))
         self.assertEqual(plain["received"], 0, plain)

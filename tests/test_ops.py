@@ -17,7 +17,7 @@ from twisted.web.test.requesthelper import DummyRequest
 from nvpair.proxy.broker import RPCError
 from nvpair.proxy.candidates import Snapshot, parseNodes
 from nvpair.proxy.engines import ENGINES
-from nvpair.proxy.ops import OpsListener, loopbackHost, opsFactory, opsResource, startOps
+from nvpair.proxy.ops import OpsListener, opsFactory, opsResource, startOps
 from nvpair.proxy.options import Options
 from nvpair.proxy.reservations import NodeLoad
 from nvpair.proxy.service import ProxyService
@@ -261,13 +261,19 @@ class PageTests(EndpointTestCase):
             self.assertNotIn(self.service.reporter.runId.encode(), body)
             self.assertNotIn(b"nvpair_proxy", body)
 
-    def test_loopbackHostNames(self) -> None:
-        """Loopback names and literals (with or without a port) are accepted; others are not."""
-        for host in (b"127.0.0.1", b"127.0.0.1:9464", b"localhost:1", b"LOCALHOST",
-                     b"[::1]:9464", b"127.1.2.3", None):
-            self.assertTrue(loopbackHost(host), host)
-        for host in (b"example.com", b"[::2]:1", b"10.0.0.1:9464", b"", b"127.0.0.1.nip.io"):
-            self.assertFalse(loopbackHost(host), host)
+    def test_sharedHostRule(self) -> None:
+        """The ops listener applies the facades' Host rule: same names, --allowed-hosts, count."""
+        for url in ("http://127.0.0.1:9464/status", "http://api.localhost/status",
+                    "http://box.internal/status"):
+            self.assertEqual(self.get(url)[0].code, 200, url)
+        self.assertEqual(self.get("http://proxy.example/status")[0].code, 403)
+        metrics = samples(self.get("http://localhost/metrics")[1].decode())
+        self.assertEqual(metrics["nvpair_proxy_host_denied_total",
+                                 frozenset({("listener", "ops")})], 1.0)
+        service = makeService(MemoryReactorClock(), "--allowed-hosts", "proxy.example")
+        client = StubTreq(opsResource(service))
+        response = self.successResultOf(client.get("http://proxy.example/status"))
+        self.assertEqual(response.code, 200)
 
 
 class PeerTests(SynchronousTestCase):

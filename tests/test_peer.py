@@ -332,9 +332,13 @@ class PeerUpstreamTests(SynchronousTestCase):
         cert, key, _ = makeNodeCert("node-a")
         writeClusterDir(self.dir, "node-a", cert, key, {"node-b": "ab" * 32})
         self.trust.reload()
-        agent = self.upstream._peerAgent("node-b")
         keys: list[Any] = []
-        agent._requestWithEndpoint = lambda key, *a: keys.append(key) or defer.Deferred()  # type: ignore[method-assign]
+
+        def request(key: Any, *args: Any) -> defer.Deferred[Any]:
+            keys.append(key)
+            return defer.Deferred()
+
+        self.patch(self.upstream.pool, "request", request)
         self.request()
         self.request()
         writePins(self.dir, {"node-b": "cd" * 32})

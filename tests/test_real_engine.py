@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Coroutine
 from typing import Any
 
 import treq
@@ -66,7 +67,13 @@ class _Engine(ProcessProtocol):
     errReceived = outReceived
 
     def processEnded(self, reason: Failure) -> None:
+        self.output += f"\n[engine process ended: {reason.getErrorMessage()}]".encode()
         self.ended.callback(None)
+
+    def lastLines(self, count: int = 30) -> str:
+        """The engine's last ``count`` lines of output (stdout and stderr together)."""
+        lines = self.output.decode("utf-8", "replace").splitlines()
+        return "\n".join(lines[-count:])
 
 
 class RealEngineTests(TestCase):
@@ -90,6 +97,7 @@ class RealEngineTests(TestCase):
         python, model = await self._modelPath()
         port = freePort()
         proto = _Engine()
+        self.engine = proto
         argv = [python, "-m", "llama_cpp.server", "--model", model, "--chat_format", "gemma",
                 "--model_alias", MODEL, "--host", "127.0.0.1", "--port", str(port),
                 "--n_ctx", "2048"]
@@ -107,8 +115,7 @@ class RealEngineTests(TestCase):
         url = f"http://127.0.0.1:{port}"
         for _ in range(240):  # bounded: up to 120 s for the model to load
             if proto.ended.called:
-                self.fail("llama.cpp server exited: "
-                          + proto.output.decode("utf-8", "replace")[-2000:])
+                self.fail("llama.cpp server exited while loading:\n" + proto.lastLines())
             try:
                 response = await treq.get(url + "/v1/models", persistent=False)
                 await response.content()
@@ -117,7 +124,42 @@ class RealEngineTests(TestCase):
             except Exception:
                 pass
             await task.deferLater(reactor, 0.5, lambda: None)
-        self.fail("llama.cpp server did not come up within 120 s")
+        self.fail("llama.cpp server did not come up within 120 s:\n" + proto.lastLines())
+
+    def _whileEngineRuns(self, work: Coroutine[Any, Any, None]) -> defer.Deferred[None]:
+        """``work``'s outcome, except that an engine which dies ends the test at once.
+
+        If the engine process ends before ``work`` does, the test fails straight away with
+        the engine's last log lines (e.g. an illegal instruction in a CPU-specific build);
+        if ``work`` fails while the engine is alive, its failure carries those lines too.
+        """
+        proto = self.engine
+        outcome: defer.Deferred[None] = defer.Deferred()
+        running = defer.Deferred.fromCoroutine(work)
+
+        def finished(result: object) -> None:
+            if outcome.called:
+                return None
+            if isinstance(result, Failure):
+                if result.check(defer.CancelledError) and proto.ended.called:
+                    return None
+                outcome.errback(self.failureException(
+                    f"{result.getErrorMessage() or result.type}\n"
+                    f"llama.cpp engine's last output:\n{proto.lastLines()}"))
+            else:
+                outcome.callback(None)
+            return None
+
+        def died(result: object) -> object:
+            if not outcome.called:
+                outcome.errback(self.failureException(
+                    "llama.cpp engine died during the test:\n" + proto.lastLines()))
+                running.cancel()
+            return result
+
+        running.addBoth(finished)
+        proto.ended.addCallback(died)
+        return outcome
 
     def _client(self, base: str) -> Any:
         import openai
@@ -125,15 +167,17 @@ class RealEngineTests(TestCase):
         return openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0,
                              timeout=120.0)
 
-    @defer.inlineCallbacks
-    def test_chatThroughBrokeredFacade(self):  # type: ignore[no-untyped-def]
+    async def test_chatThroughBrokeredFacade(self) -> None:
         """Non-streaming and streaming chats through the llama.cpp facade produce text, and
         each ``workload:completed`` carries usage-based (not estimated) token counts."""
-        engineUrl = yield defer.Deferred.fromCoroutine(self._startEngine())
+        engineUrl = await self._startEngine()
+        await self._whileEngineRuns(self._chatsThroughBrokeredFacade(engineUrl))
+
+    async def _chatsThroughBrokeredFacade(self, engineUrl: str) -> None:
         proxy = ProxyFixture(self, reactor)
-        yield proxy.start()
-        port = yield defer.Deferred.fromCoroutine(proxy.enable("llamacpp"))
-        yield proxy.nodes("llamacpp", [
+        await proxy.start()
+        port = await proxy.enable("llamacpp")
+        await proxy.nodes("llamacpp", [
             {"id": "llama", "self": False, "addresses": [engineUrl], "models": [MODEL]}])
         client = self._client(f"http://127.0.0.1:{port}")
         self.addCleanup(client.close)
@@ -143,10 +187,10 @@ class RealEngineTests(TestCase):
                 model=MODEL, messages=PROMPT, max_tokens=30, temperature=0)
             return completion.choices[0].message.content or "", completion.usage
 
-        text, usage = yield threads.deferToThread(chat)
+        text, usage = await threads.deferToThread(chat)
         self.assertTrue(text.strip())
         self.assertGreater(usage.completion_tokens, 0)
-        done = yield defer.Deferred.fromCoroutine(proxy.waitFor("workload:completed"))
+        done = await proxy.waitFor("workload:completed")
         info = done["workloadInfo"]
         self.assertEqual((info["engine"], info["model"], info["scheduledOn"]),
                          ("llamacpp", MODEL, "llama"))
@@ -165,13 +209,13 @@ class RealEngineTests(TestCase):
                         pieces.append(choice.delta.content)
             return "".join(pieces)
 
-        text = yield threads.deferToThread(streamed)
+        text = await threads.deferToThread(streamed)
         self.assertTrue(text.strip())
         # The openai client closes the connection as soon as it reads ``data: [DONE]``,
         # which can reach the proxy before the upstream's end of body: that workload may
         # end ``cancelled`` (see the report), so only its terminal event is awaited here.
         second = lambda p: p["workloadInfo"]["id"] != info["id"]  # noqa: E731
-        _, ended = yield defer.race([
+        _, ended = await defer.race([
             defer.Deferred.fromCoroutine(proxy.waitFor("workload:completed", second)),
             defer.Deferred.fromCoroutine(proxy.waitFor("workload:errored", second)),
         ])
@@ -187,27 +231,29 @@ class RealEngineTests(TestCase):
                 choice["delta"].get("content") or ""
                 for line in lines for choice in json.loads(line[6:])["choices"])
 
-        text = yield threads.deferToThread(streamedToTheEnd)
+        text = await threads.deferToThread(streamedToTheEnd)
         self.assertTrue(text.strip())
-        done = yield defer.Deferred.fromCoroutine(proxy.waitFor(
-            "workload:completed", lambda p: p["workloadInfo"]["id"] not in seen))
+        done = await proxy.waitFor(
+            "workload:completed", lambda p: p["workloadInfo"]["id"] not in seen)
         stats = done["workloadInfo"]["stats"]
         self.assertGreater(stats["completionTokens"], 0)
         self.assertGreaterEqual(stats["ttftMs"], 0)
         # llama-cpp-python's streams carry no usage report: counted from the stream events.
         self.assertTrue(stats["estimated"])
 
-    @defer.inlineCallbacks
-    def test_standaloneFacade(self):  # type: ignore[no-untyped-def]
+    async def test_standaloneFacade(self) -> None:
         """In standalone mode the engine's inventory is polled and a chat is served."""
-        engineUrl = yield defer.Deferred.fromCoroutine(self._startEngine())
+        engineUrl = await self._startEngine()
+        await self._whileEngineRuns(self._standaloneChat(engineUrl))
+
+    async def _standaloneChat(self, engineUrl: str) -> None:
         proxy = StandaloneProxy(self, reactor, ("llamacpp",), [("llamacpp", engineUrl)])
-        yield defer.Deferred.fromCoroutine(proxy.start())
-        yield proxy.waitForLog(lambda r: r.get("event") == "backend-up")
+        await proxy.start()
+        await proxy.waitForLog(lambda r: r.get("event") == "backend-up")
         base = proxy.url("llamacpp")
         client = self._client(base)
         self.addCleanup(client.close)
-        ids = yield threads.deferToThread(lambda: [m.id for m in client.models.list()])
+        ids = await threads.deferToThread(lambda: [m.id for m in client.models.list()])
         self.assertEqual(ids, [MODEL])
 
         def chat() -> str:
@@ -215,5 +261,5 @@ class RealEngineTests(TestCase):
                 model=MODEL, messages=PROMPT, max_tokens=20, temperature=0)
             return completion.choices[0].message.content or ""
 
-        text = yield threads.deferToThread(chat)
+        text = await threads.deferToThread(chat)
         self.assertTrue(text.strip())

@@ -13,12 +13,12 @@ from twisted.internet import defer, task
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.http_headers import Headers, _sanitizeLinearWhitespace
+from twisted.web.http_headers import Headers
 
 from nvpair.proxy import attempt as att
 from nvpair.proxy.attempt import Attempt, Committed, Failed, Outcome
 from nvpair.proxy.placement import Policy, placeInference, placeVerbatim
-from nvpair.proxy.relay import ClientFlow, abortClient, copyResponseHeaders, truncateClient
+from nvpair.proxy.relay import ClientFlow, abortClient, adoptResponseHeaders, truncateClient
 from nvpair.proxy.stats import StatsMeter
 from nvpair.proxy.workloads import CANCELLED, COMPLETED, FAILED, Workload
 
@@ -37,16 +37,15 @@ _NO_HEADERS = Headers()
 _WAITING = object()  # no result yet for what the policy waits for
 
 # Per-request values that depend only on a bounded key, computed once.
-_NODE_HEADERS: dict[str, bytes] = {}  # node id -> the sanitized x-nvpair-node value
+_NODE_HEADERS: dict[str, tuple[bytes]] = {}  # node id -> the x-nvpair-node values
 _DIALECTS: dict[tuple[str, bytes], str] = {}  # (engine id, inference path) -> stats dialect
 _CACHE_CAP = 4096
 
 
-def _nodeHeader(nodeId: str) -> bytes:
+def _nodeHeader(nodeId: str) -> tuple[bytes]:
     value = _NODE_HEADERS.get(nodeId)
     if value is None:
-        # What ``Headers.setRawHeaders`` would store for ``nodeId.encode()``.
-        value = _sanitizeLinearWhitespace(nodeId.encode())
+        value = (nodeId.encode(),)
         if len(_NODE_HEADERS) < _CACHE_CAP:
             _NODE_HEADERS[nodeId] = value
     return value
@@ -385,11 +384,10 @@ class Exchange:
         if content is not None:
             content.close()
         request.setResponseCode(code, phrase)
+        adoptResponseHeaders(headers, request, length)
         responseHeaders = request.responseHeaders
-        copyResponseHeaders(headers, responseHeaders, length)
-        raw = responseHeaders._rawHeaders  # canonical names, as ``setRawHeaders`` keys them
-        raw[b"X-Nvpair-Node"] = [_nodeHeader(attempt.node.id)]
-        raw[b"X-Nvpair-Attempts"] = [b"%d" % self.attempts]
+        responseHeaders.setRawHeaders(b"X-Nvpair-Node", _nodeHeader(attempt.node.id))
+        responseHeaders.setRawHeaders(b"X-Nvpair-Attempts", (b"%d" % self.attempts,))
         if self.inference and code < 400:
             meter = self.meter = StatsMeter(_statsDialect(self.engine, self.path), self.createdAt)
             meter.firstByte(self.clock.seconds())

@@ -1,4 +1,8 @@
-"""Where a facade's requests enter: admission, then the policy for the route class.
+"""Where a facade's requests enter: the ``Host`` rule, admission, then the route's policy.
+
+Every plaintext request of the facade, on its primary port or an alias, comes here first:
+one whose ``Host`` is not a loopback name gets 403 ``host_denied`` before anything else
+(protocol §8; ``hostcheck``), so it reaches no admission, no node and no workload.
 
 Preflights and fleet model lists go to ``fleet``; inference and everything else become an
 ``Exchange`` run by the dispatch loop.  An unexpected exception answers 500 ``internal``
@@ -15,6 +19,10 @@ from nvpair.proxy.admission import Refused, admit
 from nvpair.proxy.cors import isPreflight
 from nvpair.proxy.dispatch import Exchange
 from nvpair.proxy.engines import RouteClass
+from nvpair.proxy.hostcheck import HostGate
+
+HOST_DENIED = ("the Host header does not name this machine (DNS rebinding protection); "
+               "the proxy's --allowed-hosts option can allow another name")
 
 
 class FrontDoor:
@@ -22,15 +30,24 @@ class FrontDoor:
 
     log = Logger()
 
-    def __init__(self, context: Any, facade: Any, fleet: Any) -> None:
+    def __init__(self, context: Any, facade: Any, fleet: Any, hosts: HostGate) -> None:
         self.context = context
         self.facade = facade
         self.engine = facade.engine
         self.fleet = fleet
+        self.hosts = hosts
+        self.allows = hosts.allows
 
     def handle(self, request: Any) -> None:
         """Route one request (called from the site's render)."""
         engine = self.engine
+        host = request.getHeader(b"host")
+        if not self.allows(host):
+            self.hosts.refused(host, engine.id)
+            if request.tooLarge:
+                request.setHeader(b"connection", b"close")
+            self.context.sendError(request, engine, 403, "host_denied", HOST_DENIED)
+            return
         if request.tooLarge:
             request.setHeader(b"connection", b"close")
             self.context.sendError(

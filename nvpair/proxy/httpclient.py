@@ -1,39 +1,44 @@
-"""A lean HTTP/1.1 client for the request path: one write per request, byte-level parsing.
+"""A lean HTTP/1.1 client for the request path: one write per request, responses parsed by
+llhttp (``httptools``), strict.
 
 ``httppool.ConnectionPool.request`` sends one serialized request over a pooled keep-alive
 connection (or a new one from an endpoint) and fires with a ``Response`` (``httpresponse``)
 that has the ``IResponse`` surface the proxy uses (``code``, ``phrase``, ``headers``,
 ``length``, ``deliverBody``).  The body protocol's transport pauses, resumes and stops the
-upstream read.  Bodies are Content-Length, chunked or close-delimited; the chunk payloads of
-one socket read reach the body protocol as one ``dataReceived``.  Clean ends are
-``ResponseDone`` (``PotentialDataLoss`` for a close-delimited body), anything else is
-``ResponseFailed`` -- the same reasons twisted.web's Agent gives.  This module is the
-connection (its states, flow control and ends); the framing rules -- the request's bytes,
-the head parser, the chunked decoder -- are ``httpframing``'s.
+upstream read (llhttp cannot pause: the connection's *transport* is paused, and what one
+read already held is passed on).  The payload of one socket read reaches the body protocol
+as one ``dataReceived``; a read that breaks the framing passes nothing on.
+
+Ends: ``ResponseDone`` for a body that ended as framed, ``PotentialDataLoss`` for a
+close-delimited body ended by a clean close, ``ResponseFailed`` for everything else
+(``BadResponse`` inside when the engine broke HTTP/1.1).  A connection is pooled again only
+after a response that ended as framed, that llhttp says may be kept alive, with no bytes
+after it and not to HEAD; any parse error aborts it.  What llhttp leaves to us: interim 1xx
+answers are skipped, a HEAD response ends at its head, a close-delimited body ends at the
+close, ``101`` (never asked for) and a transfer coding other than ``chunked`` are errors, and
+the head and the framing bytes between payload bytes are bounded (``httpframing``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 from twisted.internet import defer
+from twisted.internet.error import ConnectionDone
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
-from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
-from twisted.web.client import ResponseDone
-from twisted.web.http import PotentialDataLoss, _DataLoss
+from twisted.web.client import ResponseDone, ResponseFailed, ResponseNeverReceived
+from twisted.web.http import PotentialDataLoss
+from twisted.web.iweb import UNKNOWN_LENGTH
 
 from nvpair.proxy.fastwrite import sendNow
 from nvpair.proxy.httpframing import (
-    CHUNKED,
-    CLOSE,
-    LENGTH,
+    MAX_BODY_OVERHEAD,
     MAX_HEAD,
     BadResponse,
-    ChunkDecoder,
-    parseHead,
+    responseHead,
     serializeRequest,
-    splitHead,
 )
 from nvpair.proxy.httpresponse import Response
 
@@ -56,14 +61,22 @@ class HTTPClientConnection(Protocol):
         self.key = key
         self.state = IDLE
         self.idleSince = 0.0
+        self._parser = HttpResponseParser(self)
         self._d: defer.Deferred[Response] | None = None
-        self._method = b""
-        self._buf = b""
+        self._isHead = False
         self._response: Response | None = None
-        self._mode = CLOSE
-        self._remaining = 0
-        self._chunks = ChunkDecoder()
-        self._reusable = False
+        # What llhttp reported during the current read / response.
+        self._phrase = b""
+        self._fields: list[tuple[bytes, bytes]] = []
+        self._headCode = 0  # the final status once its head is complete, else 0
+        self._parts: list[bytes] = []
+        self._complete = False  # the final response's message ended
+        self._keepAlive = False  # and llhttp said the connection may be kept alive
+        self._extra = False  # bytes came after it
+        self._interim = False  # inside a 1xx answer
+        self._closeDelimited = False
+        self._headBytes = 0
+        self._overhead = 0  # bytes read since the last payload byte
         self._stopped = False
         self._pausedByBody = False
         self._held = False
@@ -90,98 +103,129 @@ class HTTPClientConnection(Protocol):
         """Write one request; ``d`` fires with its response (or fails)."""
         self.state = WAITING
         self._d = d
-        self._method = method
-        self._buf = b""
+        self._isHead = method == b"HEAD"
+        self._phrase = b""
+        self._fields = []
+        self._headCode = 0
+        self._complete = self._keepAlive = self._extra = self._interim = False
         self._stopped = False
+        self._closeDelimited = False
+        self._headBytes = self._overhead = 0
         sendNow(self.transport, data)
 
     def abort(self) -> None:
         """Drop the connection at once (a cancelled request)."""
         self._d = None
-        self._reusable = False
         if self.transport is not None:
             self.transport.abortConnection()  # type: ignore[attr-defined]
+
+    # -- llhttp's callbacks (during ``feed_data``) -----------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._complete:
+            self._extra = True  # a message after the answer: nobody asked for it
+
+    def on_status(self, status: bytes) -> None:
+        self._phrase += status
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._headCode:  # trailer fields (after the head) are dropped
+            self._fields.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        code = self._parser.get_status_code()
+        if code < 200:  # an interim answer: the final one follows
+            self._interim = True
+            self._phrase = b""
+            self._fields = []
+            return
+        self._headCode = code
+        if self._isHead:
+            self._complete = True  # llhttp would wait for a body a HEAD answer never has
+
+    def on_body(self, body: bytes) -> None:
+        if not self._complete:
+            self._parts.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+        else:
+            self._complete = True
+            self._keepAlive = self._parser.should_keep_alive()  # only known until it ends
 
     # -- receiving ------------------------------------------------------------------------
 
     def dataReceived(self, data: bytes) -> None:
         state = self.state
         if state == BODY:
-            self._bodyReceived(data)
+            if self._stopped:
+                return
         elif state == WAITING:
-            self._headReceived(data)
-        elif state == IDLE:
-            self.abort()  # bytes nobody asked for: the connection cannot be trusted
+            self._headBytes += len(data)
+        else:
+            if state == IDLE:
+                self.abort()  # bytes nobody asked for: the connection cannot be trusted
+            return
+        try:
+            self._parser.feed_data(data)
+        except (HttpParserError, HttpParserUpgrade) as e:
+            if not self._complete:
+                self._parts = []  # the read that broke the framing passes nothing on
+                self._protocolError(str(e) or type(e).__name__)
+                return
+            self._extra = True  # garbage after a complete answer: that answer stands
+        if state == WAITING and not self._headReceived():
+            return
+        parts = self._parts
+        if parts:
+            self._parts = []
+            self._overhead = 0
+            response = self._response
+            if response is not None and not self._stopped:
+                response.bodyData(parts[0] if len(parts) == 1 else b"".join(parts))
+        elif state == BODY and not self._complete:
+            self._overhead += len(data)
+            if self._overhead > MAX_BODY_OVERHEAD and self.state == BODY:
+                self._protocolError("too many framing bytes without payload")
+                return
+        if self._complete and self.state == BODY and not self._stopped:
+            self._finish()
 
-    def _headReceived(self, data: bytes) -> None:
-        buf = self._buf + data if self._buf else data
-        while True:
-            split = splitHead(buf)
-            if split is None:
-                if len(buf) > MAX_HEAD:
-                    self._protocolError("response head too large")
-                    return
-                self._buf = buf
-                return
-            head, buf = split
-            try:
-                parsed = parseHead(head, self._method == b"HEAD")
-            except (BadResponse, ValueError):
-                self._protocolError("malformed response head")
-                return
-            if parsed is not None:
-                break  # otherwise an interim 1xx answer: parse the next head
-        code, phrase, headers, length, mode, self._remaining, self._reusable = parsed
-        self._mode = mode
-        if mode == CHUNKED:
-            self._chunks.reset()
-        self._buf = b""
-        response = self._response = Response(self, code, phrase, headers, length)
+    def _headReceived(self) -> bool:
+        """After a read while waiting: hand out the response once its head is in.  False
+        while it is not (or the head broke a rule, which ends the request)."""
+        code = self._headCode
+        if not code:
+            if self._headBytes > MAX_HEAD:
+                self._protocolError("response head too large")
+            return False
+        head = responseHead(code, self._phrase, self._fields)
+        self._fields = []
+        length: Any = UNKNOWN_LENGTH
+        noBody = self._isHead or code == 204 or code == 304
+        if noBody:
+            if code != 204 and head.contentLength is not None:
+                length = head.contentLength  # the engine's, as HEAD and 304 may carry it
+        elif head.transferEncoding is not None:
+            if head.transferEncoding != b"chunked":
+                self._protocolError("unsupported transfer coding")
+                return False
+        elif head.contentLength is not None:
+            length = head.contentLength
+        else:
+            self._closeDelimited = True
+        response = self._response = Response(self, code, head.phrase, head.headers, length)
         self.state = BODY
         d, self._d = self._d, None
-        if length == 0 and mode != CLOSE:
-            self._finish(buf)
-            if d is not None:
-                d.callback(response)
-            return
         if d is not None:
             d.callback(response)
-        if buf and self.state == BODY and not self._stopped:
-            self._bodyReceived(buf)
+        return True
 
-    def _bodyReceived(self, data: bytes) -> None:
-        response = self._response
-        assert response is not None
-        mode = self._mode
-        if mode == CHUNKED:
-            try:
-                payload, rest = self._chunks.feed(data)
-            except BadResponse as e:
-                self._protocolError(str(e))
-                return
-            if payload:
-                response.bodyData(payload)
-            if rest is not None and self.state == BODY and not self._stopped:
-                self._finish(rest)
-        elif mode == LENGTH:
-            left = self._remaining
-            if len(data) < left:
-                self._remaining = left - len(data)
-                response.bodyData(data)
-                return
-            self._remaining = 0
-            if left:
-                response.bodyData(data[:left] if len(data) > left else data)
-            if self.state == BODY and not self._stopped:
-                self._finish(data[left:])
-        else:
-            response.bodyData(data)
-
-    def _finish(self, rest: bytes) -> None:
-        """The body ended cleanly: back to the pool (or closed), then tell the response."""
+    def _finish(self) -> None:
+        """The body ended as framed: back to the pool (or closed), then tell the response."""
         response, self._response = self._response, None
-        self._buf = b""
-        if self._reusable and not rest and not self._stopped:
+        if self._keepAlive and not self._extra and not self._isHead:
             self.state = IDLE
             self._pausedByBody = self._held = False
             if self._readPaused:
@@ -197,7 +241,6 @@ class HTTPClientConnection(Protocol):
             response.bodyEnded(_DONE)
 
     def _protocolError(self, problem: str) -> None:
-        self._reusable = False
         error = Failure(BadResponse(problem))
         d, self._d = self._d, None
         response, self._response = self._response, None
@@ -238,7 +281,6 @@ class HTTPClientConnection(Protocol):
         if self.state != BODY:
             return
         self._stopped = True
-        self._reusable = False
         if self.transport is not None:
             self.transport.abortConnection()  # type: ignore[attr-defined]
 
@@ -253,12 +295,10 @@ class HTTPClientConnection(Protocol):
             d.errback(ResponseNeverReceived([reason]))
         response, self._response = self._response, None
         if state == BODY and response is not None:
-            if self._mode == CLOSE and not self._stopped:
+            if self._closeDelimited and not self._stopped and reason.check(ConnectionDone):
                 response.bodyEnded(Failure(PotentialDataLoss()))
-            elif self._stopped:
-                response.bodyEnded(Failure(ResponseFailed([reason])))
             else:
-                response.bodyEnded(Failure(ResponseFailed([reason, Failure(_DataLoss())])))
+                response.bodyEnded(Failure(ResponseFailed([reason])))
         closed, self._closed = self._closed, []
         for waiter in closed:
             waiter.callback(None)

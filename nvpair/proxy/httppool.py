@@ -183,6 +183,11 @@ class ConnectionPool:
         if self._sweep is None and self.idleTimeout > 0:
             self._sweep = self._reactor.callLater(self.idleTimeout, self._expire)
 
+    def connectionCounts(self) -> tuple[int, int]:
+        """(idle connections held, keys with at least one) -- for the metrics."""
+        idle = self._connections
+        return sum(len(conns) for conns in idle.values()), len(idle)
+
     def lost(self, conn: HTTPClientConnection) -> None:
         """A connection closed; forget it if it was idle."""
         idle = self._connections.get(conn.key)

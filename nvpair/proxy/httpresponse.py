@@ -20,21 +20,21 @@ if TYPE_CHECKING:
 class _BodyTransport:
     """The body protocol's transport: flow control of one response, inert once it ended."""
 
-    __slots__ = ("_conn",)
+    __slots__ = ("conn",)
 
     def __init__(self, conn: HTTPClientConnection) -> None:
-        self._conn: HTTPClientConnection | None = conn
+        self.conn: HTTPClientConnection | None = conn  # None once the body ended
 
     def pauseProducing(self) -> None:
-        if self._conn is not None:
-            self._conn.pauseBody(True)
+        if self.conn is not None:
+            self.conn.pauseBody(True)
 
     def resumeProducing(self) -> None:
-        if self._conn is not None:
-            self._conn.pauseBody(False)
+        if self.conn is not None:
+            self.conn.pauseBody(False)
 
     def stopProducing(self) -> None:
-        conn, self._conn = self._conn, None
+        conn, self.conn = self.conn, None
         if conn is not None:
             conn.stopBody()
 
@@ -76,13 +76,13 @@ class Response:
         protocol.makeConnection(self.transport)
         buffered, self._buffer = self._buffer or (), None
         for data in buffered:
-            if self.transport._conn is None and self._ended is None:
+            if self.transport.conn is None and self._ended is None:
                 break
             protocol.dataReceived(data)
         if self._ended is not None:
             protocol.connectionLost(self._ended)
-        elif self.transport._conn is not None:
-            self.transport._conn.holdBody(False)
+        elif self.transport.conn is not None:
+            self.transport.conn.holdBody(False)
 
     def bodyData(self, data: bytes) -> None:
         """Bytes of the body (from the connection)."""
@@ -96,7 +96,7 @@ class Response:
 
     def bodyEnded(self, reason: Failure) -> None:
         """The body ended with ``reason`` (from the connection); the transport goes inert."""
-        self.transport._conn = None
+        self.transport.conn = None
         if self._protocol is not None:
             self._protocol.connectionLost(reason)
         else:

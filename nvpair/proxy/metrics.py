@@ -129,6 +129,13 @@ class Metrics:
             "Nodes asked for a fleet model list, by engine and whether they answered.",
             ["engine", "result"], registry=registry,
         )
+        self._hostDenied = Counter(
+            "nvpair_proxy_host_denied",
+            "Plaintext requests refused because Host is not a loopback name, by listener.",
+            ["listener"], registry=registry,
+        )
+        for listener in (*ENGINES, "ops"):
+            self._hostDenied.labels(listener)  # every series present from the start, at 0
         self._stalled = Counter(
             "nvpair_proxy_streams_stalled",
             "Committed streams cut because the engine sent nothing for --stream-idle-timeout.",
@@ -177,6 +184,10 @@ class Metrics:
             child = self._errorChildren[key] = self._proxyErrors.labels(engineId, reason)
         child.inc()
 
+    def hostDenied(self, listener: str) -> None:
+        """A request on ``listener`` (an engine id or ``ops``) was refused for its ``Host``."""
+        self._hostDenied.labels(listener).inc()
+
     def attemptFailed(self, exchange: Any, outcome: Any) -> None:
         """An attempt ended uncommitted (``outcome.kind`` is the reason)."""
         key = (exchange.engine.id, outcome.kind)
@@ -211,12 +222,6 @@ class Metrics:
             self._fleetSources.labels(engineId, "answered").inc(answered)
         if failed:
             self._fleetSources.labels(engineId, "failed").inc(failed)
-
-
-def _poolConnections(pool: Any) -> tuple[int, int]:
-    """(idle cached connections, distinct upstream keys) of an ``HTTPConnectionPool``."""
-    connections = getattr(pool, "_connections", {})
-    return sum(len(c) for c in connections.values()), len(connections)
 
 
 class StateCollector(Collector):
@@ -270,11 +275,7 @@ class StateCollector(Collector):
         yield GaugeMetricFamily(
             "nvpair_proxy_workloads_live", "Workloads admitted and not yet ended.",
             value=reporter.live)
-        idle, hosts = _poolConnections(service.upstream.pool)
-        peerPool = getattr(service.upstream, "peerPool", None)
-        if peerPool is not None:
-            peerIdle, peerHosts = _poolConnections(peerPool)
-            idle, hosts = idle + peerIdle, hosts + peerHosts
+        idle, hosts = service.upstream.pool.connectionCounts()
         yield GaugeMetricFamily(
             "nvpair_proxy_upstream_pool_connections",
             "Idle persistent upstream connections held by the shared pool.", value=idle)

@@ -3,14 +3,14 @@
 A klein app on its own port, bound to 127.0.0.1 and served through the facades'
 ``PersonalityFactory`` with ``loopbackOnly``, so a non-loopback peer (or a TLS hello) is
 closed without an HTTP answer.  Requests whose ``Host`` is not a loopback name are refused
-too (403), so a web page cannot read it through DNS rebinding.  Everything it shows is read from
-the service at request time; nothing here runs on the request path.  The listener is a
-child service of the ``ProxyService`` and stops with it.
+too (403, by the facades' own rule, ``hostcheck``), so a web page cannot read it through
+DNS rebinding.  Everything it shows is read from the service at request time; nothing here
+runs on the request path.  The listener is a child service of the ``ProxyService`` and
+stops with it.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from typing import Any
 
@@ -26,28 +26,11 @@ from twisted.web import server
 from twisted.web.resource import Resource
 
 from nvpair.proxy.affinity import affinityStatus
+from nvpair.proxy.hostcheck import HostGate
 from nvpair.proxy.listener import PersonalityFactory
 from nvpair.proxy.metrics import StateCollector
 
 _WORKLOAD_FIELDS = ("id", "engine", "model", "state", "node", "attempts", "error", "stats")
-_LOOPBACK_NAMES = ("localhost", "localhost.")
-
-
-def loopbackHost(host: bytes | None) -> bool:
-    """Whether a ``Host`` header names a loopback name or address (an absent one is fine)."""
-    if host is None:
-        return True
-    text = host.decode("latin-1").strip().lower()
-    if text.startswith("["):
-        name, _, _ = text[1:].partition("]")
-    else:
-        name = text.rpartition(":")[0] if ":" in text else text
-    if name in _LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 def statusDocument(service: Any) -> dict[str, Any]:
@@ -143,13 +126,16 @@ class LoopbackHostGuard(Resource):
 
     isLeaf = True
 
-    def __init__(self, inner: Resource) -> None:
+    def __init__(self, inner: Resource, hosts: HostGate) -> None:
         super().__init__()
         self._inner = inner
+        self._hosts = hosts
 
     def render(self, request: Any) -> Any:
-        if loopbackHost(request.getHeader(b"host")):
+        host = request.getHeader(b"host")
+        if self._hosts.allows(host):
             return self._inner.render(request)
+        self._hosts.refused(host, "ops")
         request.setResponseCode(403)
         _common(request, b"text/plain; charset=utf-8")
         return b"the operations listener answers loopback host names only\n"
@@ -157,7 +143,7 @@ class LoopbackHostGuard(Resource):
 
 def opsResource(service: Any) -> Resource:
     """The root resource of the ops listener for ``service``."""
-    return LoopbackHostGuard(OpsApp(service).app.resource())
+    return LoopbackHostGuard(OpsApp(service).app.resource(), service.hosts)
 
 
 class OpsSite(server.Site):

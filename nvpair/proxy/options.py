@@ -16,6 +16,7 @@ import attrs
 from twisted.python import usage
 
 from nvpair.proxy.engines import ENGINES
+from nvpair.proxy.hostcheck import parseAllowedHosts
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
 _UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -92,6 +93,7 @@ class Settings:
     maxConnections: int
     headerReadTimeout: float
     maxHeaderBytes: int
+    allowedHosts: tuple[str, ...] = ()
     streamIdleTimeout: float = 300.0
     affinity: str = "prefix"
 
@@ -150,6 +152,7 @@ _VALUED: list[tuple[str, str | None, str | None, Any, str]] = [
         lambda t: _parseInt(t, 1024),
         "maxHeaderBytes",
     ),
+    ("allowed-hosts", "NVPAIR_PROXY_ALLOWED_HOSTS", "", parseAllowedHosts, "allowedHosts"),
     (
         "stream-idle-timeout",
         "NVPAIR_PROXY_STREAM_IDLE_TIMEOUT",
@@ -183,6 +186,8 @@ _HELP = {
     "[env NVPAIR_PROXY_HEADER_READ_TIMEOUT]",
     "max-header-bytes": "largest request header block; larger get 431 "
     "[env NVPAIR_PROXY_MAX_HEADER_BYTES]",
+    "allowed-hosts": "extra Host names plaintext requests may use, comma-separated; "
+    "* disables the check [env NVPAIR_PROXY_ALLOWED_HOSTS]",
     "stream-idle-timeout": "after commit, cut a stream whose engine sends nothing for this "
     "long; 0 = never [env NVPAIR_PROXY_STREAM_IDLE_TIMEOUT]",
     "affinity": "prefix or off: keep a conversation on the node that served it "

@@ -39,7 +39,8 @@ _NO_TOKENS: frozenset[bytes] = frozenset()
 
 
 def _connectionTokens(headers: Headers) -> frozenset[bytes]:
-    values = headers._rawHeaders.get(b"Connection")  # the canonical key ``Headers`` uses
+    """The field names a ``Connection`` header lists (lower case)."""
+    values = headers.getRawHeaders(b"connection")
     if not values:
         return _NO_TOKENS
     tokens: set[bytes] = set()
@@ -49,36 +50,58 @@ def _connectionTokens(headers: Headers) -> frozenset[bytes]:
 
 
 def forwardHeaders(incoming: Headers) -> Headers:
-    """The request headers to send upstream: hop-by-hop and Host removed.
-
-    The values are copied as they are (an existing ``Headers`` holds them sanitized).
+    """The request headers to send upstream: hop-by-hop, those ``Connection`` names, and
+    Host removed.  The values are copied as they are (a ``Headers`` holds them sanitized).
     """
     named = _connectionTokens(incoming)
     out = Headers()
-    raw = out._rawHeaders
-    for name, values in incoming._rawHeaders.items():
+    for name, values in incoming.getAllRawHeaders():
         lower = name.lower()
         if lower in HOP_BY_HOP or lower in named:
             continue
-        raw[name] = list(values)
+        out.setRawHeaders(name, list(values))
     return out
 
 
-def copyResponseHeaders(
-    source: Headers, target: Headers, length: int | None, drop: frozenset[bytes] = frozenset()
-) -> None:
-    """Copy an upstream response's end-to-end headers onto the client response."""
-    named = _connectionTokens(source)
-    raw = target._rawHeaders
-    raw.pop(b"Server", None)
-    raw.pop(b"Date", None)
-    for name, values in source._rawHeaders.items():
+def copyResponseHeaders(source: Headers, target: Headers, length: int | None) -> None:
+    """Copy an upstream response's end-to-end headers onto the client response.
+
+    The hop-by-hop set is removed here whatever ``source`` holds (the upstream client has
+    already removed it and the fields its ``Connection`` named).  The client response's
+    ``Content-Length`` is ``length`` (the engine's), or absent.
+    """
+    target.removeHeader(b"Server")
+    target.removeHeader(b"Date")
+    for name, values in source.getAllRawHeaders():
         lower = name.lower()
-        if lower in HOP_BY_HOP or lower in named or lower in drop:
+        if lower in HOP_BY_HOP:
             continue
-        raw[name] = list(values)
+        target.setRawHeaders(name, values)
     if length is not None:
-        raw[b"Content-Length"] = [b"%d" % length]
+        target.setRawHeaders(b"Content-Length", (b"%d" % length,))
+
+
+_ENGINE_OWNED = (b"server", b"date")  # the engine's replace the proxy's
+
+
+def adoptResponseHeaders(source: Headers, request: Any, length: int | None) -> None:
+    """Make an upstream response's headers the client response's, without copying them.
+
+    The same result as ``copyResponseHeaders`` onto ``request.responseHeaders`` (hop-by-hop
+    fields removed, the engine's ``Server``/``Date``, fields already set on the client
+    response kept unless the engine sent them too, ``Content-Length`` from ``length``), but
+    ``source`` itself becomes ``request.responseHeaders``: it belongs to a response whose
+    head is consumed at commit, and adopting it saves a copy per field on every request.
+    """
+    for name, _ in list(source.getAllRawHeaders()):
+        if name.lower() in HOP_BY_HOP:
+            source.removeHeader(name)
+    for name, values in request.responseHeaders.getAllRawHeaders():
+        if name.lower() not in _ENGINE_OWNED and not source.hasHeader(name):
+            source.setRawHeaders(name, values)
+    if length is not None:
+        source.setRawHeaders(b"Content-Length", (b"%d" % length,))
+    request.responseHeaders = source
 
 
 @implementer(IPushProducer)

@@ -19,8 +19,6 @@ from twisted.python.failure import Failure
 from twisted.web.http import NO_BODY_CODES, RESPONSES
 from twisted.web.http_headers import Headers
 
-from nvpair.proxy.fastwrite import sendNow
-
 if TYPE_CHECKING:
     from nvpair.proxy.httpserver import ServerChannel
 
@@ -98,10 +96,10 @@ class ServerRequest:
             head = self._head()
             if data and not self._noBody:
                 head += self._frame(data)
-            sendNow(channel.transport, head)
+            channel.send(head)
             return
         if data and not self._noBody:
-            sendNow(channel.transport, self._frame(data))
+            channel.send(self._frame(data))
 
     def _frame(self, data: bytes) -> bytes:
         if self._chunked:
@@ -109,25 +107,30 @@ class ServerRequest:
         return data
 
     def _head(self) -> bytes:
-        raw = self.responseHeaders._rawHeaders
         code = self.code
+        parts = [b"%s %d %s\r\n" % (self.clientproto, code, self.code_message)]
+        hasLength = False
+        connection = None
+        # ``getAllRawHeaders`` gives names in their canonical capitalization.
+        for name, values in self.responseHeaders.getAllRawHeaders():
+            if name == b"Content-Length":
+                hasLength = True
+            elif name == b"Connection":
+                connection = values[-1]
+            for value in values:
+                parts.append(b"%s: %s\r\n" % (name, value))
         if self.method == b"HEAD" or code in NO_BODY_CODES or code < 200:
             self._noBody = True
-        elif b"Content-Length" not in raw:
+        elif not hasLength:
             if self.clientproto == HTTP11:
-                raw[b"Transfer-Encoding"] = [b"chunked"]
+                parts.append(b"Transfer-Encoding: chunked\r\n")
                 self._chunked = True
             else:
                 self.persistent = False
-        connection = raw.get(b"Connection")
-        if connection is not None and b"close" in connection[-1].lower():
+        if connection is not None and b"close" in connection.lower():
             self.persistent = False
         elif not self.persistent and self.clientproto == HTTP11:
-            raw[b"Connection"] = [b"close"]
-        parts = [b"%s %d %s\r\n" % (self.clientproto, code, self.code_message)]
-        for name, values in raw.items():
-            for value in values:
-                parts.append(b"%s: %s\r\n" % (name, value))
+            parts.append(b"Connection: close\r\n")
         parts.append(b"\r\n")
         return b"".join(parts)
 
@@ -141,7 +144,7 @@ class ServerRequest:
             self.write(b"")
         channel = self.channel
         if self._chunked and channel is not None:
-            sendNow(channel.transport, b"0\r\n\r\n")
+            channel.send(b"0\r\n\r\n")
         self.finished = True
         self._onLost = None
         if self.producer is not None:

@@ -28,6 +28,7 @@ from nvpair.proxy.engines import ENGINES, Engine
 from nvpair.proxy.facade import BindError, Facade, parseAlias
 from nvpair.proxy.fleet import Fleet
 from nvpair.proxy.frontdoor import FrontDoor
+from nvpair.proxy.hostcheck import HostGate, HostRule
 from nvpair.proxy.listener import PersonalityFactory
 from nvpair.proxy.logs import LogControl, TextStream, makeObserver
 from nvpair.proxy.metrics import Metrics
@@ -70,6 +71,7 @@ class ProxyService(MultiService):
         self.upstream = Upstream(reactor, settings.dialTimeout, trust)
         self.metrics = Metrics()
         self.stalls = StallWatches(reactor, settings.streamIdleTimeout)
+        self.hosts = HostGate(HostRule(settings.allowedHosts), self.metrics.hostDenied)
         self.reporter = WorkloadReporter(self._sinkProxy, reactor)
         self.activity = Activity(self._sinkProxy)
         self.fleet = Fleet(self)
@@ -137,7 +139,7 @@ class ProxyService(MultiService):
     def _makeFactory(self, facade: Facade, aliasOnly: bool) -> PersonalityFactory:
         s = self.settings
         site = FacadeSite(
-            FrontDoor(self, facade, self.fleet),
+            FrontDoor(self, facade, self.fleet, self.hosts),
             self.clock,
             s.maxBody,
             s.headerReadTimeout,

@@ -1,13 +1,14 @@
 """Reaching a node (protocol §4): direct plaintext engines, the local backend, and peers over mTLS.
 
-One persistent connection pool serves every facade (the lean client of ``httpclient`` for
-plaintext nodes; twisted.web's Agent over pinned TLS for peers).  A node's addresses are tried in
-order until one connects; the one that connected is remembered per facade until a
-transport error makes dispatch forget it.
+One persistent connection pool serves every facade: the lean client of ``httpclient`` for
+plaintext nodes and, over pinned mutual TLS, for peers (pooled by node id, pin and this
+node's own identity).  A node's addresses are tried in order until one connects; the one
+that connected is remembered per facade until a transport error makes dispatch forget it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -15,71 +16,19 @@ from twisted.internet import defer
 from twisted.internet.abstract import isIPAddress, isIPv6Address
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
 from twisted.internet.error import ConnectError
-from twisted.internet.interfaces import IConsumer, IStreamClientEndpoint
-from twisted.web._newclient import _ensureValidMethod, _ensureValidURI
-from twisted.web.client import URI, Agent, HTTPConnectionPool, _HTTP11ClientFactory
+from twisted.internet.interfaces import IStreamClientEndpoint
+from twisted.web.client import URI
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, IResponse
+from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
 from nvpair.proxy._interfaces import IUpstream
-from nvpair.proxy.httpclient import serializeRequest
+from nvpair.proxy.httpframing import isToken, serializeRequest
 from nvpair.proxy.httppool import ConnectionPool, DirectTCP
 
-
-@implementer(IBodyProducer)
-class BytesProducer:
-    """A request body already in memory, written in one go."""
-
-    def __init__(self, body: bytes) -> None:
-        self._body = body
-        self.length = len(body)
-
-    def startProducing(self, consumer: IConsumer) -> defer.Deferred[None]:
-        consumer.write(self._body)
-        return defer.succeed(None)
-
-    def pauseProducing(self) -> None:
-        pass
-
-    def resumeProducing(self) -> None:
-        pass
-
-    def stopProducing(self) -> None:
-        pass
-
-
-class _QuietClientFactory(_HTTP11ClientFactory):
-    """The pool's connection factory, without a log line per connection."""
-
-    noisy = False
-
-
-class _Pool(HTTPConnectionPool):
-    """The shared pool, able to tell one request when its connection is ready.
-
-    ``Agent.request`` asks the pool for a connection synchronously, so ``Upstream.request``
-    sets ``onConnected`` just around that call: the hook fires when a new connection is
-    established, or at once for a cached one (the end of the dial, §5.1).
-    """
-
-    onConnected: Callable[[], None] | None = None
-
-    def getConnection(self, key: Any, endpoint: IStreamClientEndpoint) -> Any:
-        hook, self.onConnected = self.onConnected, None
-        d = super().getConnection(key, endpoint)
-        if hook is not None:
-            d.addCallback(_notifyConnected, hook)
-        return d
-
-
-def _notifyConnected(protocol: Any, hook: Callable[[], None]) -> Any:
-    hook()
-    return protocol
-
-
 _BODY_METHODS = (b"POST", b"PUT", b"PATCH")
-_VALID_METHODS: set[bytes] = set()  # methods ``_ensureValidMethod`` accepted (a few)
+_VALID_METHODS: set[bytes] = set()  # methods found to be tokens (a few)
+_VALID_TARGET = re.compile(rb"[\x21-\x7e]+")  # visible ASCII: no space, no control
 
 
 class _Target:
@@ -115,59 +64,6 @@ def splitHostPort(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-@implementer(IAgentEndpointFactory)
-class _PeerEndpoints:
-    """Endpoints to one peer node's facades: TLS presenting our certificate, pinned to its id."""
-
-    def __init__(self, reactor: Any, nodeId: str, trust: Any, dialTimeout: float) -> None:
-        self._reactor = reactor
-        self._nodeId = nodeId
-        self._trust = trust
-        self._dialTimeout = dialTimeout
-
-    def endpointForURI(self, uri: Any) -> IStreamClientEndpoint:
-        """A pinned TLS endpoint; ``NotReachable`` when not a member, no certificate or no pin."""
-        try:
-            creator = self._trust.clientCreatorFor(self._nodeId)
-        except Exception as e:  # ClusterError: this node cannot reach peers right now
-            raise NotReachable(str(e)) from None
-        host = uri.host.decode("ascii")
-        tcp = HostnameEndpoint(self._reactor, host, uri.port, timeout=self._dialTimeout)
-        return wrapClientTLS(creator, tcp)
-
-
-class _PeerAgent(Agent):
-    """An Agent to one peer whose pooled connections are keyed by what authenticated them.
-
-    The pool key holds the node id, its current pin and this node's own identity, so a
-    connection made under an old pin, an old certificate or another node id is never
-    reused: a trust change takes effect on the next request (old connections idle out).
-    """
-
-    _nodeId: str
-    _trust: Any
-
-    def request(
-        self,
-        method: bytes,
-        uri: bytes,
-        headers: Headers | None = None,
-        bodyProducer: IBodyProducer | None = None,
-    ) -> defer.Deferred[IResponse]:
-        parsed = URI.fromBytes(uri)
-        try:
-            endpoint = self._endpointFactory.endpointForURI(parsed)
-        except NotReachable:
-            return defer.fail()
-        trust = self._trust
-        key = ("nvpair-peer", self._nodeId, trust.pinFor(self._nodeId), trust.nodeId,
-               trust.fingerprint, parsed.host, parsed.port)
-        return self._requestWithEndpoint(
-            key,  # type: ignore[arg-type]
-            endpoint, method, parsed, headers, bodyProducer, parsed.originForm
-        )
-
-
 @implementer(IUpstream)
 class Upstream:
     """Opens requests to nodes over the shared pool."""
@@ -183,31 +79,8 @@ class Upstream:
         self._reactor = reactor
         self._dialTimeout = dialTimeout
         self.trust = trust
-        # Plaintext nodes (the hot path): the lean client.  Peers: twisted.web's Agent over
-        # pinned TLS endpoints, pooled by node id + pin + own identity.
         self.pool = ConnectionPool(reactor, maxPersistentPerHost, idleTimeout)
-        self.peerPool = _Pool(reactor, persistent=True)
-        self.peerPool.maxPersistentPerHost = maxPersistentPerHost
-        self.peerPool.cachedConnectionTimeout = idleTimeout
-        self.peerPool.retryAutomatically = False
-        self.peerPool._factory = _QuietClientFactory
-        self._peers: dict[str, Agent] = {}
         self._targets: dict[str, _Target] = {}
-
-    def _peerAgent(self, nodeId: str) -> Agent:
-        agent = self._peers.get(nodeId)
-        if agent is None:
-            if self.trust is None:
-                raise NotReachable("not a cluster member")
-            agent = _PeerAgent.usingEndpointFactory(
-                self._reactor,
-                _PeerEndpoints(self._reactor, nodeId, self.trust, self._dialTimeout or 30.0),
-                pool=self.peerPool,
-            )
-            agent._nodeId = nodeId
-            agent._trust = self.trust
-            self._peers[nodeId] = agent
-        return agent
 
     def request(
         self,
@@ -225,38 +98,52 @@ class Upstream:
         """
         if address is None:
             return defer.fail(NotReachable("no address"))
-        if address.startswith("http://"):
-            target = self._targets.get(address)
-            try:
+        try:
+            if address.startswith("http://"):
+                target = self._targets.get(address)
                 if target is None:
                     target = self._target(address)
-                if method not in _VALID_METHODS:
-                    _ensureValidMethod(method)
-                    if len(_VALID_METHODS) < 64:
-                        _VALID_METHODS.add(method)
-                _ensureValidURI(path)
-            except Exception:
-                return defer.fail()
-            sendBody = body if body or method in _BODY_METHODS else None
-            data = serializeRequest(method, target.prefix + path, target.host, headers, sendBody)
-            sent: defer.Deferred[Any] = self.pool.request(
-                target.key, target.endpoint, data, method, connected
-            )
-            return sent
-        producer = BytesProducer(body) if body or method in _BODY_METHODS else None
+            else:
+                target = self._peer(node.id, address)
+            if method not in _VALID_METHODS:
+                if not isToken(method):
+                    raise ValueError("invalid method")
+                if len(_VALID_METHODS) < 64:
+                    _VALID_METHODS.add(method)
+            if _VALID_TARGET.fullmatch(path) is None:
+                raise ValueError("invalid request target")
+        except Exception:
+            return defer.fail()
+        sendBody = body if body or method in _BODY_METHODS else None
+        data = serializeRequest(method, target.prefix + path, target.host, headers, sendBody)
+        sent: defer.Deferred[Any] = self.pool.request(
+            target.key, target.endpoint, data, method, connected
+        )
+        return sent
+
+    def _peer(self, nodeId: str, address: str) -> _Target:
+        """A peer facade at ``host:port`` over mutual TLS pinned to ``nodeId``; pooled under
+        what authenticates it (node id, its pin, this node's identity and certificate), so
+        a connection made under an old pin, certificate or node id is never reused: a trust
+        change takes effect on the next request (old connections idle out).
+        ``NotReachable`` when this node is not a member or has no pin for ``nodeId``."""
+        trust = self.trust
         try:
             host, port = splitHostPort(address)
-            agent = self._peerAgent(node.id)
+            if trust is None:
+                raise NotReachable("not a cluster member")
+            creator = trust.clientCreatorFor(nodeId)  # ClusterError: cannot reach peers now
+            key = ("nvpair-peer", nodeId, trust.pinFor(nodeId), trust.nodeId, trust.fingerprint,
+                   host, port)
         except Exception as e:
-            return defer.fail(NotReachable(str(e)))
-        hostPart = f"[{host}]" if ":" in host else host
-        url = f"https://{hostPart}:{port}".encode("ascii") + path
-        pool = self.peerPool
-        pool.onConnected = connected
-        try:
-            return agent.request(method, url, headers, producer)
-        finally:
-            pool.onConnected = None
+            raise NotReachable(str(e)) from None
+        reactor, timeout = self._reactor, self._dialTimeout or 30.0
+
+        def endpoint() -> IStreamClientEndpoint:
+            return wrapClientTLS(creator, HostnameEndpoint(reactor, host, port, timeout=timeout))
+
+        hostValue = (f"[{host}]:{port}" if ":" in host else f"{host}:{port}").encode("ascii")
+        return _Target(key, hostValue, b"", endpoint)
 
     def _target(self, address: str) -> _Target:
         """Parse a plaintext node URL once: pool key, Host header, path prefix, endpoint."""
@@ -283,7 +170,7 @@ class Upstream:
             def endpoint() -> IStreamClientEndpoint | DirectTCP:
                 return HostnameEndpoint(reactor, host, port, timeout=timeout)
 
-        # The address's path, then the request's (what Agent sent for address + path).
+        # The address's path, then the request's.
         target = _Target(("http", uri.host, port), hostValue, uri.path, endpoint)
         if len(self._targets) < 4096:
             self._targets[address] = target
@@ -291,10 +178,7 @@ class Upstream:
 
     def close(self) -> defer.Deferred[None]:
         """Close every pooled connection."""
-        closing: defer.Deferred[Any] = defer.gatherResults(
-            [self.pool.closeCachedConnections(), self.peerPool.closeCachedConnections()]
-        )
-        return closing.addCallback(lambda _: None)
+        return self.pool.closeCachedConnections()
 
 
 _NONE: tuple[str, ...] = ()
