@@ -69,13 +69,29 @@ class ProxyFixture:
             ["--state-dir", self.stateDir, *argv],
             environ,
             path=self.workDir,
-            onLog=self.logs.append,
+            onLog=self._logged,
             onProtocolError=self.protocolErrors.append,
             requestTimeout=20.0,
             restartPolicy=restartPolicy,
             onCrash=self.crashes.append,
         )
+        self.logWaiters: list[defer.Deferred[None]] = []
         self.process.subscribe(lambda method: True, self._notified)
+
+    def _logged(self, record: dict[str, Any]) -> None:
+        self.logs.append(record)
+        waiters, self.logWaiters = self.logWaiters, []
+        for waiter in waiters:
+            waiter.callback(None)
+
+    async def someLogs(self, timeout: float = 20.0) -> list[dict[str, Any]]:
+        """The log records so far, once there is at least one (stderr lines come from the
+        proxy's writer thread, so they may trail the stdout messages)."""
+        if not self.logs:
+            waiter: defer.Deferred[None] = defer.Deferred()
+            self.logWaiters.append(waiter)
+            await waiter.addTimeout(timeout, self.reactor)
+        return self.logs
 
     def _notified(self, method: str, params: Any) -> None:
         self.notifications.append((method, params))

@@ -1,17 +1,20 @@
-"""The loopback operations listener: ``/metrics``, ``/status`` and a small status page.
+"""The loopback operations listener: ``/metrics``, ``/status``, its history and a live page.
 
 A klein app on its own port, bound to 127.0.0.1 and served through the facades'
 ``PersonalityFactory`` with ``loopbackOnly``, so a non-loopback peer (or a TLS hello) is
 closed without an HTTP answer.  Requests whose ``Host`` is not a loopback name are refused
 too (403, by the facades' own rule, ``hostcheck``), so a web page cannot read it through
-DNS rebinding.  Everything it shows is read from the service at request time; nothing here
-runs on the request path.  The listener is a child service of the ``ProxyService`` and
-stops with it.
+DNS rebinding.  Everything it shows is read from the service at request time (the 15-minute
+history is kept by ``nvpair.proxy.history``, fed once per workload end and attempt outcome);
+nothing here runs on the request path.  The page (``nvpair.proxy.opspage``) loads its script
+and style from this listener only.  The listener is a child service of the ``ProxyService``
+and stops with it.
 """
 
 from __future__ import annotations
 
 import json
+from importlib.resources import files
 from typing import Any
 
 from klein import Klein
@@ -26,11 +29,23 @@ from twisted.web import server
 from twisted.web.resource import Resource
 
 from nvpair.proxy.affinity import affinityStatus
+from nvpair.proxy.history import Window
 from nvpair.proxy.hostcheck import HostGate
 from nvpair.proxy.listener import PersonalityFactory
 from nvpair.proxy.metrics import StateCollector
+from nvpair.proxy.nodestate import nodeHealth
+from nvpair.proxy.opsformat import reasonText
+from nvpair.proxy.opspage import renderPage
 
 _WORKLOAD_FIELDS = ("id", "engine", "model", "state", "node", "attempts", "error", "stats")
+MAX_MODEL_NAMES = 64
+_STATIC = files("nvpair.proxy") / "static"
+OPS_JS = (_STATIC / "ops.js").read_bytes()
+OPS_CSS = (_STATIC / "ops.css").read_bytes()
+# Scripts, styles and data from the listener itself only; no inline script or style.
+PAGE_CSP = (b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+             b"connect-src 'self'; base-uri 'none'; form-action 'none'; "
+             b"frame-ancestors 'none'")
 
 
 def statusDocument(service: Any) -> dict[str, Any]:
@@ -38,6 +53,7 @@ def statusDocument(service: Any) -> dict[str, Any]:
     reservations = service.reservations
     inFlight = dict(service.activity.inFlight)
     reserved = reservations.byNode()
+    now = service.clock.seconds()
     facades: dict[str, Any] = {}
     for engineId, facade in sorted(service.facades.items()):
         nodes = []
@@ -46,11 +62,13 @@ def statusDocument(service: Any) -> dict[str, Any]:
                 "id": node.id,
                 "self": node.isSelf,
                 "models": len(node.models),
+                "modelNames": sorted(node.models)[:MAX_MODEL_NAMES],
                 "addresses": list(node.addresses),
                 "confirmed": facade.confirmed.get(node.id),
                 "inFlight": inFlight.get(node.id, 0),
                 "reserved": reserved.get(node.id, 0),
                 "estimatedLoad": reservations.estimatedLoad(node.id),
+                **nodeHealth(service, engineId, node, now),
             })
         facades[engineId] = {
             "port": facade.port,
@@ -62,10 +80,11 @@ def statusDocument(service: Any) -> dict[str, Any]:
             "nodes": nodes,
         }
     reporter = service.reporter
-    recent = [{k: w.get(k) for k in _WORKLOAD_FIELDS} for w in reversed(reporter.recent)]
+    recent = [_workload(w) for w in reversed(reporter.recent)]
     listed = list(reservations.order) + sorted(set(reserved) - set(reservations.order))
     return {
         "runId": reporter.runId,
+        "now": int(now * 1000),
         "standalone": service.settings.standalone,
         "requestsInProgress": len(service.exchanges),
         "facades": facades,
@@ -83,6 +102,35 @@ def statusDocument(service: Any) -> dict[str, Any]:
             "recent": recent,
         },
     }
+
+
+def _ms(seconds: float | None) -> int | None:
+    return None if seconds is None else int(seconds * 1000)
+
+
+def _workload(entry: dict[str, Any]) -> dict[str, Any]:
+    """One recent workload: its listed fields, times in ms, duration and error in words."""
+    out = {k: entry.get(k) for k in _WORKLOAD_FIELDS}
+    createdAt, completedAt = entry.get("createdAt"), entry.get("completedAt")
+    out["createdAt"] = _ms(createdAt)
+    out["completedAt"] = _ms(completedAt)
+    out["durationMs"] = None
+    if createdAt is not None and completedAt is not None:
+        out["durationMs"] = max(0, round((completedAt - createdAt) * 1000))
+    out["errorText"] = reasonText(out["error"])
+    return out
+
+
+def historyDocument(service: Any) -> dict[str, Any]:
+    """The ``/status/history`` JSON (see ``History.document``) with error reasons in words."""
+    doc: dict[str, Any] = service.reporter.history.document()
+    codes: set[str] = set()
+    for facade in doc["facades"].values():
+        codes.update(facade["series"]["errorsByReason"])
+        for series in facade["nodes"].values():
+            codes.update(series["errorsByReason"])
+    doc["reasons"] = {code: reasonText(code) for code in sorted(codes)}
+    return doc
 
 
 def _common(request: Any, contentType: bytes) -> None:
@@ -103,16 +151,36 @@ class OpsApp:
 
     @app.route("/", methods=["GET"])
     def page(self, request: Any) -> bytes:
-        """The human status page (renders ``/status`` in the browser)."""
+        """The operations page, rendered here; ``/ops.js`` keeps it live from the JSON."""
         _common(request, b"text/html; charset=utf-8")
-        request.setHeader(b"content-security-policy", _PAGE_CSP)
-        return STATUS_PAGE
+        request.setHeader(b"content-security-policy", PAGE_CSP)
+        html = renderPage(statusDocument(self.service), historyDocument(self.service),
+                          Window().document(0))
+        return html.encode("utf-8")
+
+    @app.route("/ops.js", methods=["GET"])
+    def script(self, request: Any) -> bytes:
+        """The page's script (served here: the page loads nothing from elsewhere)."""
+        _common(request, b"text/javascript; charset=utf-8")
+        return OPS_JS
+
+    @app.route("/ops.css", methods=["GET"])
+    def style(self, request: Any) -> bytes:
+        """The page's style sheet."""
+        _common(request, b"text/css; charset=utf-8")
+        return OPS_CSS
 
     @app.route("/status", methods=["GET"])
     def status(self, request: Any) -> bytes:
         """The status document as JSON."""
         _common(request, b"application/json")
         return json.dumps(statusDocument(self.service), separators=(",", ":")).encode()
+
+    @app.route("/status/history", methods=["GET"])
+    def history(self, request: Any) -> bytes:
+        """The last 15 minutes per facade and node as JSON."""
+        _common(request, b"application/json")
+        return json.dumps(historyDocument(self.service), separators=(",", ":")).encode()
 
     @app.route("/metrics", methods=["GET"])
     def metrics(self, request: Any) -> bytes:
@@ -203,57 +271,3 @@ def startOps(service: Any, port: int) -> OpsListener:
     listener = OpsListener(service.reactor, port, opsFactory(service))
     listener.setServiceParent(service)
     return listener
-
-
-_PAGE_CSP = (b"default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-             b"connect-src 'self'")
-
-STATUS_PAGE = b"""<!doctype html>
-<html><head><meta charset="utf-8"><title>nvpair-proxy</title>
-<style>
-body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
-table{border-collapse:collapse;margin:.4em 0 1.2em}
-td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}
-th{background:#f3f3f3}.muted{color:#777}
-</style></head><body>
-<h1>nvpair-proxy</h1>
-<p class="muted" id="head">loading /status&hellip;</p>
-<div id="facades"></div>
-<h2>Recent workloads</h2><div id="workloads"></div>
-<p class="muted"><a href="/status">/status</a> &middot; <a href="/metrics">/metrics</a></p>
-<script>
-function el(tag, text){
-  var e=document.createElement(tag);if(text!==undefined)e.textContent=text;return e;}
-function table(cols, rows){
-  var t=el("table"),h=el("tr");
-  cols.forEach(function(c){h.appendChild(el("th",c));});t.appendChild(h);
-  rows.forEach(function(r){var tr=el("tr");r.forEach(function(v){
-    var text=v===null||v===undefined?"":(typeof v==="object"?JSON.stringify(v):String(v));
-    tr.appendChild(el("td",text));});
-    t.appendChild(tr);});
-  return t;}
-function render(s){
-  document.getElementById("head").textContent="run "+s.runId+(s.standalone?" (standalone)":"")+
-    " \\u00b7 in progress "+s.requestsInProgress+" \\u00b7 live workloads "+s.workloads.live+
-    " \\u00b7 scheduler generation "+s.scheduler.generation;
-  var f=document.getElementById("facades");f.replaceChildren();
-  Object.keys(s.facades).forEach(function(id){var fa=s.facades[id];
-    var ports=fa.port+(fa.aliases.length?" + "+fa.aliases.join(", "):"");
-    f.appendChild(el("h2",id+" \\u2014 port "+ports));
-    f.appendChild(el("p","pin: "+(fa.pin||"none")+
-      " \\u00b7 local backend: "+(fa.localBackend||"none")+
-      " \\u00b7 discovery updates: "+fa.discoveryUpdates));
-    f.appendChild(table(
-      ["node","self","models","addresses","confirmed","in flight","reserved","est. load"],
-      fa.nodes.map(function(n){return [n.id,n.self,n.models,n.addresses.join(" "),n.confirmed,
-        n.inFlight,n.reserved,n.estimatedLoad];})));});
-  var w=document.getElementById("workloads");w.replaceChildren();
-  w.appendChild(table(["id","engine","model","state","node","attempts","error","stats"],
-    s.workloads.recent.map(function(x){
-      return [x.id,x.engine,x.model,x.state,x.node,x.attempts,x.error,x.stats];})));}
-function refresh(){
-  fetch("/status",{cache:"no-store"}).then(function(r){return r.json();}).then(render)
-  .catch(function(e){document.getElementById("head").textContent="cannot read /status: "+e;});}
-refresh();setInterval(refresh,2000);
-</script></body></html>
-"""

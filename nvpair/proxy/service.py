@@ -383,6 +383,8 @@ class ProxyService(MultiService):
     def attemptFailed(self, exchange: Any, outcome: Any) -> None:
         """An attempt ended uncommitted."""
         self.metrics.attemptFailed(exchange, outcome)
+        self.reporter.history.attempt(exchange.engine.id, outcome.node.id, outcome.kind,
+                                      outcome.status)
         if self.logControl.enabled("debug"):
             self.log.debug("attempt-failed", engine=exchange.engine.id, node=outcome.node.id,
                            kind=outcome.kind, status=outcome.status)
@@ -390,6 +392,7 @@ class ProxyService(MultiService):
     def committed(self, exchange: Any, nodeId: str) -> None:
         """A response committed on ``nodeId``."""
         self.metrics.committed(exchange, nodeId, self.clock.seconds() - exchange.createdAt)
+        self.reporter.history.attempt(exchange.engine.id, nodeId, None, None)
 
     def requestEnded(self, exchange: Any) -> None:
         """An exchange ended (its terminal bookkeeping has run)."""

@@ -69,6 +69,7 @@ class FleetPoller(Service):
         self.interval = interval
         self.inventories: dict[str, tuple[str, ...]] = {url: () for url in self.urls}
         self.up: dict[str, bool] = {}
+        self.polls: dict[str, tuple[float, str]] = {}  # url -> (when, problem or "")
         self._loops: list[task.LoopingCall] = []
         self._inFlight: dict[str, defer.Deferred[None]] = {}
         self._published: tuple[tuple[str, frozenset[str]], ...] | None = None
@@ -127,6 +128,7 @@ class FleetPoller(Service):
             return
         models, problem = outcome
         up = models is not None
+        self.polls[url] = (self.clock.seconds(), problem)
         if self.up.get(url) is not up:
             if up:
                 self.log.info("backend-up", engine=self.engine.id, url=url,

@@ -20,6 +20,7 @@ from typing import Any
 from twisted.internet.interfaces import IReactorTime
 
 from nvpair.proxy._interfaces import IBrokerSink
+from nvpair.proxy.history import History
 from nvpair.proxy.jsonrpc import Prepared, encodeValue
 
 QUEUED = "queued"
@@ -38,19 +39,20 @@ def _string(value: object) -> str:
 
 
 class WorkloadReporter:
-    """Numbers workloads and events, and keeps a short history for the status page."""
+    """Numbers workloads and events, and keeps the last ones and their 15-minute history."""
 
     def __init__(
-        self, sink: IBrokerSink, clock: IReactorTime, runId: str | None = None, history: int = 50
+        self, sink: IBrokerSink, clock: IReactorTime, runId: str | None = None, recent: int = 50
     ) -> None:
         self.sink = sink
         self.clock = clock
         self.runId = runId or os.urandom(8).hex()
         self._nextId = 0
         self.seq = 0
-        self.recent: deque[dict[str, Any]] = deque(maxlen=history)
+        self.recent: deque[dict[str, Any]] = deque(maxlen=recent)
         self.terminals: dict[str, int] = {}
         self.live = 0
+        self.history = History(clock)
 
     def admit(self, engine: str, model: str) -> Workload:
         """Create a workload at admission and emit its first ``submitted`` (queued, unplaced)."""
@@ -217,6 +219,10 @@ class Workload:
                 "attempts": self.attempts,
                 "error": error,
                 "stats": stats,
+                "createdAt": self.createdAt,
+                "completedAt": self.completedAt,
             }
         )
+        reporter.history.ended(self.engine, self.scheduledOn, self.startedAt is not None, state,
+                               error, stats)
         return True
