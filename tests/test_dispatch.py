@@ -794,10 +794,6 @@ class VerbatimTests(LoopCase):
 
     def test_headersCommitVerbatim(self) -> None:
         """The first-byte gate is for inference: verbatim headers commit."""
-        self.context = FakeContext(streamIdleTimeout=0.0)  # no stall cut either
-        self.upstream = self.context.upstream
-        self.clock = self.context.clock
-        self.facade = makeFacade(self.clock, [node(n) for n in self.nodes])
         request = FakeRequest(b"GET", b"/props")
         ex, request = self.start(request=request, inference=False, model=None, body=b"")
         response = self.upstream.last().respond(200)
