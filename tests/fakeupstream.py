@@ -428,9 +428,10 @@ CHAT = b'{"model":"m1","stream":true,"messages":[{"role":"user","content":"hi"}]
 
 def startExchange(context: FakeContext, facade: Facade, request: FakeRequest | None = None,
                   inference: bool = True, model: str | None = "m1",
-                  body: bytes = CHAT) -> tuple[Exchange, FakeRequest]:
+                  body: bytes = CHAT, document: dict[str, object] | None = None,
+                  ) -> tuple[Exchange, FakeRequest]:
     """Admit one request and start its dispatch loop."""
     request = request or FakeRequest()
-    exchange = Exchange(context, facade, request, inference, model, body)
+    exchange = Exchange(context, facade, request, inference, model, body, document)
     exchange.start()
     return exchange, request

@@ -267,13 +267,15 @@ class LoopTests(SynchronousTestCase):
         self.affinity = Affinity(self.context.clock)
         self.context.affinity = self.affinity  # type: ignore[attr-defined]
         self.facade = makeFacade(self.context.clock, [node("A"), node("B")])
+        self.carried = True
 
     def serve(self, messages: list[Any], *statuses: int) -> str:
         """Admit and run one chat turn; the engines answer ``statuses`` then 200."""
         raw = body(messages)
         decision = admission.admit(ENGINES["llamacpp"], b"POST", CHAT, raw)
-        self.assertIsInstance(decision, admission.Admitted)
-        ex, request = startExchange(self.context, self.facade, FakeRequest(), body=raw)
+        assert isinstance(decision, admission.Admitted)
+        ex, request = startExchange(self.context, self.facade, FakeRequest(), body=raw,
+                                    document=decision.document if self.carried else None)
         for status in statuses:
             self.context.upstream.last().answer(status, b"{}")
         self.context.upstream.last().answer(200, b"data: [DONE]\n\n")
@@ -283,8 +285,6 @@ class LoopTests(SynchronousTestCase):
     def test_turnsStayAndFailoverMoves(self) -> None:
         """Later turns go to the node of the first; a 503 there moves the conversation to the
         node that served, and the turns after follow it."""
-        admission.documents.enabled = True
-        self.addCleanup(setattr, admission.documents, "enabled", False)
         home = self.serve(turn(1))
         self.assertEqual(self.serve(turn(2)), home)
         other = {"A": "B", "B": "A"}[home]
@@ -292,8 +292,10 @@ class LoopTests(SynchronousTestCase):
         self.assertEqual(self.serve(turn(4)), other)
         self.assertEqual(self.affinity.counts["llamacpp"], [3, 1, 0])
 
-    def test_withoutMemoParsesBody(self) -> None:
-        """With no kept document (memo off) the loop parses the body itself: same result."""
+    def test_withoutDocumentParsesBody(self) -> None:
+        """With no document carried from admission the loop parses the body itself: same
+        result."""
+        self.carried = False
         home = self.serve(turn(1))
         self.assertEqual(self.serve(turn(2)), home)
         self.assertEqual(self.affinity.counts["llamacpp"], [1, 1, 0])
@@ -349,20 +351,17 @@ class StandaloneWiringTests(SynchronousTestCase):
     """Standalone mode with ``prefix`` gives the service an ``Affinity``; ``off`` does not."""
 
     def test_wiring(self) -> None:
-        """``prefix``: an Affinity and the admission memo on; ``off``: neither."""
-        self.addCleanup(setattr, admission.documents, "enabled", False)
+        """``prefix``: an Affinity; ``off``: none."""
         off = FakeService(("llamacpp",), (), affinity="off")
         off.startService()
         startStandalone(off)
         self.assertIsNone(getattr(off, "affinity", None))
-        self.assertFalse(admission.documents.enabled)
         self.assertEqual(affinityStatus(off), {"mode": "off", "active": False})
         off.stopService()
         on = FakeService(("llamacpp",), (), affinity="prefix")
         on.startService()
         startStandalone(on)
         self.assertIsInstance(on.affinity, Affinity)  # type: ignore[attr-defined]
-        self.assertTrue(admission.documents.enabled)
         self.assertTrue(affinityStatus(on)["active"])
         on.stopService()
 

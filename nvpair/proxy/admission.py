@@ -1,9 +1,9 @@
 """Admission (spec §5 step 1, protocol §11): what a request is and whether it may go on.
 
 Pure code: route class, the model a body names, and the refusals (400) that need no
-engine.  The body limit (413) is enforced while the body is read, in ``site``.  When
-conversation affinity is on, the parsed document of an admitted inference request is kept
-in ``documents`` until the dispatch loop, started right after, takes it (one at a time).
+engine.  The body limit (413) is enforced while the body is read, in ``site``.  An
+admitted inference request carries its parsed body along, so that conversation affinity
+does not parse it a second time.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ class Admitted:
 
     routeClass: RouteClass
     model: str | None
+    document: dict[str, object] | None = attrs.field(default=None, eq=False, repr=False)
+    """The parsed JSON object body of an inference request (never logged or compared)."""
 
 
 @attrs.frozen
@@ -33,34 +35,6 @@ class Refused:
 
 
 _decoder = json.JSONDecoder()
-
-
-class DocumentMemo:
-    """The last JSON object admission parsed, kept (when enabled) for one later reader of
-    the same body, so that conversation affinity does not parse the body a second time."""
-
-    __slots__ = ("enabled", "_body", "_doc")
-
-    def __init__(self) -> None:
-        self.enabled = False
-        self._body: bytes | None = None
-        self._doc: dict[str, object] | None = None
-
-    def keep(self, body: bytes, doc: dict[str, object]) -> None:
-        """Remember ``doc`` as the document of this very ``body`` object."""
-        if self.enabled:
-            self._body, self._doc = body, doc
-
-    def take(self, body: bytes) -> dict[str, object] | None:
-        """The document of ``body`` (the same object) if it is the one kept; forgotten here."""
-        kept, doc = self._body, self._doc
-        self._body = self._doc = None
-        if kept is body and kept is not None:
-            return doc
-        return bodyDocument(body)
-
-
-documents = DocumentMemo()
 
 
 def bodyDocument(body: bytes) -> dict[str, object] | None:
@@ -98,8 +72,7 @@ def admit(engine: Engine, method: bytes, path: bytes, body: bytes) -> Admitted |
         if not isinstance(model, str):
             return Refused(400, "bad_request", "the body must be a JSON object with a string model")
         assert doc is not None
-        documents.keep(body, doc)
-        return Admitted(routeClass, engine.normalize(model))
+        return Admitted(routeClass, engine.normalize(model), doc)
     if routeClass is RouteClass.VERBATIM and body:
         model = bodyModel(body)
         return Admitted(routeClass, engine.normalize(model) if model is not None else None)

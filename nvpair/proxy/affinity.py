@@ -72,6 +72,19 @@ def _messagePart(message: object) -> object:
     return json.dumps(message, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
+_MASK = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    """A 64-bit finalizer (SplitMix64's): every input bit moves about half the output bits,
+    so rendezvous scores of one key on different nodes are as good as independent (Python's
+    tuple hash alone leaves them correlated, and one node then wins most ties)."""
+    x &= _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
 def _chatKey(seed: int, messages: object) -> AffinityKey | None:
     if type(messages) is not list or not messages or len(messages) > MAX_MESSAGES:
         return None
@@ -211,7 +224,7 @@ class Affinity:
         for position, node in enumerate(ordered):
             if loads[position] != least:
                 continue
-            score = hash((spread, node.id))
+            score = _mix(spread ^ hash(node.id))
             if best < 0 or score > bestScore:
                 best, bestScore = position, score
             scanned += 1

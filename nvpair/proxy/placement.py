@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
 
-from nvpair.proxy.admission import documents
+from nvpair.proxy.admission import bodyDocument
 from nvpair.proxy.affinity import keyFor
 from nvpair.proxy.attempt import Committed
 from nvpair.proxy.candidates import orderCandidates, placeReservation
@@ -57,7 +57,7 @@ def placeInference(ex: Exchange) -> Policy:
     affinity: Any = getattr(ex.context, "affinity", None)  # standalone with --affinity prefix
     doc: Any = None
     if affinity is not None:
-        doc = documents.take(ex.body)  # what admission parsed, now or never
+        doc = ex.document if ex.document is not None else bodyDocument(ex.body)
     key = None
     counted: str | None = facade.engine.id  # affinity outcomes count once per request
     while True:

@@ -22,7 +22,6 @@ from twisted.logger import Logger
 from twisted.web.http_headers import Headers
 
 from nvpair.proxy import inventory
-from nvpair.proxy.admission import documents
 from nvpair.proxy.affinity import Affinity
 from nvpair.proxy.candidates import Node, Snapshot
 from nvpair.proxy.engines import ENGINES, Engine
@@ -156,7 +155,6 @@ def startStandalone(service: Any) -> None:
     if settings.affinity == "prefix":
         # The proxy orders the candidates itself: keep conversations where their cache is.
         service.affinity = Affinity(service.clock)
-        documents.enabled = True
     order: list[str] = []
     for engineId in settings.engines:
         engine = ENGINES[engineId]
