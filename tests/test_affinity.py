@@ -300,19 +300,14 @@ class LoopTests(SynchronousTestCase):
         self.assertEqual(self.serve(turn(2)), home)
         self.assertEqual(self.affinity.counts["llamacpp"], [1, 1, 0])
 
-    def test_memoIsTakenOnce(self) -> None:
-        """The kept document is handed out for that very body object only, once."""
-        memo = admission.DocumentMemo()
-        memo.enabled = True
+    def test_admissionCarriesTheDocument(self) -> None:
+        """An admitted inference request carries its parsed body; it takes no part in the
+        decision's equality."""
         raw = body(turn(1))
-        memo.keep(raw, {"kept": True})
-        self.assertEqual(memo.take(bytes(bytearray(raw))), json.loads(raw), "another object")
-        memo.keep(raw, {"kept": True})
-        self.assertEqual(memo.take(raw), {"kept": True})
-        self.assertEqual(memo.take(raw), json.loads(raw), "forgotten once taken")
-        memo.enabled = False
-        memo.keep(raw, {"kept": True})
-        self.assertEqual(memo.take(raw), json.loads(raw), "nothing kept when disabled")
+        decision = admission.admit(ENGINES["llamacpp"], b"POST", CHAT, raw)
+        assert isinstance(decision, admission.Admitted)
+        self.assertEqual(decision.document, json.loads(raw))
+        self.assertEqual(decision, admission.Admitted(decision.routeClass, decision.model))
 
     def test_pinWins(self) -> None:
         """A pin still decides, and nothing is counted."""
