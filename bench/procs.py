@@ -220,15 +220,29 @@ def startProxyBroker(enginePort: int, maxConnections: int) -> Server:
     return server
 
 
+# BENCH_PUBLIC_WRITES=1 runs the proxy with ``fastwrite.DIRECT`` off (every write through
+# the transport's public ``write``): the B side of the A/B that justifies that module.
+_PUBLIC_WRITES = (
+    "import sys, nvpair.proxy.fastwrite as f; f.DIRECT = False; sys.argv[0] = 'twistd'; "
+    "from twisted.scripts.twistd import run; run()"
+)
+
+
+def twistdCommand() -> list[str]:
+    """The argv that starts ``twistd`` from the project's venv (see BENCH_PUBLIC_WRITES)."""
+    if os.environ.get("BENCH_PUBLIC_WRITES") == "1":
+        return [PYTHON, "-c", _PUBLIC_WRITES]
+    return [PYTHON, os.path.join(ROOT, ".venv", "bin", "twistd")]
+
+
 def startProxyStandalone(enginePort: int, maxConnections: int) -> Server:
     """The proxy in ``--standalone`` mode with a persisted facade port in a temp state dir."""
     state = tempfile.mkdtemp(prefix="nvpair-bench-state-")
     port = freePort()
     with open(os.path.join(state, "llamacpp-proxy-port.json"), "w") as f:
         json.dump({"port": port}, f)
-    twistd = os.path.join(ROOT, ".venv", "bin", "twistd")
     proc = spawn(
-        [PYTHON, twistd, "-n", "--pidfile=", "nvpair-proxy", "--standalone",
+        [*twistdCommand(), "-n", "--pidfile=", "nvpair-proxy", "--standalone",
          "--engines", "llamacpp", "--backend", f"llamacpp=http://127.0.0.1:{enginePort}",
          "--state-dir", state, "--ops-port", "0", "--max-connections", str(maxConnections)],
         stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=state,

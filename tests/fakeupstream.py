@@ -34,6 +34,7 @@ from nvpair.proxy.options import Settings
 from nvpair.proxy.relay import forwardHeaders
 from nvpair.proxy.reservations import ReservationMap
 from nvpair.proxy.site import sendError
+from nvpair.proxy.stallwatch import StallWatches
 from nvpair.proxy.workloads import WorkloadReporter
 
 RUN_ID = "0123456789abcdef"
@@ -61,6 +62,7 @@ def makeSettings(**overrides: Any) -> Settings:
         maxConnections=4096,
         headerReadTimeout=30.0,
         maxHeaderBytes=65536,
+        streamIdleTimeout=0.0,  # the stall watch is off unless a test turns it on
     )
     values.update(overrides)
     return Settings(**values)
@@ -376,6 +378,7 @@ class FakeContext:
     def __init__(self, clock: Clock | None = None, **settings: Any) -> None:
         self.clock = clock or Clock()
         self.settings = makeSettings(**settings)
+        self.stalls = StallWatches(self.clock, self.settings.streamIdleTimeout)
         self.upstream = FakeUpstream(self.clock)
         self.sink = ListSink()
         self.reporter = WorkloadReporter(self.sink, self.clock, RUN_ID)
@@ -425,9 +428,10 @@ CHAT = b'{"model":"m1","stream":true,"messages":[{"role":"user","content":"hi"}]
 
 def startExchange(context: FakeContext, facade: Facade, request: FakeRequest | None = None,
                   inference: bool = True, model: str | None = "m1",
-                  body: bytes = CHAT) -> tuple[Exchange, FakeRequest]:
+                  body: bytes = CHAT, document: dict[str, object] | None = None,
+                  ) -> tuple[Exchange, FakeRequest]:
     """Admit one request and start its dispatch loop."""
     request = request or FakeRequest()
-    exchange = Exchange(context, facade, request, inference, model, body)
+    exchange = Exchange(context, facade, request, inference, model, body, document)
     exchange.start()
     return exchange, request

@@ -29,8 +29,8 @@ class StandaloneFleetTests(TestCase):
     timeout = 90
 
     async def _proxy(self, backends: list[tuple[str, str]], engines: tuple[str, ...] = (
-            "llamacpp",)) -> StandaloneProxy:
-        proxy = StandaloneProxy(self, reactor, engines, backends)
+            "llamacpp",), extra: tuple[str, ...] = ()) -> StandaloneProxy:
+        proxy = StandaloneProxy(self, reactor, engines, backends, extra)
         await proxy.start()
         return proxy
 
@@ -42,8 +42,10 @@ class StandaloneFleetTests(TestCase):
         # The order given on the command line is the order tried (not the ids' sort order):
         # give the larger URL first so the two orders differ.
         second, first = sorted((a, b), key=lambda e: e.url)
+        # With --affinity off (with prefix, new conversations spread by their key instead).
         proxy = yield defer.Deferred.fromCoroutine(
-            self._proxy([("llamacpp", first.url), ("llamacpp", second.url)]))
+            self._proxy([("llamacpp", first.url), ("llamacpp", second.url)],
+                        extra=("--affinity", "off")))
         yield proxy.waitForLog(lambda r: r.get("event") == "backend-up" and r["url"] == a.url)
         yield proxy.waitForLog(lambda r: r.get("event") == "backend-up" and r["url"] == b.url)
         first.script(Status(503))

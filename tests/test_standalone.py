@@ -157,10 +157,11 @@ class FakeService(MultiService):
     """The parts of ProxyService that ``startStandalone`` uses."""
 
     def __init__(self, engines: tuple[str, ...], backends: tuple[tuple[str, str], ...],
-                 refuse: frozenset[str] = frozenset()) -> None:
+                 refuse: frozenset[str] = frozenset(), affinity: str = "off") -> None:
         super().__init__()
         context = FakeContext()
-        self.settings = SimpleNamespace(engines=engines, backends=backends, dialTimeout=1.0)
+        self.settings = SimpleNamespace(engines=engines, backends=backends, dialTimeout=1.0,
+                                        affinity=affinity)
         self.upstream = context.upstream
         self.clock = context.clock
         self.refuse = refuse

@@ -1,7 +1,9 @@
 """Admission (spec §5 step 1, protocol §11): what a request is and whether it may go on.
 
 Pure code: route class, the model a body names, and the refusals (400) that need no
-engine.  The body limit (413) is enforced while the body is read, in ``site``.
+engine.  The body limit (413) is enforced while the body is read, in ``site``.  An
+admitted inference request carries its parsed body along, so that conversation affinity
+does not parse it a second time.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ class Admitted:
 
     routeClass: RouteClass
     model: str | None
+    document: dict[str, object] | None = attrs.field(default=None, eq=False, repr=False)
+    """The parsed JSON object body of an inference request (never logged or compared)."""
 
 
 @attrs.frozen
@@ -33,8 +37,8 @@ class Refused:
 _decoder = json.JSONDecoder()
 
 
-def bodyModel(body: bytes) -> str | None:
-    """The string ``model`` of a JSON object body, or None when there is none."""
+def bodyDocument(body: bytes) -> dict[str, object] | None:
+    """The body parsed as a JSON object, or None when it is not one."""
     stripped = body.lstrip()
     if not stripped.startswith(b"{"):
         return None
@@ -47,7 +51,13 @@ def bodyModel(body: bytes) -> str | None:
             doc = json.loads(stripped)
     except (ValueError, RecursionError):
         return None
-    if not isinstance(doc, dict):
+    return doc if isinstance(doc, dict) else None
+
+
+def bodyModel(body: bytes) -> str | None:
+    """The string ``model`` of a JSON object body, or None when there is none."""
+    doc = bodyDocument(body)
+    if doc is None:
         return None
     model = doc.get("model")
     return model if isinstance(model, str) else None
@@ -57,10 +67,12 @@ def admit(engine: Engine, method: bytes, path: bytes, body: bytes) -> Admitted |
     """Classify a request and check an inference body names a model."""
     routeClass = engine.classify(method, path)
     if routeClass is RouteClass.INFERENCE:
-        model = bodyModel(body)
-        if model is None:
+        doc = bodyDocument(body)
+        model = doc.get("model") if doc is not None else None
+        if not isinstance(model, str):
             return Refused(400, "bad_request", "the body must be a JSON object with a string model")
-        return Admitted(routeClass, engine.normalize(model))
+        assert doc is not None
+        return Admitted(routeClass, engine.normalize(model), doc)
     if routeClass is RouteClass.VERBATIM and body:
         model = bodyModel(body)
         return Admitted(routeClass, engine.normalize(model) if model is not None else None)

@@ -20,6 +20,7 @@ from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 
+from nvpair.proxy.stallwatch import StallWatch
 from nvpair.proxy.upstream import addressesFor
 
 if TYPE_CHECKING:
@@ -152,7 +153,7 @@ class Attempt:
 
     __slots__ = (
         "exchange", "node", "final", "gated", "state", "_result", "_pending", "_relay",
-        "_timer", "_response", "_committed", "_headerTimedOut", "_addresses",
+        "_timer", "_response", "_committed", "_headerTimedOut", "_addresses", "_watch",
     )
 
     def __init__(self, exchange: Exchange, node: Any, final: bool, gated: bool) -> None:
@@ -168,6 +169,7 @@ class Attempt:
         self._response: IResponse | None = None
         self._committed: Committed | None = None
         self._headerTimedOut = False
+        self._watch: StallWatch | None = None
         facade = exchange.facade
         facade.watch(node.id, self)
         self._addresses = addressesFor(
@@ -297,6 +299,11 @@ class Attempt:
         assert response is not None
         length = None if response.length is UNKNOWN_LENGTH else int(response.length)
         transport: IPushProducer = relay.transport  # type: ignore[assignment]
+        stalls = getattr(self.exchange.context, "stalls", None)
+        if stalls is not None:
+            self._watch = stalls.watch(transport, self.exchange, self.node.id)
+            if self._watch is not None:
+                transport = self._watch
         try:
             self.exchange.writeHead(self, response.code, response.phrase, response.headers,
                                     length, transport)
@@ -307,11 +314,15 @@ class Attempt:
             return False
         committed = self._committed = Committed(self.node, response.code, self)
         self._result.callback(committed)
+        if self._watch is not None:
+            self._watch.start()
         return True
 
     def bodyLost(self, relay: Relay, reason: Failure) -> None:
         """The upstream body ended: finish the stream, or end the attempt if nothing committed."""
         clean = isinstance(reason.value, _CLEAN_ENDS)
+        if self._watch is not None:
+            self._watch.stop()
         if self.state == PENDING:
             if clean and self.commit(relay):
                 relay.committed = True
@@ -330,6 +341,8 @@ class Attempt:
 
     def stopBody(self) -> None:
         """The exchange cancelled the committed body (client gone, shutdown): stop reading it."""
+        if self._watch is not None:
+            self._watch.stop()
         if self._relay is not None:
             _stop(self._relay)
 

@@ -69,7 +69,7 @@ class Exchange:
     # Slots: one Exchange lives as long as its stream; no per-instance dict.
     __slots__ = (
         "context", "facade", "engine", "settings", "clock", "upstream", "request", "method",
-        "uri", "path", "forwardHeaders", "body", "inference", "model", "createdAt",
+        "uri", "path", "forwardHeaders", "body", "document", "inference", "model", "createdAt",
         "workload", "reservation", "activeNode", "attempts", "meter", "flow",
         "committedStatus", "expectedLength", "written", "clientGone", "truncated",
         "stopping", "answered", "loop", "serving", "policy", "stepping", "early",
@@ -83,6 +83,7 @@ class Exchange:
         inference: bool,
         model: str | None,
         body: bytes,
+        document: dict[str, object] | None = None,
     ) -> None:
         self.context = context
         self.facade = facade
@@ -96,6 +97,7 @@ class Exchange:
         self.path: bytes = request.path
         self.forwardHeaders: Headers = context.forwardHeaders(request.requestHeaders)
         self.body = body
+        self.document = document  # the parsed body admission found, when it parsed one
         self.inference = inference
         self.model = model
         self.createdAt: float = self.clock.seconds()

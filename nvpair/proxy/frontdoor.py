@@ -70,7 +70,8 @@ class FrontDoor:
             self.fleet.modelList(self.facade, request)
             return
         inference = decision.routeClass is RouteClass.INFERENCE
-        Exchange(self.context, self.facade, request, inference, decision.model, body).start()
+        Exchange(self.context, self.facade, request, inference, decision.model, body,
+                 decision.document).start()
 
     def crashed(self, request: Any, error: Exception) -> None:
         """An unexpected exception escaped admission: 500, report, keep serving."""

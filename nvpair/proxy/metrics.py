@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from nvpair.proxy.affinity import RESULTS as AFFINITY_RESULTS
 from nvpair.proxy.engines import ENGINES
 
 ROUTES = {True: "inference", False: "verbatim"}
@@ -91,6 +92,11 @@ class Metrics:
         )
         for listener in (*ENGINES, "ops"):
             self._hostDenied.labels(listener)  # every series present from the start, at 0
+        self._stalled = Counter(
+            "nvpair_proxy_streams_stalled",
+            "Committed streams cut because the engine sent nothing for --stream-idle-timeout.",
+            ["engine"], registry=registry,
+        )
         self._requestChildren: dict[tuple[str, bool, str], Any] = {}
         self._attemptChildren: dict[tuple[str, str], Any] = {}
         self._ttftChildren: dict[tuple[str, bool], Any] = {}
@@ -158,6 +164,10 @@ class Metrics:
             inc = self._requestChildren[key] = self._requests.labels(
                 key[0], ROUTES[key[1]], key[2]).inc
         inc(1)
+
+    def streamStalled(self, engineId: str) -> None:
+        """A committed stream was cut for engine silence."""
+        self._stalled.labels(engineId).inc()
 
     def fleetMerge(self, engineId: str, answered: int, failed: int) -> None:
         """A fleet model list was merged from ``answered`` nodes (``failed`` did not answer)."""
@@ -237,3 +247,22 @@ class StateCollector(Collector):
             updates.add_metric([engineId], facade.snapshotCount)
         yield nodes
         yield updates
+        affinity = getattr(service, "affinity", None)
+        if affinity is not None:
+            yield from _affinityFamilies(affinity)
+
+
+def _affinityFamilies(affinity: Any) -> Iterator[Metric]:
+    """Conversation affinity: placements by outcome per engine, and the table's size."""
+    placements = CounterMetricFamily(
+        "nvpair_proxy_affinity_placements",
+        "Standalone placements by conversation affinity: hit (home first), miss (no home "
+        "known or home not an owner), overridden (home overloaded).",
+        labels=["engine", "result"])
+    for engineId, counts in sorted(affinity.counts.items()):
+        for result, count in zip(AFFINITY_RESULTS, counts, strict=True):
+            placements.add_metric([engineId, result], count)
+    yield placements
+    yield GaugeMetricFamily(
+        "nvpair_proxy_affinity_entries", "Conversation digests held by the affinity table.",
+        value=len(affinity.table))

@@ -28,6 +28,7 @@ from twisted.logger import Logger
 from twisted.web import server
 from twisted.web.resource import Resource
 
+from nvpair.proxy.affinity import affinityStatus
 from nvpair.proxy.history import Window
 from nvpair.proxy.hostcheck import HostGate
 from nvpair.proxy.listener import PersonalityFactory
@@ -94,6 +95,7 @@ def statusDocument(service: Any) -> dict[str, Any]:
         },
         "inFlight": inFlight,
         "reservations": reserved,
+        "affinity": affinityStatus(service),
         "workloads": {
             "live": reporter.live,
             "terminals": dict(reporter.terminals),

@@ -51,6 +51,16 @@ def _parseInt(text: str, low: int, high: int | None = None) -> int:
     return value
 
 
+AFFINITY_MODES = ("prefix", "off")
+
+
+def _parseAffinity(text: str) -> str:
+    mode = text.strip().lower()
+    if mode not in AFFINITY_MODES:
+        raise ValueError(f"unknown mode {text!r} (one of {', '.join(AFFINITY_MODES)})")
+    return mode
+
+
 def _parseLevel(text: str) -> str:
     level = text.strip().lower()
     if level == "warning":
@@ -84,6 +94,8 @@ class Settings:
     headerReadTimeout: float
     maxHeaderBytes: int
     allowedHosts: tuple[str, ...] = ()
+    streamIdleTimeout: float = 300.0
+    affinity: str = "prefix"
 
 
 # (flag, env var, default text, parser, Settings field)
@@ -141,6 +153,14 @@ _VALUED: list[tuple[str, str | None, str | None, Any, str]] = [
         "maxHeaderBytes",
     ),
     ("allowed-hosts", "NVPAIR_PROXY_ALLOWED_HOSTS", "", parseAllowedHosts, "allowedHosts"),
+    (
+        "stream-idle-timeout",
+        "NVPAIR_PROXY_STREAM_IDLE_TIMEOUT",
+        "5m",
+        parseDuration,
+        "streamIdleTimeout",
+    ),
+    ("affinity", "NVPAIR_PROXY_AFFINITY", "prefix", _parseAffinity, "affinity"),
 ]
 
 _HELP = {
@@ -168,6 +188,10 @@ _HELP = {
     "[env NVPAIR_PROXY_MAX_HEADER_BYTES]",
     "allowed-hosts": "extra Host names plaintext requests may use, comma-separated; "
     "* disables the check [env NVPAIR_PROXY_ALLOWED_HOSTS]",
+    "stream-idle-timeout": "after commit, cut a stream whose engine sends nothing for this "
+    "long; 0 = never [env NVPAIR_PROXY_STREAM_IDLE_TIMEOUT]",
+    "affinity": "prefix or off: keep a conversation on the node that served it "
+    "(standalone mode) [env NVPAIR_PROXY_AFFINITY]",
 }
 
 STANDALONE_OPS_PORT = 9464

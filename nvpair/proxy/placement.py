@@ -5,6 +5,10 @@ A policy is a generator driven by ``Exchange``: it yields the Deferred it waits 
 attempt's outcome, or a pause) and is sent its result.  It returns the ``Committed`` attempt,
 or ``None`` once it has answered the request itself.  A cancelled wait (client gone,
 shutdown) closes the generator where it waits.
+
+In standalone mode with ``--affinity prefix`` the inference policy orders each round with
+``affinity.Affinity.place`` instead of ``placeReservation`` (a pin still wins), and the
+node that commits becomes the conversation's home.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
 
+from nvpair.proxy.admission import bodyDocument
+from nvpair.proxy.affinity import keyFor
 from nvpair.proxy.attempt import Committed
 from nvpair.proxy.candidates import orderCandidates, placeReservation
 
@@ -48,6 +54,12 @@ def placeInference(ex: Exchange) -> Policy:
     backoff = settings.backoffBase
     maxAttempts = settings.maxDispatchAttempts
     dispatched = 0
+    affinity: Any = getattr(ex.context, "affinity", None)  # standalone with --affinity prefix
+    doc: Any = None
+    if affinity is not None:
+        doc = ex.document if ex.document is not None else bodyDocument(ex.body)
+    key = None
+    counted: str | None = facade.engine.id  # affinity outcomes count once per request
     while True:
         snapshot = facade.snapshot
         owners = snapshot.owners(model, facade.hasLocalBackend)
@@ -61,7 +73,15 @@ def placeInference(ex: Exchange) -> Policy:
             backoff = waited
             continue
         ordered, pinApplied = orderCandidates(owners, facade.pin, reservations.rank)
-        target = placeReservation(ordered, pinApplied, reservations)
+        if doc is not None and model is not None and len(snapshot) > 1:
+            # Computed once, and only in a fleet of several nodes: one has no choice to make.
+            key = keyFor(facade.engine.id, model, ex.path, doc)
+            doc = None
+        if key is not None and not pinApplied:
+            target = affinity.place(ordered, key, reservations, counted)
+            counted = None
+        else:
+            target = placeReservation(ordered, pinApplied, reservations)
         if target is not None:
             ex.reserve(target.id)
         for node in ordered:
@@ -83,6 +103,8 @@ def placeInference(ex: Exchange) -> Policy:
             final = dispatched == maxAttempts
             outcome = yield ex.dispatch(node, final, gated=True)
             if isinstance(outcome, Committed):
+                if key is not None:
+                    affinity.served(key, node.id)  # a failover moves the conversation
                 return outcome
             if final:
                 ex.answerFinal(outcome)

@@ -38,6 +38,7 @@ from nvpair.proxy.ports import PortError, PortStore, requestedPort
 from nvpair.proxy.relay import forwardHeaders
 from nvpair.proxy.reservations import ReservationMap, parsePriority
 from nvpair.proxy.site import FacadeSite, sendError
+from nvpair.proxy.stallwatch import StallWatches
 from nvpair.proxy.upstream import Upstream
 from nvpair.proxy.workloads import WorkloadReporter
 
@@ -69,6 +70,7 @@ class ProxyService(MultiService):
         self.trust = trust
         self.upstream = Upstream(reactor, settings.dialTimeout, trust)
         self.metrics = Metrics()
+        self.stalls = StallWatches(reactor, settings.streamIdleTimeout)
         self.hosts = HostGate(HostRule(settings.allowedHosts), self.metrics.hostDenied)
         self.reporter = WorkloadReporter(self._sinkProxy, reactor)
         self.activity = Activity(self._sinkProxy)

@@ -6,7 +6,8 @@ being its URL.  A ``FleetPoller`` asks every engine for its model list at start 
 ``POLL_INTERVAL`` seconds and replaces the facade's snapshot when an inventory changed; an
 engine that does not answer has an empty inventory until it answers again.  Everything
 else (routing, failover, reservations, statistics) reads that snapshot exactly as it
-reads the broker's.
+reads the broker's, except that with ``--affinity prefix`` (the default) the service gets
+an ``affinity.Affinity`` that orders the candidates of inference requests.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from twisted.logger import Logger
 from twisted.web.http_headers import Headers
 
 from nvpair.proxy import inventory
+from nvpair.proxy.affinity import Affinity
 from nvpair.proxy.candidates import Node, Snapshot
 from nvpair.proxy.engines import ENGINES, Engine
 from nvpair.proxy.facade import BindError
@@ -150,6 +152,9 @@ def startStandalone(service: Any) -> None:
     """Enable the facades named by ``--engines`` and give each its polled static fleet."""
     settings = service.settings
     timeout = settings.dialTimeout + NODE_GRACE
+    if settings.affinity == "prefix":
+        # The proxy orders the candidates itself: keep conversations where their cache is.
+        service.affinity = Affinity(service.clock)
     order: list[str] = []
     for engineId in settings.engines:
         engine = ENGINES[engineId]
