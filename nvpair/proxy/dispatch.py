@@ -133,7 +133,7 @@ class Exchange:
             whenLost(self._clientLost)  # the facade's own request: no Deferred needed
         else:
             request.notifyFinish().addErrback(self._clientLost)
-        if request._disconnected:
+        if request.disconnected:
             self.clientGone = True  # gone before we started: notifyFinish will never fire
             self._terminal()
             return

@@ -31,7 +31,7 @@ class ServerRequest:
     __slots__ = (
         "channel", "method", "uri", "path", "clientproto", "requestHeaders",
         "responseHeaders", "content", "tooLarge", "persistent", "code", "code_message",
-        "startedWriting", "finished", "_disconnected", "_chunked", "_noBody",
+        "startedWriting", "finished", "disconnected", "_chunked", "_noBody",
         "_notifications", "_onLost", "producer",
     )
 
@@ -59,7 +59,7 @@ class ServerRequest:
         self.code_message = b"OK"
         self.startedWriting = False
         self.finished = False
-        self._disconnected = False
+        self.disconnected = False
         self._chunked = False
         self._noBody = False
         self._notifications: list[defer.Deferred[None]] | None = None
@@ -136,7 +136,7 @@ class ServerRequest:
 
     def finish(self) -> None:
         """End the response; the connection then serves its next request or closes."""
-        if self._disconnected:
+        if self.disconnected:
             raise RuntimeError("finish called on a request after its connection was lost")
         if self.finished:
             return
@@ -192,7 +192,7 @@ class ServerRequest:
 
     def connectionLost(self, reason: Failure) -> None:
         """The client connection closed before the response finished."""
-        self._disconnected = True
+        self.disconnected = True
         self.channel = None
         self.producer = None
         self._release()
