@@ -24,6 +24,7 @@ from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
 from tests.fakeupstream import ListSink
 from tests.test_hostcheck import Events
+from tests.wire import splitAnswer as split
 
 PORTS = {"ollama": (6100, 6101), "llamacpp": (6200, 6201)}
 EVIL = b"evil.example"
@@ -55,17 +56,6 @@ def request(method: bytes, path: bytes, host: bytes | None, body: bytes = b"",
     if body:
         head += b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(body)
     return head + extra + b"\r\n" + body
-
-
-def split(answer: bytes) -> tuple[int, dict[bytes, bytes], bytes]:
-    """Status, lower-cased headers and body of one answer."""
-    head, _, body = answer.partition(b"\r\n\r\n")
-    lines = head.split(b"\r\n")
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(b":")
-        headers[name.strip().lower()] = value.strip()
-    return int(lines[0].split(b" ")[1]), headers, body
 
 
 class HostRuleAtTheDoorTests(SynchronousTestCase):

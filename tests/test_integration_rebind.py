@@ -28,6 +28,7 @@ from tests.harness import CANARY, ProxyFixture, directNode, freePort, startEngin
 from tests.standaloneharness import StandaloneProxy
 from tests.test_integration_ops import labels, parse
 from tests.test_integration_requests import asyncTest
+from tests.wire import splitAnswer
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 CHAT = json.dumps({"model": "m1", "messages": [{"role": "user", "content": CANARY}]}).encode()
@@ -73,24 +74,13 @@ def rebinding(port: int, method: bytes, path: bytes, body: bytes = b"", extra: b
     return head + extra + b"\r\n" + body
 
 
-def answerOf(raw: bytes) -> tuple[int, dict[bytes, bytes], bytes]:
-    """Status, lower-cased headers and body of one answer."""
-    head, _, body = raw.partition(b"\r\n\r\n")
-    lines = head.split(b"\r\n")
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(b":")
-        headers[name.strip().lower()] = value.strip()
-    return int(lines[0].split(b" ")[1]), headers, body
-
-
 class RebindingTests(TestCase):
     """A foreign ``Host`` is refused everywhere; the official clients are served."""
 
     timeout = 120
 
     def assertHostDenied(self, raw: bytes, native: bool, label: object) -> None:
-        status, headers, body = answerOf(raw)
+        status, headers, body = splitAnswer(raw)
         self.assertEqual(status, 403, (label, raw[:200]))
         self.assertFalse([h for h in headers if h.startswith(b"access-control-")], label)
         doc = json.loads(body)
@@ -136,7 +126,7 @@ class RebindingTests(TestCase):
                 raw = await rawExchange(port, rebinding(port, method, path, body, extra))
                 self.assertHostDenied(raw, native, (port, method, path))
                 counts[engineId] += 1
-        opsAnswer = answerOf(await rawExchange(opsPort, rebinding(opsPort, b"GET", b"/status")))
+        opsAnswer = splitAnswer(await rawExchange(opsPort, rebinding(opsPort, b"GET", b"/status")))
         self.assertEqual(opsAnswer[0], 403)
         self.assertNotIn(b"runId", opsAnswer[2])
         await proxy.sync()
@@ -188,7 +178,7 @@ class RebindingTests(TestCase):
                                    (b"POST", b"/api/pull", PULL)):
             raw = await rawExchange(port, rebinding(port, method, path, body))
             self.assertHostDenied(raw, True, path)
-        allowed = answerOf(await rawExchange(
+        allowed = splitAnswer(await rawExchange(
             port, rebinding(port, b"GET", b"/api/version", host=b"LLM.example")))
         self.assertEqual(allowed[0], 200)
         client = ollama.Client(host=proxy.url("ollama"), timeout=30.0)

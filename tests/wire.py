@@ -22,6 +22,17 @@ def siteExchange(site: Any, raw: bytes, host: str = "127.0.0.1") -> bytes:
     return value
 
 
+def splitAnswer(answer: bytes) -> tuple[int, dict[bytes, bytes], bytes]:
+    """Status, lower-cased headers and body of one HTTP answer."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        headers[name.strip().lower()] = value.strip()
+    return int(lines[0].split(b" ")[1]), headers, body
+
+
 def sendLine(channel: Any, data: bytes | dict[str, Any]) -> None:
     """Feed a broker channel raw bytes, or one message as a JSON line."""
     if isinstance(data, dict):

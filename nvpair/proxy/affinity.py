@@ -27,7 +27,7 @@ from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
 
-from nvpair.proxy.candidates import CandidateOrder, Node
+from nvpair.proxy.candidates import Node, toFront
 from nvpair.proxy.reservations import ReservationMap
 
 __all__ = ["Affinity", "AffinityKey", "AffinityTable", "affinityStatus", "keyFor"]
@@ -211,7 +211,7 @@ class Affinity:
                     if loads[position] <= least + self.maxImbalance:
                         if engineId is not None:
                             self._count(engineId, HIT)
-                        _toFront(ordered, position)
+                        toFront(ordered, position)
                         return node
                     result = OVERRIDDEN
                     break
@@ -231,7 +231,7 @@ class Affinity:
             if scanned >= RENDEZVOUS_SCAN:
                 break
         chosen = ordered[best]
-        _toFront(ordered, best)
+        toFront(ordered, best)
         return chosen
 
     def served(self, key: AffinityKey, nodeId: str) -> None:
@@ -249,14 +249,6 @@ class Affinity:
             "counts": {engineId: dict(zip(RESULTS, counts, strict=True))
                        for engineId, counts in sorted(self.counts.items())},
         }
-
-
-def _toFront(ordered: Sequence[Node], position: int) -> None:
-    if isinstance(ordered, CandidateOrder):
-        ordered.moveToFront(position)
-    elif position:
-        assert isinstance(ordered, list)
-        ordered.insert(0, ordered.pop(position))
 
 
 def affinityStatus(service: Any) -> dict[str, Any]:

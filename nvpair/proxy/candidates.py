@@ -213,7 +213,8 @@ class CandidateOrder(Sequence[Node]):
         return f"<CandidateOrder {[node.id for node in self]}>"
 
 
-def _toFront(ordered: Sequence[Node], position: int) -> None:
+def toFront(ordered: Sequence[Node], position: int) -> None:
+    """Move the candidate at ``position`` to the front of an order (a view or a list)."""
     if isinstance(ordered, CandidateOrder):
         ordered.moveToFront(position)
     elif position:
@@ -370,7 +371,7 @@ def placeReservation(
         if best is None:
             return None
         if ordered[bestPos] is best:
-            _toFront(ordered, bestPos)
+            toFront(ordered, bestPos)
             return best
     return _placeLinear(ordered, reservations)
 
@@ -388,7 +389,7 @@ def _placeStandalone(ordered: Sequence[Node], reservations: ReservationMap) -> N
             if not count:
                 break
     best = ordered[bestPos]
-    _toFront(ordered, bestPos)
+    toFront(ordered, bestPos)
     return best
 
 
@@ -404,5 +405,5 @@ def _placeLinear(ordered: Sequence[Node], reservations: ReservationMap) -> Node 
     if bestPos < 0:
         return None
     best = ordered[bestPos]
-    _toFront(ordered, bestPos)
+    toFront(ordered, bestPos)
     return best
