@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import io
 import json
-import sys
 from typing import Any
 
 from twisted.internet.task import Clock
@@ -26,7 +24,7 @@ from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.reservations import ReservationMap
 from nvpair.proxy.standalone import startStandalone
 from tests.fakeupstream import FakeContext, FakeRequest, makeFacade, node, startExchange
-from tests.test_options import parse
+from tests.test_options import assertExitsNaming, parse
 from tests.test_standalone import FakeService
 
 CHAT = b"/v1/chat/completions"
@@ -330,16 +328,8 @@ class OptionTests(SynchronousTestCase):
 
     def test_malformed(self) -> None:
         """An unknown mode exits 2 with one stderr line naming the option."""
-        for argv, env in ((["--affinity", "sticky"], {}), ([], {"NVPAIR_PROXY_AFFINITY": "on"})):
-            stderr, stdout = io.StringIO(), io.StringIO()
-            self.patch(sys, "stderr", stderr)
-            self.patch(sys, "stdout", stdout)
-            with self.assertRaises(SystemExit) as cm:
-                parse(argv, env)
-            self.assertEqual(cm.exception.code, 2)
-            [line] = stderr.getvalue().splitlines()
-            self.assertIn("--affinity", line)
-            self.assertEqual(stdout.getvalue(), "")
+        assertExitsNaming(self, "--affinity", ((["--affinity", "sticky"], {}),
+                                               ([], {"NVPAIR_PROXY_AFFINITY": "on"})))
 
 
 class StandaloneWiringTests(SynchronousTestCase):

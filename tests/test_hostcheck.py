@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import io
-import sys
 from typing import Any
 
 from twisted.logger import ILogObserver, Logger
@@ -21,6 +19,7 @@ from nvpair.proxy.hostcheck import (
     parseHost,
 )
 from nvpair.proxy.options import Options, Settings
+from tests.test_options import assertExitsNaming
 
 HOSTNAME = "Workstation"
 
@@ -224,19 +223,8 @@ class AllowedHostsOptionTests(SynchronousTestCase):
 
     def test_malformedExits2(self) -> None:
         """A malformed value exits 2 with one stderr line naming the option, nothing on stdout."""
-        for argv, environ in ((["--allowed-hosts", "a b"], {}),
-                              ([], {"NVPAIR_PROXY_ALLOWED_HOSTS": "host:1"})):
-            stderr, stdout = io.StringIO(), io.StringIO()
-            self.patch(sys, "stderr", stderr)
-            self.patch(sys, "stdout", stdout)
-            with self.assertRaises(SystemExit) as cm:
-                self.parse(argv, environ)
-            self.assertEqual(cm.exception.code, 2)
-            lines = stderr.getvalue().splitlines()
-            self.assertEqual(len(lines), 1)
-            self.assertIn("--allowed-hosts", lines[0])
-            self.assertEqual(stdout.getvalue(), "")
-
+        assertExitsNaming(self, "--allowed-hosts", ((["--allowed-hosts", "a b"], {}),
+                          ([], {"NVPAIR_PROXY_ALLOWED_HOSTS": "host:1"})))
 
 class HostGateTests(SynchronousTestCase):
     """A refusal is counted every time and logged once per name, without anything else."""

@@ -67,6 +67,23 @@ def parse(argv: list[str], environ: dict[str, str] | None = None) -> Settings:
     return options.settings
 
 
+def assertExitsNaming(
+    test: SynchronousTestCase, option: str,
+    cases: tuple[tuple[list[str], dict[str, str]], ...],
+) -> None:
+    """Each ``(argv, environ)`` exits 2 with one stderr line naming ``option``, nothing on
+    stdout."""
+    for argv, environ in cases:
+        capture = _Capture(test)
+        with test.assertRaises(SystemExit) as cm:
+            parse(argv, environ)
+        test.assertEqual(cm.exception.code, 2, (argv, environ))
+        lines = capture.stderr.getvalue().splitlines()
+        test.assertEqual(len(lines), 1, (argv, environ))
+        test.assertIn(option, lines[0])
+        test.assertEqual(capture.stdout.getvalue(), "")
+
+
 class DurationTests(SynchronousTestCase):
     """``parseDuration`` accepts bare seconds and ms/s/m/h suffixes only."""
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import io
-import sys
 from typing import Any
 
 from twisted.logger import Logger
@@ -18,7 +16,7 @@ from tests.fakeupstream import (
     node,
     startExchange,
 )
-from tests.test_options import parse
+from tests.test_options import assertExitsNaming, parse
 
 SSE = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
 
@@ -220,14 +218,5 @@ class OptionTests(SynchronousTestCase):
 
     def test_malformed(self) -> None:
         """A malformed value exits 2 with one stderr line naming the option."""
-        for argv, env in ((["--stream-idle-timeout", "soon"], {}),
-                          ([], {"NVPAIR_PROXY_STREAM_IDLE_TIMEOUT": "-1s"})):
-            stderr, stdout = io.StringIO(), io.StringIO()
-            self.patch(sys, "stderr", stderr)
-            self.patch(sys, "stdout", stdout)
-            with self.assertRaises(SystemExit) as cm:
-                parse(argv, env)
-            self.assertEqual(cm.exception.code, 2)
-            [line] = stderr.getvalue().splitlines()
-            self.assertIn("--stream-idle-timeout", line)
-            self.assertEqual(stdout.getvalue(), "")
+        assertExitsNaming(self, "--stream-idle-timeout", ((["--stream-idle-timeout", "soon"], {}),
+                          ([], {"NVPAIR_PROXY_STREAM_IDLE_TIMEOUT": "-1s"})))
