@@ -24,6 +24,7 @@ from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
 from tests.fakeupstream import ListSink
 from tests.test_hostcheck import Events
+from tests.wire import siteExchange
 from tests.wire import splitAnswer as split
 
 PORTS = {"ollama": (6100, 6101), "llamacpp": (6200, 6201)}
@@ -83,14 +84,7 @@ class HostRuleAtTheDoorTests(SynchronousTestCase):
 
     def exchange(self, port: int, raw: bytes) -> bytes:
         """Feed ``raw`` to a new loopback connection of the listener on ``port``."""
-        protocol = self.factories[port].buildProtocol(IPv4Address("TCP", "127.0.0.1", 5555))
-        assert protocol is not None
-        transport = StringTransport()
-        protocol.makeConnection(transport)
-        protocol.dataReceived(raw)
-        value: bytes = transport.value()
-        protocol.connectionLost(Failure(ConnectionDone()))
-        return value
+        return siteExchange(self.factories[port], raw)
 
     def assertNothingPastTheDoor(self) -> None:
         self.assertEqual(self.reactor.tcpClients, [], "no upstream connection attempted")

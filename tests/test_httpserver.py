@@ -16,6 +16,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from nvpair.proxy.engines import OLLAMA, Engine
 from nvpair.proxy.httpserver import PIPELINE_HOLD
 from nvpair.proxy.site import FacadeSite
+from tests.wire import splitAnswer
 
 
 class Door:
@@ -107,14 +108,10 @@ def answering() -> tuple[Connection, Any]:
 
 def errorOf(out: bytes) -> tuple[int, dict[str, bytes], Any]:
     """The status, headers (lower-case names) and JSON body of one error answer."""
-    head, _, body = out.partition(b"\r\n\r\n")
-    lines = head.split(b"\r\n")
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(b":")
-        headers[name.decode().lower()] = value.strip()
+    status, fields, body = splitAnswer(out)
+    headers = {name.decode(): value for name, value in fields.items()}
     assert len(body) == int(headers["content-length"]), out
-    return int(lines[0].split(b" ")[1]), headers, json.loads(body)
+    return status, headers, json.loads(body)
 
 
 class RequestParsingTests(SynchronousTestCase):
