@@ -25,6 +25,7 @@ from zope.interface import implementer
 
 from nvpair.proxy._interfaces import IBrokerSink, IUpstream
 from nvpair.proxy.activity import Activity
+from nvpair.proxy.affinity import Affinity
 from nvpair.proxy.candidates import Node, Snapshot
 from nvpair.proxy.dispatch import Exchange
 from nvpair.proxy.engines import ENGINES
@@ -379,6 +380,7 @@ class FakeContext:
         self.clock = clock or Clock()
         self.settings = makeSettings(**settings)
         self.stalls = StallWatches(self.clock, self.settings.streamIdleTimeout)
+        self.affinity: Affinity | None = None
         self.upstream = FakeUpstream(self.clock)
         self.sink = ListSink()
         self.reporter = WorkloadReporter(self.sink, self.clock, RUN_ID)

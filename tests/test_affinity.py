@@ -263,7 +263,7 @@ class LoopTests(SynchronousTestCase):
         self.context = FakeContext()
         self.context.reservations.applyPriority(0, ["A", "B"], {})
         self.affinity = Affinity(self.context.clock)
-        self.context.affinity = self.affinity  # type: ignore[attr-defined]
+        self.context.affinity = self.affinity
         self.facade = makeFacade(self.context.clock, [node("A"), node("B")])
         self.carried = True
 
@@ -340,13 +340,13 @@ class StandaloneWiringTests(SynchronousTestCase):
         off = FakeService(("llamacpp",), (), affinity="off")
         off.startService()
         startStandalone(off)
-        self.assertIsNone(getattr(off, "affinity", None))
+        self.assertIsNone(off.affinity)
         self.assertEqual(affinityStatus(off), {"mode": "off", "active": False})
         off.stopService()
         on = FakeService(("llamacpp",), (), affinity="prefix")
         on.startService()
         startStandalone(on)
-        self.assertIsInstance(on.affinity, Affinity)  # type: ignore[attr-defined]
+        self.assertIsInstance(on.affinity, Affinity)
         self.assertTrue(affinityStatus(on)["active"])
         on.stopService()
 
@@ -359,7 +359,7 @@ class SingleNodeTests(SynchronousTestCase):
         context = FakeContext()
         context.reservations.applyPriority(0, ["A"], {})
         affinity = Affinity(context.clock)
-        context.affinity = affinity  # type: ignore[attr-defined]
+        context.affinity = affinity
         facade = makeFacade(context.clock, [node("A")])
         for n in (1, 2):
             ex, request = startExchange(context, facade, FakeRequest(), body=body(turn(n)))
@@ -374,7 +374,7 @@ class SingleNodeTests(SynchronousTestCase):
         context = FakeContext()
         context.reservations.applyPriority(0, ["A", "B"], {})
         affinity = Affinity(context.clock)
-        context.affinity = affinity  # type: ignore[attr-defined]
+        context.affinity = affinity
         facade = makeFacade(context.clock, [node("A", models=("other",)), node("B")])
         ex, request = startExchange(context, facade, FakeRequest(), body=body(turn(1)))
         context.upstream.last().answer(200, b"data: [DONE]\n\n")

@@ -9,6 +9,7 @@ from twisted.application.service import MultiService
 from twisted.internet.error import ConnectionRefusedError
 from twisted.trial.unittest import SynchronousTestCase
 
+from nvpair.proxy.affinity import Affinity
 from nvpair.proxy.candidates import Snapshot
 from nvpair.proxy.engines import LLAMACPP, LMSTUDIO, OLLAMA
 from nvpair.proxy.facade import BindError
@@ -168,6 +169,7 @@ class FakeService(MultiService):
         self.reservations = ReservationMap()
         self.enabled: list[tuple[str, int]] = []
         self.facades: dict[str, RecordingFacade] = {}
+        self.affinity: Affinity | None = None
 
     def enableFacade(self, engine: Any, port: int, aliases: list[str], ignore: bool) -> Any:
         if engine.id in self.refuse:

@@ -253,7 +253,7 @@ class Affinity:
 
 def affinityStatus(service: Any) -> dict[str, Any]:
     """The ``affinity`` object of ``/status``: the mode, whether it orders, and its table."""
-    affinity = getattr(service, "affinity", None)
+    affinity = service.affinity
     document: dict[str, Any] = {"mode": service.settings.affinity, "active": affinity is not None}
     if affinity is not None:
         document.update(affinity.status())

@@ -299,11 +299,9 @@ class Attempt:
         assert response is not None
         length = None if response.length is UNKNOWN_LENGTH else int(response.length)
         transport: IPushProducer = relay.transport  # type: ignore[assignment]
-        stalls = getattr(self.exchange.context, "stalls", None)
-        if stalls is not None:
-            self._watch = stalls.watch(transport, self.exchange, self.node.id)
-            if self._watch is not None:
-                transport = self._watch
+        self._watch = self.exchange.context.stalls.watch(transport, self.exchange, self.node.id)
+        if self._watch is not None:
+            transport = self._watch
         try:
             self.exchange.writeHead(self, response.code, response.phrase, response.headers,
                                     length, transport)

@@ -54,7 +54,7 @@ def placeInference(ex: Exchange) -> Policy:
     backoff = settings.backoffBase
     maxAttempts = settings.maxDispatchAttempts
     dispatched = 0
-    affinity: Any = getattr(ex.context, "affinity", None)  # standalone with --affinity prefix
+    affinity: Any = ex.context.affinity  # standalone with --affinity prefix, else None
     doc: Any = None
     if affinity is not None:
         doc = ex.document if ex.document is not None else bodyDocument(ex.body)

@@ -22,6 +22,7 @@ from zope.interface import implementer
 from nvpair.proxy import jsonrpc
 from nvpair.proxy._interfaces import IBrokerSink, IMessageHandler
 from nvpair.proxy.activity import Activity
+from nvpair.proxy.affinity import Affinity
 from nvpair.proxy.broker import BrokerChannel, NullSink, Reply, RPCError
 from nvpair.proxy.candidates import Snapshot, parseNodes
 from nvpair.proxy.engines import ENGINES, Engine
@@ -71,6 +72,8 @@ class ProxyService(MultiService):
         self.upstream = Upstream(reactor, settings.dialTimeout, trust)
         self.metrics = Metrics()
         self.stalls = StallWatches(reactor, settings.streamIdleTimeout)
+        # Standalone with ``--affinity prefix`` sets this (the proxy then orders candidates).
+        self.affinity: Affinity | None = None
         self.hosts = HostGate(HostRule(settings.allowedHosts), self.metrics.hostDenied)
         self.reporter = WorkloadReporter(self._sinkProxy, reactor)
         self.activity = Activity(self._sinkProxy)
