@@ -2,7 +2,7 @@
 
 Run as ``python -m bench.brokerhost --engine-port N --facade-port P --state-dir D
 [--max-connections C] [--log-level info]``.  It spawns ``twistd -n nvpair-proxy`` through
-``nvpair.proxy.supervisor.ProxyProcess`` (exactly as the broker does), enables the llama.cpp
+``nvpair.supervisor.process.ProxyProcess`` (exactly as the broker does), enables the llama.cpp
 facade on port P, announces one direct-engine node ``E`` at the fake engine, waits for the
 proxy to apply it, and prints one JSON line ``{"port": P, "pid": <proxy pid>}``.  It then
 consumes the proxy's notifications (counting them) until its own stdin closes or it gets
@@ -22,7 +22,7 @@ from twisted.internet import defer, reactor
 from twisted.internet.protocol import Protocol
 from twisted.internet.stdio import StandardIO
 
-from nvpair.proxy.supervisor import ProxyProcess
+from nvpair.supervisor.process import ProxyProcess
 
 
 class _StdinWatch(Protocol):

@@ -28,7 +28,7 @@ from typing import Any
 from twisted.internet import defer
 from twisted.internet.testing import StringTransport
 
-from nvpair.proxy.httpclient import HTTPClientConnection, Response
+from nvpair.proxy.http.client import HTTPClientConnection, Response
 
 REQUEST = b"POST /v1/chat/completions HTTP/1.1\r\nHost: e\r\nContent-Length: 2\r\n\r\n{}"
 JSON_HEAD = (

@@ -28,11 +28,11 @@ from typing import Any
 
 from twisted.internet.task import Clock
 
-from nvpair.proxy.activity import Activity
-from nvpair.proxy.broker import BrokerChannel
+from nvpair.proxy.broker.activity import Activity
+from nvpair.proxy.broker.channel import BrokerChannel
+from nvpair.proxy.broker.workloads import COMPLETED, WorkloadReporter
+from nvpair.proxy.routing.stats import StatsMeter
 from nvpair.proxy.service import _Forward
-from nvpair.proxy.stats import StatsMeter
-from nvpair.proxy.workloads import COMPLETED, WorkloadReporter
 from tests.fakeengine import Answer, _document, _streamPieces
 
 MODEL = "m1"

@@ -223,7 +223,7 @@ def startProxyBroker(enginePort: int, maxConnections: int) -> Server:
 # BENCH_PUBLIC_WRITES=1 runs the proxy with ``fastwrite.DIRECT`` off (every write through
 # the transport's public ``write``): the B side of the A/B that justifies that module.
 _PUBLIC_WRITES = (
-    "import sys, nvpair.proxy.fastwrite as f; f.DIRECT = False; sys.argv[0] = 'twistd'; "
+    "import sys, nvpair.proxy.http.fastwrite as f; f.DIRECT = False; sys.argv[0] = 'twistd'; "
     "from twisted.scripts.twistd import run; run()"
 )
 

@@ -23,10 +23,10 @@ import time
 from collections import deque
 from typing import Any
 
-from nvpair.proxy.admission import Admitted, admit
-from nvpair.proxy.candidates import Snapshot, orderCandidates, parseNodes, placeReservation
-from nvpair.proxy.engines import LLAMACPP
-from nvpair.proxy.reservations import NodeLoad, ReservationMap
+from nvpair.proxy.facade.engines import LLAMACPP
+from nvpair.proxy.routing.admission import Admitted, admit
+from nvpair.proxy.routing.candidates import Snapshot, orderCandidates, parseNodes, placeReservation
+from nvpair.proxy.routing.reservations import NodeLoad, ReservationMap
 
 PATH = b"/v1/chat/completions"
 IN_FLIGHT = 32

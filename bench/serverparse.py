@@ -19,7 +19,7 @@ from typing import Any
 
 from twisted.internet.task import Clock
 
-from nvpair.proxy.site import FacadeSite
+from nvpair.proxy.http.site import FacadeSite
 
 BODY = b'{"model":"m1","messages":[{"role":"user","content":"hello there"}]}'
 REQUEST = (

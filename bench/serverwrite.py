@@ -30,8 +30,8 @@ def serve(mode: str, total: int) -> None:
     """The child: serve until ``total`` requests are answered, then report and exit."""
     from twisted.internet import reactor
 
-    from nvpair.proxy import fastwrite
-    from nvpair.proxy.site import FacadeSite
+    from nvpair.proxy.http import fastwrite
+    from nvpair.proxy.http.site import FacadeSite
 
     fastwrite.DIRECT = mode == "direct"
     warmup = total // 10

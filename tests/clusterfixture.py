@@ -20,7 +20,7 @@ from twisted.internet import defer
 from twisted.trial.unittest import TestCase
 from twisted.web.client import Agent, HTTPConnectionPool
 
-from nvpair.proxy.cluster import ClusterTrust
+from nvpair.proxy.cluster.membership import ClusterTrust
 from tests.certs import makeNodeCert, writeClusterDir, writePins
 from tests.fakeengine import FakeEngine
 from tests.harness import ProxyFixture, startEngine

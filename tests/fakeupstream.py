@@ -23,20 +23,20 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH
 from zope.interface import implementer
 
-from nvpair.proxy._interfaces import IBrokerSink, IUpstream
-from nvpair.proxy.activity import Activity
-from nvpair.proxy.affinity import Affinity
-from nvpair.proxy.candidates import Node, Snapshot
-from nvpair.proxy.dispatch import Exchange
-from nvpair.proxy.engines import ENGINES
-from nvpair.proxy.facade import Facade
-from nvpair.proxy.httpclient import HTTPClientConnection
+from nvpair.proxy.broker.activity import Activity
+from nvpair.proxy.broker.workloads import WorkloadReporter
+from nvpair.proxy.dispatch.exchange import Exchange
+from nvpair.proxy.dispatch.relay import forwardHeaders
+from nvpair.proxy.dispatch.stallwatch import StallWatches
+from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.facade.facade import Facade
+from nvpair.proxy.http.client import HTTPClientConnection
+from nvpair.proxy.http.site import sendError
+from nvpair.proxy.interfaces import IBrokerSink, IUpstream
 from nvpair.proxy.options import Settings
-from nvpair.proxy.relay import forwardHeaders
-from nvpair.proxy.reservations import ReservationMap
-from nvpair.proxy.site import sendError
-from nvpair.proxy.stallwatch import StallWatches
-from nvpair.proxy.workloads import WorkloadReporter
+from nvpair.proxy.routing.affinity import Affinity
+from nvpair.proxy.routing.candidates import Node, Snapshot
+from nvpair.proxy.routing.reservations import ReservationMap
 
 RUN_ID = "0123456789abcdef"
 

@@ -16,7 +16,7 @@ from typing import Any
 from twisted.internet import defer
 from twisted.trial.unittest import TestCase
 
-from nvpair.proxy.supervisor import ProxyProcess
+from nvpair.supervisor.process import ProxyProcess
 from tests.fakeengine import FakeEngine
 
 CANARY = "CANARY-7f3a9e-SECRET"

@@ -8,8 +8,8 @@ from typing import Any
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.admission import Admitted, Refused, admit, bodyModel
-from nvpair.proxy.engines import LLAMACPP, LMSTUDIO, OLLAMA, RouteClass
+from nvpair.proxy.facade.engines import LLAMACPP, LMSTUDIO, OLLAMA, RouteClass
+from nvpair.proxy.routing.admission import Admitted, Refused, admit, bodyModel
 from tests.wire import siteExchange
 
 
@@ -73,7 +73,7 @@ class _Context:
     """The service stand-in a ``FrontDoor`` reports to."""
 
     def __init__(self) -> None:
-        from nvpair.proxy.site import sendError
+        from nvpair.proxy.http.site import sendError
 
         self.sendError = sendError
         self.internal: list[str] = []
@@ -101,12 +101,12 @@ class FrontDoorTests(SynchronousTestCase):
     """Admission answers through a real ``FacadeSite`` over in-memory transports."""
 
     def setUp(self) -> None:
-        from nvpair.proxy.frontdoor import FrontDoor
-        from nvpair.proxy.site import FacadeSite
+        from nvpair.proxy.facade.frontdoor import FrontDoor
+        from nvpair.proxy.http.site import FacadeSite
 
         self.clock = Clock()
         self.context = _Context()
-        from nvpair.proxy.hostcheck import HostGate, HostRule
+        from nvpair.proxy.facade.hostcheck import HostGate, HostRule
 
         door = FrontDoor(self.context, _Facade(OLLAMA), _CrashingFleet(),
                          HostGate(HostRule(["*"]), lambda listener: None))

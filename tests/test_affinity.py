@@ -8,8 +8,10 @@ from typing import Any
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy import admission
-from nvpair.proxy.affinity import (
+from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.facade.standalone import startStandalone
+from nvpair.proxy.routing import admission
+from nvpair.proxy.routing.affinity import (
     MAX_LOOKUPS,
     MAX_MESSAGES,
     PROMPT_BLOCK,
@@ -19,10 +21,8 @@ from nvpair.proxy.affinity import (
     affinityStatus,
     keyFor,
 )
-from nvpair.proxy.candidates import Snapshot, orderCandidates
-from nvpair.proxy.engines import ENGINES
-from nvpair.proxy.reservations import ReservationMap
-from nvpair.proxy.standalone import startStandalone
+from nvpair.proxy.routing.candidates import Snapshot, orderCandidates
+from nvpair.proxy.routing.reservations import ReservationMap
 from tests.fakeupstream import FakeContext, FakeRequest, makeFacade, node, startExchange
 from tests.test_options import assertExitsNaming, parse
 from tests.test_standalone import FakeService

@@ -10,15 +10,15 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http_headers import Headers
 from zope.interface.verify import verifyObject
 
-from nvpair.proxy._interfaces import IUpstream
-from nvpair.proxy.attempt import discard, retryableStatus
-from nvpair.proxy.relay import (
+from nvpair.proxy.dispatch.attempt import discard, retryableStatus
+from nvpair.proxy.dispatch.relay import (
     ClientFlow,
     adoptResponseHeaders,
     copyResponseHeaders,
     forwardHeaders,
 )
-from nvpair.proxy.upstream import Upstream, addressesFor, splitHostPort
+from nvpair.proxy.dispatch.upstream import Upstream, addressesFor, splitHostPort
+from nvpair.proxy.interfaces import IUpstream
 from tests.fakeupstream import (
     BodyTransport,
     FakeContext,

@@ -12,9 +12,15 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from nvpair.proxy import jsonrpc
-from nvpair.proxy._interfaces import IBrokerSink, IMessageHandler
-from nvpair.proxy.broker import BrokerChannel, Reply, RPCError, isFacadeScoped, resolveAddress
+from nvpair.proxy.broker import jsonrpc
+from nvpair.proxy.broker.channel import (
+    BrokerChannel,
+    Reply,
+    RPCError,
+    isFacadeScoped,
+    resolveAddress,
+)
+from nvpair.proxy.interfaces import IBrokerSink, IMessageHandler
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
 from tests.wire import drainLines, sendLine

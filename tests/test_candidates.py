@@ -1,4 +1,4 @@
-"""Tests for nvpair.proxy.candidates: owner index, candidate order and reservation placement."""
+"""Tests for routing.candidates: owner index, candidate order and reservation placement."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.candidates import (
+from nvpair.proxy.routing.candidates import (
     EMPTY,
     Node,
     Snapshot,
@@ -16,7 +16,7 @@ from nvpair.proxy.candidates import (
     parseNodes,
     placeReservation,
 )
-from nvpair.proxy.reservations import NodeLoad, ReservationMap
+from nvpair.proxy.routing.reservations import NodeLoad, ReservationMap
 
 
 def ollama(model: str) -> str:

@@ -1,4 +1,4 @@
-"""Tests for nvpair.proxy.cluster: the cluster directory watch and pinned mutual TLS."""
+"""Tests for nvpair.proxy.cluster.membership: the cluster directory watch and pinned mutual TLS."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.iweb import IPolicyForHTTPS
 from zope.interface import implementer
 
-from nvpair.proxy.cluster import (
+from nvpair.proxy.cluster.membership import (
     ClusterTrust,
     NoCredentials,
     NoPin,

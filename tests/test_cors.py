@@ -1,4 +1,4 @@
-"""Tests for nvpair.proxy.cors: the browser rules of protocol §12."""
+"""Tests for nvpair.proxy.routing.cors: the browser rules of protocol §12."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.cors import (
+from nvpair.proxy.routing.cors import (
     CORS_PREFIX,
     PREFLIGHT_FORWARD_HEADERS,
     invalidListCors,

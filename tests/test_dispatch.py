@@ -11,7 +11,7 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.reservations import NodeLoad
+from nvpair.proxy.routing.reservations import NodeLoad
 from tests.fakeupstream import (
     RUN_ID,
     FakeContext,
@@ -1018,7 +1018,7 @@ class DriverTests(LoopCase):
     def test_crashInPolicyAnswers500(self) -> None:
         """An exception raised by the policy itself is answered 500 internal, reported
         once, and everything is released."""
-        from nvpair.proxy import placement
+        from nvpair.proxy.routing import placement
 
         def boom(*a: Any) -> None:
             raise ZeroDivisionError()

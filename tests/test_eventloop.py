@@ -14,8 +14,8 @@ from twisted.internet.error import ConnectionDone, ConnectionLost
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy import eventloop
-from nvpair.proxy.eventloop import ProxyReactor, dispatchEvents
+from nvpair.proxy.runtime import eventloop
+from nvpair.proxy.runtime.eventloop import ProxyReactor, dispatchEvents
 
 IN, OUT, HUP = select.EPOLLIN, select.EPOLLOUT, select.EPOLLHUP
 
@@ -120,7 +120,7 @@ class InstallTests(SynchronousTestCase):
     def test_freshProcessGetsProxyReactor(self) -> None:
         """In a fresh process, ``install`` installs the proxy's reactor, which runs."""
         code = (
-            "from nvpair.proxy import eventloop\n"
+            "from nvpair.proxy.runtime import eventloop\n"
             "r = eventloop.install()\n"
             "from twisted.internet import reactor\n"
             "assert r is reactor\n"
@@ -303,7 +303,7 @@ class FallbackTests(SynchronousTestCase):
     def test_missingNameInstallsStockReactor(self) -> None:
         """With one relied-on name missing, a fresh process gets Twisted's epoll reactor."""
         code = (
-            "from nvpair.proxy import eventloop\n"
+            "from nvpair.proxy.runtime import eventloop\n"
             "eventloop._RELIED_ON += ('_goneInAFutureTwisted',)\n"
             "r = eventloop.install()\n"
             "r.callLater(0, r.stop)\n"

@@ -11,9 +11,9 @@ from twisted.internet.error import CannotListenError
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy import jsonrpc
-from nvpair.proxy.broker import Reply, RPCError
-from nvpair.proxy.engines import LLAMACPP, OLLAMA
+from nvpair.proxy.broker import jsonrpc
+from nvpair.proxy.broker.channel import Reply, RPCError
+from nvpair.proxy.facade.engines import LLAMACPP, OLLAMA
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
 from tests.fakeupstream import ListSink
@@ -294,7 +294,7 @@ class FacadeTests(SynchronousTestCase):
 
     def test_bindReason(self) -> None:
         """The reason of a bind failure is the operating system's text."""
-        from nvpair.proxy.facade import BindError, _reason
+        from nvpair.proxy.facade.facade import BindError, _reason
 
         err = CannotListenError("", 1, OSError(errno.EADDRINUSE, "Address already in use"))
         self.assertEqual(_reason(err), "Address already in use")

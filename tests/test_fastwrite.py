@@ -17,9 +17,9 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactor, StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy import fastwrite
-from nvpair.proxy.fastwrite import sendNow
-from nvpair.proxy.site import FacadeSite
+from nvpair.proxy.http import fastwrite
+from nvpair.proxy.http.fastwrite import sendNow
+from nvpair.proxy.http.site import FacadeSite
 
 
 class RecordingTransport(StringTransport):

@@ -1,4 +1,4 @@
-"""Unit tests for nvpair.proxy.fleet: merged lists and preflights over a scripted upstream.
+"""Unit tests for nvpair.proxy.facade.fleet: merged lists and preflights over a scripted upstream.
 
 The facade's HTTP side is a real ``twisted.web`` site driven in memory by ``StubTreq``;
 the upstream is a fake that answers per address; time is a ``Clock``.
@@ -21,13 +21,13 @@ from twisted.web.client import ResponseDone
 from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
 
-from nvpair.proxy.candidates import Node, Snapshot
-from nvpair.proxy.engines import LLAMACPP, OLLAMA, Engine
-from nvpair.proxy.fleet import MAX_LIST_BYTES, NODE_GRACE, Fleet, collect
-from nvpair.proxy.logs import LogControl
-from nvpair.proxy.relay import forwardHeaders
-from nvpair.proxy.reservations import ReservationMap
-from nvpair.proxy.site import sendError
+from nvpair.proxy.dispatch.relay import forwardHeaders
+from nvpair.proxy.facade.engines import LLAMACPP, OLLAMA, Engine
+from nvpair.proxy.facade.fleet import MAX_LIST_BYTES, NODE_GRACE, Fleet, collect
+from nvpair.proxy.http.site import sendError
+from nvpair.proxy.routing.candidates import Node, Snapshot
+from nvpair.proxy.routing.reservations import ReservationMap
+from nvpair.proxy.runtime.logs import LogControl
 
 ORIGIN = "http://app.example"
 DIAL = 2.0

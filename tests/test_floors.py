@@ -8,7 +8,7 @@ import tomllib
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.requestrules import Refusal, originForm
+from nvpair.proxy.http.rules import Refusal, originForm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -19,7 +19,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.engines import ENGINES
+from nvpair.proxy.facade.engines import ENGINES
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
 from tests.fakeupstream import ListSink
@@ -217,8 +217,8 @@ class ClusterPersonalityTests(SynchronousTestCase):
         """A pinned peer's request naming any host goes to the local backend, not 403."""
         from types import SimpleNamespace
 
-        from nvpair.proxy.peer import PeerDoor
-        from nvpair.proxy.site import FacadeSite
+        from nvpair.proxy.cluster.peer import PeerDoor
+        from nvpair.proxy.http.site import FacadeSite
         from tests.test_peer import FakeContext
 
         context = FakeContext()

@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.engines import ENGINES
-from nvpair.proxy.frontdoor import FrontDoor
+from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.facade.frontdoor import FrontDoor
+from nvpair.proxy.http.site import FacadeSite
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
-from nvpair.proxy.site import FacadeSite
 from tests.harness import CANARY
 from tests.test_facade import BusyReactor, ListSink
 from tests.wire import siteExchange

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.broker import BrokerChannel
+from nvpair.proxy.broker.channel import BrokerChannel
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
 from tests.test_facade import BusyReactor

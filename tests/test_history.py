@@ -1,4 +1,4 @@
-"""Tests for nvpair.proxy.history: 15 minutes of 10-second buckets on a Clock, bounded."""
+"""Tests for nvpair.proxy.ops.history: 15 minutes of 10-second buckets on a Clock, bounded."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Any
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.broker import NullSink
-from nvpair.proxy.history import (
+from nvpair.proxy.broker.channel import NullSink
+from nvpair.proxy.broker.workloads import WorkloadReporter
+from nvpair.proxy.ops.history import (
     BUCKET_SECONDS,
     BUCKETS,
     MAX_NODE_SERIES,
@@ -20,7 +21,6 @@ from nvpair.proxy.history import (
     measures,
     median,
 )
-from nvpair.proxy.workloads import WorkloadReporter
 
 SERIES_KEYS = {"requests", "completed", "failed", "cancelled", "requestsPerSecond", "ttftP50Ms",
                "tokens", "tokensPerSecond", "errors", "errorsByReason", "totals"}

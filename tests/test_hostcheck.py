@@ -1,4 +1,4 @@
-"""Tests for nvpair.proxy.hostcheck: the loopback ``Host`` rule (protocol §8) and its gate."""
+"""Tests for facade.hostcheck: the loopback ``Host`` rule (protocol §8) and its gate."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from twisted.logger import ILogObserver, Logger
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 
-from nvpair.proxy.hostcheck import (
+from nvpair.proxy.facade.hostcheck import (
     CACHE_KEY_MAX,
     CACHE_SIZE,
     LOG_NAME_MAX,

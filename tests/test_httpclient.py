@@ -1,4 +1,4 @@
-"""Unit tests of the lean upstream HTTP/1.1 client (``nvpair.proxy.httpclient``)."""
+"""Unit tests of the lean upstream HTTP/1.1 client (``nvpair.proxy.http.client``)."""
 
 from __future__ import annotations
 
@@ -33,10 +33,10 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH
 from zope.interface import implementer
 
-from nvpair.proxy.httpclient import HTTPClientConnection, serializeRequest
-from nvpair.proxy.httpframing import MAX_BODY_OVERHEAD, MAX_HEAD
-from nvpair.proxy.httppool import ConnectionPool, DirectTCP
-from nvpair.proxy.upstream import Upstream
+from nvpair.proxy.dispatch.upstream import Upstream
+from nvpair.proxy.http.client import HTTPClientConnection, serializeRequest
+from nvpair.proxy.http.framing import MAX_BODY_OVERHEAD, MAX_HEAD
+from nvpair.proxy.http.pool import ConnectionPool, DirectTCP
 
 
 @implementer(IHostResolution)

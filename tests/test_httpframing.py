@@ -1,11 +1,11 @@
-"""Unit tests of the upstream client's head rules (``nvpair.proxy.httpframing``)."""
+"""Unit tests of the upstream client's head rules (``nvpair.proxy.http.framing``)."""
 
 from __future__ import annotations
 
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http_headers import Headers
 
-from nvpair.proxy.httpframing import headerKey, isToken, responseHead, serializeRequest
+from nvpair.proxy.http.framing import headerKey, isToken, responseHead, serializeRequest
 
 
 def fields(*pairs: tuple[bytes, bytes]) -> list[tuple[bytes, bytes]]:

@@ -17,7 +17,7 @@ from twisted.internet.protocol import ProcessProtocol, Protocol, connectionDone
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SkipTest, TestCase
 
-from nvpair.proxy.supervisor import JSONRPCError
+from nvpair.supervisor.process import JSONRPCError
 from tests.harness import ProxyFixture, directNode, freePort, startEngine
 
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")

@@ -24,10 +24,10 @@ from twisted.trial.unittest import SkipTest, TestCase
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
-from nvpair.proxy.candidates import Snapshot, parseNodes
-from nvpair.proxy.history import Window
-from nvpair.proxy.ops import PAGE_CSP, historyDocument, opsResource, statusDocument
-from nvpair.proxy.opspage import renderPage
+from nvpair.proxy.ops.history import Window
+from nvpair.proxy.ops.page import renderPage
+from nvpair.proxy.ops.server import PAGE_CSP, historyDocument, opsResource, statusDocument
+from nvpair.proxy.routing.candidates import Snapshot, parseNodes
 from tests.dom import Element, parseDom
 from tests.fakeengine import Status
 from tests.harness import ProxyFixture, directNode, freePort, startEngine

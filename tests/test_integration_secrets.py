@@ -12,7 +12,7 @@ import treq
 from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
 
-from nvpair.proxy.supervisor import JSONRPCError
+from nvpair.supervisor.process import JSONRPCError
 from tests.fakeengine import Answer, DieMidStream, Drop, Echo, HangAfterHeaders, Status
 from tests.harness import CANARY, ProxyFixture, directNode, startEngine
 

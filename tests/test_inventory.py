@@ -1,4 +1,4 @@
-"""Tests for nvpair.proxy.inventory: model-list parsing and the fleet merge."""
+"""Tests for nvpair.proxy.facade.inventory: model-list parsing and the fleet merge."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.inventory import (
+from nvpair.proxy.facade.inventory import (
     InvalidList,
     emptyEnvelope,
     listKey,

@@ -11,7 +11,7 @@ from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.listener import PersonalityFactory, isLoopback
+from nvpair.proxy.facade.listener import PersonalityFactory, isLoopback
 
 
 class Recorder(Protocol):

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.logoutlet import LineOutlet
+from nvpair.proxy.runtime.logoutlet import LineOutlet
 
 
 class Recording(io.StringIO):

@@ -10,7 +10,7 @@ from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.logs import JSONLineObserver, LogControl, makeObserver, toRecord
+from nvpair.proxy.runtime.logs import JSONLineObserver, LogControl, makeObserver, toRecord
 
 
 class LogTests(SynchronousTestCase):

@@ -1,4 +1,4 @@
-"""Tests for nvpair.proxy.metrics: the request-path hooks and what they count."""
+"""Tests for nvpair.proxy.ops.metrics: the request-path hooks and what they count."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 from prometheus_client import REGISTRY
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy import metrics
-from nvpair.proxy.engines import ENGINES
-from nvpair.proxy.metrics import Metrics, requestOutcome
+from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.ops import metrics
+from nvpair.proxy.ops.metrics import Metrics, requestOutcome
 
 
 def sampleValues(registry: Any) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

@@ -1,4 +1,4 @@
-"""Tests for nvpair.proxy.nodestate: up, down or unknown, from inventory polls or attempts."""
+"""Tests for nvpair.proxy.ops.nodestate: up, down or unknown, from inventory polls or attempts."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.attempt import Failed
-from nvpair.proxy.candidates import Node
-from nvpair.proxy.nodestate import DOWN, STALE_AFTER, UNKNOWN, UP, attemptHealth, pollHealth
-from nvpair.proxy.ops import opsResource
-from nvpair.proxy.standalone import POLL_INTERVAL, FleetPoller
+from nvpair.proxy.dispatch.attempt import Failed
+from nvpair.proxy.facade.standalone import POLL_INTERVAL, FleetPoller
+from nvpair.proxy.ops.nodestate import DOWN, STALE_AFTER, UNKNOWN, UP, attemptHealth, pollHealth
+from nvpair.proxy.ops.server import opsResource
+from nvpair.proxy.routing.candidates import Node
 from tests.test_fleet import FakeResponse, FakeUpstream, openaiList
 from tests.test_ops import ENGINE, makeService, scripted
 

@@ -17,11 +17,11 @@ from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 
-from nvpair.proxy import jsonrpc
-from nvpair.proxy._interfaces import IMessageHandler
-from nvpair.proxy.activity import Activity
-from nvpair.proxy.broker import BrokerChannel
-from nvpair.proxy.workloads import CANCELLED, COMPLETED, FAILED, WorkloadReporter
+from nvpair.proxy.broker import jsonrpc
+from nvpair.proxy.broker.activity import Activity
+from nvpair.proxy.broker.channel import BrokerChannel
+from nvpair.proxy.broker.workloads import CANCELLED, COMPLETED, FAILED, WorkloadReporter
+from nvpair.proxy.interfaces import IMessageHandler
 
 RUN = "00ff00ff00ff00ff"
 WI = '{"jsonrpc":"2.0","method":"workload:%s","params":{"workloadInfo":{"id":"1",'

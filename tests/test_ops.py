@@ -1,4 +1,4 @@
-"""Tests for nvpair.proxy.ops: /metrics, /status and the page, in memory, and the listener."""
+"""Tests for ops.server: /metrics, /status and the page, in memory, and the listener."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.test.requesthelper import DummyRequest
 
-from nvpair.proxy.broker import RPCError
-from nvpair.proxy.candidates import Snapshot, parseNodes
-from nvpair.proxy.engines import ENGINES
-from nvpair.proxy.ops import OpsListener, opsFactory, opsResource, startOps
+from nvpair.proxy.broker.channel import RPCError
+from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.ops.server import OpsListener, opsFactory, opsResource, startOps
 from nvpair.proxy.options import Options
-from nvpair.proxy.reservations import NodeLoad
+from nvpair.proxy.routing.candidates import Snapshot, parseNodes
+from nvpair.proxy.routing.reservations import NodeLoad
 from nvpair.proxy.service import ProxyService
 
 ENGINE = ENGINES["llamacpp"]

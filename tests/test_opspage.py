@@ -9,10 +9,7 @@ from treq.testing import StubTreq
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.candidates import Snapshot, parseNodes
-from nvpair.proxy.history import Window
-from nvpair.proxy.ops import historyDocument, opsResource, statusDocument
-from nvpair.proxy.opsformat import (
+from nvpair.proxy.ops.format import (
     ago,
     bar,
     fixed,
@@ -22,7 +19,10 @@ from nvpair.proxy.opsformat import (
     seconds,
     sparkline,
 )
-from nvpair.proxy.opspage import renderPage
+from nvpair.proxy.ops.history import Window
+from nvpair.proxy.ops.page import renderPage
+from nvpair.proxy.ops.server import historyDocument, opsResource, statusDocument
+from nvpair.proxy.routing.candidates import Snapshot, parseNodes
 from tests.dom import Element, parseDom
 from tests.test_ops import ENGINE, EndpointTestCase, makeService, scripted
 

@@ -1,4 +1,4 @@
-"""Tests for nvpair.proxy.peer (the peer site's front door) and the peer path of upstream.
+"""Tests for nvpair.proxy.cluster.peer (the peer site's front door) and the peer path of upstream.
 
 The peer site is a real ``FacadeSite`` with a ``PeerDoor`` over an in-memory transport; the
 trust and the upstream are fakes, so every step (headers, chunks, flow control, losses)
@@ -23,12 +23,12 @@ from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH
 
-from nvpair.proxy.cluster import ClusterTrust
-from nvpair.proxy.engines import ENGINES
-from nvpair.proxy.logs import LogControl
-from nvpair.proxy.peer import PeerDoor
-from nvpair.proxy.site import FacadeSite, sendError
-from nvpair.proxy.upstream import Upstream
+from nvpair.proxy.cluster.membership import ClusterTrust
+from nvpair.proxy.cluster.peer import PeerDoor
+from nvpair.proxy.dispatch.upstream import Upstream
+from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.http.site import FacadeSite, sendError
+from nvpair.proxy.runtime.logs import LogControl
 from tests.certs import makeNodeCert, writeClusterDir, writePins
 
 LOCAL = "http://127.0.0.1:11435"

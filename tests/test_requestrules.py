@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.requestrules import (
+from nvpair.proxy.http.rules import (
     Refusal,
     checkHead,
     clientProtocol,

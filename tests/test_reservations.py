@@ -1,4 +1,4 @@
-"""Tests for nvpair.proxy.reservations: the scheduler snapshot and the reservation map."""
+"""Tests for nvpair.proxy.routing.reservations: the scheduler snapshot and the reservation map."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.reservations import NodeLoad, Reservation, ReservationMap, parsePriority
+from nvpair.proxy.routing.reservations import NodeLoad, Reservation, ReservationMap, parsePriority
 
 
 class ParsePriorityTests(SynchronousTestCase):

@@ -7,7 +7,7 @@ from typing import Any
 from twisted.logger import Logger
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.stallwatch import StallWatch
+from nvpair.proxy.dispatch.stallwatch import StallWatch
 from tests.fakeupstream import (
     FakeContext,
     FakeRequest,

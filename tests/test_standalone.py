@@ -1,4 +1,4 @@
-"""Unit tests for nvpair.proxy.standalone: static fleets and inventory polling on a Clock."""
+"""Unit tests for nvpair.proxy.facade.standalone: static fleets and inventory polling on a Clock."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from twisted.application.service import MultiService
 from twisted.internet.error import ConnectionRefusedError
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.affinity import Affinity
-from nvpair.proxy.candidates import Snapshot
-from nvpair.proxy.engines import LLAMACPP, LMSTUDIO, OLLAMA
-from nvpair.proxy.facade import BindError
-from nvpair.proxy.reservations import ReservationMap
-from nvpair.proxy.standalone import POLL_INTERVAL, FleetPoller, fleetUrls, startStandalone
+from nvpair.proxy.facade.engines import LLAMACPP, LMSTUDIO, OLLAMA
+from nvpair.proxy.facade.facade import BindError
+from nvpair.proxy.facade.standalone import POLL_INTERVAL, FleetPoller, fleetUrls, startStandalone
+from nvpair.proxy.routing.affinity import Affinity
+from nvpair.proxy.routing.candidates import Snapshot
+from nvpair.proxy.routing.reservations import ReservationMap
 from tests.test_fleet import FakeContext, FakeResponse, openaiList
 
 TIMEOUT = 12.0

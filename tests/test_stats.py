@@ -1,4 +1,4 @@
-"""Tests for nvpair.proxy.stats: per-request statistics from a streamed body."""
+"""Tests for nvpair.proxy.routing.stats: per-request statistics from a streamed body."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.stats import StatsMeter
+from nvpair.proxy.routing.stats import StatsMeter
 
 
 def sseBody(contents: list[str], usage: dict[str, int] | None = None, done: bool = True) -> bytes:

@@ -17,9 +17,9 @@ from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 
-from nvpair.proxy.httpclient import serializeRequest
-from nvpair.proxy.httpframing import BadResponse
-from nvpair.proxy.httppool import ConnectionPool
+from nvpair.proxy.http.client import serializeRequest
+from nvpair.proxy.http.framing import BadResponse
+from nvpair.proxy.http.pool import ConnectionPool
 from tests.test_httpclient import KEY, Body, FakeEndpoint
 
 OK = b"HTTP/1.1 200 OK\r\n"

@@ -1,4 +1,4 @@
-"""Tests for nvpair.proxy.supervisor: the broker's JSON-RPC client and process supervisor."""
+"""Tests for nvpair.supervisor.process: the broker's JSON-RPC client and process supervisor."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from nvpair.proxy import jsonrpc
-from nvpair.proxy.supervisor import (
+from nvpair.proxy.broker import jsonrpc
+from nvpair.supervisor.process import (
     ExitInfo,
     JSONRPCError,
     ProcessGone,

@@ -8,8 +8,8 @@ from typing import Any
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.activity import Activity
-from nvpair.proxy.workloads import WorkloadReporter
+from nvpair.proxy.broker.activity import Activity
+from nvpair.proxy.broker.workloads import WorkloadReporter
 from tests.fakeupstream import ListSink
 
 

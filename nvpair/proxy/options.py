@@ -15,8 +15,8 @@ from typing import Any
 import attrs
 from twisted.python import usage
 
-from nvpair.proxy.engines import ENGINES
-from nvpair.proxy.hostcheck import parseAllowedHosts
+from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.facade.hostcheck import parseAllowedHosts
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
 _UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}

@@ -19,29 +19,29 @@ from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.components import Componentized
 from zope.interface import implementer
 
-from nvpair.proxy import jsonrpc
-from nvpair.proxy._interfaces import IBrokerSink, IMessageHandler
-from nvpair.proxy.activity import Activity
-from nvpair.proxy.affinity import Affinity
-from nvpair.proxy.broker import BrokerChannel, NullSink, Reply, RPCError
-from nvpair.proxy.candidates import Snapshot, parseNodes
-from nvpair.proxy.engines import ENGINES, Engine
-from nvpair.proxy.facade import BindError, Facade, parseAlias
-from nvpair.proxy.fleet import Fleet
-from nvpair.proxy.frontdoor import FrontDoor
-from nvpair.proxy.hostcheck import HostGate, HostRule
-from nvpair.proxy.listener import PersonalityFactory
-from nvpair.proxy.logs import LogControl, TextStream, makeObserver
-from nvpair.proxy.metrics import Metrics
+from nvpair.proxy.broker import jsonrpc
+from nvpair.proxy.broker.activity import Activity
+from nvpair.proxy.broker.channel import BrokerChannel, NullSink, Reply, RPCError
+from nvpair.proxy.broker.workloads import WorkloadReporter
+from nvpair.proxy.cluster.peer import PeerDoor
+from nvpair.proxy.dispatch.relay import forwardHeaders
+from nvpair.proxy.dispatch.stallwatch import StallWatches
+from nvpair.proxy.dispatch.upstream import Upstream
+from nvpair.proxy.facade.engines import ENGINES, Engine
+from nvpair.proxy.facade.facade import BindError, Facade, parseAlias
+from nvpair.proxy.facade.fleet import Fleet
+from nvpair.proxy.facade.frontdoor import FrontDoor
+from nvpair.proxy.facade.hostcheck import HostGate, HostRule
+from nvpair.proxy.facade.listener import PersonalityFactory
+from nvpair.proxy.facade.ports import PortError, PortStore, requestedPort
+from nvpair.proxy.http.site import FacadeSite, sendError
+from nvpair.proxy.interfaces import IBrokerSink, IMessageHandler
+from nvpair.proxy.ops.metrics import Metrics
 from nvpair.proxy.options import LEVELS, Settings
-from nvpair.proxy.peer import PeerDoor
-from nvpair.proxy.ports import PortError, PortStore, requestedPort
-from nvpair.proxy.relay import forwardHeaders
-from nvpair.proxy.reservations import ReservationMap, parsePriority
-from nvpair.proxy.site import FacadeSite, sendError
-from nvpair.proxy.stallwatch import StallWatches
-from nvpair.proxy.upstream import Upstream
-from nvpair.proxy.workloads import WorkloadReporter
+from nvpair.proxy.routing.affinity import Affinity
+from nvpair.proxy.routing.candidates import Snapshot, parseNodes
+from nvpair.proxy.routing.reservations import ReservationMap, parsePriority
+from nvpair.proxy.runtime.logs import LogControl, TextStream, makeObserver
 
 SHUTDOWN_GRACE = 3.0
 
@@ -103,7 +103,7 @@ class ProxyService(MultiService):
         if self.trust is not None:
             self.trust.start()
         if self.settings.standalone:
-            from nvpair.proxy.standalone import startStandalone
+            from nvpair.proxy.facade.standalone import startStandalone
 
             startStandalone(self)
         else:
@@ -114,7 +114,7 @@ class ProxyService(MultiService):
             self.sink = channel
             StandardIO(channel, reactor=self.reactor)
         if self.settings.opsPort is not None:
-            from nvpair.proxy.ops import startOps
+            from nvpair.proxy.ops.server import startOps
 
             startOps(self, self.settings.opsPort)
         self.log.info("started", standalone=self.settings.standalone)

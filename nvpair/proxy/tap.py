@@ -11,10 +11,10 @@ from typing import Any
 from twisted.application.service import IService
 from twisted.internet.error import ReactorNotRunning
 
-from nvpair.proxy import eventloop
-from nvpair.proxy.logoutlet import LineOutlet
-from nvpair.proxy.logs import COMPONENT
 from nvpair.proxy.options import Options
+from nvpair.proxy.runtime import eventloop
+from nvpair.proxy.runtime.logoutlet import LineOutlet
+from nvpair.proxy.runtime.logs import COMPONENT
 from nvpair.proxy.service import ProxyService, stderrStream
 
 __all__ = ["Options", "makeService"]
@@ -72,7 +72,7 @@ def makeService(options: Options) -> IService:
     assert settings is not None
     trust: Any = None
     if settings.clusterDir is not None:
-        from nvpair.proxy.cluster import ClusterTrust
+        from nvpair.proxy.cluster.membership import ClusterTrust
 
         service: list[ProxyService] = []
         trust = ClusterTrust(

@@ -1,0 +1,47 @@
+"""In-flight dispatches per node, announced as ``discovery:node-activity`` (protocol §4)."""
+
+from __future__ import annotations
+
+from json.encoder import encode_basestring
+
+from nvpair.proxy.broker.jsonrpc import Prepared
+from nvpair.proxy.interfaces import IBrokerSink
+
+
+class _Change(Prepared):
+    """The params ``{"nodeId": <str>, "inFlight": <int>}`` of one change, from a template."""
+
+    __slots__ = ()
+
+    def paramsJSON(self) -> str:
+        return f'{{"nodeId":{encode_basestring(self["nodeId"])},"inFlight":{self["inFlight"]}}}'
+
+
+class Activity:
+    """Counts this process's in-flight dispatches per node and reports every change."""
+
+    def __init__(self, sink: IBrokerSink) -> None:
+        self._sink = sink
+        self.inFlight: dict[str, int] = {}
+
+    def change(self, nodeId: str, delta: int) -> None:
+        """Add ``delta`` to ``nodeId``'s count and announce the new value."""
+        count = self.inFlight.get(nodeId, 0) + delta
+        if count <= 0:
+            self.inFlight.pop(nodeId, None)
+            count = 0
+        else:
+            self.inFlight[nodeId] = count
+        if not getattr(self._sink, "listening", True):
+            return  # nobody receives notifications (standalone)
+        if type(nodeId) is str and type(count) is int:
+            params = _Change()
+            params["nodeId"] = nodeId
+            params["inFlight"] = count
+            self._sink.notify("discovery:node-activity", params)
+        else:
+            self._sink.notify("discovery:node-activity", {"nodeId": nodeId, "inFlight": count})
+
+    def total(self) -> int:
+        """All in-flight dispatches of the process."""
+        return sum(self.inFlight.values())

@@ -1,0 +1,94 @@
+"""Where a facade's requests enter: the ``Host`` rule, admission, then the route's policy.
+
+Every plaintext request of the facade, on its primary port or an alias, comes here first:
+one whose ``Host`` is not a loopback name gets 403 ``host_denied`` before anything else
+(protocol §8; ``hostcheck``), so it reaches no admission, no node and no workload.
+
+Preflights and fleet model lists go to ``fleet``; inference and everything else become an
+``Exchange`` run by the dispatch loop.  An unexpected exception answers 500 ``internal``
+and is reported, without touching any other request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.logger import Logger
+
+from nvpair.proxy.dispatch.exchange import Exchange
+from nvpair.proxy.facade.engines import RouteClass
+from nvpair.proxy.facade.hostcheck import HostGate
+from nvpair.proxy.routing.admission import Refused, admit
+from nvpair.proxy.routing.cors import isPreflight
+
+HOST_DENIED = ("the Host header does not name this machine (DNS rebinding protection); "
+               "the proxy's --allowed-hosts option can allow another name")
+
+
+class FrontDoor:
+    """Admits one facade's requests and starts the right policy for each."""
+
+    log = Logger()
+
+    def __init__(self, context: Any, facade: Any, fleet: Any, hosts: HostGate) -> None:
+        self.context = context
+        self.facade = facade
+        self.engine = facade.engine
+        self.fleet = fleet
+        self.hosts = hosts
+        self.allows = hosts.allows
+
+    def handle(self, request: Any) -> None:
+        """Route one request (called from the site's render)."""
+        engine = self.engine
+        host = request.getHeader(b"host")
+        if not self.allows(host):
+            self.hosts.refused(host, engine.id)
+            if request.tooLarge:
+                request.setHeader(b"connection", b"close")
+            self.context.sendError(request, engine, 403, "host_denied", HOST_DENIED)
+            return
+        if request.tooLarge:
+            request.setHeader(b"connection", b"close")
+            self.context.sendError(
+                request, engine, 413, "body_too_large",
+                "the request body is larger than the proxy accepts",
+            )
+            return
+        method = request.method
+        if method == b"OPTIONS" and isPreflight(method, _lowerHeaders(request, (b"origin",
+                                                b"access-control-request-method"))):
+            self.fleet.preflight(self.facade, request)
+            return
+        body = request.content.getvalue() if request.content is not None else b""
+        decision = admit(engine, method, request.path, body)
+        if isinstance(decision, Refused):
+            self.context.sendError(request, engine, decision.status, decision.reason,
+                                   decision.message)
+            return
+        if decision.routeClass is RouteClass.FLEET_LIST:
+            self.fleet.modelList(self.facade, request)
+            return
+        inference = decision.routeClass is RouteClass.INFERENCE
+        Exchange(self.context, self.facade, request, inference, decision.model, body,
+                 decision.document).start()
+
+    def crashed(self, request: Any, error: Exception) -> None:
+        """An unexpected exception escaped admission: 500, report, keep serving."""
+        self.log.failure("request-crashed", engine=self.engine.id)
+        self.context.reportInternal(type(error).__name__)
+        if not request.finished and not request.startedWriting:
+            try:
+                self.context.sendError(request, self.engine, 500, "internal",
+                                       "internal proxy error")
+            except Exception:
+                self.log.failure("error-answer-failed", engine=self.engine.id)
+
+
+def _lowerHeaders(request: Any, names: tuple[bytes, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name in names:
+        value = request.getHeader(name)
+        if value is not None:
+            out[name.decode()] = value.decode("latin-1")
+    return out

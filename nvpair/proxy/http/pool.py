@@ -1,0 +1,238 @@
+"""The keep-alive pool of the lean upstream client (``httpclient``).
+
+Idle connections are kept per key (scheme, host, port), at most ``maxPersistentPerHost``
+per key, and closed after ``idleTimeout`` seconds unused by one sweep timer for the whole
+pool.  A request takes the most recently used idle connection or dials a new one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet import defer
+from twisted.internet.error import NotConnectingError
+from twisted.internet.interfaces import IDelayedCall, IStreamClientEndpoint
+from twisted.internet.protocol import ClientFactory, Factory
+from twisted.python.failure import Failure
+
+from nvpair.proxy.http.client import DEAD, IDLE, HTTPClientConnection
+from nvpair.proxy.http.response import Response
+
+
+class _ConnectionFactory(Factory):
+    """Builds the connection for one dial."""
+
+    noisy = False
+
+    def __init__(self, pool: ConnectionPool, key: Any) -> None:
+        self._pool = pool
+        self._key = key
+
+    def buildProtocol(self, addr: Any) -> HTTPClientConnection:
+        return HTTPClientConnection(self._pool, self._key)
+
+
+class DirectTCP:
+    """A dial to an IP literal straight through ``reactor.connectTCP``.
+
+    Unlike an endpoint it wraps nothing: the connection is the transport's own protocol, and
+    a dial leaves no per-connection wrapper objects behind (memory per held stream).  A
+    failed dial fails with the reactor's ``ConnectError`` (refused, timed out, ...).
+    """
+
+    __slots__ = ("reactor", "host", "port", "timeout")
+
+    def __init__(self, reactor: Any, host: str, port: int, timeout: float) -> None:
+        self.reactor = reactor
+        self.host = host
+        self.port = port
+        self.timeout = timeout
+
+    def dial(self, pool: ConnectionPool, key: Any) -> defer.Deferred[HTTPClientConnection]:
+        """Connect; fires with the connection once made, or fails with the dial's error."""
+        factory = _DirectFactory(pool, key)
+        d = factory.deferred
+        factory.connector = self.reactor.connectTCP(
+            self.host, self.port, factory, timeout=self.timeout
+        )
+        return d
+
+
+class _DirectFactory(ClientFactory):
+    """The factory of one direct dial: builds the connection, reports the dial's end."""
+
+    noisy = False
+
+    def __init__(self, pool: ConnectionPool, key: Any) -> None:
+        self._pool = pool
+        self._key = key
+        self.deferred: defer.Deferred[HTTPClientConnection] = defer.Deferred(self._cancel)
+        self.connector: Any = None
+
+    def buildProtocol(self, addr: Any) -> HTTPClientConnection:
+        conn = HTTPClientConnection(self._pool, self._key)
+        conn.whenMade, self.deferred = self.deferred, _FIRED
+        return conn
+
+    def clientConnectionFailed(self, connector: Any, reason: Failure) -> None:
+        d, self.deferred = self.deferred, _FIRED
+        self.connector = None
+        if not d.called:
+            d.errback(reason)
+
+    def _cancel(self, d: defer.Deferred[HTTPClientConnection]) -> None:
+        connector, self.connector = self.connector, None
+        if connector is not None:
+            try:
+                connector.stopConnecting()
+            except NotConnectingError:
+                pass  # connected meanwhile: the pool releases or aborts the connection
+
+
+_FIRED: defer.Deferred[Any] = defer.succeed(None)  # a factory's dial has been handed on
+
+
+class ConnectionPool:
+    """Keep-alive connections per key, at most ``maxPersistentPerHost`` idle per key, each
+    closed after ``idleTimeout`` seconds unused (one sweep timer for the whole pool)."""
+
+    def __init__(
+        self, reactor: Any, maxPersistentPerHost: int = 64, idleTimeout: float = 90
+    ) -> None:
+        self._reactor = reactor
+        self.maxPersistentPerHost = maxPersistentPerHost
+        self.idleTimeout = idleTimeout
+        self._connections: dict[Any, list[HTTPClientConnection]] = {}
+        self._sweep: IDelayedCall | None = None
+
+    def request(
+        self,
+        key: Any,
+        endpoint: Callable[[], IStreamClientEndpoint | DirectTCP],
+        data: bytes,
+        method: bytes,
+        connected: Callable[[], None] | None = None,
+    ) -> defer.Deferred[Response]:
+        """Send ``data`` over an idle connection for ``key`` or a new one from ``endpoint()``."""
+        idle = self._connections.get(key)
+        if idle:
+            conn = idle.pop()
+            if not idle:
+                del self._connections[key]
+            d: defer.Deferred[Response] = defer.Deferred(_cancelSent(conn))
+            if connected is not None:
+                connected()
+            conn.send(data, method, d)
+            return d
+        return self._dial(key, endpoint(), data, method, connected)
+
+    def _dial(
+        self, key: Any, endpoint: IStreamClientEndpoint | DirectTCP, data: bytes, method: bytes,
+        connected: Callable[[], None] | None,
+    ) -> defer.Deferred[Response]:
+        sent: list[HTTPClientConnection] = []
+
+        def cancel(d: defer.Deferred[Response]) -> None:
+            if sent:
+                sent[0].abort()
+            else:
+                dialling.cancel()
+
+        d: defer.Deferred[Response] = defer.Deferred(cancel)
+        dialling: defer.Deferred[Any]
+        if isinstance(endpoint, DirectTCP):
+            dialling = endpoint.dial(self, key)
+        else:
+            dialling = endpoint.connect(_ConnectionFactory(self, key))
+
+        def dialled(conn: HTTPClientConnection) -> None:
+            if d.called:
+                self.release(conn)  # the request was cancelled meanwhile
+                return
+            if connected is not None:
+                connected()
+            if d.called:
+                self.release(conn)
+                return
+            sent.append(conn)
+            conn.send(data, method, d)
+
+        def failed(failure: Failure) -> None:
+            if not d.called:
+                d.errback(failure)
+
+        dialling.addCallbacks(dialled, failed)
+        return d
+
+    def release(self, conn: HTTPClientConnection) -> None:
+        """A connection finished a response and can be reused (or is one too many)."""
+        if conn.state == DEAD:
+            return
+        conn.state = IDLE
+        idle = self._connections.setdefault(conn.key, [])
+        if len(idle) >= self.maxPersistentPerHost:
+            if not idle:
+                del self._connections[conn.key]  # a cap of 0: nothing is kept
+            conn.state = DEAD
+            assert conn.transport is not None
+            conn.transport.loseConnection()
+            return
+        conn.idleSince = self._reactor.seconds()
+        idle.append(conn)
+        if self._sweep is None and self.idleTimeout > 0:
+            self._sweep = self._reactor.callLater(self.idleTimeout, self._expire)
+
+    def connectionCounts(self) -> tuple[int, int]:
+        """(idle connections held, keys with at least one) -- for the metrics."""
+        idle = self._connections
+        return sum(len(conns) for conns in idle.values()), len(idle)
+
+    def lost(self, conn: HTTPClientConnection) -> None:
+        """A connection closed; forget it if it was idle."""
+        idle = self._connections.get(conn.key)
+        if idle and conn in idle:
+            idle.remove(conn)
+            if not idle:
+                del self._connections[conn.key]
+
+    def _expire(self) -> None:
+        self._sweep = None
+        now = self._reactor.seconds()
+        oldest: float | None = None
+        for idle in list(self._connections.values()):
+            for conn in list(idle):
+                if now - conn.idleSince >= self.idleTimeout:
+                    conn.state = DEAD
+                    self.lost(conn)
+                    if conn.transport is not None:
+                        conn.transport.loseConnection()
+                elif oldest is None or conn.idleSince < oldest:
+                    oldest = conn.idleSince
+        if oldest is not None:
+            self._sweep = self._reactor.callLater(
+                max(oldest + self.idleTimeout - now, 0.0), self._expire
+            )
+
+    def closeCachedConnections(self) -> defer.Deferred[None]:
+        """Close every idle connection; fires when they are closed."""
+        waiting = []
+        for idle in list(self._connections.values()):
+            for conn in list(idle):
+                waiting.append(conn.whenClosed())
+                conn.state = DEAD
+                if conn.transport is not None:
+                    conn.transport.loseConnection()
+        self._connections.clear()
+        if self._sweep is not None and self._sweep.active():
+            self._sweep.cancel()
+        self._sweep = None
+        done: defer.Deferred[Any] = defer.gatherResults(waiting)
+        return done.addCallback(lambda _: None)
+
+
+def _cancelSent(conn: HTTPClientConnection) -> Callable[[defer.Deferred[Response]], None]:
+    def cancel(d: defer.Deferred[Response]) -> None:
+        conn.abort()
+
+    return cancel

@@ -1,0 +1,103 @@
+"""The response object of the upstream client (``httpclient``) and its body's delivery.
+
+``Response`` has the ``IResponse`` surface the proxy uses (``code``, ``phrase``,
+``headers``, ``length``, ``deliverBody``).  Body bytes that arrive before ``deliverBody``
+are held (and the connection's read paused) until a protocol is connected; the protocol's
+transport pauses, resumes and stops the upstream read, and goes inert once the body ended.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from twisted.python.failure import Failure
+from twisted.web.http_headers import Headers
+
+if TYPE_CHECKING:
+    from nvpair.proxy.http.client import HTTPClientConnection
+
+
+class _BodyTransport:
+    """The body protocol's transport: flow control of one response, inert once it ended."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: HTTPClientConnection) -> None:
+        self.conn: HTTPClientConnection | None = conn  # None once the body ended
+
+    def pauseProducing(self) -> None:
+        if self.conn is not None:
+            self.conn.pauseBody(True)
+
+    def resumeProducing(self) -> None:
+        if self.conn is not None:
+            self.conn.pauseBody(False)
+
+    def stopProducing(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.stopBody()
+
+
+class Response:
+    """One upstream response: status, headers, length, and its body on ``deliverBody``."""
+
+    version = (b"HTTP", 1, 1)
+    request = None
+
+    __slots__ = (
+        "code", "phrase", "headers", "length", "previousResponse", "_conn", "transport",
+        "_protocol", "_buffer", "_ended",
+    )
+
+    def __init__(
+        self, conn: HTTPClientConnection, code: int, phrase: bytes, headers: Headers,
+        length: Any,
+    ) -> None:
+        self.code = code
+        self.phrase = phrase
+        self.headers = headers
+        self.length = length
+        self.previousResponse: Any = None
+        self._conn = conn
+        self.transport = _BodyTransport(conn)
+        self._protocol: Any = None
+        self._buffer: list[bytes] | None = None  # body bytes before deliverBody, if any
+        self._ended: Failure | None = None
+
+    def setPreviousResponse(self, response: Any) -> None:
+        self.previousResponse = response
+
+    def deliverBody(self, protocol: Any) -> None:
+        """Connect ``protocol`` to the body: buffered bytes first, then the rest as it comes."""
+        if self._protocol is not None:
+            raise RuntimeError("the body was already delivered")
+        self._protocol = protocol
+        protocol.makeConnection(self.transport)
+        buffered, self._buffer = self._buffer or (), None
+        for data in buffered:
+            if self.transport.conn is None and self._ended is None:
+                break
+            protocol.dataReceived(data)
+        if self._ended is not None:
+            protocol.connectionLost(self._ended)
+        elif self.transport.conn is not None:
+            self.transport.conn.holdBody(False)
+
+    def bodyData(self, data: bytes) -> None:
+        """Bytes of the body (from the connection)."""
+        if self._protocol is not None:
+            self._protocol.dataReceived(data)
+        else:
+            if self._buffer is None:
+                self._buffer = []
+            self._buffer.append(data)
+            self._conn.holdBody(True)
+
+    def bodyEnded(self, reason: Failure) -> None:
+        """The body ended with ``reason`` (from the connection); the transport goes inert."""
+        self.transport.conn = None
+        if self._protocol is not None:
+            self._protocol.connectionLost(reason)
+        else:
+            self._ended = reason

@@ -1,0 +1,268 @@
+"""Prometheus metrics: request-path event counters and scrape-time views of the live state.
+
+``Metrics`` holds the counters and the commit-latency histogram the request path feeds,
+in a ``CollectorRegistry`` of its own (never the process-global one).  Its hooks run on
+the request path, so each is a dict lookup of a pre-bound label child plus one increment;
+every label set is bounded (engine ids, route classes, fixed outcome and reason words,
+JSON-RPC names the service knows).  ``StateCollector`` reads in-flight counts,
+reservations, workloads and the upstream pool when ``/metrics`` is scraped, so keeping
+them costs the request path nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.routing.affinity import RESULTS as AFFINITY_RESULTS
+
+ROUTES = {True: "inference", False: "verbatim"}
+OUTCOMES = ("2xx", "3xx", "4xx", "5xx", "error", "cancelled")
+ATTEMPT_REASONS = ("committed", "transport", "status", "no_content", "left")
+WORKLOAD_STATES = ("completed", "failed", "cancelled")
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                120.0, 300.0, float("inf"))
+METHOD_NOT_FOUND = -32601
+_STATUS_CLASS = {1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
+
+
+def requestOutcome(exchange: Any) -> str:
+    """How an exchange ended: committed status class, ``error`` (proxy answer) or ``cancelled``."""
+    status = exchange.committedStatus
+    if exchange.clientGone or (status is None and not exchange.answered):
+        return "cancelled"
+    if status is None:
+        return "error"
+    return _STATUS_CLASS.get(status // 100, "other")
+
+
+class Metrics:
+    """The event metrics of one process; hooks are cheap and allocate nothing once warm."""
+
+    def __init__(self) -> None:
+        registry = self.registry = CollectorRegistry()
+        self._requests = Counter(
+            "nvpair_proxy_requests", "Dispatched requests by engine, route class and outcome.",
+            ["engine", "route", "outcome"], registry=registry,
+        )
+        self._attempts = Counter(
+            "nvpair_proxy_dispatch_attempts",
+            "Dispatch attempts by engine and how they ended (committed or why not).",
+            ["engine", "reason"], registry=registry,
+        )
+        self._ttft = Histogram(
+            "nvpair_proxy_commit_seconds",
+            "Time from admission to commit (first content byte), seconds.",
+            ["engine", "route"], buckets=TTFT_BUCKETS, registry=registry,
+        )
+        self._proxyErrors = Counter(
+            "nvpair_proxy_errors", "Responses the proxy generated itself, by engine and reason.",
+            ["engine", "reason"], registry=registry,
+        )
+        self._internal = Counter(
+            "nvpair_proxy_internal_errors", "Unexpected exceptions while handling a request.",
+            registry=registry,
+        )
+        self._rpc = Counter(
+            "nvpair_proxy_rpc_messages", "JSON-RPC messages handled from the broker, by method.",
+            ["method"], registry=registry,
+        )
+        self._rpcErrors = Counter(
+            "nvpair_proxy_rpc_errors", "JSON-RPC error answers to the broker, by method and code.",
+            ["method", "code"], registry=registry,
+        )
+        self._fleetMerges = Counter(
+            "nvpair_proxy_fleet_list_merges", "Fleet-wide model lists merged, by engine.",
+            ["engine"], registry=registry,
+        )
+        self._fleetSources = Counter(
+            "nvpair_proxy_fleet_list_sources",
+            "Nodes asked for a fleet model list, by engine and whether they answered.",
+            ["engine", "result"], registry=registry,
+        )
+        self._hostDenied = Counter(
+            "nvpair_proxy_host_denied",
+            "Plaintext requests refused because Host is not a loopback name, by listener.",
+            ["listener"], registry=registry,
+        )
+        for listener in (*ENGINES, "ops"):
+            self._hostDenied.labels(listener)  # every series present from the start, at 0
+        self._stalled = Counter(
+            "nvpair_proxy_streams_stalled",
+            "Committed streams cut because the engine sent nothing for --stream-idle-timeout.",
+            ["engine"], registry=registry,
+        )
+        self._requestChildren: dict[tuple[str, bool, str], Any] = {}
+        self._attemptChildren: dict[tuple[str, str], Any] = {}
+        self._ttftChildren: dict[tuple[str, bool], Any] = {}
+        self._errorChildren: dict[tuple[str, str], Any] = {}
+        self._rpcChildren: dict[str, Any] = {}
+        self._internalChild = self._internal
+        # The request-path hooks keep each label child's bound ``inc`` (or ``observe``).
+        for engine in ENGINES:
+            for inference, route in ROUTES.items():
+                self._ttftChildren[engine, inference] = self._ttft.labels(engine, route).observe
+                for outcome in OUTCOMES:
+                    self._requestChildren[engine, inference, outcome] = self._requests.labels(
+                        engine, route, outcome).inc
+            for reason in ATTEMPT_REASONS:
+                self._attemptChildren[engine, reason] = self._attempts.labels(engine, reason).inc
+
+    # -- hooks (the request path and the broker channel call these) --------------------
+
+    def rpcMessage(self, name: str, errorCode: int | None = None) -> None:
+        """One broker message handled; ``errorCode`` when it was answered with an error."""
+        if errorCode == METHOD_NOT_FOUND:
+            name = "unknown"  # never a label per unknown name: the label set stays bounded
+        child = self._rpcChildren.get(name)
+        if child is None:
+            child = self._rpcChildren[name] = self._rpc.labels(name)
+        child.inc()
+        if errorCode is not None:
+            self._rpcErrors.labels(name, str(errorCode)).inc()
+
+    def internalError(self) -> None:
+        """An unexpected exception escaped while handling a request."""
+        self._internalChild.inc()
+
+    def proxyError(self, engineId: str, reason: str) -> None:
+        """The proxy answered a request itself with the error ``reason``."""
+        key = (engineId, reason)
+        child = self._errorChildren.get(key)
+        if child is None:
+            child = self._errorChildren[key] = self._proxyErrors.labels(engineId, reason)
+        child.inc()
+
+    def hostDenied(self, listener: str) -> None:
+        """A request on ``listener`` (an engine id or ``ops``) was refused for its ``Host``."""
+        self._hostDenied.labels(listener).inc()
+
+    def attemptFailed(self, exchange: Any, outcome: Any) -> None:
+        """An attempt ended uncommitted (``outcome.kind`` is the reason)."""
+        key = (exchange.engine.id, outcome.kind)
+        inc = self._attemptChildren.get(key)
+        if inc is None:
+            inc = self._attemptChildren[key] = self._attempts.labels(*key).inc
+        inc(1)
+
+    def committed(self, exchange: Any, nodeId: str, ttftSeconds: float) -> None:
+        """An attempt committed ``ttftSeconds`` after admission."""
+        engineId = exchange.engine.id
+        self._attemptChildren[engineId, "committed"](1)
+        self._ttftChildren[engineId, exchange.inference](ttftSeconds)
+
+    def requestEnded(self, exchange: Any) -> None:
+        """An exchange ended: count it by engine, route class and outcome."""
+        key = (exchange.engine.id, exchange.inference, requestOutcome(exchange))
+        inc = self._requestChildren.get(key)
+        if inc is None:
+            inc = self._requestChildren[key] = self._requests.labels(
+                key[0], ROUTES[key[1]], key[2]).inc
+        inc(1)
+
+    def streamStalled(self, engineId: str) -> None:
+        """A committed stream was cut for engine silence."""
+        self._stalled.labels(engineId).inc()
+
+    def fleetMerge(self, engineId: str, answered: int, failed: int) -> None:
+        """A fleet model list was merged from ``answered`` nodes (``failed`` did not answer)."""
+        self._fleetMerges.labels(engineId).inc()
+        if answered:
+            self._fleetSources.labels(engineId, "answered").inc(answered)
+        if failed:
+            self._fleetSources.labels(engineId, "failed").inc(failed)
+
+
+class StateCollector(Collector):
+    """Scrape-time gauges read straight from the service's live state."""
+
+    def __init__(self, service: Any) -> None:
+        self.service = service
+
+    def describe(self) -> list[Metric]:
+        """Nothing to check at registration: the names are fixed and unique to this module."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the live-state families."""
+        service = self.service
+        inFlight = GaugeMetricFamily(
+            "nvpair_proxy_in_flight", "Dispatches in flight per node.", labels=["node"])
+        for nodeId, count in sorted(service.activity.inFlight.items()):
+            inFlight.add_metric([nodeId], count)
+        yield inFlight
+        reservations = service.reservations
+        reserved = GaugeMetricFamily(
+            "nvpair_proxy_reservations",
+            "Live reservations per node against the current scheduler generation.",
+            labels=["node"])
+        byNode = reservations.byNode()
+        for nodeId, count in sorted(byNode.items()):
+            reserved.add_metric([nodeId], count)
+        yield reserved
+        load = GaugeMetricFamily(
+            "nvpair_proxy_estimated_load",
+            "Scheduler pending + gpuPressure + live reservations, per node.", labels=["node"])
+        for nodeId in sorted(set(reservations.order) | set(byNode)):
+            load.add_metric([nodeId], reservations.estimatedLoad(nodeId))
+        yield load
+        if reservations.generation is not None:
+            yield GaugeMetricFamily(
+                "nvpair_proxy_scheduler_generation", "The applied scheduler snapshot generation.",
+                value=reservations.generation)
+        yield GaugeMetricFamily(
+            "nvpair_proxy_requests_in_progress", "Requests being dispatched or streamed now.",
+            value=len(service.exchanges))
+        reporter = service.reporter
+        terminals = CounterMetricFamily(
+            "nvpair_proxy_workloads", "Workloads ended, by terminal state.", labels=["state"])
+        states = dict.fromkeys(WORKLOAD_STATES, 0)
+        states.update(reporter.terminals)
+        for state, count in sorted(states.items()):
+            terminals.add_metric([state], count)
+        yield terminals
+        yield GaugeMetricFamily(
+            "nvpair_proxy_workloads_live", "Workloads admitted and not yet ended.",
+            value=reporter.live)
+        idle, hosts = service.upstream.pool.connectionCounts()
+        yield GaugeMetricFamily(
+            "nvpair_proxy_upstream_pool_connections",
+            "Idle persistent upstream connections held by the shared pool.", value=idle)
+        yield GaugeMetricFamily(
+            "nvpair_proxy_upstream_pool_hosts",
+            "Upstream addresses with idle pooled connections.", value=hosts)
+        nodes = GaugeMetricFamily(
+            "nvpair_proxy_discovery_nodes", "Nodes in each facade's discovery snapshot.",
+            labels=["engine"])
+        updates = CounterMetricFamily(
+            "nvpair_proxy_discovery_updates", "Discovery snapshots applied, per facade.",
+            labels=["engine"])
+        for engineId, facade in sorted(service.facades.items()):
+            nodes.add_metric([engineId], len(facade.snapshot.nodes))
+            updates.add_metric([engineId], facade.snapshotCount)
+        yield nodes
+        yield updates
+        affinity = getattr(service, "affinity", None)
+        if affinity is not None:
+            yield from _affinityFamilies(affinity)
+
+
+def _affinityFamilies(affinity: Any) -> Iterator[Metric]:
+    """Conversation affinity: placements by outcome per engine, and the table's size."""
+    placements = CounterMetricFamily(
+        "nvpair_proxy_affinity_placements",
+        "Standalone placements by conversation affinity: hit (home first), miss (no home "
+        "known or home not an owner), overridden (home overloaded).",
+        labels=["engine", "result"])
+    for engineId, counts in sorted(affinity.counts.items()):
+        for result, count in zip(AFFINITY_RESULTS, counts, strict=True):
+            placements.add_metric([engineId, result], count)
+    yield placements
+    yield GaugeMetricFamily(
+        "nvpair_proxy_affinity_entries", "Conversation digests held by the affinity table.",
+        value=len(affinity.table))

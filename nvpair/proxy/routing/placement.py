@@ -1,0 +1,148 @@
+"""The two placement policies (spec §5, §5.4): where a request is tried, how often, and
+what it is answered when no attempt commits.
+
+A policy is a generator driven by ``Exchange``: it yields the Deferred it waits for (an
+attempt's outcome, or a pause) and is sent its result.  It returns the ``Committed`` attempt,
+or ``None`` once it has answered the request itself.  A cancelled wait (client gone,
+shutdown) closes the generator where it waits.
+
+In standalone mode with ``--affinity prefix`` the inference policy orders each round with
+``affinity.Affinity.place`` instead of ``placeReservation`` (a pin still wins), and the
+node that commits becomes the conversation's home.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet import defer
+
+from nvpair.proxy.dispatch.attempt import Committed
+from nvpair.proxy.routing.admission import bodyDocument
+from nvpair.proxy.routing.affinity import keyFor
+from nvpair.proxy.routing.candidates import orderCandidates, placeReservation
+
+if TYPE_CHECKING:
+    from nvpair.proxy.dispatch.exchange import Exchange
+
+Policy = Generator["defer.Deferred[Any]", Any, "Committed | None"]
+
+
+def _backOff(
+    ex: Exchange, deadline: float, backoff: float, reason: str, wakeOnDiscovery: bool
+) -> Generator[defer.Deferred[Any], Any, float | None]:
+    """Wait out ``backoff`` within the job deadline (answering 503 ``reason`` when none is
+    left); the next, doubled backoff, or None once answered."""
+    remaining = deadline - ex.clock.seconds()
+    if remaining <= 0:
+        ex.unavailable(reason)
+        return None
+    yield ex.pause(min(backoff, remaining), wakeOnDiscovery)
+    return float(min(backoff * 2, ex.settings.backoffMax))
+
+
+def placeInference(ex: Exchange) -> Policy:
+    """Inference policy: rounds over the owners, bounded by attempts and the job deadline,
+    up to a commit (returned) or a final answer."""
+    settings = ex.settings
+    clock = ex.clock
+    facade = ex.facade
+    reservations = ex.context.reservations
+    model = ex.model
+    deadline = ex.createdAt + settings.jobDeadline
+    backoff = settings.backoffBase
+    maxAttempts = settings.maxDispatchAttempts
+    dispatched = 0
+    affinity: Any = ex.context.affinity  # standalone with --affinity prefix, else None
+    doc: Any = None
+    if affinity is not None:
+        doc = ex.document if ex.document is not None else bodyDocument(ex.body)
+    key = None
+    counted: str | None = facade.engine.id  # affinity outcomes count once per request
+    while True:
+        snapshot = facade.snapshot
+        owners = snapshot.owners(model, facade.hasLocalBackend)
+        if not owners:
+            if not dispatched:
+                ex.answerError(502, "no_owner")
+                return None
+            waited = yield from _backOff(ex, deadline, backoff, "owner_unavailable", True)
+            if waited is None:
+                return None
+            backoff = waited
+            continue
+        ordered, pinApplied = orderCandidates(owners, facade.pin, reservations.rank)
+        if doc is not None and model is not None and len(snapshot) > 1:
+            # Computed once, and only in a fleet of several nodes: one has no choice to make.
+            key = keyFor(facade.engine.id, model, ex.path, doc)
+            doc = None
+        if key is not None and not pinApplied:
+            target = affinity.place(ordered, key, reservations, counted)
+            counted = None
+        else:
+            target = placeReservation(ordered, pinApplied, reservations)
+        if target is not None:
+            ex.reserve(target.id)
+        for node in ordered:
+            if dispatched >= maxAttempts:
+                ex.unavailable("attempts_exhausted")
+                return None
+            if clock.seconds() >= deadline:
+                ex.unavailable("deadline_exceeded")
+                return None
+            if facade.snapshot is not snapshot:
+                # Discovery changed during this round: never dispatch to a node that has
+                # left or stopped advertising the model (failover never broadens).
+                current = facade.snapshot
+                live = current.get(node.id)
+                if live is None or live not in current.owners(model, facade.hasLocalBackend):
+                    continue
+                node = live
+            dispatched += 1
+            final = dispatched == maxAttempts
+            outcome = yield ex.dispatch(node, final, gated=True)
+            if isinstance(outcome, Committed):
+                if key is not None:
+                    affinity.served(key, node.id)  # a failover moves the conversation
+                return outcome
+            if final:
+                ex.answerFinal(outcome)
+                return None
+            if ex.workload is not None:
+                ex.workload.submitted(None)
+        ex.releaseReservation()
+        waited = yield from _backOff(ex, deadline, backoff, "deadline_exceeded", False)
+        if waited is None:
+            return None
+        backoff = waited
+
+
+def placeVerbatim(ex: Exchange) -> Policy:
+    """Non-inference policy: candidates resolved once, each tried at most once, no backoff,
+    up to a commit (returned) or a final answer."""
+    facade = ex.facade
+    snapshot = facade.snapshot
+    owners = ()
+    if ex.model is not None:
+        owners = snapshot.owners(ex.model, facade.hasLocalBackend)
+    if not owners:
+        owners = tuple(n for n in snapshot.nodes if not n.isSelf or facade.hasLocalBackend)
+    ordered, _ = orderCandidates(owners, facade.pin, ex.context.reservations.rank)
+    if not ordered:
+        ex.answerError(502, "no_owner")
+        return None
+    last = len(ordered) - 1
+    for index, node in enumerate(ordered):
+        if facade.snapshot is not snapshot and node.id not in facade.snapshot:
+            if index == last:
+                ex.answerError(502, "upstream_unreachable")
+                return None
+            continue  # it left discovery meanwhile
+        outcome = yield ex.dispatch(node, index == last, gated=False)
+        if isinstance(outcome, Committed):
+            return outcome
+        if index == last:
+            ex.answerFinal(outcome)
+            return None
+    return None

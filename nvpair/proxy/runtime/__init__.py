@@ -1,0 +1,1 @@
+"""The process around the proxy: the reactor, the log format and the stderr writer."""
