@@ -18,6 +18,7 @@ node, and the proxy's affinity counts.  The interpreter with ``llama_cpp`` and t
 package is ``NVPAIR_LLAMA_PYTHON`` (default: the main checkout's ``.venv-llama``).  Every
 process is started here and ended by its pid.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,11 +38,13 @@ from bench.procs import ROOT, freePort, spawn, stop, waitForPort
 from tests.test_real_engine import CHECK, INSTALL_HINT, llamaPython
 
 MODEL = "gemma3-270m"
-WORDS = ("river stone lantern harbor meadow copper signal orchard winter candle mirror valley "
-         "thunder garden silver compass anchor feather marble canyon harvest beacon glacier "
-         "pepper violin saddle quarry ribbon tunnel walnut falcon prism ember cobalt lagoon "
-         "parcel trellis summit velvet basalt cedar fjord gravel hollow juniper kettle lichen "
-         "mosaic nectar oyster pebble quiver rafter sorrel timber umber vessel willow").split()
+WORDS = (
+    "river stone lantern harbor meadow copper signal orchard winter candle mirror valley "
+    "thunder garden silver compass anchor feather marble canyon harvest beacon glacier "
+    "pepper violin saddle quarry ribbon tunnel walnut falcon prism ember cobalt lagoon "
+    "parcel trellis summit velvet basalt cedar fjord gravel hollow juniper kettle lichen "
+    "mosaic nectar oyster pebble quiver rafter sorrel timber umber vessel willow"
+).split()
 
 
 def modelPath(python: str) -> str:
@@ -73,13 +76,39 @@ def startEngine(python: str, model: str, args: argparse.Namespace) -> tuple[Any,
     """One llama-cpp-python server (full-size SWA cache); (process, URL)."""
     port = freePort()
     launcher = os.path.join(ROOT, "bench", "llamalaunch.py")
-    proc = spawn([python, launcher, "--model", model, "--chat_format", "gemma",
-                  "--model_alias", MODEL, "--host", "127.0.0.1", "--port", str(port),
-                  "--n_ctx", str(args.ctx), "--n_threads", str(args.threads),
-                  "--n_threads_batch", str(args.threads),
-                  "--cache", "true" if args.ram_cache else "false", "--cache_type", "ram",
-                  "--logits_all", "false", "--verbose", "false"],
-                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = spawn(
+        [
+            python,
+            launcher,
+            "--model",
+            model,
+            "--chat_format",
+            "gemma",
+            "--model_alias",
+            MODEL,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--n_ctx",
+            str(args.ctx),
+            "--n_threads",
+            str(args.threads),
+            "--n_threads_batch",
+            str(args.threads),
+            "--cache",
+            "true" if args.ram_cache else "false",
+            "--cache_type",
+            "ram",
+            "--logits_all",
+            "false",
+            "--verbose",
+            "false",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     waitUntil(lambda: getJSON(url + "/v1/models")["data"], "llama.cpp server", 120)
     return proc, url
@@ -92,13 +121,31 @@ def startProxy(urls: list[str], mode: str) -> tuple[Any, int, int]:
     with open(os.path.join(state, "llamacpp-proxy-port.json"), "w") as f:
         json.dump({"port": port}, f)
     twistd = os.path.join(ROOT, ".venv", "bin", "twistd")
-    argv = [os.path.join(ROOT, ".venv", "bin", "python"), twistd, "-n", "--pidfile=",
-            "nvpair-proxy", "--standalone", "--engines", "llamacpp", "--state-dir", state,
-            "--ops-port", str(opsPort), "--affinity", mode]
+    argv = [
+        os.path.join(ROOT, ".venv", "bin", "python"),
+        twistd,
+        "-n",
+        "--pidfile=",
+        "nvpair-proxy",
+        "--standalone",
+        "--engines",
+        "llamacpp",
+        "--state-dir",
+        state,
+        "--ops-port",
+        str(opsPort),
+        "--affinity",
+        mode,
+    ]
     for url in urls:
         argv += ["--backend", f"llamacpp={url}"]
-    proc = spawn(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                 stderr=subprocess.DEVNULL, cwd=state)
+    proc = spawn(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=state,
+    )
     waitForPort(port, "standalone proxy", proc)
 
     def fleetUp() -> bool:
@@ -115,8 +162,15 @@ def text(rng: random.Random, words: int) -> str:
 
 def turnTTFT(port: int, messages: list[dict[str, str]], maxTokens: int) -> tuple[float, str, str]:
     """One streamed turn: (seconds to the first content event, answer text, serving node)."""
-    body = json.dumps({"model": MODEL, "messages": messages, "stream": True,
-                       "max_tokens": maxTokens, "temperature": 0}).encode()
+    body = json.dumps(
+        {
+            "model": MODEL,
+            "messages": messages,
+            "stream": True,
+            "max_tokens": maxTokens,
+            "temperature": 0,
+        }
+    ).encode()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     try:
         began = time.monotonic()
@@ -143,8 +197,9 @@ def turnTTFT(port: int, messages: list[dict[str, str]], maxTokens: int) -> tuple
         conn.close()
 
 
-def conversation(port: int, index: int, args: argparse.Namespace,
-                 out: list[tuple[int, float, str]]) -> None:
+def conversation(
+    port: int, index: int, args: argparse.Namespace, out: list[tuple[int, float, str]]
+) -> None:
     """One conversation's turns, in order; appends (turn, ttft, node) to ``out``."""
     try:
         _conversation(port, index, args, out)
@@ -152,11 +207,13 @@ def conversation(port: int, index: int, args: argparse.Namespace,
         print(f"conversation {index} failed: {e!r}", flush=True)
 
 
-def _conversation(port: int, index: int, args: argparse.Namespace,
-                  out: list[tuple[int, float, str]]) -> None:
+def _conversation(
+    port: int, index: int, args: argparse.Namespace, out: list[tuple[int, float, str]]
+) -> None:
     rng = random.Random(1000 + index)
-    messages = [{"role": "system", "content": f"Conversation {index}. " +
-                 text(rng, args.system_words)}]
+    messages = [
+        {"role": "system", "content": f"Conversation {index}. " + text(rng, args.system_words)}
+    ]
     for turn in range(args.turns):
         if turn:
             time.sleep(rng.uniform(0, args.think))  # the user reads, then types
@@ -177,8 +234,10 @@ def runOnce(mode: str, python: str, model: str, args: argparse.Namespace) -> dic
     proxy, port, opsPort = startProxy([url for _, url in engines], mode)
     try:
         results: list[list[tuple[int, float, str]]] = [[] for _ in range(args.conversations)]
-        threads = [threading.Thread(target=conversation, args=(port, i, args, results[i]))
-                   for i in range(args.conversations)]
+        threads = [
+            threading.Thread(target=conversation, args=(port, i, args, results[i]))
+            for i in range(args.conversations)
+        ]
         began = time.monotonic()
         for thread in threads:
             thread.start()
@@ -192,12 +251,17 @@ def runOnce(mode: str, python: str, model: str, args: argparse.Namespace) -> dic
             stop(proc)
     firsts = [t for conv in results for turn, t, _ in conv if turn == 0]
     laters = [t for conv in results for turn, t, _ in conv if turn > 0]
-    moves = sum(1 for conv in results for a, b in zip(conv, conv[1:], strict=False)
-                if a[2] != b[2])
+    moves = sum(1 for conv in results for a, b in zip(conv, conv[1:], strict=False) if a[2] != b[2])
     if len(laters) != args.conversations * (args.turns - 1):
         raise RuntimeError("a conversation did not finish")
-    return {"mode": mode, "elapsed": elapsed, "first": firsts, "later": laters,
-            "moves": moves, "counts": counts}
+    return {
+        "mode": mode,
+        "elapsed": elapsed,
+        "first": firsts,
+        "later": laters,
+        "moves": moves,
+        "counts": counts,
+    }
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -207,11 +271,13 @@ def percentile(values: list[float], p: float) -> float:
 
 def describe(run: dict[str, Any], args: argparse.Namespace) -> str:
     later = run["later"]
-    return (f"| {run['mode']} | {statistics.median(run['first']):.2f} | "
-            f"{statistics.median(later):.2f} | {statistics.mean(later):.2f} | "
-            f"{percentile(later, 0.9):.2f} | {run['moves']}/"
-            f"{args.conversations * (args.turns - 1)} | "
-            f"{run['counts'] or '-'} | {run['elapsed']:.0f} |")
+    return (
+        f"| {run['mode']} | {statistics.median(run['first']):.2f} | "
+        f"{statistics.median(later):.2f} | {statistics.mean(later):.2f} | "
+        f"{percentile(later, 0.9):.2f} | {run['moves']}/"
+        f"{args.conversations * (args.turns - 1)} | "
+        f"{run['counts'] or '-'} | {run['elapsed']:.0f} |"
+    )
 
 
 def main() -> None:
@@ -224,20 +290,29 @@ def main() -> None:
     parser.add_argument("--system-words", type=int, default=1500)
     parser.add_argument("--user-words", type=int, default=150)
     parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--ram-cache", action="store_true",
-                        help="also turn on llama-cpp-python's RAM prompt cache")
-    parser.add_argument("--think", type=float, default=3.0,
-                        help="longest pause between a conversation's turns, seconds")
+    parser.add_argument(
+        "--ram-cache", action="store_true", help="also turn on llama-cpp-python's RAM prompt cache"
+    )
+    parser.add_argument(
+        "--think",
+        type=float,
+        default=3.0,
+        help="longest pause between a conversation's turns, seconds",
+    )
     args = parser.parse_args()
     python = llamaPython()
     model = modelPath(python)
-    print(f"{args.conversations} conversations at once x {args.turns} turns, 2 engines "
-          f"({args.threads} thread each), system {args.system_words} words, "
-          f"+{args.user_words} words a turn, max_tokens {args.max_tokens}, "
-          f"0-{args.think:g} s between turns, RAM cache {'on' if args.ram_cache else 'off'}",
-          flush=True)
-    print("| affinity | TTFT turn 1 median (s) | later turns median (s) | later mean (s) | "
-          "later p90 (s) | node changes | proxy counts | run (s) |")
+    print(
+        f"{args.conversations} conversations at once x {args.turns} turns, 2 engines "
+        f"({args.threads} thread each), system {args.system_words} words, "
+        f"+{args.user_words} words a turn, max_tokens {args.max_tokens}, "
+        f"0-{args.think:g} s between turns, RAM cache {'on' if args.ram_cache else 'off'}",
+        flush=True,
+    )
+    print(
+        "| affinity | TTFT turn 1 median (s) | later turns median (s) | later mean (s) | "
+        "later p90 (s) | node changes | proxy counts | run (s) |"
+    )
     print("|---|---|---|---|---|---|---|---|", flush=True)
     for _ in range(args.rounds):
         for mode in ("prefix", "off"):

@@ -39,8 +39,14 @@ async def _main(args: argparse.Namespace) -> None:
     counts = {"notifications": 0, "logs": 0}
     env = dict(os.environ)
     env.pop("NVPAIR_STATE_DIR", None)
-    argv = ["--state-dir", args.state_dir, "--max-connections", str(args.max_connections),
-            "--log-level", args.log_level]
+    argv = [
+        "--state-dir",
+        args.state_dir,
+        "--max-connections",
+        str(args.max_connections),
+        "--log-level",
+        args.log_level,
+    ]
     proc = ProxyProcess(
         reactor,
         argv,

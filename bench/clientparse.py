@@ -155,7 +155,7 @@ def caseSse(iterations: int) -> float:
 def caseSse7(iterations: int) -> float:
     """Seconds for ``iterations`` 50-event chunked bodies, each in 7-byte reads."""
     raw = sseBody()
-    return _caseSse(iterations, [raw[i:i + 7] for i in range(0, len(raw), 7)])
+    return _caseSse(iterations, [raw[i : i + 7] for i in range(0, len(raw), 7)])
 
 
 CASES: dict[str, tuple[Callable[[int], float], int]] = {

@@ -23,7 +23,7 @@ CHAT_BODY = '{"model":"bench","messages":[{"role":"user","content":"hi"}]}'
 def _benchJSON(text: str, marker: str = "BENCHJSON ") -> dict[str, Any]:
     for line in text.splitlines():
         if line.startswith(marker):
-            return dict(json.loads(line[len(marker):]))
+            return dict(json.loads(line[len(marker) :]))
     raise RuntimeError(f"no {marker.strip()} line in output: {text[-400:]!r}")
 
 
@@ -50,13 +50,17 @@ def _cpu(pids: dict[str, int]) -> dict[str, float]:
     return out
 
 
-def _utilization(before: dict[str, float], after: dict[str, float],
-                 pids: dict[str, int]) -> dict[str, float]:
+def _utilization(
+    before: dict[str, float], after: dict[str, float], pids: dict[str, int]
+) -> dict[str, float]:
     """Machine busy share (of all CPUs) and each process's share of one CPU, in %."""
     wall = after["_wall"] - before["_wall"]
     total = after["_machine_total"] - before["_machine_total"]
-    out = {"machine_busy_pct": 100.0 * (after["_machine_busy"] - before["_machine_busy"]) / total
-           if total else float("nan")}
+    out = {
+        "machine_busy_pct": 100.0 * (after["_machine_busy"] - before["_machine_busy"]) / total
+        if total
+        else float("nan")
+    }
     for name in pids:
         out[f"cpu_{name}_pct"] = 100.0 * (after[name] - before[name]) / wall if wall else 0.0
     return out
@@ -67,19 +71,31 @@ def wrk(
 ) -> dict[str, Any]:
     """POST chat completions with wrk for ``duration`` seconds at ``conns`` connections."""
     threads = 1 if conns == 1 else 2
-    argv = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{duration:g}s", "--timeout", "5s",
-            "-s", LUA, f"http://127.0.0.1:{port}/v1/chat/completions"]
+    argv = [
+        "wrk",
+        f"-t{threads}",
+        f"-c{conns}",
+        f"-d{duration:g}s",
+        "--timeout",
+        "5s",
+        "-s",
+        LUA,
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+    ]
     env = dict(os.environ, BENCH_BODY=bodyFile)
     before = _cpu(cpuPids)
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=duration + 60)
+    done = subprocess.run(
+        argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=duration + 60
+    )
     after = _cpu(cpuPids)
     result = _benchJSON(done.stdout)
     result.update(_utilization(before, after, cpuPids))
     seconds = result["duration_us"] / 1e6
     result["rps"] = result["requests"] / seconds if seconds > 0 else 0.0
-    result["errors"] = sum(result[k] for k in ("connect_errors", "read_errors", "write_errors",
-                                               "status_errors", "timeouts"))
+    result["errors"] = sum(
+        result[k]
+        for k in ("connect_errors", "read_errors", "write_errors", "status_errors", "timeouts")
+    )
     for name in cpuPids:
         spent = after[name] - before[name]
         result[f"cpu_{name}_us_per_req"] = (
@@ -92,8 +108,20 @@ def sse(
     port: int, conns: int, duration: float, events: int, cpuPids: dict[str, int]
 ) -> dict[str, Any]:
     """Streamed chat completions with ``bench.streams load`` (its own process)."""
-    argv = [PYTHON, "-m", "bench.streams", "load", "--port", str(port), "--conns", str(conns),
-            "--duration", str(duration), "--expect-events", str(events)]
+    argv = [
+        PYTHON,
+        "-m",
+        "bench.streams",
+        "load",
+        "--port",
+        str(port),
+        "--conns",
+        str(conns),
+        "--duration",
+        str(duration),
+        "--expect-events",
+        str(events),
+    ]
     before = _cpu(cpuPids)
     done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=duration + 90)
     after = _cpu(cpuPids)
@@ -110,8 +138,20 @@ def sse(
 def hold(port: int, streams: int, events: int, pid: int, timeout: float) -> dict[str, Any]:
     """Hold ``streams`` concurrent streams, sampling the server's RSS every 100 ms."""
     baseline = rssKiB(pid)
-    argv = [PYTHON, "-m", "bench.streams", "hold", "--port", str(port), "--streams", str(streams),
-            "--expect-events", str(events), "--timeout", str(timeout)]
+    argv = [
+        PYTHON,
+        "-m",
+        "bench.streams",
+        "hold",
+        "--port",
+        str(port),
+        "--streams",
+        str(streams),
+        "--expect-events",
+        str(events),
+        "--timeout",
+        str(timeout),
+    ]
     proc = spawn(argv, stdout=subprocess.PIPE)
     samples: list[int] = []
     atOpen: list[int] = []

@@ -73,8 +73,7 @@ def notifyRun(requests: int, null: bool = False) -> tuple[float, CountingTranspo
     sink = _Forward(SimpleNamespace(sink=target))  # type: ignore[arg-type]
     reporter = WorkloadReporter(sink, clock)
     activity = Activity(sink)
-    stats = {"promptTokens": 12, "completionTokens": 50, "tokensPerSecond": 1234.56,
-             "ttftMs": 3}
+    stats = {"promptTokens": 12, "completionTokens": 50, "tokensPerSecond": 1234.56, "ttftMs": 3}
     flush = getattr(channel, "flush", None)
     start = time.perf_counter()
     for _ in range(requests):
@@ -150,13 +149,17 @@ def main(argv: list[str] | None = None) -> int:
     _, transport = notifyRun(1000)
     print(f"requests per round {n}, rounds {args.rounds}; per request:")
     print(f"  broker writes {transport.writes / 1000:.2f}, bytes {transport.bytes / 1000:.0f}")
-    print(f"  SSE body {len(sse)} chunks, {sum(map(len, sse))} bytes; "
-          f"plain body {len(plain[0])} bytes")
+    print(
+        f"  SSE body {len(sse)} chunks, {sum(map(len, sse))} bytes; "
+        f"plain body {len(plain[0])} bytes"
+    )
     summary: dict[str, dict[str, float]] = {}
     for name, values in samples.items():
         summary[name] = {"median": statistics.median(values), "best": min(values)}
-        print(f"  {name:<16} median {summary[name]['median']:7.2f} us   "
-              f"best {summary[name]['best']:7.2f} us")
+        print(
+            f"  {name:<16} median {summary[name]['median']:7.2f} us   "
+            f"best {summary[name]['best']:7.2f} us"
+        )
     print("BENCHJSON " + json.dumps({"writes": transport.writes / 1000, "us": summary}))
     return 0
 

@@ -20,10 +20,14 @@ def main() -> None:
     with open(source) as f:
         summary = json.load(f)
     table = summary["table"]
-    labels = [f"{e['label']}\n({'higher' if e['higher_is_better'] else 'lower'} is better)"
-              for e in table]
-    series = [("nvpair/direct", "#d62728"), ("nvpair/nginx", "#1f77b4"),
-              ("nginx/direct", "#7f7f7f")]
+    labels = [
+        f"{e['label']}\n({'higher' if e['higher_is_better'] else 'lower'} is better)" for e in table
+    ]
+    series = [
+        ("nvpair/direct", "#d62728"),
+        ("nvpair/nginx", "#1f77b4"),
+        ("nginx/direct", "#7f7f7f"),
+    ]
     fig, ax = plt.subplots(figsize=(11, 0.55 * len(table) + 2))
     height = 0.26
     for i, (key, color) in enumerate(series):
@@ -32,8 +36,9 @@ def main() -> None:
         bars = ax.barh(ys, values, height=height, color=color, label=key)
         for bar, value in zip(bars, values, strict=True):
             if value > 0:
-                ax.text(value * 1.03, bar.get_y() + height / 2, f"{value:.2f}",
-                        va="center", fontsize=7)
+                ax.text(
+                    value * 1.03, bar.get_y() + height / 2, f"{value:.2f}", va="center", fontsize=7
+                )
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_xscale("log")
     ax.set_yticks(range(len(table)))

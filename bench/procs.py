@@ -114,7 +114,8 @@ class Server:
 # kind of machine, so it never limits nginx), or tests.fakeengine where Node or the file is
 # missing (it caps nginx near 26k req/s: ratios against nginx then flatter the proxy).
 NODE_ENGINE = os.environ.get(
-    "BENCH_ENGINE_JS", os.path.join(os.path.dirname(ROOT), "shared", "bench", "fake_engine.js"))
+    "BENCH_ENGINE_JS", os.path.join(os.path.dirname(ROOT), "shared", "bench", "fake_engine.js")
+)
 MODEL = "bench"  # the one model both engines answer for and list
 
 
@@ -126,16 +127,34 @@ def startEngine(chunks: int, chunkDelay: float = 0.0) -> Server:
     node = shutil.which("node")
     if node and os.path.isfile(NODE_ENGINE):
         port = freePort()
-        env = dict(os.environ, HOST="127.0.0.1", PORT=str(port), FAKE_CHUNKS=str(chunks),
-                   FAKE_DELAY_MS=str(int(chunkDelay * 1000)))
+        env = dict(
+            os.environ,
+            HOST="127.0.0.1",
+            PORT=str(port),
+            FAKE_CHUNKS=str(chunks),
+            FAKE_DELAY_MS=str(int(chunkDelay * 1000)),
+        )
         proc = spawn([node, NODE_ENGINE], env=env, stdout=subprocess.DEVNULL)
         waitForPort(port, "node fake engine", proc)
         server = Server("direct", port, proc.pid, [proc])
         server.engineKind, server.extraEvents = "node", 1  # [DONE]
         return server
     proc = spawn(
-        [PYTHON, "-m", "tests.fakeengine", "--port", "0", "--dialect", "openai",
-         "--models", MODEL, "--chunks", str(chunks), "--chunk-delay", str(chunkDelay)],
+        [
+            PYTHON,
+            "-m",
+            "tests.fakeengine",
+            "--port",
+            "0",
+            "--dialect",
+            "openai",
+            "--models",
+            MODEL,
+            "--chunks",
+            str(chunks),
+            "--chunk-delay",
+            str(chunkDelay),
+        ],
         stdout=subprocess.PIPE,
     )
     port = int(_readJSONLine(proc, "fake engine", 30)["port"])
@@ -196,8 +215,11 @@ def startNginx(enginePort: int, outDir: str, nofile: int) -> Server:
     os.makedirs(os.path.join(base, "tmp"), exist_ok=True)
     conf = os.path.join(base, "nginx.conf")
     with open(conf, "w") as f:
-        f.write(NGINX_CONF.format(out=base, engine=enginePort, port=port, nofile=nofile,
-                                  conns=max(1024, nofile - 64)))
+        f.write(
+            NGINX_CONF.format(
+                out=base, engine=enginePort, port=port, nofile=nofile, conns=max(1024, nofile - 64)
+            )
+        )
     proc = spawn([binary, "-e", os.path.join(base, "nginx-error.log"), "-p", base, "-c", conf])
     waitForPort(port, "nginx", proc)
     return Server("nginx", port, proc.pid, [proc])
@@ -208,10 +230,21 @@ def startProxyBroker(enginePort: int, maxConnections: int) -> Server:
     state = tempfile.mkdtemp(prefix="nvpair-bench-state-")
     port = freePort()
     proc = spawn(
-        [PYTHON, "-m", "bench.brokerhost", "--engine-port", str(enginePort),
-         "--facade-port", str(port), "--state-dir", state,
-         "--max-connections", str(maxConnections)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        [
+            PYTHON,
+            "-m",
+            "bench.brokerhost",
+            "--engine-port",
+            str(enginePort),
+            "--facade-port",
+            str(port),
+            "--state-dir",
+            state,
+            "--max-connections",
+            str(maxConnections),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
     )
     info = _readJSONLine(proc, "scripted broker", 60)
     server = Server("nvpair", int(info["port"]), int(info["pid"]), [proc])
@@ -242,10 +275,26 @@ def startProxyStandalone(enginePort: int, maxConnections: int) -> Server:
     with open(os.path.join(state, "llamacpp-proxy-port.json"), "w") as f:
         json.dump({"port": port}, f)
     proc = spawn(
-        [*twistdCommand(), "-n", "--pidfile=", "nvpair-proxy", "--standalone",
-         "--engines", "llamacpp", "--backend", f"llamacpp=http://127.0.0.1:{enginePort}",
-         "--state-dir", state, "--ops-port", "0", "--max-connections", str(maxConnections)],
-        stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=state,
+        [
+            *twistdCommand(),
+            "-n",
+            "--pidfile=",
+            "nvpair-proxy",
+            "--standalone",
+            "--engines",
+            "llamacpp",
+            "--backend",
+            f"llamacpp=http://127.0.0.1:{enginePort}",
+            "--state-dir",
+            state,
+            "--ops-port",
+            "0",
+            "--max-connections",
+            str(maxConnections),
+        ],
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=state,
     )
     waitForPort(port, "standalone proxy", proc)
     waitForRoute(port)
@@ -272,8 +321,10 @@ CHAT = b'{"model":"bench","messages":[{"role":"user","content":"hi"}]}'
 def post(port: int, body: bytes = CHAT, timeout: float = 10) -> tuple[int, dict[str, str]]:
     """One chat completion; returns the status and headers (body read and dropped)."""
     request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
-        headers={"Content-Type": "application/json"}, method="POST",
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=body,
+        headers={"Content-Type": "application/json"},
+        method="POST",
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:

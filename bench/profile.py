@@ -27,8 +27,21 @@ def available() -> bool:
 
 def record(pid: int, seconds: float, out: str, fmt: str, load: Callable[[], Any]) -> Any:
     """Sample ``pid`` for ``seconds`` (format ``raw`` or ``flamegraph``) while ``load()`` runs."""
-    argv = [PYSPY, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "200",
-            "--format", fmt, "--output", out, "--nonblocking"]
+    argv = [
+        PYSPY,
+        "record",
+        "--pid",
+        str(pid),
+        "--duration",
+        str(int(seconds)),
+        "--rate",
+        "200",
+        "--format",
+        fmt,
+        "--output",
+        out,
+        "--nonblocking",
+    ]
     with open(out + ".log", "w") as log:
         sampler = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -74,8 +87,11 @@ def summarize(rawFile: str, top: int = 25) -> dict[str, Any]:
             if not stack or not count.isdigit():
                 continue
             n = int(count)
-            frames = [_short(fr) for fr in stack.split(";")
-                      if fr and not fr.startswith(("process ", "thread "))]
+            frames = [
+                _short(fr)
+                for fr in stack.split(";")
+                if fr and not fr.startswith(("process ", "thread "))
+            ]
             if not frames:
                 continue
             samples += n
@@ -106,10 +122,12 @@ def summarize(rawFile: str, top: int = 25) -> dict[str, Any]:
 def formatSummary(summary: dict[str, Any], top: int = 15) -> str:
     """Markdown tables of a ``summarize`` result."""
     lines = [f"{summary['samples']} samples (py-spy, 200 Hz, idle excluded).", ""]
-    for key, title in (("self", "self time (leaf ← caller)"),
-                       ("inclusive", "inclusive time (frames in > 80% of samples left out)"),
-                       ("project", "samples charged to the deepest nvpair frame"),
-                       ("self_by_file", "self time by file")):
+    for key, title in (
+        ("self", "self time (leaf ← caller)"),
+        ("inclusive", "inclusive time (frames in > 80% of samples left out)"),
+        ("project", "samples charged to the deepest nvpair frame"),
+        ("self_by_file", "self time by file"),
+    ):
         lines += [f"| {title} | % |", "|---|---:|"]
         lines += [f"| `{name}` | {share:.1f} |" for name, share in summary[key][:top]]
         lines.append("")

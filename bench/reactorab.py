@@ -32,10 +32,25 @@ def startProxy(enginePort: int, reactorArgs: list[str]) -> procs.Server:
     with open(os.path.join(state, "llamacpp-proxy-port.json"), "w") as f:
         json.dump({"port": port}, f)
     twistd = os.path.join(procs.ROOT, ".venv", "bin", "twistd")
-    argv = [procs.PYTHON, twistd, "-n", "--pidfile=", *reactorArgs, "nvpair-proxy",
-            "--standalone", "--engines", "llamacpp",
-            "--backend", f"llamacpp=http://127.0.0.1:{enginePort}",
-            "--state-dir", state, "--ops-port", "0", "--max-connections", "2000"]
+    argv = [
+        procs.PYTHON,
+        twistd,
+        "-n",
+        "--pidfile=",
+        *reactorArgs,
+        "nvpair-proxy",
+        "--standalone",
+        "--engines",
+        "llamacpp",
+        "--backend",
+        f"llamacpp=http://127.0.0.1:{enginePort}",
+        "--state-dir",
+        state,
+        "--ops-port",
+        "0",
+        "--max-connections",
+        "2000",
+    ]
     proc = procs.spawn(argv, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=state)
     procs.waitForPort(port, "proxy", proc)
     procs.waitForRoute(port)
@@ -81,11 +96,13 @@ def main() -> None:
         os.unlink(body.name)
     a, b = cpu["ProxyReactor"], cpu["stock epoll"]
     paired = [y - x for x, y in zip(a, b, strict=True)]
-    print(f"median CPU per {'stream' if args.mode == 'sse' else 'request'}: "
-          f"ProxyReactor {statistics.median(a):.1f} us, stock {statistics.median(b):.1f} us "
-          f"({100 * (statistics.median(b) - statistics.median(a)) / statistics.median(b):.1f} % "
-          f"less); paired difference median {statistics.median(paired):.1f} us, "
-          f"ProxyReactor lower in {sum(d > 0 for d in paired)} of {len(paired)} rounds")
+    print(
+        f"median CPU per {'stream' if args.mode == 'sse' else 'request'}: "
+        f"ProxyReactor {statistics.median(a):.1f} us, stock {statistics.median(b):.1f} us "
+        f"({100 * (statistics.median(b) - statistics.median(a)) / statistics.median(b):.1f} % "
+        f"less); paired difference median {statistics.median(paired):.1f} us, "
+        f"ProxyReactor lower in {sum(d > 0 for d in paired)} of {len(paired)} rounds"
+    )
 
 
 if __name__ == "__main__":

@@ -44,8 +44,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         ("POST latency p99, 1 conn", "post1", "p99_us", "µs", False),
         ("server CPU per request (32 conns)", "post32", "cpu_server_us_per_req", "µs", False),
         ("SSE streams/s, 16 conns", "sse16", "streams_per_s", "streams/s", True),
-        ("server CPU per stream (SSE, 16 conns)", "sse16", "cpu_server_us_per_stream", "µs",
-         False),
+        ("server CPU per stream (SSE, 16 conns)", "sse16", "cpu_server_us_per_stream", "µs", False),
         ("SSE TTFB p50, 16 conns", "sse16", "ttfb_p50_us", "µs", False),
         ("SSE TTFB p99, 16 conns", "sse16", "ttfb_p99_us", "µs", False),
         ("SSE stream total p50, 16 conns", "sse16", "total_p50_us", "µs", False),
@@ -54,8 +53,13 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
     table = []
     for label, metric, key, unit, higher in rows:
         values = {n: _get(rounds, n, metric, key) for n in CONFIGS}
-        entry: dict[str, Any] = {"label": label, "unit": unit, "higher_is_better": higher,
-                                 "metric": metric, "key": key}
+        entry: dict[str, Any] = {
+            "label": label,
+            "unit": unit,
+            "higher_is_better": higher,
+            "metric": metric,
+            "key": key,
+        }
         for n in CONFIGS:
             entry[n] = _median(values[n])
         for a, b in (("nvpair", "direct"), ("nvpair", "nginx"), ("nginx", "direct")):
@@ -65,18 +69,34 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         table.append(entry)
 
     def diff(metric: str, key: str, a: str, b: str = "direct") -> float:
-        return _median([x - y for x, y in zip(_get(rounds, a, metric, key),
-                                              _get(rounds, b, metric, key), strict=True)])
+        return _median(
+            [
+                x - y
+                for x, y in zip(
+                    _get(rounds, a, metric, key), _get(rounds, b, metric, key), strict=True
+                )
+            ]
+        )
 
-    added = {n: {"p50": diff("post1", "p50_us", n), "p99": diff("post1", "p99_us", n)}
-             for n in ("nginx", "nvpair")}
+    added = {
+        n: {"p50": diff("post1", "p50_us", n), "p99": diff("post1", "p99_us", n)}
+        for n in ("nginx", "nvpair")
+    }
     ttfbOver = {n: diff("sse16", "ttfb_p50_us", n) for n in ("nginx", "nvpair")}
-    errors = {n: sum(r[n]["post32"]["errors"] + r[n]["post1"]["errors"]
-                     + r[n]["sse16"]["errors"] + r[n]["sse16"]["incomplete"] for r in rounds)
-              for n in CONFIGS}
+    errors = {
+        n: sum(
+            r[n]["post32"]["errors"]
+            + r[n]["post1"]["errors"]
+            + r[n]["sse16"]["errors"]
+            + r[n]["sse16"]["incomplete"]
+            for r in rounds
+        )
+        for n in CONFIGS
+    }
     extraCpu = {
         k: _median(_get(rounds, "nvpair", "post32", f"cpu_{k}_us_per_req"))
-        for k in ("broker", "engine") if f"cpu_{k}_us_per_req" in rounds[0]["nvpair"]["post32"]
+        for k in ("broker", "engine")
+        if f"cpu_{k}_us_per_req" in rounds[0]["nvpair"]["post32"]
     }
     utilization = {
         metric: {
@@ -89,38 +109,71 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
     targets = []
 
     def target(name: str, value: float, limit: float, ok: bool, fmt: str) -> None:
-        targets.append({"name": name, "value": value, "limit": limit, "fmt": fmt,
-                        "pass": bool(ok) and not math.isnan(value)})
+        targets.append(
+            {
+                "name": name,
+                "value": value,
+                "limit": limit,
+                "fmt": fmt,
+                "pass": bool(ok) and not math.isnan(value),
+            }
+        )
 
     # The targets of issue 15 (strict HTTP on llhttp), all from the same run.
-    target("added p50 latency at 1 connection ≤ 150 µs", added["nvpair"]["p50"], 150,
-           added["nvpair"]["p50"] <= 150, "{:.0f} µs")
+    target(
+        "added p50 latency at 1 connection ≤ 150 µs",
+        added["nvpair"]["p50"],
+        150,
+        added["nvpair"]["p50"] <= 150,
+        "{:.0f} µs",
+    )
     cpu = byKey[("post32", "cpu_server_us_per_req")]["nvpair"]
     target("CPU per request at 32 connections ≤ 100 µs", cpu, 100, cpu <= 100, "{:.0f} µs")
     share = byKey[("post32", "rps")]["nvpair/nginx"]
-    target("throughput at 32 connections ≥ 25% of nginx", share * 100, 25, share >= 0.25,
-           "{:.1f} %")
+    target(
+        "throughput at 32 connections ≥ 25% of nginx", share * 100, 25, share >= 0.25, "{:.1f} %"
+    )
     sseCpu = byKey[("sse16", "cpu_server_us_per_stream")]["nvpair/nginx"]
     target("SSE proxy CPU per stream ≤ 1.5× nginx's", sseCpu, 1.5, sseCpu <= 1.5, "{:.2f}×")
-    target("SSE TTFB p50 overhead ≤ 1.5 ms over direct", ttfbOver["nvpair"], 1500,
-           ttfbOver["nvpair"] <= 1500, "{:.0f} µs")
+    target(
+        "SSE TTFB p50 overhead ≤ 1.5 ms over direct",
+        ttfbOver["nvpair"],
+        1500,
+        ttfbOver["nvpair"] <= 1500,
+        "{:.0f} µs",
+    )
     held = results.get("held")
     if held:
         big = max(held["sizes"])
         h = held.get(f"nvpair:{big}", {})
         per = float(h.get("rss_per_stream_kib", float("nan")))
-        target(f"{big:,} concurrent streams complete with ≤ 16 KiB RSS per stream", per, 16,
-               bool(h.get("all_complete")) and per <= 16, "{:.1f} KiB/stream")
+        target(
+            f"{big:,} concurrent streams complete with ≤ 16 KiB RSS per stream",
+            per,
+            16,
+            bool(h.get("all_complete")) and per <= 16,
+            "{:.1f} KiB/stream",
+        )
     routing = results.get("routing")
     if routing:
         med = routing["median_us"]
-        worst = max(med[f"{s}:1000"] / med[f"{s}:1"] for s in ("standalone", "scheduled")
-                    if f"{s}:1000" in med and f"{s}:1" in med)
+        worst = max(
+            med[f"{s}:1000"] / med[f"{s}:1"]
+            for s in ("standalone", "scheduled")
+            if f"{s}:1000" in med and f"{s}:1" in med
+        )
         target("routing cost within 2× from 1 to 1,000 nodes", worst, 2, worst <= 2, "{:.2f}×")
     headroom = byKey[("post32", "rps")]["nvpair/direct"]
-    return {"table": table, "added": added, "ttfb_overhead": ttfbOver, "errors": errors,
-            "targets": targets, "nvpair_extra_cpu": extraCpu, "utilization": utilization,
-            "engine_headroom": 1 / headroom if headroom else float("nan")}
+    return {
+        "table": table,
+        "added": added,
+        "ttfb_overhead": ttfbOver,
+        "errors": errors,
+        "targets": targets,
+        "nvpair_extra_cpu": extraCpu,
+        "utilization": utilization,
+        "engine_headroom": 1 / headroom if headroom else float("nan"),
+    }
 
 
 def _fmt(value: float, unit: str) -> str:
@@ -152,8 +205,9 @@ def markdown(results: dict[str, Any], s: dict[str, Any]) -> str:
         "|---|---:|---|",
     ]
     for t in s["targets"]:
-        out.append(f"| {t['name']} | {t['fmt'].format(t['value'])} | "
-                   f"{'PASS' if t['pass'] else 'FAIL'} |")
+        out.append(
+            f"| {t['name']} | {t['fmt'].format(t['value'])} | {'PASS' if t['pass'] else 'FAIL'} |"
+        )
     out += [
         "",
         "### Side by side",
@@ -177,8 +231,10 @@ def markdown(results: dict[str, Any], s: dict[str, Any]) -> str:
         f"* SSE TTFB p50 over direct: nginx {s['ttfb_overhead']['nginx']:.0f} µs, "
         f"nvpair {s['ttfb_overhead']['nvpair']:.0f} µs",
         "* server CPU per request: direct = the fake engine, nginx = its single process, "
-        "nvpair = the proxy process only" + "".join(
-            f"; the {k} spent {v:.0f} µs/request more" for k, v in s["nvpair_extra_cpu"].items()),
+        "nvpair = the proxy process only"
+        + "".join(
+            f"; the {k} spent {v:.0f} µs/request more" for k, v in s["nvpair_extra_cpu"].items()
+        ),
         f"* fake engine: {results.get('extras', {}).get('engine') or '?'} "
         "(node = the shared Node engine; python = tests.fakeengine, which limits nginx)",
         f"* fake engine headroom: direct throughput is {s['engine_headroom']:.1f}× the proxy's",
@@ -187,17 +243,24 @@ def markdown(results: dict[str, Any], s: dict[str, Any]) -> str:
     ]
     for metric, u in s["utilization"].items():
         shares = ", ".join(f"{n} {u['server_pct'][n]:.0f}%" for n in CONFIGS)
-        out.append(f"* {metric}: server process busy (share of one CPU): {shares}; whole "
-                   f"machine busy during the nvpair run {u['machine_busy_pct']:.0f}% of "
-                   f"{m['nproc']} CPUs")
+        out.append(
+            f"* {metric}: server process busy (share of one CPU): {shares}; whole "
+            f"machine busy during the nvpair run {u['machine_busy_pct']:.0f}% of "
+            f"{m['nproc']} CPUs"
+        )
     up = results.get("extras", {}).get("upstream")
     if up:
         out.append(f"* sockets to the engine port after the load phase: {up}")
     held = results.get("held")
     if held:
-        out += ["", "### Held streams", "",
-                "| configuration | streams | all complete | peak open | baseline RSS KiB | "
-                "peak RSS KiB | KiB per stream |", "|---|---:|---|---:|---:|---:|---:|"]
+        out += [
+            "",
+            "### Held streams",
+            "",
+            "| configuration | streams | all complete | peak open | baseline RSS KiB | "
+            "peak RSS KiB | KiB per stream |",
+            "|---|---:|---|---:|---:|---:|---:|",
+        ]
         for size in held["sizes"]:
             for n in CONFIGS:
                 h = held.get(f"{n}:{size}", {})
@@ -208,21 +271,29 @@ def markdown(results: dict[str, Any], s: dict[str, Any]) -> str:
                     f"{h.get('rss_per_stream_kib', float('nan')):.1f} |"
                 )
         out.append("")
-        out.append("The server measured is the fake engine for direct, nginx, and the proxy "
-                   "process for nvpair; KiB per stream = (peak RSS − RSS before) / streams. "
-                   "A proxied stream holds two descriptors; the hard fd limit here "
-                   f"({m['fd_limit']}, not raisable without CAP_SYS_RESOURCE) caps the largest "
-                   f"size at {max(held['sizes']):,}.")
+        out.append(
+            "The server measured is the fake engine for direct, nginx, and the proxy "
+            "process for nvpair; KiB per stream = (peak RSS − RSS before) / streams. "
+            "A proxied stream holds two descriptors; the hard fd limit here "
+            f"({m['fd_limit']}, not raisable without CAP_SYS_RESOURCE) caps the largest "
+            f"size at {max(held['sizes']):,}."
+        )
     routing = results.get("routing")
     if routing:
         med = routing["median_us"]
-        out += ["", "### Routing cost per request (in-process)", "",
-                f"admission + owners + orderCandidates + placeReservation + reserve/release, "
-                f"{routing['models']:,} models on every node, {routing['requests']:,} requests "
-                f"per round, {routing['rounds']} rounds, 32 reservations in flight; admission "
-                f"alone {med['admission']:.2f} µs.", "",
-                "| nodes | snapshot build s | no scheduler µs | ×1 node | with scheduler µs | "
-                "×1 node |", "|---:|---:|---:|---:|---:|---:|"]
+        out += [
+            "",
+            "### Routing cost per request (in-process)",
+            "",
+            f"admission + owners + orderCandidates + placeReservation + reserve/release, "
+            f"{routing['models']:,} models on every node, {routing['requests']:,} requests "
+            f"per round, {routing['rounds']} rounds, 32 reservations in flight; admission "
+            f"alone {med['admission']:.2f} µs.",
+            "",
+            "| nodes | snapshot build s | no scheduler µs | ×1 node | with scheduler µs | "
+            "×1 node |",
+            "|---:|---:|---:|---:|---:|---:|",
+        ]
         for n in routing["build_s"]:
             out.append(
                 f"| {int(n):,} | {routing['build_s'][n]:.2f} | {med[f'standalone:{n}']:.2f} | "
@@ -234,14 +305,22 @@ def markdown(results: dict[str, Any], s: dict[str, Any]) -> str:
         out += ["", "### Where the proxy's CPU goes (py-spy)", ""]
         for name, summary in profiles.items():
             out += [f"#### under {name}", "", profile.formatSummary(summary, 15)]
-    out += ["", "### Per round", "", "| round | config | post32 req/s | post1 p50 µs | "
-            "sse16 streams/s | TTFB p50 µs | CPU µs/req |", "|---:|---|---:|---:|---:|---:|---:|"]
+    out += [
+        "",
+        "### Per round",
+        "",
+        "| round | config | post32 req/s | post1 p50 µs | "
+        "sse16 streams/s | TTFB p50 µs | CPU µs/req |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
     for i, r in enumerate(results["rounds"], 1):
         for n in CONFIGS:
             c = r[n]
-            out.append(f"| {i} | {n} | {c['post32']['rps']:,.0f} | {c['post1']['p50_us']} | "
-                       f"{c['sse16']['streams_per_s']:,.0f} | {c['sse16']['ttfb_p50_us']:.0f} | "
-                       f"{c['post32']['cpu_server_us_per_req']:.1f} |")
+            out.append(
+                f"| {i} | {n} | {c['post32']['rps']:,.0f} | {c['post1']['p50_us']} | "
+                f"{c['sse16']['streams_per_s']:,.0f} | {c['sse16']['ttfb_p50_us']:.0f} | "
+                f"{c['post32']['cpu_server_us_per_req']:.1f} |"
+            )
     return "\n".join(out) + "\n"
 
 
@@ -255,15 +334,20 @@ newest run's ratios.
 """
 
 
-def write(results: dict[str, Any], path: str, summaryPath: str | None = None,
-          log: Callable[[str], None] | None = None) -> str:
+def write(
+    results: dict[str, Any],
+    path: str,
+    summaryPath: str | None = None,
+    log: Callable[[str], None] | None = None,
+) -> str:
     """Write the run's markdown (and ``summary.json`` for the plot); return the markdown."""
     s = summarize(results)
     text = markdown(results, s)
     summaryPath = summaryPath or os.path.join(os.path.dirname(path), "out", "summary.json")
     with open(summaryPath, "w") as f:
-        json.dump({"table": s["table"], "targets": s["targets"], "date": results["date"]}, f,
-                  indent=1)
+        json.dump(
+            {"table": s["table"], "targets": s["targets"], "date": results["date"]}, f, indent=1
+        )
     if results["settings"]["quick"]:
         with open(path, "w") as f:
             f.write(HEADER + MARK + "\n" + text)

@@ -35,8 +35,12 @@ IN_FLIGHT = 32
 def buildFleet(nodes: int, models: list[str]) -> tuple[Snapshot, float]:
     """A snapshot of ``nodes`` direct-engine nodes each advertising ``models``; build seconds."""
     raw = [
-        {"id": f"node-{i:04d}", "self": False, "addresses": [f"http://127.0.0.1:{20000 + i}"],
-         "models": list(models)}
+        {
+            "id": f"node-{i:04d}",
+            "self": False,
+            "addresses": [f"http://127.0.0.1:{20000 + i}"],
+            "models": list(models),
+        }
         for i in range(nodes)
     ]
     started = time.perf_counter()

@@ -68,8 +68,9 @@ def machine() -> dict[str, Any]:
         "memory_gib": round(mem / 1024 / 1024, 1),
         "kernel": os.uname().release,
         "python": sys.version.split()[0],
-        "nginx": subprocess.run([procs.nginxBinary() or "nginx", "-v"], capture_output=True,
-                                text=True).stderr.strip(),
+        "nginx": subprocess.run(
+            [procs.nginxBinary() or "nginx", "-v"], capture_output=True, text=True
+        ).stderr.strip(),
         "wrk": " ".join(_firstLine(["wrk", "-v"]).split()[:2]),
         "fd_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
         "loadavg_at_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
@@ -92,9 +93,11 @@ def loadPhase(
     nginx = procs.startNginx(engine.port, OUT, args.fd_limit)
     proxy = startProxy(args.proxy_mode, engine.port, 20000)
     servers = {"direct": engine, "nginx": nginx, "nvpair": proxy}
-    log(f"engine ({engine.engineKind}) :{engine.port} pid {engine.pid}; "
+    log(
+        f"engine ({engine.engineKind}) :{engine.port} pid {engine.pid}; "
         f"nginx :{nginx.port} pid {nginx.pid}; "
-        f"nvpair :{proxy.port} pid {proxy.pid} ({args.proxy_mode})")
+        f"nvpair :{proxy.port} pid {proxy.pid} ({args.proxy_mode})"
+    )
 
     def accounted(name: str) -> dict[str, int]:
         pids = {"server": servers[name].pid, "engine": engine.pid}
@@ -110,25 +113,30 @@ def loadPhase(
             load.sse(servers[name].port, 16, args.warmup / 2, events50, {})
         rounds: list[dict[str, Any]] = []
         for r in range(args.rounds):
-            order = CONFIGS[r % 3:] + CONFIGS[:r % 3]
+            order = CONFIGS[r % 3 :] + CONFIGS[: r % 3]
             current: dict[str, Any] = {name: {} for name in CONFIGS}
             log(f"round {r + 1}/{args.rounds} (order {', '.join(order)})")
             for name in order:
                 current[name]["post32"] = load.wrk(
-                    servers[name].port, 32, args.duration, bodyFile, accounted(name))
+                    servers[name].port, 32, args.duration, bodyFile, accounted(name)
+                )
             for name in order:
                 current[name]["post1"] = load.wrk(
-                    servers[name].port, 1, args.duration, bodyFile, accounted(name))
+                    servers[name].port, 1, args.duration, bodyFile, accounted(name)
+                )
             for name in order:
                 current[name]["sse16"] = load.sse(
-                    servers[name].port, 16, args.duration, events50, accounted(name))
+                    servers[name].port, 16, args.duration, events50, accounted(name)
+                )
             for name in CONFIGS:
                 c = current[name]
-                log(f"  {name:7s} post32 {c['post32']['rps']:8.0f} req/s  "
+                log(
+                    f"  {name:7s} post32 {c['post32']['rps']:8.0f} req/s  "
                     f"post1 p50 {c['post1']['p50_us']:6d} us  "
                     f"sse16 {c['sse16']['streams_per_s']:7.0f}/s ttfb p50 "
                     f"{c['sse16']['ttfb_p50_us']:7.0f} us  "
-                    f"cpu {c['post32']['cpu_server_us_per_req']:6.1f} us/req")
+                    f"cpu {c['post32']['cpu_server_us_per_req']:6.1f} us/req"
+                )
             rounds.append(current)
         extras["upstream"] = upstreamSockets(engine.port)
         extras["engine"] = engine.engineKind
@@ -145,8 +153,9 @@ def loadPhase(
 
 def upstreamSockets(enginePort: int) -> dict[str, int]:
     """TCP sockets to the engine port by state (TIME-WAIT counts connection churn)."""
-    done = subprocess.run(["ss", "-tanH", "dport", "=", f":{enginePort}"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["ss", "-tanH", "dport", "=", f":{enginePort}"], capture_output=True, text=True
+    )
     states: dict[str, int] = {}
     for line in done.stdout.splitlines():
         if line.strip():
@@ -198,13 +207,20 @@ def heldPhase(args: argparse.Namespace) -> dict[str, Any]:
                 target = server or engine
                 for _ in range(20):
                     procs.post(target.port)
-                result = load.hold(target.port, size, chunks + engine.extraEvents, target.pid,
-                                   timeout=60 + chunks * delay + size / 100)
+                result = load.hold(
+                    target.port,
+                    size,
+                    chunks + engine.extraEvents,
+                    target.pid,
+                    timeout=60 + chunks * delay + size / 100,
+                )
                 result["fds_note"] = f"fd limit {args.fd_limit}"
                 results[f"{name}:{size}"] = result
-                log(f"  all complete: {result.get('all_complete')} ({result.get('complete')}"
+                log(
+                    f"  all complete: {result.get('all_complete')} ({result.get('complete')}"
                     f"/{size}, peak open {result.get('peak')}), peak RSS "
-                    f"{result['peak_rss_kib']} KiB, {result['rss_per_stream_kib']:.1f} KiB/stream")
+                    f"{result['peak_rss_kib']} KiB, {result['rss_per_stream_kib']:.1f} KiB/stream"
+                )
             except Exception as e:  # keep going: report the failure
                 log(f"  failed: {e}")
                 results[f"{name}:{size}"] = {"all_complete": False, "error": str(e)}
@@ -218,8 +234,15 @@ def heldPhase(args: argparse.Namespace) -> dict[str, Any]:
 
 def routingPhase(args: argparse.Namespace) -> dict[str, Any]:
     """The in-process routing micro-benchmark (its own process)."""
-    argv = [procs.PYTHON, "-m", "bench.routing", "--rounds", str(max(3, args.rounds)),
-            "--requests", "5000" if args.quick else "20000"]
+    argv = [
+        procs.PYTHON,
+        "-m",
+        "bench.routing",
+        "--rounds",
+        str(max(3, args.rounds)),
+        "--requests",
+        "5000" if args.quick else "20000",
+    ]
     log("routing micro-benchmark (building a 1,000 x 10,000 snapshot takes a few seconds)")
     done = subprocess.run(argv, capture_output=True, text=True, cwd=procs.ROOT, timeout=600)
     sys.stderr.write(done.stderr)
@@ -276,15 +299,21 @@ def main(argv: list[str] | None = None) -> None:
         json.dump(results, f, indent=1)
     bench = os.path.join(procs.ROOT, "bench")
     # A quick run never replaces the full results: it writes under bench/out/.
-    markdownPath = os.path.join(OUT, "RESULTS-quick.md") if args.quick else os.path.join(
-        bench, "RESULTS.md")
-    plotPath = os.path.join(OUT, "ratios-quick.png") if args.quick else os.path.join(
-        bench, "ratios.png")
+    markdownPath = (
+        os.path.join(OUT, "RESULTS-quick.md") if args.quick else os.path.join(bench, "RESULTS.md")
+    )
+    plotPath = (
+        os.path.join(OUT, "ratios-quick.png") if args.quick else os.path.join(bench, "ratios.png")
+    )
     summary = report.write(results, markdownPath, os.path.join(OUT, "summary.json"))
     plotPy = os.path.join(bench, ".venv", "bin", "python")
     if os.access(plotPy, os.X_OK):
-        subprocess.run([plotPy, "-m", "bench.plot", os.path.join(OUT, "summary.json"),
-                        plotPath], cwd=procs.ROOT, check=False, timeout=120)
+        subprocess.run(
+            [plotPy, "-m", "bench.plot", os.path.join(OUT, "summary.json"), plotPath],
+            cwd=procs.ROOT,
+            check=False,
+            timeout=120,
+        )
     else:
         log("bench/.venv is missing: no plot (bench/run.sh creates it)")
     sys.stdout.write(summary)

@@ -77,8 +77,9 @@ def main() -> None:
         samples.append((time.process_time() - started) / args.requests * 1e6)
     best = min(samples)
     sys.stdout.write(f"request parsed and answered: {best:.2f} µs CPU (best of {args.rounds})\n")
-    sys.stdout.write("BENCHJSON " + json.dumps({"us_per_request": best,
-                                                "samples_us": samples}) + "\n")
+    sys.stdout.write(
+        "BENCHJSON " + json.dumps({"us_per_request": best, "samples_us": samples}) + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -49,8 +49,10 @@ def serve(mode: str, total: int) -> None:
                 end = resource.getrusage(resource.RUSAGE_SELF)
                 start = state["start"]
                 cpu = (end.ru_utime - start.ru_utime) + (end.ru_stime - start.ru_stime)
-                print(json.dumps({"mode": mode,
-                                  "us_per_request": cpu / (total - warmup) * 1e6}), flush=True)
+                print(
+                    json.dumps({"mode": mode, "us_per_request": cpu / (total - warmup) * 1e6}),
+                    flush=True,
+                )
                 reactor.callLater(0, reactor.stop)  # type: ignore[attr-defined]
 
     site = FacadeSite(CountingDoor(), reactor, 1 << 20, 30.0, 65536)  # type: ignore[arg-type]
@@ -75,12 +77,20 @@ def drive(port: int, count: int) -> None:
 def measure(mode: str, connections: int, requests: int) -> float:
     """One side, one round: the child's CPU µs per request."""
     child = subprocess.Popen(
-        [sys.executable, "-m", "bench.serverwrite", "--serve", mode,
-         "--total", str(connections * requests)], stdout=subprocess.PIPE)
+        [
+            sys.executable,
+            "-m",
+            "bench.serverwrite",
+            "--serve",
+            mode,
+            "--total",
+            str(connections * requests),
+        ],
+        stdout=subprocess.PIPE,
+    )
     assert child.stdout is not None
     port = int(child.stdout.readline())
-    threads = [threading.Thread(target=drive, args=(port, requests))
-               for _ in range(connections)]
+    threads = [threading.Thread(target=drive, args=(port, requests)) for _ in range(connections)]
     for t in threads:
         t.start()
     result = json.loads(child.stdout.readline())
@@ -110,10 +120,13 @@ def main() -> None:
             sys.stdout.write(f"{mode}: {us:.2f} µs CPU per request\n")
     best = {mode: min(values) for mode, values in samples.items()}
     saving = 1 - best["direct"] / best["public"]
-    sys.stdout.write(f"best: direct {best['direct']:.2f} µs, public {best['public']:.2f} µs; "
-                     f"direct sends save {saving:.1%} of the server's CPU per request\n")
-    sys.stdout.write("BENCHJSON " + json.dumps({"best_us": best, "samples_us": samples,
-                                                "saving": saving}) + "\n")
+    sys.stdout.write(
+        f"best: direct {best['direct']:.2f} µs, public {best['public']:.2f} µs; "
+        f"direct sends save {saving:.1%} of the server's CPU per request\n"
+    )
+    sys.stdout.write(
+        "BENCHJSON " + json.dumps({"best_us": best, "samples_us": samples, "saving": saving}) + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -48,8 +48,11 @@ async def main(reactor: Any, argv: list[str]) -> None:
     parser.add_argument("--log-level", default="debug")
     args = parser.parse_args(argv)
     config = ChaosConfig(
-        requests=args.requests, concurrency=args.concurrency, seed=args.seed,
-        logLevel=args.log_level, progress=lambda t: sys.stderr.write(t + "\n"),
+        requests=args.requests,
+        concurrency=args.concurrency,
+        seed=args.seed,
+        logLevel=args.log_level,
+        progress=lambda t: sys.stderr.write(t + "\n"),
     )
     cleanups = Cleanups()
     try:

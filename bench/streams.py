@@ -48,7 +48,7 @@ def _dechunk(body: bytearray) -> bytes:
             return bytes(out)
         if size == 0:
             return bytes(out)
-        out += body[eol + 2:eol + 2 + size]
+        out += body[eol + 2 : eol + 2 + size]
         pos = eol + 2 + size + 2
 
 
@@ -97,7 +97,7 @@ class _Conn(asyncio.Protocol):
             if end < 0:
                 return
             head = self._head[:end].split(b"\r\n")
-            data = self._head[end + 4:]
+            data = self._head[end + 4 :]
             self._head = b""
             self._inBody = True
             self.headersAt = now

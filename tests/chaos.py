@@ -72,11 +72,25 @@ VERBATIM_OUTCOMES: dict[str, set[str]] = {
     "refuse": {"transport"},
 }
 INFERENCE_WEIGHTS = {
-    "answer": 40, "s503": 10, "s429": 7, "hang": 4, "slow": 10, "slowlong": 3,
-    "die": 9, "drop": 8, "refuse": 9,
+    "answer": 40,
+    "s503": 10,
+    "s429": 7,
+    "hang": 4,
+    "slow": 10,
+    "slowlong": 3,
+    "die": 9,
+    "drop": 8,
+    "refuse": 9,
 }
-VERBATIM_WEIGHTS = {"answer": 50, "s503": 12, "s429": 8, "slow": 10, "die": 8, "drop": 6,
-                    "refuse": 6}
+VERBATIM_WEIGHTS = {
+    "answer": 50,
+    "s503": 12,
+    "s429": 8,
+    "slow": 10,
+    "die": 8,
+    "drop": 6,
+    "refuse": 6,
+}
 
 
 @attrs.define
@@ -133,8 +147,9 @@ class ChaosEngine(FakeEngine):
         self._relisten: IDelayedCall | None = None
         self._closed = False
 
-    def _handle(self, proto: Any, method: bytes, target: bytes,
-                headers: dict[str, list[str]], body: bytes) -> None:
+    def _handle(
+        self, proto: Any, method: bytes, target: bytes, headers: dict[str, list[str]], body: bytes
+    ) -> None:
         path = target.split(b"?", 1)[0]
         ids = headers.get(CHAOS_HEADER)
         if (method == b"GET" and path in self._lists) or not ids:
@@ -260,8 +275,10 @@ class Report:
         for k, v in self.figures.items():
             lines.append(f"  {k}: {v}")
         lines.append("  answers: " + ", ".join(f"{k}={v}" for k, v in sorted(self.answers.items())))
-        lines.append("  engine behaviours: "
-                     + ", ".join(f"{k}={v}" for k, v in sorted(self.behaviours.items())))
+        lines.append(
+            "  engine behaviours: "
+            + ", ".join(f"{k}={v}" for k, v in sorted(self.behaviours.items()))
+        )
         lines.append(f"  violations: {len(self.violations)}")
         for v in self.violations[:30]:
             lines.append(f"    {v}")
@@ -302,14 +319,24 @@ class Soak:
         """The proxy's command line: short timeouts so faults resolve fast."""
         c = self.config
         return [
-            "--response-header-timeout", f"{c.responseTimeout}s",
-            "--backoff-base", "20ms", "--backoff-max", "200ms",
-            "--job-deadline", f"{c.jobDeadline}s",
-            "--max-dispatch-attempts", str(c.maxAttempts),
-            "--client-write-timeout", "10s",
-            "--dial-timeout", "2s",
-            "--ops-port", str(self.opsPort),
-            "--log-level", c.logLevel,
+            "--response-header-timeout",
+            f"{c.responseTimeout}s",
+            "--backoff-base",
+            "20ms",
+            "--backoff-max",
+            "200ms",
+            "--job-deadline",
+            f"{c.jobDeadline}s",
+            "--max-dispatch-attempts",
+            str(c.maxAttempts),
+            "--client-write-timeout",
+            "10s",
+            "--dial-timeout",
+            "2s",
+            "--ops-port",
+            str(self.opsPort),
+            "--log-level",
+            c.logLevel,
         ]
 
     def models(self) -> list[str]:
@@ -323,8 +350,14 @@ class Soak:
     async def setUp(self) -> None:
         """Start the fleet and the proxy, enable the Ollama facade, publish discovery."""
         for i in range(self.config.engines):
-            engine = ChaosEngine(self.reactor, self.ledger, self.config, dialect="ollama",
-                                 models=self.models(), name=f"N{i}")
+            engine = ChaosEngine(
+                self.reactor,
+                self.ledger,
+                self.config,
+                dialect="ollama",
+                models=self.models(),
+                name=f"N{i}",
+            )
             engine.listen(0)
             self.cleanups.addCleanup(engine.close)
             self.engines.append(engine)
@@ -346,8 +379,7 @@ class Soak:
             self.generation += 1
             order = [e.name for e in self.engines]
             rng.shuffle(order)
-            load = {n: {"pending": rng.randint(0, 3), "gpuPressure": rng.random()}
-                    for n in order}
+            load = {n: {"pending": rng.randint(0, 3), "gpuPressure": rng.random()} for n in order}
             self.lastPriority = {"generation": self.generation, "order": order, "load": load}
         self.proxy.notify("node/set-priority", self.lastPriority)
 
@@ -390,8 +422,9 @@ class Soak:
         """Leave/rejoin discovery and change the scheduler generation until traffic ends."""
         rng = random.Random(f"{self.config.seed}:churn")
         while self._churning:
-            await task.deferLater(self.reactor, rng.uniform(0.5, 1.5) * self.config.churnEvery,
-                                  lambda: None)
+            await task.deferLater(
+                self.reactor, rng.uniform(0.5, 1.5) * self.config.churnEvery, lambda: None
+            )
             if self._churning:
                 self._churnOnce(rng)
         # end with everyone present, so the fleet is whole for the end-of-run checks
@@ -417,11 +450,13 @@ class Soak:
         if roll < 0.42:
             return Sent(chaosId, "inference", "POST", "/api/chat", model, False, now)
         if roll < 0.56:
-            return Sent(chaosId, "inference", "POST", "/api/generate", model,
-                        rng.random() < 0.5, now)
+            return Sent(
+                chaosId, "inference", "POST", "/api/generate", model, rng.random() < 0.5, now
+            )
         if roll < 0.80:
-            return Sent(chaosId, "inference", "POST", "/v1/chat/completions", model,
-                        rng.random() < 0.5, now)
+            return Sent(
+                chaosId, "inference", "POST", "/v1/chat/completions", model, rng.random() < 0.5, now
+            )
         if roll < 0.90:
             return Sent(chaosId, "verbatim", "POST", "/api/pull", model, False, now)
         if roll < 0.96:
@@ -441,8 +476,11 @@ class Soak:
         elif s.path == "/api/generate":
             doc = {"model": s.model, "prompt": f"say {CANARY}", "stream": s.stream}
         else:
-            doc = {"model": s.model, "stream": s.stream,
-                   "messages": [{"role": "user", "content": f"hello {CANARY}"}]}
+            doc = {
+                "model": s.model,
+                "stream": s.stream,
+                "messages": [{"role": "user", "content": f"hello {CANARY}"}],
+            }
         return headers, json.dumps(doc).encode()
 
     async def one(self, index: int) -> None:
@@ -551,8 +589,9 @@ class Soak:
             if n > 64:
                 r.violations.append(f"{name}: {n} upstream connections open (pool limit 64)")
         if fdsEnd - sum(pooled.values()) > baselineFds + 2:
-            r.violations.append(f"fds {fdsEnd} - pooled {sum(pooled.values())} "
-                                f"> baseline {baselineFds}")
+            r.violations.append(
+                f"fds {fdsEnd} - pooled {sum(pooled.values())} > baseline {baselineFds}"
+            )
         if f["rss growth second half %"] >= 5.0:
             r.violations.append(f"RSS grew {f['rss growth second half %']}% over the second half")
         await proxy.stop()
@@ -603,8 +642,9 @@ class Soak:
             attempts = self.ledger.byId.get(s.chaosId, [])
             for a in attempts:
                 self.report.behaviours[a.label] += 1
-            problem = judge(s, attempts, self.config, self.churned(s), self.wasEmpty(s),
-                            len(self.engines))
+            problem = judge(
+                s, attempts, self.config, self.churned(s), self.wasEmpty(s), len(self.engines)
+            )
             self.report.answers[f"{s.kind}:{s.answer}"] += 1
             if problem:
                 self.report.violations.append(
@@ -646,12 +686,16 @@ class Soak:
                 wanted[(s.model + ":latest", s.state, node)] += 1
         self.report.figures["workloads"] = len(events)
         self.report.figures["workload terminal states"] = dict(
-            Counter(state for (_, state, _) in observed.elements()))
+            Counter(state for (_, state, _) in observed.elements())
+        )
         if observed != wanted:
             diff = (observed - wanted) + (wanted - observed)
-            r.violations.append(f"workload terminals differ from answers: "
-                                f"extra={dict(observed - wanted)} missing={dict(wanted - observed)}"
-                                if diff else "workload mismatch")
+            r.violations.append(
+                f"workload terminals differ from answers: "
+                f"extra={dict(observed - wanted)} missing={dict(wanted - observed)}"
+                if diff
+                else "workload mismatch"
+            )
 
     def checkSecrets(self) -> None:
         """The canary never reaches the log, a JSON-RPC message, or a generated error body."""
@@ -664,8 +708,9 @@ class Soak:
         rpc += [p for p in self.proxy.protocolErrors if canary in p]
         if rpc:
             self.report.violations.append(f"canary in {len(rpc)} JSON-RPC messages")
-        generated = [s for s in self.sent if s.answer.startswith("gen:") and
-                     canary.encode() in s.body]
+        generated = [
+            s for s in self.sent if s.answer.startswith("gen:") and canary.encode() in s.body
+        ]
         if generated:
             self.report.violations.append(f"canary in {len(generated)} generated error bodies")
         self.report.figures["log lines"] = len(self.proxy.logs)
@@ -727,8 +772,9 @@ def classify(s: Sent) -> None:
         s.answer = f"gen:{reason}" if reason else f"unknown-{s.status}"
 
 
-def judge(s: Sent, attempts: list[Attempt], config: ChaosConfig, churned: bool,
-          wasEmpty: bool, fleet: int) -> str | None:
+def judge(
+    s: Sent, attempts: list[Attempt], config: ChaosConfig, churned: bool, wasEmpty: bool, fleet: int
+) -> str | None:
     """Return why the answer ``s`` got is not one the spec allows for ``attempts``, or None.
 
     Also sets ``s.answer`` and ``s.state`` (the terminal workload state it implies).
@@ -758,8 +804,7 @@ def judge(s: Sent, attempts: list[Attempt], config: ChaosConfig, churned: bool,
             return "non-inference request dispatched to more nodes than exist"
     # every attempt but the last must have failed (nothing commits twice)
     for a in attempts[:-1]:
-        if not (can(a, "status") or can(a, "nocontent") or can(a, "transport")
-                or can(a, "left")):
+        if not (can(a, "status") or can(a, "nocontent") or can(a, "transport") or can(a, "left")):
             return f"attempt {a.label} on {a.engine} could not have failed"
     if answer in ("full", "cut", "passthrough"):
         if last is None or last.engine != s.node:

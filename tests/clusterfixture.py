@@ -65,8 +65,13 @@ class ClusterNode:
     """One cluster member: certificate, cluster directory, fake engine and proxy process."""
 
     def __init__(
-        self, test: TestCase, reactor: Any, name: str, models: Sequence[str] = ("m1",),
-        argv: Sequence[str] = (), engine: bool = True,
+        self,
+        test: TestCase,
+        reactor: Any,
+        name: str,
+        models: Sequence[str] = ("m1",),
+        argv: Sequence[str] = (),
+        engine: bool = True,
     ) -> None:
         self.test = test
         self.reactor = reactor
@@ -109,8 +114,7 @@ class ClusterNode:
         if models is None:
             assert self.engine is not None
             models = self.engine.models
-        return {"id": self.name, "self": False, "addresses": [self.address],
-                "models": list(models)}
+        return {"id": self.name, "self": False, "addresses": [self.address], "models": list(models)}
 
     def selfNode(self) -> dict[str, Any]:
         """This node in its own discovery."""
@@ -119,7 +123,12 @@ class ClusterNode:
 
 
 def pinnedClient(
-    test: TestCase, reactor: Any, name: str, cert: bytes, key: bytes, serverId: str,
+    test: TestCase,
+    reactor: Any,
+    name: str,
+    cert: bytes,
+    key: bytes,
+    serverId: str,
     serverFP: str,
 ) -> HTTPClient:
     """An HTTPS client presenting ``cert`` that accepts only ``serverFP`` (non-persistent)."""
@@ -128,8 +137,11 @@ def pinnedClient(
     writeClusterDir(directory, name, cert, key, {serverId: serverFP})
     trust = ClusterTrust(directory, reactor, lambda message: None)
     trust.reload()
-    agent = Agent(reactor, contextFactory=trust.policyForNode(serverId),
-                  pool=HTTPConnectionPool(reactor, persistent=False))
+    agent = Agent(
+        reactor,
+        contextFactory=trust.policyForNode(serverId),
+        pool=HTTPConnectionPool(reactor, persistent=False),
+    )
     return HTTPClient(agent)
 
 

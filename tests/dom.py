@@ -23,9 +23,11 @@ class Element:
         found = []
         for child in self.children:
             if (tag is None or child.tag == tag) and all(
-                    value in child.attrs.get(key.rstrip("_"), "").split()
-                    if key == "class_" else child.attrs.get(key) == value
-                    for key, value in attrs.items()):
+                value in child.attrs.get(key.rstrip("_"), "").split()
+                if key == "class_"
+                else child.attrs.get(key) == value
+                for key, value in attrs.items()
+            ):
                 found.append(child)
             found.extend(child.all(tag, **attrs))
         return found

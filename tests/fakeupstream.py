@@ -85,8 +85,9 @@ class ListSink:
 
     def activity(self) -> list[tuple[str, int]]:
         """(nodeId, inFlight) of every ``discovery:node-activity``, in order."""
-        return [(p["nodeId"], p["inFlight"]) for m, p in self.sent
-                if m == "discovery:node-activity"]
+        return [
+            (p["nodeId"], p["inFlight"]) for m, p in self.sent if m == "discovery:node-activity"
+        ]
 
 
 @implementer(IPushProducer)
@@ -122,8 +123,12 @@ class FakeResponse:
     previousResponse = None
 
     def __init__(
-        self, clock: Clock, code: int, headers: dict[bytes, list[bytes]] | None = None,
-        length: int | None = None, phrase: bytes = b"Phrase",
+        self,
+        clock: Clock,
+        code: int,
+        headers: dict[bytes, list[bytes]] | None = None,
+        length: int | None = None,
+        phrase: bytes = b"Phrase",
     ) -> None:
         self.clock = clock
         self.code = code
@@ -163,8 +168,17 @@ class FakeResponse:
 class Call:
     """One request the fake upstream received; the test answers it."""
 
-    def __init__(self, upstream: FakeUpstream, node: Any, address: str | None, method: bytes,
-                 path: bytes, headers: Headers, body: bytes, connected: Any) -> None:
+    def __init__(
+        self,
+        upstream: FakeUpstream,
+        node: Any,
+        address: str | None,
+        method: bytes,
+        path: bytes,
+        headers: Headers,
+        body: bytes,
+        connected: Any,
+    ) -> None:
         self.upstream = upstream
         self.node = node
         self.address = address
@@ -191,7 +205,9 @@ class Call:
         return self
 
     def respond(
-        self, code: int = 200, headers: dict[bytes, list[bytes]] | None = None,
+        self,
+        code: int = 200,
+        headers: dict[bytes, list[bytes]] | None = None,
         length: int | None = None,
     ) -> FakeResponse:
         """Headers arrived: fire the request with a response whose body is still to come."""
@@ -249,8 +265,16 @@ class FakeUpstream:
         self.calls: list[Call] = []
         self.auto: Any = None
 
-    def request(self, node: Any, address: str | None, method: bytes, path: bytes,
-                headers: Any, body: bytes, connected: Any = None) -> defer.Deferred[Any]:
+    def request(
+        self,
+        node: Any,
+        address: str | None,
+        method: bytes,
+        path: bytes,
+        headers: Any,
+        body: bytes,
+        connected: Any = None,
+    ) -> defer.Deferred[Any]:
         call = Call(self, node, address, method, path, headers, body, connected)
         self.calls.append(call)
         if self.auto is not None:
@@ -271,8 +295,12 @@ class FakeUpstream:
 class FakeRequest:
     """The client's side of one request, as ``Exchange`` uses a twisted.web request."""
 
-    def __init__(self, method: bytes = b"POST", path: bytes = b"/v1/chat/completions",
-                 headers: dict[bytes, list[bytes]] | None = None) -> None:
+    def __init__(
+        self,
+        method: bytes = b"POST",
+        path: bytes = b"/v1/chat/completions",
+        headers: dict[bytes, list[bytes]] | None = None,
+    ) -> None:
         self.method = method
         self.uri = path
         self.path = path.split(b"?", 1)[0]
@@ -404,8 +432,12 @@ class FakeContext:
         self.record.ended.append(exchange)
 
 
-def node(nodeId: str, models: tuple[str, ...] = ("m1",), isSelf: bool = False,
-         addresses: tuple[str, ...] | None = None) -> Node:
+def node(
+    nodeId: str,
+    models: tuple[str, ...] = ("m1",),
+    isSelf: bool = False,
+    addresses: tuple[str, ...] | None = None,
+) -> Node:
     """A discovery node reached directly at ``http://<id>``."""
     if addresses is None:
         addresses = (f"http://{nodeId}",)
@@ -428,10 +460,15 @@ def setNodes(facade: Facade, nodes: list[Node]) -> None:
 CHAT = b'{"model":"m1","stream":true,"messages":[{"role":"user","content":"hi"}]}'
 
 
-def startExchange(context: FakeContext, facade: Facade, request: FakeRequest | None = None,
-                  inference: bool = True, model: str | None = "m1",
-                  body: bytes = CHAT, document: dict[str, object] | None = None,
-                  ) -> tuple[Exchange, FakeRequest]:
+def startExchange(
+    context: FakeContext,
+    facade: Facade,
+    request: FakeRequest | None = None,
+    inference: bool = True,
+    model: str | None = "m1",
+    body: bytes = CHAT,
+    document: dict[str, object] | None = None,
+) -> tuple[Exchange, FakeRequest]:
     """Admit one request and start its dispatch loop."""
     request = request or FakeRequest()
     exchange = Exchange(context, facade, request, inference, model, body, document)

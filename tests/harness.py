@@ -30,7 +30,10 @@ def freePort() -> int:
 
 
 def startEngine(
-    test: TestCase, reactor: Any, dialect: str = "openai", models: Sequence[str] = ("m1",),
+    test: TestCase,
+    reactor: Any,
+    dialect: str = "openai",
+    models: Sequence[str] = ("m1",),
     name: str = "engine",
 ) -> FakeEngine:
     """A fake engine listening on 127.0.0.1, closed when the test ends."""

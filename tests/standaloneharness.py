@@ -122,8 +122,15 @@ class StandaloneProxy:
             self.ports[engineId] = port
             with open(os.path.join(self.stateDir, ENGINES[engineId].portFile), "w") as f:
                 json.dump({"port": port}, f)
-        argv = ["--standalone", "--state-dir", self.stateDir, "--ops-port", "0",
-                "--engines", ",".join(self.engines)]
+        argv = [
+            "--standalone",
+            "--state-dir",
+            self.stateDir,
+            "--ops-port",
+            "0",
+            "--engines",
+            ",".join(self.engines),
+        ]
         for engineId, url in backends:
             argv += ["--backend", f"{engineId}={url}"]
         argv += list(extra)
@@ -181,9 +188,14 @@ class StandaloneProxy:
         self.test.addCleanup(self._closeStderr)  # cleanups run last first: after ``stop``
         self.test.addCleanup(self.stop)
         try:
-            self.reactor.spawnProcess(self.proto, self.command[0], self.command,
-                                      env=self.environ, path=self.stateDir,
-                                      childFDs={0: "w", 1: "r", 2: writeEnd})
+            self.reactor.spawnProcess(
+                self.proto,
+                self.command[0],
+                self.command,
+                env=self.environ,
+                path=self.stateDir,
+                childFDs={0: "w", 1: "r", 2: writeEnd},
+            )
         finally:
             os.close(writeEnd)  # the child holds its copy: EOF comes when the child exits
         self.reactor.addReader(self.stderr)

@@ -23,8 +23,19 @@ class BodyModelTests(SynchronousTestCase):
 
     def test_absent(self) -> None:
         """Anything else yields None."""
-        for body in (b"", b"null", b"[]", b'["model"]', b'{"model": 5}', b'{"model": null}',
-                     b'{"mode": "m"}', b"{bad json", b'"model"', b"\xff{", b"[" * 100000):
+        for body in (
+            b"",
+            b"null",
+            b"[]",
+            b'["model"]',
+            b'{"model": 5}',
+            b'{"model": null}',
+            b'{"mode": "m"}',
+            b"{bad json",
+            b'"model"',
+            b"\xff{",
+            b"[" * 100000,
+        ):
             self.assertIsNone(bodyModel(body), body[:20])
 
 
@@ -41,8 +52,11 @@ class AdmitTests(SynchronousTestCase):
     def test_inferenceRefused(self) -> None:
         """An inference route without a JSON object body with a string model is 400."""
         for body in (b"", b"[1]", b'{"model": 1}', b"not json", b'{"messages": []}'):
-            for engine, path in ((OLLAMA, b"/api/generate"), (LMSTUDIO, b"/v1/completions"),
-                                 (LLAMACPP, b"/v1/rerank")):
+            for engine, path in (
+                (OLLAMA, b"/api/generate"),
+                (LMSTUDIO, b"/v1/completions"),
+                (LLAMACPP, b"/v1/rerank"),
+            ):
                 decision = admit(engine, b"POST", path, body)
                 self.assertIsInstance(decision, Refused)
                 assert isinstance(decision, Refused)
@@ -51,22 +65,28 @@ class AdmitTests(SynchronousTestCase):
 
     def test_verbatimModel(self) -> None:
         """A verbatim request naming a model carries it (normalized) for owner filtering."""
-        self.assertEqual(admit(OLLAMA, b"POST", b"/api/show", b'{"model": "m"}'),
-                         Admitted(RouteClass.VERBATIM, "m:latest"))
-        self.assertEqual(admit(OLLAMA, b"POST", b"/api/pull", b"garbage"),
-                         Admitted(RouteClass.VERBATIM, None))
+        self.assertEqual(
+            admit(OLLAMA, b"POST", b"/api/show", b'{"model": "m"}'),
+            Admitted(RouteClass.VERBATIM, "m:latest"),
+        )
+        self.assertEqual(
+            admit(OLLAMA, b"POST", b"/api/pull", b"garbage"), Admitted(RouteClass.VERBATIM, None)
+        )
         self.assertEqual(admit(OLLAMA, b"GET", b"/", b""), Admitted(RouteClass.VERBATIM, None))
 
     def test_fleetList(self) -> None:
         """A fleet list is admitted without a model."""
-        self.assertEqual(admit(LLAMACPP, b"GET", b"/models", b""),
-                         Admitted(RouteClass.FLEET_LIST, None))
+        self.assertEqual(
+            admit(LLAMACPP, b"GET", b"/models", b""), Admitted(RouteClass.FLEET_LIST, None)
+        )
 
     def test_largeBody(self) -> None:
         """A large valid body is parsed for its model."""
         body = json.dumps({"model": "big", "prompt": "x" * 1_000_000}).encode()
-        self.assertEqual(admit(LLAMACPP, b"POST", b"/v1/completions", body),
-                         Admitted(RouteClass.INFERENCE, "big"))
+        self.assertEqual(
+            admit(LLAMACPP, b"POST", b"/v1/completions", body),
+            Admitted(RouteClass.INFERENCE, "big"),
+        )
 
 
 class _Context:
@@ -108,8 +128,12 @@ class FrontDoorTests(SynchronousTestCase):
         self.context = _Context()
         from nvpair.proxy.facade.hostcheck import HostGate, HostRule
 
-        door = FrontDoor(self.context, _Facade(OLLAMA), _CrashingFleet(),
-                         HostGate(HostRule(["*"]), lambda listener: None))
+        door = FrontDoor(
+            self.context,
+            _Facade(OLLAMA),
+            _CrashingFleet(),
+            HostGate(HostRule(["*"]), lambda listener: None),
+        )
         self.site = FacadeSite(door, self.clock, 100, 30.0, 65536)
 
     def exchange(self, raw: bytes) -> bytes:
@@ -129,8 +153,7 @@ class FrontDoorTests(SynchronousTestCase):
         """After a crash the next request is handled normally."""
         self.exchange(b"GET /api/tags HTTP/1.1\r\nHost: x\r\n\r\n")
         self.flushLoggedErrors(ZeroDivisionError)
-        answer = self.exchange(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
-                               b"\r\n[]")
+        answer = self.exchange(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n[]")
         self.assertTrue(answer.startswith(b"HTTP/1.1 400 "), answer)
         body = answer.partition(b"\r\n\r\n")[2]
         self.assertEqual(json.loads(body)["reason"], "bad_request")
@@ -138,8 +161,10 @@ class FrontDoorTests(SynchronousTestCase):
     def test_bodyTooLarge(self) -> None:
         """A body over ``--max-body`` is 413 ``body_too_large`` in the engine's shape."""
         payload = json.dumps({"model": "m", "x": "y" * 200}).encode()
-        answer = self.exchange(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                               b"Content-Length: %d\r\n\r\n" % len(payload) + payload)
+        answer = self.exchange(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(payload) + payload
+        )
         self.assertTrue(answer.startswith(b"HTTP/1.1 413 "), answer)
         body = answer.partition(b"\r\n\r\n")[2]
         self.assertEqual(json.loads(body)["error"]["code"], "body_too_large")
@@ -148,7 +173,8 @@ class FrontDoorTests(SynchronousTestCase):
     def test_chunkedBodyTooLarge(self) -> None:
         """A chunked body that grows over the limit is 413 too."""
         chunk = b"z" * 80
-        answer = self.exchange(b"POST /api/chat HTTP/1.1\r\nHost: x\r\n"
-                               b"Transfer-Encoding: chunked\r\n\r\n"
-                               + (b"50\r\n" + chunk + b"\r\n") * 2 + b"0\r\n\r\n")
+        answer = self.exchange(
+            b"POST /api/chat HTTP/1.1\r\nHost: x\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n" + (b"50\r\n" + chunk + b"\r\n") * 2 + b"0\r\n\r\n"
+        )
         self.assertTrue(answer.startswith(b"HTTP/1.1 413 "), answer)

@@ -77,8 +77,11 @@ class KeyTests(SynchronousTestCase):
     def test_unusualMessages(self) -> None:
         """Messages with tool calls or content parts still key (serialized canonically,
         key order not mattering); a non-list, empty or huge list gets no key."""
-        call = {"role": "assistant", "content": None,
-                "tool_calls": [{"id": "1", "type": "function"}]}
+        call = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "1", "type": "function"}],
+        }
         reordered = dict(reversed(list(call.items())))
         a = chatKey([*turn(1), call, {"role": "tool", "content": "42", "tool_call_id": "1"}])
         b = chatKey([*turn(1), reordered])
@@ -181,8 +184,7 @@ class PlaceTests(SynchronousTestCase):
     def place(self, key: AffinityKey, count: bool = True) -> str:
         owners = self.snapshot.owners("m1", False)
         ordered, _ = orderCandidates(owners, None, self.reservations.rank)
-        chosen = self.affinity.place(ordered, key, self.reservations,
-                                     "llamacpp" if count else None)
+        chosen = self.affinity.place(ordered, key, self.reservations, "llamacpp" if count else None)
         assert chosen is not None
         self.assertIs(ordered[0], chosen)
         return chosen.id
@@ -242,8 +244,9 @@ class PlaceTests(SynchronousTestCase):
         """The status view names the limits and the counts, never a digest."""
         self.affinity.served(chatKey(turn(1)), "A")
         self.place(chatKey(turn(2)))
-        service = type("S", (), {"affinity": self.affinity,
-                                 "settings": type("T", (), {"affinity": "prefix"})})
+        service = type(
+            "S", (), {"affinity": self.affinity, "settings": type("T", (), {"affinity": "prefix"})}
+        )
         status = affinityStatus(service)
         self.assertEqual(status["mode"], "prefix")
         self.assertTrue(status["active"])
@@ -272,8 +275,13 @@ class LoopTests(SynchronousTestCase):
         raw = body(messages)
         decision = admission.admit(ENGINES["llamacpp"], b"POST", CHAT, raw)
         assert isinstance(decision, admission.Admitted)
-        ex, request = startExchange(self.context, self.facade, FakeRequest(), body=raw,
-                                    document=decision.document if self.carried else None)
+        ex, request = startExchange(
+            self.context,
+            self.facade,
+            FakeRequest(),
+            body=raw,
+            document=decision.document if self.carried else None,
+        )
         for status in statuses:
             self.context.upstream.last().answer(status, b"{}")
         self.context.upstream.last().answer(200, b"data: [DONE]\n\n")
@@ -328,8 +336,11 @@ class OptionTests(SynchronousTestCase):
 
     def test_malformed(self) -> None:
         """An unknown mode exits 2 with one stderr line naming the option."""
-        assertExitsNaming(self, "--affinity", ((["--affinity", "sticky"], {}),
-                                               ([], {"NVPAIR_PROXY_AFFINITY": "on"})))
+        assertExitsNaming(
+            self,
+            "--affinity",
+            ((["--affinity", "sticky"], {}), ([], {"NVPAIR_PROXY_AFFINITY": "on"})),
+        )
 
 
 class StandaloneWiringTests(SynchronousTestCase):

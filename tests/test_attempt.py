@@ -48,16 +48,18 @@ class AddressTests(SynchronousTestCase):
         self.context = FakeContext(dialTimeout=10.0)
         self.clock = self.context.clock
         self.upstream = self.context.upstream
-        self.facade = makeFacade(self.clock, [
-            node("A", addresses=("http://a1", "http://a2", "http://a3")), node("B")])
+        self.facade = makeFacade(
+            self.clock, [node("A", addresses=("http://a1", "http://a2", "http://a3")), node("B")]
+        )
 
     def test_addressesInOrderUntilOneConnects(self) -> None:
         """A refused address moves to the next one of the same node, within one attempt."""
         ex, request = startExchange(self.context, self.facade)
         self.upstream.last().refuse()
         self.upstream.last().refuse()
-        self.assertEqual([c.address for c in self.upstream.calls],
-                         ["http://a1", "http://a2", "http://a3"])
+        self.assertEqual(
+            [c.address for c in self.upstream.calls], ["http://a1", "http://a2", "http://a3"]
+        )
         self.upstream.last().answer(200, b"x")
         self.assertEqual(self.facade.confirmed["A"], "http://a3")
         self.assertEqual(len(self.context.record.failedAttempts), 0, "one attempt")
@@ -117,40 +119,78 @@ class HeadersTests(SynchronousTestCase):
 
     def test_forwardDropsHopByHop(self) -> None:
         """Connection-scoped headers, the ones Connection names, Host and Expect are dropped."""
-        incoming = Headers({b"Connection": [b"x-a, Keep-Alive"], b"X-A": [b"1"],
-                            b"Keep-Alive": [b"1"], b"Host": [b"h"], b"TE": [b"t"],
-                            b"Transfer-Encoding": [b"chunked"], b"Content-Length": [b"3"],
-                            b"Upgrade": [b"ws"], b"Proxy-Authorization": [b"p"],
-                            b"Authorization": [b"Bearer z"], b"X-Keep": [b"k"]})
+        incoming = Headers(
+            {
+                b"Connection": [b"x-a, Keep-Alive"],
+                b"X-A": [b"1"],
+                b"Keep-Alive": [b"1"],
+                b"Host": [b"h"],
+                b"TE": [b"t"],
+                b"Transfer-Encoding": [b"chunked"],
+                b"Content-Length": [b"3"],
+                b"Upgrade": [b"ws"],
+                b"Proxy-Authorization": [b"p"],
+                b"Authorization": [b"Bearer z"],
+                b"X-Keep": [b"k"],
+            }
+        )
         out = forwardHeaders(incoming)
-        self.assertEqual(sorted(n.lower() for n, _ in out.getAllRawHeaders()),
-                         [b"authorization", b"x-keep"])
+        self.assertEqual(
+            sorted(n.lower() for n, _ in out.getAllRawHeaders()), [b"authorization", b"x-keep"]
+        )
 
     def test_copyResponse(self) -> None:
         """Response hop-by-hop headers are dropped; Content-Length comes from the length."""
-        source = Headers({b"Connection": [b"close"], b"Content-Type": [b"a/b"],
-                          b"Transfer-Encoding": [b"chunked"], b"Date": [b"d"],
-                          b"Server": [b"engine"], b"Access-Control-Allow-Origin": [b"*"]})
+        source = Headers(
+            {
+                b"Connection": [b"close"],
+                b"Content-Type": [b"a/b"],
+                b"Transfer-Encoding": [b"chunked"],
+                b"Date": [b"d"],
+                b"Server": [b"engine"],
+                b"Access-Control-Allow-Origin": [b"*"],
+            }
+        )
         target = Headers({b"server": [b"twisted"], b"date": [b"now"]})
         copyResponseHeaders(source, target, 12)
         got = {n.lower(): v for n, v in target.getAllRawHeaders()}
-        self.assertEqual(got, {b"content-type": [b"a/b"], b"date": [b"d"],
-                               b"server": [b"engine"],
-                               b"access-control-allow-origin": [b"*"],
-                               b"content-length": [b"12"]})
+        self.assertEqual(
+            got,
+            {
+                b"content-type": [b"a/b"],
+                b"date": [b"d"],
+                b"server": [b"engine"],
+                b"access-control-allow-origin": [b"*"],
+                b"content-length": [b"12"],
+            },
+        )
 
     def test_adoptResponse(self) -> None:
         """Adopting gives the client response what copying would (hop-by-hop dropped, the
         engine's Server and Date, the client's other fields kept unless the engine sent
         them, Content-Length from the length), and the engine's Headers object itself."""
+
         def source() -> Headers:
-            return Headers({b"Connection": [b"close"], b"Content-Type": [b"a/b"],
-                            b"Transfer-Encoding": [b"chunked"], b"Server": [b"engine"],
-                            b"Trailer": [b"x"], b"Vary": [b"Origin"]})
+            return Headers(
+                {
+                    b"Connection": [b"close"],
+                    b"Content-Type": [b"a/b"],
+                    b"Transfer-Encoding": [b"chunked"],
+                    b"Server": [b"engine"],
+                    b"Trailer": [b"x"],
+                    b"Vary": [b"Origin"],
+                }
+            )
 
         def target() -> Headers:
-            return Headers({b"server": [b"proxy"], b"date": [b"now"], b"vary": [b"mine"],
-                            b"x-proxy": [b"kept"]})
+            return Headers(
+                {
+                    b"server": [b"proxy"],
+                    b"date": [b"now"],
+                    b"vary": [b"mine"],
+                    b"x-proxy": [b"kept"],
+                }
+            )
 
         copied = target()
         copyResponseHeaders(source(), copied, 12)
@@ -159,8 +199,10 @@ class HeadersTests(SynchronousTestCase):
         adoptResponseHeaders(engine, request, 12)
         self.assertIs(request.responseHeaders, engine)
         self.assertEqual(sorted(engine.getAllRawHeaders()), sorted(copied.getAllRawHeaders()))
-        self.assertEqual(sorted(n for n, _ in engine.getAllRawHeaders()),
-                         [b"Content-Length", b"Content-Type", b"Server", b"Vary", b"X-Proxy"])
+        self.assertEqual(
+            sorted(n for n, _ in engine.getAllRawHeaders()),
+            [b"Content-Length", b"Content-Type", b"Server", b"Vary", b"X-Proxy"],
+        )
         self.assertEqual(engine.getRawHeaders(b"vary"), [b"Origin"])
 
     def test_contentLengthPassedThrough(self) -> None:
@@ -203,7 +245,8 @@ class MalformedUpstreamTests(SynchronousTestCase):
         facade = makeFacade(context.clock, [node("A")])
         ex, request = startExchange(context, facade)
         context.upstream.last().respondRaw(
-            b"HTTP/1.1 200 OK\r\nContent-Length: +256\r\n\r\n" + b"x" * 256)
+            b"HTTP/1.1 200 OK\r\nContent-Length: +256\r\n\r\n" + b"x" * 256
+        )
         self.assertEqual(request.code, 502)
         self.assertIn(b"upstream_unreachable", request.body)
         self.assertNotIn(b"xxx", request.body)
@@ -338,4 +381,3 @@ class RaceTests(SynchronousTestCase):
         self.upstream.last().answer(200, b"b")
         self.assertEqual(request.body, b"b")
         self.assertEqual(self.context.record.commits, ["B"])
-

@@ -83,11 +83,18 @@ class ChannelTests(SynchronousTestCase):
 
     def test_requestAnswered(self) -> None:
         """A request gets exactly one response with its id; the handler sees the params."""
-        self.send({"jsonrpc": "2.0", "id": 7, "method": "facade/enable",
-                   "params": {"engine": "ollama", "port": 1}})
+        self.send(
+            {
+                "jsonrpc": "2.0",
+                "id": 7,
+                "method": "facade/enable",
+                "params": {"engine": "ollama", "port": 1},
+            }
+        )
         self.assertEqual(self.output(), [{"jsonrpc": "2.0", "id": 7, "result": {"ok": True}}])
-        self.assertEqual(self.handler.calls, [(None, "facade/enable",
-                                               {"engine": "ollama", "port": 1})])
+        self.assertEqual(
+            self.handler.calls, [(None, "facade/enable", {"engine": "ollama", "port": 1})]
+        )
 
     def test_stringIdAndMissingParams(self) -> None:
         """String ids are echoed; absent or null params become an empty object."""
@@ -105,46 +112,76 @@ class ChannelTests(SynchronousTestCase):
     def test_noneResultIsEmptyObject(self) -> None:
         """A handler returning None answers a request with ``{}``."""
         self.handler.answers["node/select"] = lambda: None
-        self.send({"jsonrpc": "2.0", "id": 1, "method": "ollama:node/select",
-                   "params": {"nodeId": None}})
+        self.send(
+            {"jsonrpc": "2.0", "id": 1, "method": "ollama:node/select", "params": {"nodeId": None}}
+        )
         self.assertEqual(self.output()[0]["result"], {})
 
     def test_addressing(self) -> None:
         """Only a known engine id before the first colon is an address."""
         self.assertEqual(resolveAddress("ollama:ready"), ("ollama", "ready"))
-        self.assertEqual(resolveAddress("llamacpp:discovery:nodes"),
-                         ("llamacpp", "discovery:nodes"))
+        self.assertEqual(
+            resolveAddress("llamacpp:discovery:nodes"), ("llamacpp", "discovery:nodes")
+        )
         self.assertEqual(resolveAddress("lmstudio:set-port"), ("lmstudio", "set-port"))
         self.assertEqual(resolveAddress("ollama:errors:report"), ("ollama", "errors:report"))
         self.assertEqual(resolveAddress("errors:report"), (None, "errors:report"))
         self.assertEqual(resolveAddress("workload:submitted"), (None, "workload:submitted"))
-        self.assertEqual(resolveAddress("discovery:node-activity"),
-                         (None, "discovery:node-activity"))
+        self.assertEqual(
+            resolveAddress("discovery:node-activity"), (None, "discovery:node-activity")
+        )
         self.assertEqual(resolveAddress("vllm:ready"), (None, "vllm:ready"))
         self.assertEqual(resolveAddress("facade/enable"), (None, "facade/enable"))
 
     def test_unaddressedProcessMethodsReachHandler(self) -> None:
         """Process-scoped methods, even those sharing a prefix with facade ones, are not refused."""
-        for method in ("node/set-priority", "log/set-level", "facade/enable",
-                       "errors:report", "workload:submitted"):
+        for method in (
+            "node/set-priority",
+            "log/set-level",
+            "facade/enable",
+            "errors:report",
+            "workload:submitted",
+        ):
             self.assertFalse(isFacadeScoped(method), method)
             self.send({"jsonrpc": "2.0", "id": 1, "method": method, "params": {}})
             out = self.output()
             self.assertEqual(out[0].get("result"), {"ok": True}, method)
         self.assertEqual([c[0] for c in self.handler.calls], [None] * 5)
-        self.assertEqual([c[1] for c in self.handler.calls],
-                         ["node/set-priority", "log/set-level", "facade/enable",
-                          "errors:report", "workload:submitted"])
+        self.assertEqual(
+            [c[1] for c in self.handler.calls],
+            [
+                "node/set-priority",
+                "log/set-level",
+                "facade/enable",
+                "errors:report",
+                "workload:submitted",
+            ],
+        )
 
     def test_unaddressedFacadeName(self) -> None:
         """A facade-scoped name without an address is -32602 ``no facade addressed``."""
-        for name in ("ready", "set-port", "discovery:nodes", "discovery:subscribe",
-                     "node/select", "node/set-local-backend", "error"):
+        for name in (
+            "ready",
+            "set-port",
+            "discovery:nodes",
+            "discovery:subscribe",
+            "node/select",
+            "node/set-local-backend",
+            "error",
+        ):
             self.send({"jsonrpc": "2.0", "id": 3, "method": name, "params": {}})
             out = self.output()
-            self.assertEqual(out, [{"jsonrpc": "2.0", "id": 3,
-                                    "error": {"code": -32602,
-                                              "message": "no facade addressed"}}], name)
+            self.assertEqual(
+                out,
+                [
+                    {
+                        "jsonrpc": "2.0",
+                        "id": 3,
+                        "error": {"code": -32602, "message": "no facade addressed"},
+                    }
+                ],
+                name,
+            )
         self.assertEqual(self.handler.calls, [])
 
     def test_unaddressedFacadeNotification(self) -> None:
@@ -156,7 +193,8 @@ class ChannelTests(SynchronousTestCase):
     def test_handlerErrors(self) -> None:
         """An ``RPCError`` becomes the error response with code, message and data."""
         self.handler.answers["set-port"] = RPCError(
-            jsonrpc.BIND_FAILED, "cannot listen", {"engine": "ollama", "port": 5, "reason": "x"})
+            jsonrpc.BIND_FAILED, "cannot listen", {"engine": "ollama", "port": 5, "reason": "x"}
+        )
         self.handler.answers["facade/enable"] = RPCError(jsonrpc.INVALID_PARAMS, "unknown engine")
         self.handler.answers["ready"] = RPCError(jsonrpc.FACADE_NOT_ENABLED, "facade not enabled")
         self.handler.answers["nope"] = RPCError(jsonrpc.METHOD_NOT_FOUND, "method not found")
@@ -165,13 +203,19 @@ class ChannelTests(SynchronousTestCase):
         self.send({"jsonrpc": "2.0", "id": 3, "method": "lmstudio:ready", "params": {}})
         self.send({"jsonrpc": "2.0", "id": 4, "method": "nope", "params": {}})
         errors = [m["error"] for m in self.output()]
-        self.assertEqual(errors, [
-            {"code": -32010, "message": "cannot listen",
-             "data": {"engine": "ollama", "port": 5, "reason": "x"}},
-            {"code": -32602, "message": "unknown engine"},
-            {"code": -32004, "message": "facade not enabled"},
-            {"code": -32601, "message": "method not found"},
-        ])
+        self.assertEqual(
+            errors,
+            [
+                {
+                    "code": -32010,
+                    "message": "cannot listen",
+                    "data": {"engine": "ollama", "port": 5, "reason": "x"},
+                },
+                {"code": -32602, "message": "unknown engine"},
+                {"code": -32004, "message": "facade not enabled"},
+                {"code": -32601, "message": "method not found"},
+            ],
+        )
 
     def test_notificationErrorsOnlyReported(self) -> None:
         """Unknown methods and bad params as notifications produce only ``errors:report``."""
@@ -207,8 +251,9 @@ class ChannelTests(SynchronousTestCase):
         d.callback(Reply({"port": 1}, lambda: self.channel.notify("ollama:ready", {"port": 1})))
         out = self.output()
         self.assertEqual(out[0], {"jsonrpc": "2.0", "id": 1, "result": {"port": 1}})
-        self.assertEqual(out[1], {"jsonrpc": "2.0", "method": "ollama:ready",
-                                  "params": {"port": 1}})
+        self.assertEqual(
+            out[1], {"jsonrpc": "2.0", "method": "ollama:ready", "params": {"port": 1}}
+        )
 
     def test_deferredRPCError(self) -> None:
         """A Deferred failing with ``RPCError`` answers that error."""
@@ -262,7 +307,7 @@ class ChannelTests(SynchronousTestCase):
         """A line over 1 MiB is dropped whole and reported once; the next line is handled."""
         big = b"x" * (jsonrpc.MAX_LINE + 10)
         for i in range(0, len(big), 65536):
-            self.send(big[i:i + 65536])
+            self.send(big[i : i + 65536])
         self.send(b'garbage-tail"}\n')
         self.assertOnlyProtocolReport()
         self.send({"jsonrpc": "2.0", "id": 1, "method": "x", "params": {}})
@@ -270,8 +315,13 @@ class ChannelTests(SynchronousTestCase):
 
     def test_overlongLineInOneChunk(self) -> None:
         """An over-long line arriving with its newline in one write is dropped and reported."""
-        self.send(b"{" + b" " * (jsonrpc.MAX_LINE + 1) + b"}\n"
-                  + json.dumps({"jsonrpc": "2.0", "id": 2, "method": "x"}).encode() + b"\n")
+        self.send(
+            b"{"
+            + b" " * (jsonrpc.MAX_LINE + 1)
+            + b"}\n"
+            + json.dumps({"jsonrpc": "2.0", "id": 2, "method": "x"}).encode()
+            + b"\n"
+        )
         out = self.output()
         self.assertEqual(self.reports(out)[0]["kind"], "protocol")
         self.assertEqual(out[-1]["id"], 2)
@@ -341,9 +391,19 @@ class BacklogTests(SynchronousTestCase):
         self.assertEqual([m["params"]["inFlight"] for m in written], list(range(kept)))
         self.stdout().resumeProducing()
         out = self.lines()
-        self.assertEqual(out, [{"jsonrpc": "2.0", "method": "errors:report", "params": {
-            "kind": "overflow",
-            "message": f"{100 - kept} notifications dropped while stdout was not read"}}])
+        self.assertEqual(
+            out,
+            [
+                {
+                    "jsonrpc": "2.0",
+                    "method": "errors:report",
+                    "params": {
+                        "kind": "overflow",
+                        "message": f"{100 - kept} notifications dropped while stdout was not read",
+                    },
+                }
+            ],
+        )
         self.channel.notify("discovery:node-activity", {"nodeId": "A", "inFlight": 0})
         self.assertEqual(len(self.lines()), 1, "flowing again")
         self.assertEqual(len(self.flushLoggedErrors()), 0)
@@ -387,17 +447,34 @@ class UnknownNameTests(SynchronousTestCase):
     def test_nearMissesAreNotFound(self) -> None:
         """Names that only look like known ones (a trailing slash, a prefix, another case,
         an unknown facade-scoped suffix) are -32601, addressed or not."""
-        for method in ("node/set-priority/", "node/", "node/nope", "errors:", "errors:nope",
-                       "ready/", "Ready", "set-port ", "discovery:nodes/", "node/select/x",
-                       "llamacpp:node/set-priority/", "llamacpp:node/nope", "ollama:ready/"):
-            self.assertEqual(self.answer(method)["error"],
-                             {"code": -32601, "message": "method not found"}, method)
+        for method in (
+            "node/set-priority/",
+            "node/",
+            "node/nope",
+            "errors:",
+            "errors:nope",
+            "ready/",
+            "Ready",
+            "set-port ",
+            "discovery:nodes/",
+            "node/select/x",
+            "llamacpp:node/set-priority/",
+            "llamacpp:node/nope",
+            "ollama:ready/",
+        ):
+            self.assertEqual(
+                self.answer(method)["error"],
+                {"code": -32601, "message": "method not found"},
+                method,
+            )
 
     def test_exactNamesStillRouted(self) -> None:
         """The exact names keep their answers: a facade-scoped one unaddressed is -32602,
         a process one reaches its handler."""
-        self.assertEqual(self.answer("node/select")["error"],
-                         {"code": -32602, "message": "no facade addressed"})
+        self.assertEqual(
+            self.answer("node/select")["error"], {"code": -32602, "message": "no facade addressed"}
+        )
         self.assertEqual(self.answer("node/set-priority")["error"]["code"], -32602)
-        self.assertNotEqual(self.answer("node/set-priority")["error"]["message"],
-                            "no facade addressed")
+        self.assertNotEqual(
+            self.answer("node/set-priority")["error"]["message"], "no facade addressed"
+        )

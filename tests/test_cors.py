@@ -39,8 +39,9 @@ class PreflightDetectionTests(SynchronousTestCase):
 
     def test_notPreflight(self) -> None:
         """Another method, or a missing Origin or request method, is not a preflight."""
-        self.assertFalse(isPreflight(b"GET", {"origin": ORIGIN,
-                                              "access-control-request-method": "POST"}))
+        self.assertFalse(
+            isPreflight(b"GET", {"origin": ORIGIN, "access-control-request-method": "POST"})
+        )
         self.assertFalse(isPreflight(b"OPTIONS", {"origin": ORIGIN}))
         self.assertFalse(isPreflight(b"OPTIONS", {"access-control-request-method": "POST"}))
 
@@ -56,12 +57,15 @@ class PreflightDetectionTests(SynchronousTestCase):
             "proxy-authorization": "Basic y",
             "user-agent": "ua",
         }
-        self.assertEqual(preflightHeaders(request), {
-            "origin": ORIGIN,
-            "access-control-request-method": "POST",
-            "access-control-request-headers": "content-type",
-            "access-control-request-private-network": "true",
-        })
+        self.assertEqual(
+            preflightHeaders(request),
+            {
+                "origin": ORIGIN,
+                "access-control-request-method": "POST",
+                "access-control-request-headers": "content-type",
+                "access-control-request-private-network": "true",
+            },
+        )
         for credential in ("cookie", "authorization", "proxy-authorization"):
             self.assertNotIn(credential, PREFLIGHT_FORWARD_HEADERS)
 
@@ -87,8 +91,9 @@ class PreflightAnswerTests(SynchronousTestCase):
     def test_allStar(self) -> None:
         """``*`` from every responder stays ``*`` without Vary."""
         star = {"access-control-allow-origin": "*"}
-        self.assertEqual(preflightAnswer(ORIGIN, [star, star]),
-                         {"Access-Control-Allow-Origin": "*"})
+        self.assertEqual(
+            preflightAnswer(ORIGIN, [star, star]), {"Access-Control-Allow-Origin": "*"}
+        )
 
     def test_mixedOrigin(self) -> None:
         """A mix of ``*`` and the origin answers the origin with Vary: Origin."""
@@ -99,8 +104,9 @@ class PreflightAnswerTests(SynchronousTestCase):
 
     def test_oneDenies(self) -> None:
         """A responder that did not allow the origin removes Allow-Origin and Vary."""
-        answer = preflightAnswer(ORIGIN, [allow(allow_methods="GET"),
-                                          {"access-control-allow-methods": "GET"}])
+        answer = preflightAnswer(
+            ORIGIN, [allow(allow_methods="GET"), {"access-control-allow-methods": "GET"}]
+        )
         self.assertEqual(answer, {"Access-Control-Allow-Methods": "GET"})
 
     def test_noResponders(self) -> None:
@@ -109,14 +115,16 @@ class PreflightAnswerTests(SynchronousTestCase):
 
     def test_methodsIntersection(self) -> None:
         """Methods intersect case-insensitively in the first responder's spelling and order."""
-        answer = preflightAnswer(ORIGIN, [allow(allow_methods="POST, get,PUT"),
-                                          allow(allow_methods="GET, Post, DELETE")])
+        answer = preflightAnswer(
+            ORIGIN, [allow(allow_methods="POST, get,PUT"), allow(allow_methods="GET, Post, DELETE")]
+        )
         self.assertEqual(answer["Access-Control-Allow-Methods"], "POST, get")
 
     def test_methodsWildcard(self) -> None:
         """``*`` matches any method; the other responder's list survives whole."""
-        answer = preflightAnswer(ORIGIN, [allow(allow_methods="*"),
-                                          allow(allow_methods="GET, POST")])
+        answer = preflightAnswer(
+            ORIGIN, [allow(allow_methods="*"), allow(allow_methods="GET, POST")]
+        )
         self.assertEqual(answer["Access-Control-Allow-Methods"], "GET, POST")
 
     def test_allWildcardStays(self) -> None:
@@ -126,14 +134,14 @@ class PreflightAnswerTests(SynchronousTestCase):
 
     def test_headerWildcardExcludesAuthorization(self) -> None:
         """A ``*`` in Allow-Headers does not grant Authorization (Fetch rule)."""
-        answer = preflightAnswer(ORIGIN, [allow(allow_headers="*"),
-                                          allow(allow_headers="Authorization, Content-Type")])
+        answer = preflightAnswer(
+            ORIGIN, [allow(allow_headers="*"), allow(allow_headers="Authorization, Content-Type")]
+        )
         self.assertEqual(answer["Access-Control-Allow-Headers"], "Content-Type")
 
     def test_missingListOmitted(self) -> None:
         """A responder without Allow-Methods/Allow-Headers omits the header from the answer."""
-        answer = preflightAnswer(ORIGIN, [allow(allow_methods="GET", allow_headers="x-a"),
-                                          allow()])
+        answer = preflightAnswer(ORIGIN, [allow(allow_methods="GET", allow_headers="x-a"), allow()])
         self.assertNotIn("Access-Control-Allow-Methods", answer)
         self.assertNotIn("Access-Control-Allow-Headers", answer)
 
@@ -144,8 +152,9 @@ class PreflightAnswerTests(SynchronousTestCase):
 
     def test_maxAgeSmallest(self) -> None:
         """Max-Age is the smallest integer."""
-        answer = preflightAnswer(ORIGIN, [allow(max_age="600"), allow(max_age=" 86400"),
-                                          allow(max_age="5")])
+        answer = preflightAnswer(
+            ORIGIN, [allow(max_age="600"), allow(max_age=" 86400"), allow(max_age="5")]
+        )
         self.assertEqual(answer["Access-Control-Max-Age"], "5")
 
     def test_maxAgeAbsent(self) -> None:
@@ -171,29 +180,49 @@ class PreflightAnswerTests(SynchronousTestCase):
 
     def test_fullAnswer(self) -> None:
         """Every rule together yields the complete header set."""
-        answer = preflightAnswer(ORIGIN, [
-            allow(allow_methods="GET, POST", allow_headers="Content-Type, X-Key",
-                  max_age="600", allow_credentials="true"),
-            {"access-control-allow-origin": "*", "access-control-allow-methods": "*",
-             "access-control-allow-headers": "content-type",
-             "access-control-max-age": "60", "access-control-allow-credentials": "true"},
-        ])
-        self.assertEqual(answer, {
-            "Access-Control-Allow-Origin": ORIGIN,
-            "Vary": "Origin",
-            "Access-Control-Allow-Methods": "GET, POST",
-            "Access-Control-Allow-Headers": "Content-Type",
-            "Access-Control-Max-Age": "60",
-            "Access-Control-Allow-Credentials": "true",
-        })
+        answer = preflightAnswer(
+            ORIGIN,
+            [
+                allow(
+                    allow_methods="GET, POST",
+                    allow_headers="Content-Type, X-Key",
+                    max_age="600",
+                    allow_credentials="true",
+                ),
+                {
+                    "access-control-allow-origin": "*",
+                    "access-control-allow-methods": "*",
+                    "access-control-allow-headers": "content-type",
+                    "access-control-max-age": "60",
+                    "access-control-allow-credentials": "true",
+                },
+            ],
+        )
+        self.assertEqual(
+            answer,
+            {
+                "Access-Control-Allow-Origin": ORIGIN,
+                "Vary": "Origin",
+                "Access-Control-Allow-Methods": "GET, POST",
+                "Access-Control-Allow-Headers": "Content-Type",
+                "Access-Control-Max-Age": "60",
+                "Access-Control-Allow-Credentials": "true",
+            },
+        )
 
-    @given(st.lists(st.lists(st.sampled_from(["GET", "get", "POST", "PUT", "*", "DELETE"]),
-                             max_size=5), min_size=1, max_size=4))
+    @given(
+        st.lists(
+            st.lists(st.sampled_from(["GET", "get", "POST", "PUT", "*", "DELETE"]), max_size=5),
+            min_size=1,
+            max_size=4,
+        )
+    )
     def test_intersectionProperty(self, lists: list[list[str]]) -> None:
         """The answer's methods are granted by every responder and include all common ones."""
         answer = preflightAnswer(ORIGIN, [allow(allow_methods=", ".join(ms)) for ms in lists])
-        granted = {m.lower() for m in answer.get("Access-Control-Allow-Methods", "").split(", ")
-                   if m}
+        granted = {
+            m.lower() for m in answer.get("Access-Control-Allow-Methods", "").split(", ") if m
+        }
         sets = [{m.lower() for m in ms} for ms in lists]
         common = set.intersection(*sets)
         for method in granted - {"*"}:
@@ -212,14 +241,15 @@ class ListCorsTests(SynchronousTestCase):
 
     def test_originWithVary(self) -> None:
         """Any responder naming the origin makes the answer the origin plus Vary."""
-        self.assertEqual(listCors(ORIGIN, [allow(), {"access-control-allow-origin": "*"}]),
-                         {"Access-Control-Allow-Origin": ORIGIN, "Vary": "Origin"})
+        self.assertEqual(
+            listCors(ORIGIN, [allow(), {"access-control-allow-origin": "*"}]),
+            {"Access-Control-Allow-Origin": ORIGIN, "Vary": "Origin"},
+        )
 
     def test_denial(self) -> None:
         """One responder not allowing the origin yields None (403)."""
         self.assertIsNone(listCors(ORIGIN, [allow(), {}]))
-        self.assertIsNone(listCors(ORIGIN, [allow(),
-                                            {"access-control-allow-origin": "http://x"}]))
+        self.assertIsNone(listCors(ORIGIN, [allow(), {"access-control-allow-origin": "http://x"}]))
 
     def test_emptyFleet(self) -> None:
         """No responders is no denial, and grants nothing."""
@@ -227,21 +257,31 @@ class ListCorsTests(SynchronousTestCase):
 
     def test_credentialsAndExpose(self) -> None:
         """Credentials only if all said true; Expose-Headers is the intersection."""
-        headers = listCors(ORIGIN, [
-            allow(allow_credentials="true", expose_headers="X-A, X-B"),
-            allow(allow_credentials="true", expose_headers="x-b, x-c"),
-        ])
-        self.assertEqual(headers, {"Access-Control-Allow-Origin": ORIGIN, "Vary": "Origin",
-                                   "Access-Control-Allow-Credentials": "true",
-                                   "Access-Control-Expose-Headers": "X-B"})
-        partial = listCors(ORIGIN, [allow(allow_credentials="true", expose_headers="X-A"),
-                                    allow()])
+        headers = listCors(
+            ORIGIN,
+            [
+                allow(allow_credentials="true", expose_headers="X-A, X-B"),
+                allow(allow_credentials="true", expose_headers="x-b, x-c"),
+            ],
+        )
+        self.assertEqual(
+            headers,
+            {
+                "Access-Control-Allow-Origin": ORIGIN,
+                "Vary": "Origin",
+                "Access-Control-Allow-Credentials": "true",
+                "Access-Control-Expose-Headers": "X-B",
+            },
+        )
+        partial = listCors(ORIGIN, [allow(allow_credentials="true", expose_headers="X-A"), allow()])
         self.assertEqual(partial, {"Access-Control-Allow-Origin": ORIGIN, "Vary": "Origin"})
 
     def test_invalidAllAllowed(self) -> None:
         """The invalid-inventory 502 keeps Allow-Origin (and Vary) when all allowed."""
-        self.assertEqual(invalidListCors(ORIGIN, [allow(allow_credentials="true"), allow()]),
-                         {"Access-Control-Allow-Origin": ORIGIN, "Vary": "Origin"})
+        self.assertEqual(
+            invalidListCors(ORIGIN, [allow(allow_credentials="true"), allow()]),
+            {"Access-Control-Allow-Origin": ORIGIN, "Vary": "Origin"},
+        )
         star = {"access-control-allow-origin": "*"}
         self.assertEqual(invalidListCors(ORIGIN, [star]), {"Access-Control-Allow-Origin": "*"})
 
@@ -256,12 +296,19 @@ class StripTests(SynchronousTestCase):
 
     def test_strip(self) -> None:
         """Access-Control-* headers go in any case; others stay in order."""
-        headers = [(b"Content-Type", b"application/json"),
-                   (b"Access-Control-Allow-Origin", b"*"),
-                   (b"access-control-max-age", b"5"),
-                   (b"Vary", b"Origin"),
-                   (b"X-Access-Control-Note", b"kept")]
-        self.assertEqual(stripCors(headers), [(b"Content-Type", b"application/json"),
-                                              (b"Vary", b"Origin"),
-                                              (b"X-Access-Control-Note", b"kept")])
+        headers = [
+            (b"Content-Type", b"application/json"),
+            (b"Access-Control-Allow-Origin", b"*"),
+            (b"access-control-max-age", b"5"),
+            (b"Vary", b"Origin"),
+            (b"X-Access-Control-Note", b"kept"),
+        ]
+        self.assertEqual(
+            stripCors(headers),
+            [
+                (b"Content-Type", b"application/json"),
+                (b"Vary", b"Origin"),
+                (b"X-Access-Control-Note", b"kept"),
+            ],
+        )
         self.assertEqual(CORS_PREFIX, "access-control-")

@@ -24,8 +24,9 @@ from tests.fakeupstream import (
 )
 
 SSE = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
-USAGE = (b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n'
-         b"data: [DONE]\n\n")
+USAGE = (
+    b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\ndata: [DONE]\n\n'
+)
 
 
 class LoopCase(SynchronousTestCase):
@@ -74,8 +75,14 @@ class HappyPathTests(LoopCase):
         ex, request = self.start()
         call = self.upstream.last()
         self.assertEqual(call.nodeId, "A")
-        response = call.respond(200, {b"content-type": [b"text/event-stream"],
-                                      b"x-engine": [b"yes"], b"connection": [b"close"]})
+        response = call.respond(
+            200,
+            {
+                b"content-type": [b"text/event-stream"],
+                b"x-engine": [b"yes"],
+                b"connection": [b"close"],
+            },
+        )
         self.assertIsNone(request.code, "headers alone commit nothing")
         response.send(SSE[:3], SSE[3:], USAGE)
         self.assertEqual(request.code, 200)
@@ -85,12 +92,15 @@ class HappyPathTests(LoopCase):
         response.end()
         self.assertEqual(request.body, SSE + USAGE)
         self.assertTrue(request.finished)
-        self.assertEqual(self.shape(), [
-            ("workload:submitted", "queued", None),
-            ("workload:submitted", "queued", "A"),
-            ("workload:started", "running", "A"),
-            ("workload:completed", "completed", "A"),
-        ])
+        self.assertEqual(
+            self.shape(),
+            [
+                ("workload:submitted", "queued", None),
+                ("workload:submitted", "queued", "A"),
+                ("workload:started", "running", "A"),
+                ("workload:completed", "completed", "A"),
+            ],
+        )
         infos = [i for _, i in self.events()]
         self.assertEqual([i["seq"] for i in infos], [1, 2, 3, 4])
         self.assertEqual({i["runId"] for i in infos}, {RUN_ID})
@@ -123,8 +133,9 @@ class HappyPathTests(LoopCase):
         self.assertEqual(request.code, 200)
         self.assertEqual(request.body, SSE + USAGE)
         self.assertTrue(request.finished)
-        self.assertEqual([m for m, _, _ in self.shape()][-2:],
-                         ["workload:started", "workload:completed"])
+        self.assertEqual(
+            [m for m, _, _ in self.shape()][-2:], ["workload:started", "workload:completed"]
+        )
         self.assertEqual(self.terminal()["state"], "completed")
         self.assertIsNone(ex.serving)
         self.assertReleased()
@@ -142,15 +153,25 @@ class HappyPathTests(LoopCase):
 
     def test_forwardsRequest(self) -> None:
         """Method, path with query, body and end-to-end headers are forwarded; hop-by-hop not."""
-        request = FakeRequest(path=b"/v1/chat/completions?x=1", headers={
-            b"content-type": [b"application/json"], b"authorization": [b"Bearer k"],
-            b"connection": [b"keep-alive, x-hop"], b"x-hop": [b"1"], b"host": [b"proxy"],
-            b"keep-alive": [b"5"], b"te": [b"trailers"], b"expect": [b"100-continue"],
-        })
+        request = FakeRequest(
+            path=b"/v1/chat/completions?x=1",
+            headers={
+                b"content-type": [b"application/json"],
+                b"authorization": [b"Bearer k"],
+                b"connection": [b"keep-alive, x-hop"],
+                b"x-hop": [b"1"],
+                b"host": [b"proxy"],
+                b"keep-alive": [b"5"],
+                b"te": [b"trailers"],
+                b"expect": [b"100-continue"],
+            },
+        )
         self.start(request=request, body=b'{"model":"m1"}')
         call = self.upstream.last()
-        self.assertEqual((call.method, call.path, call.body),
-                         (b"POST", b"/v1/chat/completions?x=1", b'{"model":"m1"}'))
+        self.assertEqual(
+            (call.method, call.path, call.body),
+            (b"POST", b"/v1/chat/completions?x=1", b'{"model":"m1"}'),
+        )
         names = {n.lower() for n, _ in call.headers.getAllRawHeaders()}
         self.assertEqual(names, {b"content-type", b"authorization"})
         self.assertEqual(call.address, "http://A")
@@ -165,8 +186,10 @@ class NoOwnerTests(LoopCase):
         self.assertEqual(self.upstream.calls, [])
         self.assertEqual(request.code, 502)
         self.assertEqual(self.errorReason(request), "no_owner")
-        self.assertEqual(self.shape(), [("workload:submitted", "queued", None),
-                                        ("workload:errored", "failed", None)])
+        self.assertEqual(
+            self.shape(),
+            [("workload:submitted", "queued", None), ("workload:errored", "failed", None)],
+        )
         self.assertEqual(self.terminal()["error"], "no_owner")
         self.assertReleased()
 
@@ -259,8 +282,9 @@ class StatusTableTests(LoopCase):
 
     def test_404VerbatimIsAnswer(self) -> None:
         """On a non-inference route a 404 is the answer, not retried."""
-        ex, request = self.start(inference=False, model=None,
-                                 request=FakeRequest(b"GET", b"/props"), body=b"")
+        ex, request = self.start(
+            inference=False, model=None, request=FakeRequest(b"GET", b"/props"), body=b""
+        )
         self.upstream.last().answer(404, b"nf")
         self.assertEqual(self.upstream.nodesCalled(), ["A"])
         self.assertEqual(request.code, 404)
@@ -275,8 +299,9 @@ class FinalAttemptTests(LoopCase):
         """Two 503s with a budget of two: the second 503 and its body reach the client."""
         ex, request = self.start()
         self.upstream.last().respond(503)
-        final = self.upstream.last().respond(503, {b"content-type": [b"application/json"],
-                                                   b"retry-after": [b"7"]})
+        final = self.upstream.last().respond(
+            503, {b"content-type": [b"application/json"], b"retry-after": [b"7"]}
+        )
         final.send(b'{"error":"busy"}')
         final.end()
         self.assertEqual(self.upstream.nodesCalled(), ["A", "B"])
@@ -360,14 +385,17 @@ class HeaderIsNotCommitTests(LoopCase):
         self.upstream.last().answer(200, SSE)
         self.assertEqual(request.body, SSE)
         self.assertEqual(request.header(b"x-nvpair-node"), [b"B"])
-        self.assertEqual(self.shape(), [
-            ("workload:submitted", "queued", None),
-            ("workload:submitted", "queued", "A"),
-            ("workload:submitted", "queued", None),
-            ("workload:submitted", "queued", "B"),
-            ("workload:started", "running", "B"),
-            ("workload:completed", "completed", "B"),
-        ])
+        self.assertEqual(
+            self.shape(),
+            [
+                ("workload:submitted", "queued", None),
+                ("workload:submitted", "queued", "A"),
+                ("workload:submitted", "queued", None),
+                ("workload:submitted", "queued", "B"),
+                ("workload:started", "running", "B"),
+                ("workload:completed", "completed", "B"),
+            ],
+        )
 
     def test_zeroDisablesCaps(self) -> None:
         """--response-header-timeout 0 disables both caps."""
@@ -778,11 +806,13 @@ class VerbatimTests(LoopCase):
 
     def test_pullNeverTwiceOnOneNode(self) -> None:
         """A POST /api/pull meeting 5xx everywhere: each node once, the last answer passed."""
-        self.facade = makeFacade(self.clock, [node(n, models=("llama3:latest",))
-                                              for n in self.nodes], engine="ollama")
+        self.facade = makeFacade(
+            self.clock, [node(n, models=("llama3:latest",)) for n in self.nodes], engine="ollama"
+        )
         request = FakeRequest(b"POST", b"/api/pull")
-        ex, request = self.start(request=request, inference=False, model="llama3:latest",
-                                 body=b'{"model":"llama3"}')
+        ex, request = self.start(
+            request=request, inference=False, model="llama3:latest", body=b'{"model":"llama3"}'
+        )
         for _ in range(3):
             self.upstream.last().answer(500, b"e")
         self.assertEqual(self.upstream.nodesCalled(), ["A", "B", "C"])
@@ -832,7 +862,8 @@ class ReservationTests(LoopCase):
     def prioritize(self, load: dict[str, int] | None = None) -> None:
         load = load or {}
         self.context.reservations.applyPriority(
-            1, ["A", "B", "C"], {n: NodeLoad(load.get(n, 0), 0.0) for n in self.nodes})
+            1, ["A", "B", "C"], {n: NodeLoad(load.get(n, 0), 0.0) for n in self.nodes}
+        )
 
     def test_leastLoadedFirst(self) -> None:
         """The least-loaded listed candidate is reserved and tried first; ties keep order."""
@@ -919,8 +950,7 @@ class ActivityTests(LoopCase):
         ex, request = self.start()
         self.upstream.last().refuse()
         self.upstream.last().answer(200, b"x")
-        self.assertEqual(self.context.sink.activity(),
-                         [("A", 1), ("A", 0), ("B", 1), ("B", 0)])
+        self.assertEqual(self.context.sink.activity(), [("A", 1), ("A", 0), ("B", 1), ("B", 0)])
 
     def test_concurrentCounts(self) -> None:
         """Two requests on one node count 2."""
@@ -943,15 +973,18 @@ class EventTests(LoopCase):
             self.upstream.last().refuse()
             self.clock.advance(5)
         self.assertEqual(request.code, 502)
-        self.assertEqual(self.shape(), [
-            ("workload:submitted", "queued", None),
-            ("workload:submitted", "queued", "A"),
-            ("workload:submitted", "queued", None),
-            ("workload:submitted", "queued", "A"),
-            ("workload:submitted", "queued", None),
-            ("workload:submitted", "queued", "A"),
-            ("workload:errored", "failed", "A"),
-        ])
+        self.assertEqual(
+            self.shape(),
+            [
+                ("workload:submitted", "queued", None),
+                ("workload:submitted", "queued", "A"),
+                ("workload:submitted", "queued", None),
+                ("workload:submitted", "queued", "A"),
+                ("workload:submitted", "queued", None),
+                ("workload:submitted", "queued", "A"),
+                ("workload:errored", "failed", "A"),
+            ],
+        )
         seqs = [i["seq"] for _, i in self.events()]
         self.assertEqual(seqs, list(range(1, 8)))
 
@@ -973,10 +1006,10 @@ class EventTests(LoopCase):
         self.clock.advance(1)
         response.end()
         info = self.terminal()
-        self.assertEqual((info["createdAt"], info["startedAt"], info["completedAt"]),
-                         (1500, 1750, 2750))
+        self.assertEqual(
+            (info["createdAt"], info["startedAt"], info["completedAt"]), (1500, 1750, 2750)
+        )
         self.assertEqual(info["stats"]["ttftMs"], 250)
-
 
 
 class DriverTests(LoopCase):

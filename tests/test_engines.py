@@ -9,10 +9,24 @@ from twisted.trial.unittest import SynchronousTestCase
 from nvpair.proxy.facade.engines import ENGINES, LLAMACPP, LMSTUDIO, OLLAMA, RouteClass, ollamaModel
 
 INFERENCE = {
-    "ollama": ["/api/generate", "/api/chat", "/api/embed", "/api/embeddings",
-               "/v1/chat/completions", "/v1/completions", "/v1/embeddings"],
-    "lmstudio": ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
-                 "/api/v0/chat/completions", "/api/v0/completions", "/api/v0/embeddings"],
+    "ollama": [
+        "/api/generate",
+        "/api/chat",
+        "/api/embed",
+        "/api/embeddings",
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+    ],
+    "lmstudio": [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/responses",
+        "/api/v0/chat/completions",
+        "/api/v0/completions",
+        "/api/v0/embeddings",
+    ],
     "llamacpp": ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank"],
 }
 LISTS = {
@@ -20,8 +34,17 @@ LISTS = {
     "lmstudio": ["/v1/models", "/api/v0/models"],
     "llamacpp": ["/models", "/v1/models"],
 }
-REASONS = ["no_owner", "upstream_unreachable", "no_content", "deadline_exceeded",
-           "owner_unavailable", "attempts_exhausted", "bad_request", "body_too_large", "internal"]
+REASONS = [
+    "no_owner",
+    "upstream_unreachable",
+    "no_content",
+    "deadline_exceeded",
+    "owner_unavailable",
+    "attempts_exhausted",
+    "bad_request",
+    "body_too_large",
+    "internal",
+]
 
 
 class TableTests(SynchronousTestCase):
@@ -40,8 +63,10 @@ class TableTests(SynchronousTestCase):
         }
         for engineId, expected in table.items():
             e = ENGINES[engineId]
-            self.assertEqual((e.ownPort, e.relocatedPort, e.standalonePort, e.portFile,
-                              e.defaultBackend), expected)
+            self.assertEqual(
+                (e.ownPort, e.relocatedPort, e.standalonePort, e.portFile, e.defaultBackend),
+                expected,
+            )
 
 
 class ClassificationTests(SynchronousTestCase):
@@ -51,15 +76,21 @@ class ClassificationTests(SynchronousTestCase):
         """Each inference route (POST) is INFERENCE for its engine."""
         for engineId, paths in INFERENCE.items():
             for path in paths:
-                self.assertIs(ENGINES[engineId].classify(b"POST", path.encode()),
-                              RouteClass.INFERENCE, (engineId, path))
+                self.assertIs(
+                    ENGINES[engineId].classify(b"POST", path.encode()),
+                    RouteClass.INFERENCE,
+                    (engineId, path),
+                )
 
     def test_inferenceNeedsPost(self) -> None:
         """The same paths with GET are verbatim."""
         for engineId, paths in INFERENCE.items():
             for path in paths:
-                self.assertIs(ENGINES[engineId].classify(b"GET", path.encode()),
-                              RouteClass.VERBATIM, (engineId, path))
+                self.assertIs(
+                    ENGINES[engineId].classify(b"GET", path.encode()),
+                    RouteClass.VERBATIM,
+                    (engineId, path),
+                )
 
     def test_lists(self) -> None:
         """Each fleet model list (GET) is FLEET_LIST; POST to it is verbatim."""
@@ -80,9 +111,14 @@ class ClassificationTests(SynchronousTestCase):
 
     def test_verbatim(self) -> None:
         """Unlisted routes (pull, show, health, trailing slash) are forwarded verbatim."""
-        for method, path in [(b"POST", b"/api/pull"), (b"POST", b"/api/show"),
-                             (b"GET", b"/health"), (b"POST", b"/api/chat/"),
-                             (b"DELETE", b"/api/delete"), (b"OPTIONS", b"/api/chat")]:
+        for method, path in [
+            (b"POST", b"/api/pull"),
+            (b"POST", b"/api/show"),
+            (b"GET", b"/health"),
+            (b"POST", b"/api/chat/"),
+            (b"DELETE", b"/api/delete"),
+            (b"OPTIONS", b"/api/chat"),
+        ]:
             self.assertIs(OLLAMA.classify(method, path), RouteClass.VERBATIM)
 
 
@@ -121,14 +157,22 @@ class ErrorShapeTests(SynchronousTestCase):
 
     def test_openAI(self) -> None:
         """Every other route of every engine uses the OpenAI error object."""
-        cases = [(OLLAMA, b"/v1/chat/completions"), (OLLAMA, b"/v1/models"),
-                 (LMSTUDIO, b"/v1/chat/completions"), (LMSTUDIO, b"/api/v0/completions"),
-                 (LLAMACPP, b"/v1/rerank"), (LLAMACPP, b"/models")]
+        cases = [
+            (OLLAMA, b"/v1/chat/completions"),
+            (OLLAMA, b"/v1/models"),
+            (LMSTUDIO, b"/v1/chat/completions"),
+            (LMSTUDIO, b"/api/v0/completions"),
+            (LLAMACPP, b"/v1/rerank"),
+            (LLAMACPP, b"/models"),
+        ]
         for engine, path in cases:
             for reason in REASONS:
                 doc = json.loads(engine.errorBody(path, reason, "msg"))
-                self.assertEqual(doc, {"error": {"message": "msg", "type": "proxy_error",
-                                                 "code": reason}}, (engine.id, path))
+                self.assertEqual(
+                    doc,
+                    {"error": {"message": "msg", "type": "proxy_error", "code": reason}},
+                    (engine.id, path),
+                )
 
     def test_dialects(self) -> None:
         """Ollama's native routes stream by default and read as the Ollama dialect."""

@@ -138,8 +138,9 @@ class InstallTests(SynchronousTestCase):
 class Poller:
     """An epoll stand-in: answers one list of events, or raises."""
 
-    def __init__(self, events: list[tuple[int, int]] | None = None,
-                 error: OSError | None = None) -> None:
+    def __init__(
+        self, events: list[tuple[int, int]] | None = None, error: OSError | None = None
+    ) -> None:
         self.events = events or []
         self.error = error
         self.calls: list[tuple[float, int]] = []
@@ -258,8 +259,10 @@ class RelianceTests(SynchronousTestCase):
         reader = PipeReader(self.readEnd)
         self.reactor.addReader(reader)
         os.write(self.writeEnd, b"ping")
-        self.assertIn((self.readEnd, select.EPOLLIN),
-                      self.reactor._poller.poll(0, len(self.reactor._selectables)))
+        self.assertIn(
+            (self.readEnd, select.EPOLLIN),
+            self.reactor._poller.poll(0, len(self.reactor._selectables)),
+        )
         self.reactor.doPoll(0)
         self.assertEqual(reader.data, [b"ping"])
         self.reactor.doPoll(0)
@@ -271,8 +274,10 @@ class RelianceTests(SynchronousTestCase):
         reader = PipeReader(self.readEnd)
         self.reactor.addReader(reader)
         os.close(self.writeEnd)
-        self.assertIn((self.readEnd, select.EPOLLHUP),
-                      self.reactor._poller.poll(0, len(self.reactor._selectables)))
+        self.assertIn(
+            (self.readEnd, select.EPOLLHUP),
+            self.reactor._poller.poll(0, len(self.reactor._selectables)),
+        )
         self.reactor.doPoll(0)
         self.assertNotIn(reader, self.reactor.getReaders())
         self.assertEqual(len(reader.lost), 1)

@@ -45,11 +45,11 @@ class BusyReactor(MemoryReactorClock):
         self.open: set[tuple[str, int]] = set()
         self.ports: list[Port] = []
 
-    def listenTCP(self, port: int, factory: Any, backlog: int = 50,
-                  interface: str = "") -> Port:  # type: ignore[override]
+    def listenTCP(self, port: int, factory: Any, backlog: int = 50, interface: str = "") -> Port:  # type: ignore[override]
         if port in self.busy or (interface, port) in self.open:
-            raise CannotListenError(interface, port,
-                                    OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE)))
+            raise CannotListenError(
+                interface, port, OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE))
+            )
         self.tcpServers.append((port, factory, backlog, interface))
         p = Port(self, port, interface)
         self.open.add((interface, port))
@@ -91,11 +91,14 @@ class FacadeTests(SynchronousTestCase):
         """The result, then ``discovery:subscribe`` and ``ready``, in that order."""
         result = self.call(None, "facade/enable", {"engine": "ollama", "port": 5000})
         self.assertEqual(result, {"engine": "ollama", "port": 5000, "aliases": []})
-        self.assertEqual(self.sink.sent, [
-            ("<result>", result),
-            ("ollama:discovery:subscribe", {}),
-            ("ollama:ready", {"port": 5000, "aliases": []}),
-        ])
+        self.assertEqual(
+            self.sink.sent,
+            [
+                ("<result>", result),
+                ("ollama:discovery:subscribe", {}),
+                ("ollama:ready", {"port": 5000, "aliases": []}),
+            ],
+        )
         self.assertEqual(self.reactor.ports[0].interface, "::")
 
     def test_enableAgain(self) -> None:
@@ -115,9 +118,13 @@ class FacadeTests(SynchronousTestCase):
     def test_invalidParams(self) -> None:
         """Unknown engine, missing or invalid port, bad aliases: -32602 and nothing bound."""
         cases: list[dict[str, Any]] = [
-            {"engine": "vllm", "port": 1}, {"port": 1}, {"engine": "ollama"},
-            {"engine": "ollama", "port": -1}, {"engine": "ollama", "port": 65536},
-            {"engine": "ollama", "port": "80"}, {"engine": "ollama", "port": 8.5},
+            {"engine": "vllm", "port": 1},
+            {"port": 1},
+            {"engine": "ollama"},
+            {"engine": "ollama", "port": -1},
+            {"engine": "ollama", "port": 65536},
+            {"engine": "ollama", "port": "80"},
+            {"engine": "ollama", "port": 8.5},
             {"engine": "ollama", "port": True},
             {"engine": "ollama", "port": 1, "aliases": "127.0.0.1:2"},
             {"engine": "ollama", "port": 1, "aliases": ["10.0.0.1:2"]},
@@ -125,8 +132,9 @@ class FacadeTests(SynchronousTestCase):
             {"engine": "ollama", "port": 1, "ignorePersistedPort": "yes"},
         ]
         for params in cases:
-            self.assertEqual(self.error(None, "facade/enable", params).code,
-                             jsonrpc.INVALID_PARAMS, params)
+            self.assertEqual(
+                self.error(None, "facade/enable", params).code, jsonrpc.INVALID_PARAMS, params
+            )
         self.assertEqual(self.reactor.tcpServers, [])
         self.assertEqual(self.sink.sent, [])
 
@@ -135,14 +143,17 @@ class FacadeTests(SynchronousTestCase):
         self.reactor.busy.add(5000)
         e = self.error(None, "facade/enable", {"engine": "lmstudio", "port": 5000})
         self.assertEqual(e.code, jsonrpc.BIND_FAILED)
-        self.assertEqual(e.data, {"engine": "lmstudio", "port": 5000,
-                                  "reason": os.strerror(errno.EADDRINUSE)})
-        self.assertEqual(self.sink.sent, [("lmstudio:error", {
-            "kind": "bind", "port": 5000, "message": str(e)})])
+        self.assertEqual(
+            e.data, {"engine": "lmstudio", "port": 5000, "reason": os.strerror(errno.EADDRINUSE)}
+        )
+        self.assertEqual(
+            self.sink.sent, [("lmstudio:error", {"kind": "bind", "port": 5000, "message": str(e)})]
+        )
         self.assertNotIn("lmstudio", self.service.facades)
         self.reactor.busy.clear()
-        self.assertEqual(self.call(None, "facade/enable",
-                                   {"engine": "lmstudio", "port": 5000})["port"], 5000)
+        self.assertEqual(
+            self.call(None, "facade/enable", {"engine": "lmstudio", "port": 5000})["port"], 5000
+        )
 
     def test_bindFailureConfined(self) -> None:
         """One engine's bind failure leaves another engine's listener alone."""
@@ -155,14 +166,19 @@ class FacadeTests(SynchronousTestCase):
     def test_aliases(self) -> None:
         """Aliases bind on loopback; an occupied one is reported and the primary is unaffected."""
         self.reactor.busy.add(7001)
-        result = self.call(None, "facade/enable", {
-            "engine": "ollama", "port": 5000, "aliases": ["127.0.0.1:7000", "127.0.0.1:7001"]})
+        result = self.call(
+            None,
+            "facade/enable",
+            {"engine": "ollama", "port": 5000, "aliases": ["127.0.0.1:7000", "127.0.0.1:7001"]},
+        )
         self.assertEqual(result["aliases"], ["127.0.0.1:7000"])
         interfaces = {p.port: p.interface for p in self.reactor.ports}
         self.assertEqual(interfaces[7000], "127.0.0.1")
         methods = [m for m, _ in self.sink.sent]
-        self.assertEqual(methods, ["ollama:errors:report", "<result>",
-                                   "ollama:discovery:subscribe", "ollama:ready"])
+        self.assertEqual(
+            methods,
+            ["ollama:errors:report", "<result>", "ollama:discovery:subscribe", "ollama:ready"],
+        )
         self.assertEqual(self.sink.sent[0][1]["kind"], "alias")
         self.assertIn("127.0.0.1:7001", self.sink.sent[0][1]["message"])
         self.assertEqual(self.sink.sent[-1][1], {"port": 5000, "aliases": ["127.0.0.1:7000"]})
@@ -176,8 +192,10 @@ class FacadeTests(SynchronousTestCase):
         self.assertEqual(result, {"port": 5001})
         self.assertTrue(old.closed)
         self.assertEqual(self.listening(), [5001])
-        self.assertEqual(self.sink.sent, [("<result>", {"port": 5001}),
-                                          ("ollama:ready", {"port": 5001, "aliases": []})])
+        self.assertEqual(
+            self.sink.sent,
+            [("<result>", {"port": 5001}), ("ollama:ready", {"port": 5001, "aliases": []})],
+        )
         self.assertEqual(self.service.ports.load(OLLAMA), 5001)
         self.assertEqual(os.listdir(self.stateDir), ["proxy-port.json"])
 
@@ -199,8 +217,9 @@ class FacadeTests(SynchronousTestCase):
         """An out-of-range set-port is -32602 and binds nothing; port 0 is the default."""
         self.call(None, "facade/enable", {"engine": "llamacpp", "port": 5000})
         for bad in (-5, 70000, "1", None):
-            self.assertEqual(self.error("llamacpp", "set-port", {"port": bad}).code,
-                             jsonrpc.INVALID_PARAMS)
+            self.assertEqual(
+                self.error("llamacpp", "set-port", {"port": bad}).code, jsonrpc.INVALID_PARAMS
+            )
         self.assertEqual(self.listening(), [5000])
         self.assertEqual(self.call("llamacpp", "set-port", {"port": 0}), {"port": 8080})
 
@@ -219,10 +238,17 @@ class FacadeTests(SynchronousTestCase):
         """A persisted port replaces the requested one unless ``ignorePersistedPort``."""
         self.service.ports.save(OLLAMA, 5555)
         self.service.ports.save(LLAMACPP, 6666)
-        self.assertEqual(self.call(None, "facade/enable",
-                                   {"engine": "ollama", "port": 5000})["port"], 5555)
-        self.assertEqual(self.call(None, "facade/enable", {
-            "engine": "llamacpp", "port": 6000, "ignorePersistedPort": True})["port"], 6000)
+        self.assertEqual(
+            self.call(None, "facade/enable", {"engine": "ollama", "port": 5000})["port"], 5555
+        )
+        self.assertEqual(
+            self.call(
+                None,
+                "facade/enable",
+                {"engine": "llamacpp", "port": 6000, "ignorePersistedPort": True},
+            )["port"],
+            6000,
+        )
 
     def test_persistedPortBusyFallsBack(self) -> None:
         """A persisted port that cannot be re-listened is reported (kind listen) and the
@@ -267,18 +293,30 @@ class FacadeTests(SynchronousTestCase):
         self.call("ollama", "node/set-local-backend", {"url": "http://127.0.0.1:11435/"})
         self.assertEqual(facade.localBackend, "http://127.0.0.1:11435")
         self.assertEqual(self.error("ollama", "node/select", {"nodeId": 5}).code, -32602)
-        self.assertEqual(self.error("ollama", "node/set-local-backend",
-                                    {"url": "ftp://x"}).code, -32602)
+        self.assertEqual(
+            self.error("ollama", "node/set-local-backend", {"url": "ftp://x"}).code, -32602
+        )
         self.assertEqual(self.error("ollama", "discovery:nodes", {"nodes": "x"}).code, -32602)
-        self.call("ollama", "discovery:nodes", {"nodes": [
-            {"id": "A", "self": False, "addresses": ["http://127.0.0.1:1"], "models": ["m"],
-             "extra": True}]})
+        self.call(
+            "ollama",
+            "discovery:nodes",
+            {
+                "nodes": [
+                    {
+                        "id": "A",
+                        "self": False,
+                        "addresses": ["http://127.0.0.1:1"],
+                        "models": ["m"],
+                        "extra": True,
+                    }
+                ]
+            },
+        )
         self.assertIn("A", facade.snapshot)
 
     def test_setLevel(self) -> None:
         """``log/set-level`` switches the level; an unknown level is -32602."""
-        self.assertEqual(self.call(None, "log/set-level", {"level": "debug"}),
-                         {"level": "debug"})
+        self.assertEqual(self.call(None, "log/set-level", {"level": "debug"}), {"level": "debug"})
         self.assertTrue(self.service.logControl.enabled("debug"))
         self.call(None, "log/set-level", {"level": "WARNING"})
         self.assertEqual(self.service.logControl.level, "warn")
@@ -287,10 +325,12 @@ class FacadeTests(SynchronousTestCase):
 
     def test_priority(self) -> None:
         """``node/set-priority`` is accepted unaddressed; malformed params are -32602."""
-        self.call(None, "node/set-priority", {"generation": 1, "order": ["A"],
-                                              "load": {"A": {"pending": 1, "gpuPressure": 0}}})
-        self.assertEqual(self.error(None, "node/set-priority", {"generation": "x"}).code,
-                         -32602)
+        self.call(
+            None,
+            "node/set-priority",
+            {"generation": 1, "order": ["A"], "load": {"A": {"pending": 1, "gpuPressure": 0}}},
+        )
+        self.assertEqual(self.error(None, "node/set-priority", {"generation": "x"}).code, -32602)
 
     def test_bindReason(self) -> None:
         """The reason of a bind failure is the operating system's text."""

@@ -140,7 +140,7 @@ class FakeSocket:
     def send(self, data: Any) -> int:
         if not self.window:
             raise BlockingIOError()
-        taken = bytes(data[:self.window])
+        taken = bytes(data[: self.window])
         self.sent += taken
         return len(taken)
 
@@ -157,8 +157,9 @@ class PinnedInternalsTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.reactor = MemoryReactor()
         self.socket = FakeSocket()
-        self.transport = tcp.Server(self.socket, Protocol(), ("127.0.0.1", 5), None, 1,
-                                    self.reactor)
+        self.transport = tcp.Server(
+            self.socket, Protocol(), ("127.0.0.1", 5), None, 1, self.reactor
+        )
 
     def queued(self) -> bool:
         return self.transport in self.reactor.getWriters()

@@ -52,8 +52,13 @@ class FakeBody:
 class FakeResponse:
     """An ``IResponse`` with a body delivered at once (or never, when ``hold``)."""
 
-    def __init__(self, code: int, body: bytes = b"", headers: dict[str, str] | None = None,
-                 hold: bool = False) -> None:
+    def __init__(
+        self,
+        code: int,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        hold: bool = False,
+    ) -> None:
         self.code = code
         self.body = body
         self.headers = Headers({k: [v] for k, v in (headers or {}).items()})
@@ -77,8 +82,15 @@ class FakeUpstream:
         self.calls: list[tuple[str, str | None, bytes, bytes, Headers]] = []
         self.cancelled: list[str] = []
 
-    def request(self, node: Any, address: str | None, method: bytes, path: bytes,
-                headers: Headers, body: bytes) -> defer.Deferred[Any]:
+    def request(
+        self,
+        node: Any,
+        address: str | None,
+        method: bytes,
+        path: bytes,
+        headers: Headers,
+        body: bytes,
+    ) -> defer.Deferred[Any]:
         self.calls.append((node.id, address, method, path, headers))
         answer = self.script.get(f"{address}{path.decode()}", self.script.get(address or ""))
         if answer is None or answer == "hang":
@@ -91,8 +103,13 @@ class FakeUpstream:
 class FakeFacade:
     """The facade state the fleet reads."""
 
-    def __init__(self, engine: Engine, nodes: list[Node], localBackend: str | None = None,
-                 pin: str | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        nodes: list[Node],
+        localBackend: str | None = None,
+        pin: str | None = None,
+    ) -> None:
         self.engine = engine
         self.snapshot = Snapshot(nodes, engine.normalize)
         self.pin = pin
@@ -147,8 +164,9 @@ def node(nodeId: str, *addresses: str, isSelf: bool = False) -> Node:
 
 def openaiList(owner: str, *ids: str) -> bytes:
     """An OpenAI list whose entries name ``owner``."""
-    return json.dumps({"object": "list", "data": [{"id": i, "owned_by": owner} for i in ids]}
-                      ).encode()
+    return json.dumps(
+        {"object": "list", "data": [{"id": i, "owned_by": owner} for i in ids]}
+    ).encode()
 
 
 class _Case(SynchronousTestCase):
@@ -159,8 +177,9 @@ class _Case(SynchronousTestCase):
     def serve(self, facade: FakeFacade) -> StubTreq:
         return StubTreq(FleetResource(self.fleet, facade))
 
-    def get(self, stub: StubTreq, path: str, headers: dict[str, str] | None = None,
-            method: str = "GET") -> tuple[Any, bytes]:
+    def get(
+        self, stub: StubTreq, path: str, headers: dict[str, str] | None = None, method: str = "GET"
+    ) -> tuple[Any, bytes]:
         d = stub.request(method, "http://proxy" + path, headers=headers)
         stub.flush()
         response = self.successResultOf(d)
@@ -189,12 +208,16 @@ class ModelListTests(_Case):
         self.assertEqual(response.code, 200)
         doc = json.loads(body)
         self.assertEqual(doc["object"], "list")
-        self.assertEqual([(e["id"], e["owned_by"]) for e in doc["data"]],
-                         [("m1", "a"), ("shared", "a"), ("m2", "b")])
+        self.assertEqual(
+            [(e["id"], e["owned_by"]) for e in doc["data"]],
+            [("m1", "a"), ("shared", "a"), ("m2", "b")],
+        )
         facade.pin = "B"
         _, body = self.get(stub, "/v1/models")
-        self.assertEqual([(e["id"], e["owned_by"]) for e in json.loads(body)["data"]],
-                         [("shared", "b"), ("m2", "b"), ("m1", "a")])
+        self.assertEqual(
+            [(e["id"], e["owned_by"]) for e in json.loads(body)["data"]],
+            [("shared", "b"), ("m2", "b"), ("m1", "a")],
+        )
 
     def test_schedulerOrder(self) -> None:
         """Scheduler-listed nodes come before the default order."""
@@ -216,8 +239,10 @@ class ModelListTests(_Case):
         response, body = self.get(self.serve(FakeFacade(LLAMACPP, nodes)), "/models")
         self.assertEqual(response.code, 200)
         self.assertEqual([e["id"] for e in json.loads(body)["data"]], ["m1", "m2"])
-        self.assertEqual(sorted((c[0], c[3]) for c in up.calls),
-                         [("A", b"/models"), ("A", b"/v1/models"), ("B", b"/models")])
+        self.assertEqual(
+            sorted((c[0], c[3]) for c in up.calls),
+            [("A", b"/models"), ("A", b"/v1/models"), ("B", b"/models")],
+        )
 
     def test_failingNodesLeftOut(self) -> None:
         """Refused connections, non-2xx answers and self nodes without a backend are left out."""
@@ -226,8 +251,13 @@ class ModelListTests(_Case):
         up.script["http://b"] = ConnectionRefusedError()
         up.script["http://c"] = FakeResponse(404, b"not found")
         up.script["http://d"] = FakeResponse(503, b"busy")
-        nodes = [node("A", "http://a"), node("B", "http://b"), node("C", "http://c"),
-                 node("D", "http://d"), node("S", isSelf=True)]
+        nodes = [
+            node("A", "http://a"),
+            node("B", "http://b"),
+            node("C", "http://c"),
+            node("D", "http://d"),
+            node("S", isSelf=True),
+        ]
         response, body = self.get(self.serve(FakeFacade(LLAMACPP, nodes)), "/v1/models")
         self.assertEqual(response.code, 200)
         self.assertEqual([e["id"] for e in json.loads(body)["data"]], ["m1"])
@@ -241,17 +271,26 @@ class ModelListTests(_Case):
         up.script["http://local"] = FakeResponse(200, openaiList("s", "s1"))
         up.script["http://x1"] = ConnectionRefusedError()
         up.script["peer:7000"] = FakeResponse(200, openaiList("p", "p1"))
-        facade = FakeFacade(LLAMACPP, [node("S", isSelf=True), node("P", "http://x1", "peer:7000")],
-                            localBackend="http://local")
-        _, body = self.get(self.serve(facade), "/v1/models?x=1",
-                           headers={"Accept-Encoding": "gzip", "Authorization": "Bearer k"})
+        facade = FakeFacade(
+            LLAMACPP,
+            [node("S", isSelf=True), node("P", "http://x1", "peer:7000")],
+            localBackend="http://local",
+        )
+        _, body = self.get(
+            self.serve(facade),
+            "/v1/models?x=1",
+            headers={"Accept-Encoding": "gzip", "Authorization": "Bearer k"},
+        )
         self.assertEqual([e["id"] for e in json.loads(body)["data"]], ["s1", "p1"])
         # llama.cpp's list routes ask each node GET /models (spec §5), query kept.
-        self.assertEqual([(c[0], c[1], c[2], c[3]) for c in up.calls], [
-            ("S", "http://local", b"GET", b"/models?x=1"),
-            ("P", "http://x1", b"GET", b"/models?x=1"),
-            ("P", "peer:7000", b"GET", b"/models?x=1"),
-        ])
+        self.assertEqual(
+            [(c[0], c[1], c[2], c[3]) for c in up.calls],
+            [
+                ("S", "http://local", b"GET", b"/models?x=1"),
+                ("P", "http://x1", b"GET", b"/models?x=1"),
+                ("P", "peer:7000", b"GET", b"/models?x=1"),
+            ],
+        )
         sent = up.calls[0][4]
         self.assertFalse(sent.hasHeader(b"accept-encoding"))
         self.assertEqual(sent.getRawHeaders(b"authorization"), [b"Bearer k"])
@@ -298,13 +337,17 @@ class ModelListTests(_Case):
     def test_ollamaMergeByName(self) -> None:
         """/api/tags merges by ``name``."""
         up = self.context.upstream
-        up.script["http://a"] = FakeResponse(200,
-                                             b'{"models":[{"name":"a:latest"},{"name":"b:1"}]}')
+        up.script["http://a"] = FakeResponse(
+            200, b'{"models":[{"name":"a:latest"},{"name":"b:1"}]}'
+        )
         up.script["http://b"] = FakeResponse(200, b'{"models":[{"name":"b:1"},{"name":"c:2"}]}')
-        _, body = self.get(self.serve(FakeFacade(OLLAMA, [node("A", "http://a"),
-                                                          node("B", "http://b")])), "/api/tags")
-        self.assertEqual(json.loads(body),
-                         {"models": [{"name": "a:latest"}, {"name": "b:1"}, {"name": "c:2"}]})
+        _, body = self.get(
+            self.serve(FakeFacade(OLLAMA, [node("A", "http://a"), node("B", "http://b")])),
+            "/api/tags",
+        )
+        self.assertEqual(
+            json.loads(body), {"models": [{"name": "a:latest"}, {"name": "b:1"}, {"name": "c:2"}]}
+        )
 
     def test_noReservationsNoExchangesLeft(self) -> None:
         """A list takes no reservation and leaves nothing registered when done."""
@@ -318,8 +361,10 @@ class ModelListTests(_Case):
         up = self.context.upstream
         up.script["http://a"] = FakeResponse(200, openaiList("a", "m1"))
         up.script["http://b"] = FakeResponse(200, b"[1, 2]")
-        response, body = self.get(self.serve(FakeFacade(
-            LLAMACPP, [node("A", "http://a"), node("B", "http://b")])), "/v1/models")
+        response, body = self.get(
+            self.serve(FakeFacade(LLAMACPP, [node("A", "http://a"), node("B", "http://b")])),
+            "/v1/models",
+        )
         self.assertEqual(response.code, 502)
         self.assertEqual(json.loads(body)["error"]["code"], "invalid_inventory")
         self.assertEqual(self.cors(response), {})
@@ -366,39 +411,64 @@ class ListCorsTests(_Case):
     def test_allAllow(self) -> None:
         """Every responder allowed: Allow-Origin (the origin, with Vary), credentials if all."""
         allow = {"Access-Control-Allow-Origin": ORIGIN, "Access-Control-Allow-Credentials": "true"}
-        response, body = self.get(self.serve(self.facade(
-            FakeResponse(200, openaiList("a", "m1"), allow),
-            FakeResponse(200, openaiList("b", "m2"), allow))), "/v1/models",
-            headers={"Origin": ORIGIN})
+        response, body = self.get(
+            self.serve(
+                self.facade(
+                    FakeResponse(200, openaiList("a", "m1"), allow),
+                    FakeResponse(200, openaiList("b", "m2"), allow),
+                )
+            ),
+            "/v1/models",
+            headers={"Origin": ORIGIN},
+        )
         self.assertEqual(response.code, 200)
         self.assertEqual(len(json.loads(body)["data"]), 2)
-        self.assertEqual(self.cors(response), {"access-control-allow-origin": ORIGIN,
-                                               "access-control-allow-credentials": "true"})
+        self.assertEqual(
+            self.cors(response),
+            {"access-control-allow-origin": ORIGIN, "access-control-allow-credentials": "true"},
+        )
         self.assertEqual(response.headers.getRawHeaders(b"vary"), [b"Origin"])
 
     def test_denialIs403(self) -> None:
         """A responder that denies (here Ollama-style 403 without headers) makes it 403."""
         allow = {"Access-Control-Allow-Origin": "*"}
-        response, body = self.get(self.serve(self.facade(
-            FakeResponse(200, openaiList("a", "m1"), allow),
-            FakeResponse(403, b""))), "/v1/models", headers={"Origin": ORIGIN})
+        response, body = self.get(
+            self.serve(
+                self.facade(FakeResponse(200, openaiList("a", "m1"), allow), FakeResponse(403, b""))
+            ),
+            "/v1/models",
+            headers={"Origin": ORIGIN},
+        )
         self.assertEqual(response.code, 403)
         self.assertEqual(json.loads(body)["error"]["code"], "origin_denied")
         self.assertEqual(self.cors(response), {})
 
     def test_denialOutranksInvalid(self) -> None:
         """A denial and an invalid list together answer 403."""
-        response, _ = self.get(self.serve(self.facade(
-            FakeResponse(200, b"nonsense", {"Access-Control-Allow-Origin": "*"}),
-            FakeResponse(200, openaiList("b", "m2")))), "/v1/models", headers={"Origin": ORIGIN})
+        response, _ = self.get(
+            self.serve(
+                self.facade(
+                    FakeResponse(200, b"nonsense", {"Access-Control-Allow-Origin": "*"}),
+                    FakeResponse(200, openaiList("b", "m2")),
+                )
+            ),
+            "/v1/models",
+            headers={"Origin": ORIGIN},
+        )
         self.assertEqual((response.code, self.cors(response)), (403, {}))
 
     def test_invalidKeepsAllowOriginWhenAllAllowed(self) -> None:
         """An invalid list with every responder allowing: 502 keeping Allow-Origin only."""
         allow = {"Access-Control-Allow-Origin": "*", "Access-Control-Allow-Credentials": "true"}
-        response, body = self.get(self.serve(self.facade(
-            FakeResponse(200, b"{}", allow), FakeResponse(200, openaiList("b", "m2"), allow))),
-            "/v1/models", headers={"Origin": ORIGIN})
+        response, body = self.get(
+            self.serve(
+                self.facade(
+                    FakeResponse(200, b"{}", allow), FakeResponse(200, openaiList("b", "m2"), allow)
+                )
+            ),
+            "/v1/models",
+            headers={"Origin": ORIGIN},
+        )
         self.assertEqual(response.code, 502)
         self.assertNotIn(b"m2", body)
         self.assertEqual(self.cors(response), {"access-control-allow-origin": "*"})
@@ -406,52 +476,85 @@ class ListCorsTests(_Case):
     def test_serverErrorsAndFailuresNotResponders(self) -> None:
         """Nodes answering 5xx or failing have no say: the others' permission stands."""
         allow = {"Access-Control-Allow-Origin": ORIGIN}
-        facade = self.facade(FakeResponse(200, openaiList("a", "m1"), allow),
-                             FakeResponse(500, b"oops"))
+        facade = self.facade(
+            FakeResponse(200, openaiList("a", "m1"), allow), FakeResponse(500, b"oops")
+        )
         self.context.upstream.script["http://dead"] = ConnectionRefusedError()
-        facade.snapshot = Snapshot([*facade.snapshot.nodes, node("Z", "http://dead")],
-                                   LLAMACPP.normalize)
+        facade.snapshot = Snapshot(
+            [*facade.snapshot.nodes, node("Z", "http://dead")], LLAMACPP.normalize
+        )
         response, body = self.get(self.serve(facade), "/v1/models", headers={"Origin": ORIGIN})
         self.assertEqual(response.code, 200)
         self.assertEqual(self.cors(response), {"access-control-allow-origin": ORIGIN})
 
     def test_emptyFleetGrantsNothing(self) -> None:
         """An empty fleet answers the empty envelope without CORS headers."""
-        response, body = self.get(self.serve(self.facade()), "/v1/models",
-                                  headers={"Origin": ORIGIN})
+        response, body = self.get(
+            self.serve(self.facade()), "/v1/models", headers={"Origin": ORIGIN}
+        )
         self.assertEqual((response.code, self.cors(response)), (200, {}))
 
 
 class PreflightTests(_Case):
     """Multi-target preflights (protocol §12)."""
 
-    PREFLIGHT = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
-                 "Access-Control-Request-Headers": "content-type", "Cookie": "s=1",
-                 "Authorization": "Bearer k"}
+    PREFLIGHT = {
+        "Origin": ORIGIN,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type",
+        "Cookie": "s=1",
+        "Authorization": "Bearer k",
+    }
 
     def test_intersectionAndForwardedHeaders(self) -> None:
         """Only Origin and Access-Control-Request-* are sent; the answer is the intersection."""
         up = self.context.upstream
-        up.script["http://a"] = FakeResponse(204, b"", {
-            "Access-Control-Allow-Origin": ORIGIN, "Access-Control-Allow-Methods": "GET, POST",
-            "Access-Control-Allow-Headers": "*", "Access-Control-Max-Age": "100"})
-        up.script["http://b"] = FakeResponse(200, b"", {
-            "Access-Control-Allow-Origin": "*", "Access-Control-Allow-Methods": "POST",
-            "Access-Control-Allow-Headers": "Content-Type", "Access-Control-Max-Age": "50"})
+        up.script["http://a"] = FakeResponse(
+            204,
+            b"",
+            {
+                "Access-Control-Allow-Origin": ORIGIN,
+                "Access-Control-Allow-Methods": "GET, POST",
+                "Access-Control-Allow-Headers": "*",
+                "Access-Control-Max-Age": "100",
+            },
+        )
+        up.script["http://b"] = FakeResponse(
+            200,
+            b"",
+            {
+                "Access-Control-Allow-Origin": "*",
+                "Access-Control-Allow-Methods": "POST",
+                "Access-Control-Allow-Headers": "Content-Type",
+                "Access-Control-Max-Age": "50",
+            },
+        )
         up.script["http://c"] = FakeResponse(502, b"")
         up.script["http://d"] = ConnectionRefusedError()
         nodes = [node(n, f"http://{n.lower()}") for n in "ABCD"]
-        response, body = self.get(self.serve(FakeFacade(LLAMACPP, nodes)), "/v1/chat/completions",
-                                  headers=self.PREFLIGHT, method="OPTIONS")
+        response, body = self.get(
+            self.serve(FakeFacade(LLAMACPP, nodes)),
+            "/v1/chat/completions",
+            headers=self.PREFLIGHT,
+            method="OPTIONS",
+        )
         self.assertEqual((response.code, body), (204, b""))
-        self.assertEqual(self.cors(response), {
-            "access-control-allow-origin": ORIGIN, "access-control-allow-methods": "POST",
-            "access-control-allow-headers": "Content-Type", "access-control-max-age": "50"})
+        self.assertEqual(
+            self.cors(response),
+            {
+                "access-control-allow-origin": ORIGIN,
+                "access-control-allow-methods": "POST",
+                "access-control-allow-headers": "Content-Type",
+                "access-control-max-age": "50",
+            },
+        )
         self.assertEqual(response.headers.getRawHeaders(b"vary"), [b"Origin"])
         for _, _, method, path, headers in up.calls:
             self.assertEqual((method, path), (b"OPTIONS", b"/v1/chat/completions"))
-            self.assertEqual(sorted(name.lower() for name, _ in headers.getAllRawHeaders()), [
-                b"access-control-request-headers", b"access-control-request-method", b"origin"])
+            self.assertEqual(
+                sorted(name.lower() for name, _ in headers.getAllRawHeaders()),
+                [b"access-control-request-headers", b"access-control-request-method", b"origin"],
+            )
         self.assertEqual(self.context.reservations.totalReserved(), 0)
 
     def test_denyingResponderRemovesOrigin(self) -> None:
@@ -460,8 +563,12 @@ class PreflightTests(_Case):
         up.script["http://a"] = FakeResponse(204, b"", {"Access-Control-Allow-Origin": ORIGIN})
         up.script["http://b"] = FakeResponse(403, b"")
         nodes = [node("A", "http://a"), node("B", "http://b")]
-        response, _ = self.get(self.serve(FakeFacade(LLAMACPP, nodes)), "/v1/chat/completions",
-                               headers=self.PREFLIGHT, method="OPTIONS")
+        response, _ = self.get(
+            self.serve(FakeFacade(LLAMACPP, nodes)),
+            "/v1/chat/completions",
+            headers=self.PREFLIGHT,
+            method="OPTIONS",
+        )
         self.assertEqual((response.code, self.cors(response)), (204, {}))
 
     def test_noResponderIs502(self) -> None:
@@ -482,8 +589,12 @@ class PreflightTests(_Case):
 
     def test_emptyFleetIs502(self) -> None:
         """No nodes at all: nobody to answer, 502."""
-        response, _ = self.get(self.serve(FakeFacade(LLAMACPP, [])), "/v1/chat/completions",
-                               headers=self.PREFLIGHT, method="OPTIONS")
+        response, _ = self.get(
+            self.serve(FakeFacade(LLAMACPP, [])),
+            "/v1/chat/completions",
+            headers=self.PREFLIGHT,
+            method="OPTIONS",
+        )
         self.assertEqual(response.code, 502)
 
 
@@ -500,10 +611,11 @@ class CollectTests(SynchronousTestCase):
     def test_withinCap(self) -> None:
         """A body within the cap is returned whole."""
         response = FakeResponse(200, b"x" * 10)
-        self.assertEqual(self.successResultOf(collect(response, cap=10)),  # type: ignore[arg-type]
-                         b"x" * 10)
+        self.assertEqual(
+            self.successResultOf(collect(response, cap=10)),  # type: ignore[arg-type]
+            b"x" * 10,
+        )
 
     def test_defaultCap(self) -> None:
         """The default cap is 8 MiB."""
         self.assertEqual(MAX_LIST_BYTES, 8 * 1024 * 1024)
-

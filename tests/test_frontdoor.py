@@ -37,19 +37,26 @@ ROUTES: list[tuple[str, bytes, bytes, bytes, bytes, str, str]] = [
     ("ollama", b"POST", b"/v1/chat/completions", CHAT.encode(), b"", "inference", "openai"),
     ("ollama", b"GET", b"/api/tags", b"", b"", "fleet list", "ollama"),
     ("ollama", b"GET", b"/v1/models", b"", b"", "fleet list", "openai"),
-    ("ollama", b"OPTIONS", b"/api/chat", b"",
-     b"Access-Control-Request-Method: POST\r\n", "preflight", "ollama"),
+    (
+        "ollama",
+        b"OPTIONS",
+        b"/api/chat",
+        b"",
+        b"Access-Control-Request-Method: POST\r\n",
+        "preflight",
+        "ollama",
+    ),
     ("ollama", b"DELETE", b"/api/delete", b'{"model": "m1"}', b"", "verbatim", "ollama"),
     ("ollama", b"POST", b"/api/pull", b'{"model": "m1"}', b"", "verbatim", "ollama"),
     ("llamacpp", b"POST", b"/v1/completions", b'{"model": "m1"}', b"", "inference", "openai"),
     ("llamacpp", b"GET", b"/models", b"", b"", "fleet list", "openai"),
-    ("llamacpp", b"POST", b"/slots/0?action=save", b'{"filename": "s"}', b"", "verbatim",
-     "openai"),
+    ("llamacpp", b"POST", b"/slots/0?action=save", b'{"filename": "s"}', b"", "verbatim", "openai"),
 ]
 
 
-def request(method: bytes, path: bytes, host: bytes | None, body: bytes = b"",
-            extra: bytes = b"") -> bytes:
+def request(
+    method: bytes, path: bytes, host: bytes | None, body: bytes = b"", extra: bytes = b""
+) -> bytes:
     """One HTTP/1.1 request as a rebinding page's script would send it."""
     head = b"%s %s HTTP/1.1\r\n" % (method, path)
     if host is not None:
@@ -64,8 +71,9 @@ class HostRuleAtTheDoorTests(SynchronousTestCase):
 
     def setUp(self) -> None:
         options = Options({})
-        options.parseOptions(["--state-dir", tempfile.mkdtemp(prefix="nvpair-door-"),
-                              "--max-body", "4096"])
+        options.parseOptions(
+            ["--state-dir", tempfile.mkdtemp(prefix="nvpair-door-"), "--max-body", "4096"]
+        )
         assert options.settings is not None
         self.reactor = MemoryReactorClock()
         self.service = ProxyService(options.settings, self.reactor)
@@ -75,10 +83,12 @@ class HostRuleAtTheDoorTests(SynchronousTestCase):
         self.service.hosts.log = Logger(observer=self.events)
         for engineId, (port, alias) in PORTS.items():
             self.service.enableFacade(ENGINES[engineId], port, [f"127.0.0.1:{alias}"], True)
-            self.service.handle(engineId, "discovery:nodes", {"nodes": [
-                {"id": "A", "addresses": ["http://10.9.9.9:9"], "models": ["m1"]}]})
-            self.service.handle(engineId, "node/set-local-backend",
-                                {"url": "http://127.0.0.1:9"})
+            self.service.handle(
+                engineId,
+                "discovery:nodes",
+                {"nodes": [{"id": "A", "addresses": ["http://10.9.9.9:9"], "models": ["m1"]}]},
+            )
+            self.service.handle(engineId, "node/set-local-backend", {"url": "http://127.0.0.1:9"})
         self.sink.sent.clear()
         self.factories = {port: factory for port, factory, *_ in self.reactor.tcpServers}
 
@@ -108,8 +118,9 @@ class HostRuleAtTheDoorTests(SynchronousTestCase):
         for engineId, method, path, body, extra, routeClass, shape in ROUTES:
             for port in PORTS[engineId]:
                 label = (engineId, port, path, routeClass)
-                answer = self.exchange(port, request(method, path, EVIL + b":%d" % port,
-                                                     body, extra))
+                answer = self.exchange(
+                    port, request(method, path, EVIL + b":%d" % port, body, extra)
+                )
                 status, headers, content = split(answer)
                 self.assertEqual(status, 403, label)
                 self.assertEqual(headers[b"content-type"], b"application/json", label)
@@ -120,14 +131,18 @@ class HostRuleAtTheDoorTests(SynchronousTestCase):
                     self.assertEqual(doc["reason"], "host_denied", label)
                     self.assertIn("--allowed-hosts", doc["error"])
                 else:
-                    self.assertEqual((doc["error"]["code"], doc["error"]["type"]),
-                                     ("host_denied", "proxy_error"), label)
+                    self.assertEqual(
+                        (doc["error"]["code"], doc["error"]["type"]),
+                        ("host_denied", "proxy_error"),
+                        label,
+                    )
         self.assertNothingPastTheDoor()
         self.assertEqual(self.metric("nvpair_proxy_host_denied_total", listener="ollama"), 14)
         self.assertEqual(self.metric("nvpair_proxy_host_denied_total", listener="llamacpp"), 6)
         self.assertEqual(self.metric("nvpair_proxy_host_denied_total", listener="lmstudio"), 0)
-        self.assertEqual(self.metric("nvpair_proxy_errors_total", engine="ollama",
-                                     reason="host_denied"), 14)
+        self.assertEqual(
+            self.metric("nvpair_proxy_errors_total", engine="ollama", reason="host_denied"), 14
+        )
 
     def test_loggedOnceWithoutPathOrBody(self) -> None:
         """One ``warn`` record for the name across routes, ports and facades: no path, no body."""
@@ -135,8 +150,10 @@ class HostRuleAtTheDoorTests(SynchronousTestCase):
             for port in PORTS[engineId]:
                 self.exchange(port, request(method, path, EVIL + b":%d" % port, body, extra))
         [event] = self.events
-        self.assertEqual((event["log_format"], event["log_level"].name, event["host"]),
-                         ("host-denied", "warn", "evil.example"))
+        self.assertEqual(
+            (event["log_format"], event["log_level"].name, event["host"]),
+            ("host-denied", "warn", "evil.example"),
+        )
         text = repr(event)
         for secret in ("SECRET", "/api", "/v1", "/slots", "model"):
             self.assertNotIn(secret, text)
@@ -155,8 +172,9 @@ class HostRuleAtTheDoorTests(SynchronousTestCase):
         """A foreign ``Host`` with a body over ``--max-body`` is still 403, and the connection
         closes (the body was not kept)."""
         body = b'{"model": "m1", "x": "' + b"y" * 5000 + b'"}'
-        status, headers, content = split(self.exchange(
-            6100, request(b"POST", b"/api/chat", EVIL, body)))
+        status, headers, content = split(
+            self.exchange(6100, request(b"POST", b"/api/chat", EVIL, body))
+        )
         self.assertEqual(status, 403)
         self.assertEqual(headers[b"connection"], b"close")
         self.assertEqual(json.loads(content)["reason"], "host_denied")
@@ -166,15 +184,18 @@ class HostRuleAtTheDoorTests(SynchronousTestCase):
         """Requests admission would answer itself (400 bad body, 502 ``no_owner``, which is a
         workload) get 403 first: the rule runs before admission, so no workload appears."""
         for body in (b"[]", b'{"model": "nope"}'):
-            status, _, content = split(self.exchange(6100, request(b"POST", b"/api/chat", EVIL,
-                                                                   body)))
+            status, _, content = split(
+                self.exchange(6100, request(b"POST", b"/api/chat", EVIL, body))
+            )
             self.assertEqual((status, json.loads(content)["reason"]), (403, "host_denied"))
         self.assertNothingPastTheDoor()
-        status, _, _ = split(self.exchange(6100, request(b"POST", b"/api/chat", b"localhost",
-                                                         b'{"model": "nope"}')))
+        status, _, _ = split(
+            self.exchange(6100, request(b"POST", b"/api/chat", b"localhost", b'{"model": "nope"}'))
+        )
         self.assertEqual(status, 502)
-        self.assertEqual([m for m, _ in self.sink.workloadEvents()],
-                         ["workload:submitted", "workload:errored"])
+        self.assertEqual(
+            [m for m, _ in self.sink.workloadEvents()], ["workload:submitted", "workload:errored"]
+        )
 
     def test_malformedHostRefused(self) -> None:
         """A ``Host`` that is not ``host[:port]`` is the HTTP layer's 400; one with that syntax
@@ -189,11 +210,12 @@ class HostRuleAtTheDoorTests(SynchronousTestCase):
 
     def test_allowedHostsOption(self) -> None:
         """A name given with ``--allowed-hosts`` passes the door; ``*`` lets every name in."""
-        for argv, host in ((["--allowed-hosts", "llm.example"], b"LLM.example:6100"),
-                           (["--allowed-hosts", "*"], EVIL)):
+        for argv, host in (
+            (["--allowed-hosts", "llm.example"], b"LLM.example:6100"),
+            (["--allowed-hosts", "*"], EVIL),
+        ):
             options = Options({})
-            options.parseOptions(["--state-dir", tempfile.mkdtemp(prefix="nvpair-door-"),
-                                  *argv])
+            options.parseOptions(["--state-dir", tempfile.mkdtemp(prefix="nvpair-door-"), *argv])
             assert options.settings is not None
             reactor = MemoryReactorClock()
             service = ProxyService(options.settings, reactor)

@@ -31,15 +31,29 @@ MAX_HEADER_BYTES = 2048
 # 200/204: fleet lists and the like; 400 malformed; 413/431 limits; 502 no owner/responder;
 # 501/505 a transfer coding or HTTP version the facade does not serve.
 ALLOWED = {200, 204, 400, 403, 413, 431, 501, 502, 505}
-REASONS = {"no_owner", "upstream_unreachable", "no_content", "deadline_exceeded",
-           "owner_unavailable", "attempts_exhausted", "bad_request", "body_too_large"}
+REASONS = {
+    "no_owner",
+    "upstream_unreachable",
+    "no_content",
+    "deadline_exceeded",
+    "owner_unavailable",
+    "attempts_exhausted",
+    "bad_request",
+    "body_too_large",
+}
 
-FUZZ = settings(max_examples=300, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=300,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
-ROUTES = sorted({r.decode() for e in ENGINES.values() for r in e.inferenceRoutes}
-                | {r.decode() for e in ENGINES.values() for r in e.listRoutes}
-                | {"/api/pull", "/api/version", "/", "/api/show", "/v1/models?x=1"})
+ROUTES = sorted(
+    {r.decode() for e in ENGINES.values() for r in e.inferenceRoutes}
+    | {r.decode() for e in ENGINES.values() for r in e.listRoutes}
+    | {"/api/pull", "/api/version", "/", "/api/show", "/v1/models?x=1"}
+)
 TCHAR = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_!#$%&'*+.^`|~"
 token = st.text(alphabet=TCHAR, min_size=1, max_size=12)
 methods = st.sampled_from(["GET", "POST", "PUT", "DELETE", "OPTIONS", "HEAD", "PATCH"]) | token
@@ -48,15 +62,23 @@ paths = st.sampled_from(ROUTES) | st.text(
 ).map(lambda p: "/" + p)
 headerValues = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=40)
 headers = st.lists(st.tuples(token, headerValues), max_size=6) | st.just(
-    [("Origin", "http://x"), ("Access-Control-Request-Method", "POST")])
+    [("Origin", "http://x"), ("Access-Control-Request-Method", "POST")]
+)
 jsonBodies = st.fixed_dictionaries(
-    {"model": st.sampled_from(["m1", "m1:latest", "nobody", "", CANARY]) | st.integers()
-     | st.none()},
-    optional={"stream": st.booleans(), "prompt": st.text(max_size=30),
-              "messages": st.lists(st.fixed_dictionaries({"content": st.just(CANARY)}))},
+    {
+        "model": st.sampled_from(["m1", "m1:latest", "nobody", "", CANARY])
+        | st.integers()
+        | st.none()
+    },
+    optional={
+        "stream": st.booleans(),
+        "prompt": st.text(max_size=30),
+        "messages": st.lists(st.fixed_dictionaries({"content": st.just(CANARY)})),
+    },
 ).map(lambda d: json.dumps(d).encode())
-bodies = st.binary(max_size=300) | jsonBodies | st.binary(min_size=MAX_BODY + 1,
-                                                          max_size=MAX_BODY + 50)
+bodies = (
+    st.binary(max_size=300) | jsonBodies | st.binary(min_size=MAX_BODY + 1, max_size=MAX_BODY + 50)
+)
 
 
 def parseResponses(raw: bytes, head: bool = False) -> list[tuple[int, dict[bytes, bytes], bytes]]:
@@ -88,7 +110,7 @@ def parseResponses(raw: bytes, head: bool = False) -> list[tuple[int, dict[bytes
                 size, _, rest = rest.partition(b"\r\n")
                 n = int(size, 16)
                 body += rest[:n]
-                rest = rest[n + 2:]
+                rest = rest[n + 2 :]
                 if n == 0:
                     break
             raw = rest
@@ -114,8 +136,9 @@ class AdmissionFuzzTests(SynchronousTestCase):
 
     def setUp(self) -> None:
         options = Options({})
-        options.parseOptions(["--state-dir", tempfile.mkdtemp(prefix="nvpair-fuzz-"),
-                              "--max-body", str(MAX_BODY)])
+        options.parseOptions(
+            ["--state-dir", tempfile.mkdtemp(prefix="nvpair-fuzz-"), "--max-body", str(MAX_BODY)]
+        )
         assert options.settings is not None
         self.reactor = BusyReactor()
         self.service = ProxyService(options.settings, self.reactor)
@@ -125,12 +148,19 @@ class AdmissionFuzzTests(SynchronousTestCase):
         for i, engineId in enumerate(ENGINES):
             self.service.handle(None, "facade/enable", {"engine": engineId, "port": 6000 + i})
             # one owner of m1 that never answers (the memory reactor never connects)
-            self.service.handle(engineId, "discovery:nodes", {"nodes": [
-                {"id": "A", "addresses": ["http://127.0.0.1:9"], "models": ["m1"]}]})
+            self.service.handle(
+                engineId,
+                "discovery:nodes",
+                {"nodes": [{"id": "A", "addresses": ["http://127.0.0.1:9"], "models": ["m1"]}]},
+            )
             facade = self.service.facades[engineId]
             self.sites[engineId] = FacadeSite(
                 FrontDoor(self.service, facade, self.service.fleet, self.service.hosts),
-                self.reactor, MAX_BODY, 30.0, MAX_HEADER_BYTES)
+                self.reactor,
+                MAX_BODY,
+                30.0,
+                MAX_HEADER_BYTES,
+            )
 
     def exchange(self, engineId: str, raw: bytes) -> bytes:
         return siteExchange(self.sites[engineId], raw)
@@ -164,14 +194,23 @@ class AdmissionFuzzTests(SynchronousTestCase):
 
     @FUZZ
     @given(st.sampled_from(sorted(ENGINES)), methods, paths, headers, bodies, st.booleans())
-    def test_arbitraryRequests(self, engineId: str, method: str, path: str,
-                               extra: list[tuple[str, str]], body: bytes, chunked: bool) -> None:
+    def test_arbitraryRequests(
+        self,
+        engineId: str,
+        method: str,
+        path: str,
+        extra: list[tuple[str, str]],
+        body: bytes,
+        chunked: bool,
+    ) -> None:
         """Any method, path, headers and body: an allowed, well-formed answer, no 500."""
-        lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1",
-                 f"Authorization: Bearer {CANARY}"]
-        lines += [f"{k}: {v}" for k, v in extra
-                  if k.lower() not in ("content-length", "transfer-encoding", "host",
-                                       "connection", "expect")]
+        lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", f"Authorization: Bearer {CANARY}"]
+        lines += [
+            f"{k}: {v}"
+            for k, v in extra
+            if k.lower()
+            not in ("content-length", "transfer-encoding", "host", "connection", "expect")
+        ]
         if chunked:
             lines.append("Transfer-Encoding: chunked")
             payload = (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + b"0\r\n\r\n"
@@ -195,9 +234,14 @@ class AdmissionFuzzTests(SynchronousTestCase):
     @given(st.sampled_from(sorted(ENGINES)), st.integers(min_value=1, max_value=400))
     def test_oversizedHeaders(self, engineId: str, count: int) -> None:
         """A header block over ``--max-header-bytes`` gets 431, never a crash."""
-        raw = (b"GET /api/version HTTP/1.1\r\nHost: x\r\n"
-               + b"X-Pad: " + b"p" * 40 + b"\r\n" * 1
-               + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 30) for i in range(count)) + b"\r\n")
+        raw = (
+            b"GET /api/version HTTP/1.1\r\nHost: x\r\n"
+            + b"X-Pad: "
+            + b"p" * 40
+            + b"\r\n" * 1
+            + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 30) for i in range(count))
+            + b"\r\n"
+        )
         answer = self.exchange(engineId, raw)
         responses = parseResponses(answer)
         if len(raw) > MAX_HEADER_BYTES + 200:

@@ -28,28 +28,39 @@ DOCUMENTED = {-32600, -32601, -32602, -32004, -32010}
 EXPECTED_NOTIFICATIONS = {"errors:report", "discovery:node-activity"}
 ENGINES = ("ollama", "lmstudio", "llamacpp")
 
-FUZZ = settings(max_examples=150, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=150,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
-    | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
-                                                                 max_size=4),
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 
 # Every message of protocol §4 with well-formed params.
 VALID: dict[str, dict[str, Any]] = {
-    "facade/enable": {"engine": "lmstudio", "port": 5001, "aliases": ["127.0.0.1:5002"],
-                      "ignorePersistedPort": True},
-    "node/set-priority": {"generation": 3, "order": ["a", "b"],
-                          "load": {"a": {"pending": 1, "gpuPressure": 0.5}}},
+    "facade/enable": {
+        "engine": "lmstudio",
+        "port": 5001,
+        "aliases": ["127.0.0.1:5002"],
+        "ignorePersistedPort": True,
+    },
+    "node/set-priority": {
+        "generation": 3,
+        "order": ["a", "b"],
+        "load": {"a": {"pending": 1, "gpuPressure": 0.5}},
+    },
     "log/set-level": {"level": "debug"},
     "ollama:set-port": {"port": 5003},
-    "ollama:discovery:nodes": {"nodes": [{"id": "a", "self": False,
-                                          "addresses": ["http://127.0.0.1:9"],
-                                          "models": ["m"]}]},
+    "ollama:discovery:nodes": {
+        "nodes": [{"id": "a", "self": False, "addresses": ["http://127.0.0.1:9"], "models": ["m"]}]
+    },
     "ollama:node/select": {"nodeId": "a"},
     "ollama:node/set-local-backend": {"url": "http://127.0.0.1:11435"},
 }
@@ -92,8 +103,14 @@ class ChannelFuzzTests(SynchronousTestCase):
         self.transport = StringTransport()
         self.channel.makeConnection(self.transport)
         self.nextId = 1000
-        self.send({"jsonrpc": "2.0", "id": 1, "method": "facade/enable",
-                   "params": {"engine": "ollama", "port": 5000}})
+        self.send(
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "facade/enable",
+                "params": {"engine": "ollama", "port": 5000},
+            }
+        )
         out = self.output()
         self.assertIn("result", out[0], out)
 
@@ -114,8 +131,7 @@ class ChannelFuzzTests(SynchronousTestCase):
             else:
                 self.assertNotIn("id", m)
                 method = m["method"]
-                if method.endswith((":ready", ":discovery:subscribe", ":errors:report",
-                                    ":error")):
+                if method.endswith((":ready", ":discovery:subscribe", ":errors:report", ":error")):
                     continue
                 self.assertIn(method, EXPECTED_NOTIFICATIONS, m)
                 if method == "errors:report":
@@ -125,18 +141,27 @@ class ChannelFuzzTests(SynchronousTestCase):
     def assertServing(self) -> None:
         """A well-formed request still gets its answer."""
         self.nextId += 1
-        self.send({"jsonrpc": "2.0", "id": self.nextId, "method": "log/set-level",
-                   "params": {"level": "info"}})
+        self.send(
+            {
+                "jsonrpc": "2.0",
+                "id": self.nextId,
+                "method": "log/set-level",
+                "params": {"level": "info"},
+            }
+        )
         answers = [m for m in self.output() if m.get("id") == self.nextId]
-        self.assertEqual(answers, [{"jsonrpc": "2.0", "id": self.nextId,
-                                    "result": {"level": "info"}}])
+        self.assertEqual(
+            answers, [{"jsonrpc": "2.0", "id": self.nextId, "result": {"level": "info"}}]
+        )
 
     def requestAnswered(self, method: str, params: Any) -> dict[str, Any]:
         """Send one request; exactly one answer with its id comes back."""
         self.nextId += 1
         msgId = self.nextId
-        self.channel.dataReceived(json.dumps({"jsonrpc": "2.0", "id": msgId, "method": method,
-                                              "params": params}).encode() + b"\n")
+        self.channel.dataReceived(
+            json.dumps({"jsonrpc": "2.0", "id": msgId, "method": method, "params": params}).encode()
+            + b"\n"
+        )
         answers = [m for m in self.output() if m.get("id") == msgId]
         self.assertEqual(len(answers), 1, (method, params, answers))
         return answers[0]
@@ -161,8 +186,9 @@ class ChannelFuzzTests(SynchronousTestCase):
 
     @FUZZ
     @given(st.sampled_from(MUTATIONS), json_values)
-    def test_wrongTypesInEveryParam(self, mutation: tuple[str, tuple[Any, ...]],
-                                    value: Any) -> None:
+    def test_wrongTypesInEveryParam(
+        self, mutation: tuple[str, tuple[Any, ...]], value: Any
+    ) -> None:
         """Any value in any param of any message: a result or a documented error, once."""
         method, path = mutation
         params = _replace(VALID[method], path, value)
@@ -194,8 +220,13 @@ class ChannelFuzzTests(SynchronousTestCase):
         self.assertServing()
 
     @FUZZ
-    @given(st.dictionaries(st.sampled_from(["jsonrpc", "id", "method", "params", "result",
-                                            "error"]), json_values, max_size=5))
+    @given(
+        st.dictionaries(
+            st.sampled_from(["jsonrpc", "id", "method", "params", "result", "error"]),
+            json_values,
+            max_size=5,
+        )
+    )
     def test_envelopeFields(self, message: dict[str, Any]) -> None:
         """Any envelope (odd ids, responses from the broker, missing method) is survived."""
         self.send(message)
@@ -215,8 +246,11 @@ class ChannelFuzzTests(SynchronousTestCase):
 
     def test_lineOverTheLimit(self) -> None:
         """A line over 1 MiB is dropped and reported once; the next line is served."""
-        self.send(b'{"jsonrpc":"2.0","id":5,"method":"log/set-level","params":{"x":"'
-                  + b"a" * (1 << 20) + b'"}}\n')
+        self.send(
+            b'{"jsonrpc":"2.0","id":5,"method":"log/set-level","params":{"x":"'
+            + b"a" * (1 << 20)
+            + b'"}}\n'
+        )
         out = self.output()
         self.assertEqual([m["method"] for m in out], ["errors:report"])
         self.assertServing()
@@ -233,20 +267,33 @@ class ChannelFuzzTests(SynchronousTestCase):
             self.send(b"[" * depth + b"]" * depth + b"\n")
             self.output()
             nested = b'{"a":' * depth + b"1" + b"}" * depth
-            self.send(b'{"jsonrpc":"2.0","id":9,"method":"ollama:discovery:nodes","params":'
-                      + nested + b"}\n")
+            self.send(
+                b'{"jsonrpc":"2.0","id":9,"method":"ollama:discovery:nodes","params":'
+                + nested
+                + b"}\n"
+            )
             self.output()
             self.assertServing()
 
     def test_hugeJSON(self) -> None:
         """A line just under the limit with a huge valid document is handled normally."""
-        nodes = [{"id": f"n{i}", "addresses": ["http://127.0.0.1:9"], "models": ["m"] * 20}
-                 for i in range(2000)]
-        line = json.dumps({"jsonrpc": "2.0", "id": 77, "method": "ollama:discovery:nodes",
-                           "params": {"nodes": nodes}}).encode()
+        nodes = [
+            {"id": f"n{i}", "addresses": ["http://127.0.0.1:9"], "models": ["m"] * 20}
+            for i in range(2000)
+        ]
+        line = json.dumps(
+            {
+                "jsonrpc": "2.0",
+                "id": 77,
+                "method": "ollama:discovery:nodes",
+                "params": {"nodes": nodes},
+            }
+        ).encode()
         self.assertLess(len(line), 1 << 20)
         self.send(line + b"\n")
-        self.assertEqual([m for m in self.output() if m.get("id") == 77],
-                         [{"jsonrpc": "2.0", "id": 77, "result": {}}])
+        self.assertEqual(
+            [m for m in self.output() if m.get("id") == 77],
+            [{"jsonrpc": "2.0", "id": 77, "result": {}}],
+        )
         self.assertEqual(len(self.service.facades["ollama"].snapshot.nodes), 2000)
         self.assertServing()

@@ -22,12 +22,29 @@ from nvpair.proxy.ops.history import (
     median,
 )
 
-SERIES_KEYS = {"requests", "completed", "failed", "cancelled", "requestsPerSecond", "ttftP50Ms",
-               "tokens", "tokensPerSecond", "errors", "errorsByReason", "totals"}
+SERIES_KEYS = {
+    "requests",
+    "completed",
+    "failed",
+    "cancelled",
+    "requestsPerSecond",
+    "ttftP50Ms",
+    "tokens",
+    "tokensPerSecond",
+    "errors",
+    "errorsByReason",
+    "totals",
+}
 
 
-def served(history: History, node: str = "A", ttft: float | None = 40, tokens: int = 10,
-           state: str = "completed", error: str | None = None) -> None:
+def served(
+    history: History,
+    node: str = "A",
+    ttft: float | None = 40,
+    tokens: int = 10,
+    state: str = "completed",
+    error: str | None = None,
+) -> None:
     """One workload that committed on ``node`` ended."""
     stats: dict[str, Any] = {"completionTokens": tokens}
     if ttft is not None:
@@ -37,8 +54,10 @@ def served(history: History, node: str = "A", ttft: float | None = 40, tokens: i
 
 def footprint(window: Window) -> int:
     """The bytes held by a window's lists (containers and their slots)."""
-    total = sum(sys.getsizeof(getattr(window, name)) for name in (
-        "stamps", "requests", "completed", "cancelled", "failed", "tokens", "ttft"))
+    total = sum(
+        sys.getsizeof(getattr(window, name))
+        for name in ("stamps", "requests", "completed", "cancelled", "failed", "tokens", "ttft")
+    )
     return total + sum(sys.getsizeof(row) for row in window.reasons.values())
 
 
@@ -114,7 +133,7 @@ class MedianTests(SynchronousTestCase):
         window = Window()
         for v in values:
             window.count(0, "completed", None, *measures({"ttftMs": v}))
-        return window.ttft[:len(TTFT_BOUNDS_MS) + 1]
+        return window.ttft[: len(TTFT_BOUNDS_MS) + 1]
 
     def test_singleValue(self) -> None:
         """One value in the (35, 50] bin gives that bin's middle."""
@@ -171,8 +190,10 @@ class MedianTests(SynchronousTestCase):
         """A TTFT or token count that is not a number (or is a bool) is not counted."""
         window = Window()
         index = window.slot(0)
-        for stats in ({"ttftMs": "12", "completionTokens": True},
-                      {"ttftMs": None, "completionTokens": -3}):
+        for stats in (
+            {"ttftMs": "12", "completionTokens": True},
+            {"ttftMs": None, "completionTokens": -3},
+        ):
             window.count(0, "completed", None, *measures(stats))
         self.assertEqual(sum(window.ttft), 0)
         self.assertEqual(window.tokens[index], 0)
@@ -194,8 +215,10 @@ class ErrorTests(SynchronousTestCase):
         served(self.history, state="cancelled", error="client disconnected")
         doc = self.history.document()["facades"]["llamacpp"]
         series = doc["series"]
-        self.assertEqual(series["totals"]["errorsByReason"], {
-            "no_owner": 1, "upstream_unreachable": 1, "upstream status 500": 1})
+        self.assertEqual(
+            series["totals"]["errorsByReason"],
+            {"no_owner": 1, "upstream_unreachable": 1, "upstream status 500": 1},
+        )
         self.assertEqual(series["errors"][-1], 3)
         self.assertEqual((series["totals"]["failed"], series["totals"]["cancelled"]), (3, 1))
         node = doc["nodes"]["A"]
@@ -225,8 +248,10 @@ class ErrorTests(SynchronousTestCase):
         self.history.attempt("llamacpp", "B", "left", None)
         self.history.attempt("llamacpp", "C", None, None)
         doc = self.history.document()["facades"]["llamacpp"]
-        self.assertEqual(doc["nodes"]["B"]["totals"]["errorsByReason"],
-                         {"attempt status": 1, "attempt transport": 1})
+        self.assertEqual(
+            doc["nodes"]["B"]["totals"]["errorsByReason"],
+            {"attempt status": 1, "attempt transport": 1},
+        )
         self.assertEqual(doc["nodes"]["B"]["totals"]["requests"], 0)
         self.assertNotIn("C", doc["nodes"])
         self.assertEqual(self.history.attempts[("llamacpp", "B")], (0.0, "status", 503))
@@ -255,8 +280,9 @@ class BoundTests(SynchronousTestCase):
             self.assertLessEqual(size, bound)
             sizes.add(size)
         self.assertIn(bound, sizes)  # the reason rows were used up to the cap
-        self.assertEqual(footprint(window) - sys.getsizeof([0] * BUCKETS) * len(window.reasons),
-                         fixed)
+        self.assertEqual(
+            footprint(window) - sys.getsizeof([0] * BUCKETS) * len(window.reasons), fixed
+        )
         self.assertEqual(len(window.requests), BUCKETS)
         self.assertEqual(len(window.ttft), BUCKETS * (len(TTFT_BOUNDS_MS) + 1))
 
@@ -290,14 +316,28 @@ class DocumentTests(SynchronousTestCase):
         self.assertEqual(set(doc["facades"]), {"llamacpp", "ollama"})
         llamacpp = doc["facades"]["llamacpp"]
         self.assertEqual(set(llamacpp), {"series", "nodes"})
-        for series in (llamacpp["series"], llamacpp["nodes"]["A"],
-                       doc["facades"]["ollama"]["series"], doc["facades"]["ollama"]["nodes"]["B"]):
+        for series in (
+            llamacpp["series"],
+            llamacpp["nodes"]["A"],
+            doc["facades"]["ollama"]["series"],
+            doc["facades"]["ollama"]["nodes"]["B"],
+        ):
             self.assertEqual(set(series), SERIES_KEYS)
             for key in SERIES_KEYS - {"errorsByReason", "totals"}:
                 self.assertEqual(len(series[key]), BUCKETS, key)
-        self.assertEqual(set(llamacpp["series"]["totals"]), {
-            "requests", "completed", "failed", "cancelled", "tokens", "ttftP50Ms", "errors",
-            "errorsByReason"})
+        self.assertEqual(
+            set(llamacpp["series"]["totals"]),
+            {
+                "requests",
+                "completed",
+                "failed",
+                "cancelled",
+                "tokens",
+                "ttftP50Ms",
+                "errors",
+                "errorsByReason",
+            },
+        )
         self.assertEqual(doc["facades"]["ollama"]["series"]["totals"]["requests"], 0)
 
 

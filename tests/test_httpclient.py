@@ -55,8 +55,12 @@ class LiteralResolver:
     """Resolves an IPv4 literal at once, as the reactor's own resolver would."""
 
     def resolveHostName(
-        self, receiver: IResolutionReceiver, hostName: str, portNumber: int = 0,
-        addressTypes: Any = None, transportSemantics: str = "TCP",
+        self,
+        receiver: IResolutionReceiver,
+        hostName: str,
+        portNumber: int = 0,
+        addressTypes: Any = None,
+        transportSemantics: str = "TCP",
     ) -> IHostResolution:
         resolution = _Resolution(hostName)
         receiver.resolutionBegan(resolution)
@@ -87,8 +91,8 @@ def frame(payload: bytes, size: bytes | None = None) -> bytes:
 def sseBody(events: int = 50) -> tuple[bytes, bytes]:
     """A streamed chat answer as an engine frames it: the chunked body and its payload."""
     pieces = [
-        b'data: {"choices":[{"index":0,"delta":{"content":"tok%d"},"finish_reason":null}]}\n\n'
-        % i for i in range(events)
+        b'data: {"choices":[{"index":0,"delta":{"content":"tok%d"},"finish_reason":null}]}\n\n' % i
+        for i in range(events)
     ]
     pieces.append(b"data: [DONE]\n\n")
     return b"".join(frame(p) for p in pieces) + b"0\r\n\r\n", b"".join(pieces)
@@ -115,8 +119,7 @@ def chunkedBodies(draw: st.DrawFn) -> tuple[bytes, bytes]:
         line += draw(st.sampled_from([b""] * 4 + [b";a=b", b";x"]))
         raw.append(line + b"\r\n" + data + b"\r\n")
         payload.append(data)
-    raw.append(b"0\r\n" + draw(st.sampled_from([b"", b"T: 1\r\n", b"A: b\r\nC: d\r\n"]))
-               + b"\r\n")
+    raw.append(b"0\r\n" + draw(st.sampled_from([b"", b"T: 1\r\n", b"A: b\r\nC: d\r\n"])) + b"\r\n")
     return b"".join(raw), b"".join(payload)
 
 
@@ -216,11 +219,13 @@ class ClientTests(SynchronousTestCase):
         """Chunk sizes, payloads and CRLFs split anywhere decode to the same body."""
         d = self.send()
         conn, _ = self.endpoint.complete()
-        raw = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-               b"5;ext=1\r\nhello\r\n1\r\n \r\n5\r\nworld\r\n0\r\nTrailer: x\r\n\r\n")
+        raw = (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"5;ext=1\r\nhello\r\n1\r\n \r\n5\r\nworld\r\n0\r\nTrailer: x\r\n\r\n"
+        )
         body = Body()
         for i in range(len(raw)):
-            conn.dataReceived(raw[i:i + 1])
+            conn.dataReceived(raw[i : i + 1])
             if i == raw.index(b"\r\n\r\n") + 3:
                 response = self.successResultOf(d)
                 self.assertIs(response.length, UNKNOWN_LENGTH)
@@ -456,8 +461,10 @@ class ClientTests(SynchronousTestCase):
 
     def test_everyCutOfAJsonAnswer(self) -> None:
         """A head and Content-Length body cut into two reads anywhere: the same answer."""
-        raw = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 10"
-               b"\r\nX-B: y\r\n\r\n{\"a\": \"b\"}")
+        raw = (
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 10"
+            b'\r\nX-B: y\r\n\r\n{"a": "b"}'
+        )
         for at in range(len(raw) + 1):
             self.pool._connections.clear()
             d = self.send()
@@ -476,8 +483,7 @@ class ClientTests(SynchronousTestCase):
 
     @settings(max_examples=100)
     @given(chunkedBodies(), st.lists(st.integers(0, 10_000), max_size=6))
-    def test_chunkedCutsProperty(self, chunked: tuple[bytes, bytes],
-                                 points: list[int]) -> None:
+    def test_chunkedCutsProperty(self, chunked: tuple[bytes, bytes], points: list[int]) -> None:
         """A chunked answer cut anywhere: its payload, at most one dataReceived per read, a
         clean end and the connection pooled."""
         raw, payload = chunked
@@ -507,7 +513,6 @@ class ClientTests(SynchronousTestCase):
         self.assertTrue(body.reason.check(ResponseDone))
         self.assertTrue(transport.disconnecting)
         self.assertEqual(self.pool._connections, {})
-
 
     def test_headTooLarge(self) -> None:
         """A head growing past MAX_HEAD without its end fails the request and aborts."""
@@ -570,11 +575,16 @@ class UpstreamTests(SynchronousTestCase):
         """A peer request goes over the same pool and client as plaintext ones, through a
         TLS endpoint (dialled with the dial timeout), with Host naming the peer's address."""
         reactor = ResolvingReactor()
-        trust = SimpleNamespace(clientCreatorFor=lambda nodeId: optionsForClientTLS("b"),
-                                pinFor=lambda nodeId: "pin", nodeId="node-a", fingerprint="fp")
+        trust = SimpleNamespace(
+            clientCreatorFor=lambda nodeId: optionsForClientTLS("b"),
+            pinFor=lambda nodeId: "pin",
+            nodeId="node-a",
+            fingerprint="fp",
+        )
         upstream = Upstream(reactor, 7.0, trust)
-        d = upstream.request(SimpleNamespace(id="node-b"), "127.0.0.1:4000", b"GET",
-                             b"/v1/models", Headers(), b"")
+        d = upstream.request(
+            SimpleNamespace(id="node-b"), "127.0.0.1:4000", b"GET", b"/v1/models", Headers(), b""
+        )
         self.assertNoResult(d)
         host, port, factory, timeout, _ = reactor.tcpClients[0]
         self.assertEqual((host, port, timeout), ("127.0.0.1", 4000, 7.0))

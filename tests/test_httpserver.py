@@ -61,8 +61,9 @@ def answer(request: Any, body: bytes, length: bool = True) -> None:
 class Connection:
     """A facade channel over a ``StringTransport`` with a fake clock."""
 
-    def __init__(self, door: Door, maxBody: int = 1000, timeout: float = 30.0,
-                 maxHeaderBytes: int = 4096) -> None:
+    def __init__(
+        self, door: Door, maxBody: int = 1000, timeout: float = 30.0, maxHeaderBytes: int = 4096
+    ) -> None:
         self.clock = Clock()
         self.site = FacadeSite(door, self.clock, maxBody, timeout, maxHeaderBytes)
         self.channel = self.site.buildProtocol(None)
@@ -89,13 +90,19 @@ GET = b"GET /v1/models?x=1 HTTP/1.1\r\nHost: h\r\nX-A: 1\r\nx-a: 2\r\n\r\n"
 def post(body: bytes, path: bytes = b"/a", extra: bytes = b"") -> bytes:
     """A POST with a Content-Length body."""
     return b"POST %s HTTP/1.1\r\nHost: h\r\n%sContent-Length: %d\r\n\r\n%s" % (
-        path, extra, len(body), body)
+        path,
+        extra,
+        len(body),
+        body,
+    )
 
 
 def chunkedPost(chunks: bytes, extra: bytes = b"") -> bytes:
     """A POST with a chunked body given already framed."""
     return b"POST /a HTTP/1.1\r\nHost: h\r\n%sTransfer-Encoding: chunked\r\n\r\n%s" % (
-        extra, chunks)
+        extra,
+        chunks,
+    )
 
 
 def answering() -> tuple[Connection, Any]:
@@ -122,8 +129,10 @@ class RequestParsingTests(SynchronousTestCase):
         door = Door()
         Connection(door).send(GET)
         [request] = door.requests
-        self.assertEqual((request.method, request.uri, request.path, request.clientproto),
-                         (b"GET", b"/v1/models?x=1", b"/v1/models", b"HTTP/1.1"))
+        self.assertEqual(
+            (request.method, request.uri, request.path, request.clientproto),
+            (b"GET", b"/v1/models?x=1", b"/v1/models", b"HTTP/1.1"),
+        )
         self.assertEqual(request.requestHeaders.getRawHeaders(b"x-a"), [b"1", b"2"])
         self.assertEqual(request.getHeader(b"X-A"), b"2")
         self.assertIsNone(request.getHeader(b"absent"))
@@ -154,7 +163,7 @@ class RequestParsingTests(SynchronousTestCase):
         conn = Connection(door)
         at = 0
         for cut in cuts:
-            conn.channel.dataReceived(raw[at:at + cut])
+            conn.channel.dataReceived(raw[at : at + cut])
             at += cut
         conn.channel.dataReceived(raw[at:])
         self.assertEqual(door.bodies, [b"hello, world!!!"])
@@ -166,7 +175,7 @@ class RequestParsingTests(SynchronousTestCase):
         conn = Connection(door)
         raw = b"\r\n" + GET
         for i in range(len(raw)):
-            conn.channel.dataReceived(raw[i:i + 1])
+            conn.channel.dataReceived(raw[i : i + 1])
         self.assertEqual(len(door.requests), 1)
         self.assertEqual(door.requests[0].uri, b"/v1/models?x=1")
         self.assertEqual(door.requests[0].getHeader(b"x-a"), b"2")
@@ -176,7 +185,7 @@ class RequestParsingTests(SynchronousTestCase):
         door = Door(hold=True)
         conn = Connection(door, maxBody=5000)
         body = bytes(range(256)) * 4
-        chunks = b"".join(b"1\r\n%s\r\n" % body[i:i + 1] for i in range(len(body)))
+        chunks = b"".join(b"1\r\n%s\r\n" % body[i : i + 1] for i in range(len(body)))
         conn.send(chunkedPost(chunks + b"0\r\n\r\n") + GET)
         self.assertEqual(door.bodies, [body])
         answer(door.requests[0], b"x")
@@ -308,8 +317,9 @@ class PersistenceTests(SynchronousTestCase):
         self.assertEqual(conn.transport.producerState, "producing")
         answer(door.requests[1], b"2")
         answer(door.requests[2], b"3")
-        self.assertEqual(door.bodies[1:], [b"y" * (PIPELINE_HOLD // 2),
-                                           b"z" * (PIPELINE_HOLD // 2)])
+        self.assertEqual(
+            door.bodies[1:], [b"y" * (PIPELINE_HOLD // 2), b"z" * (PIPELINE_HOLD // 2)]
+        )
 
     def test_pipelinedBodyPausesReading(self) -> None:
         """A large body of a request pipelined behind an answer pauses the transport."""
@@ -326,14 +336,17 @@ class PersistenceTests(SynchronousTestCase):
         requests = [GET.replace(b"x=1", b"x=%d" % i) for i in range(2000)]
         out = conn.send(b"".join(requests))
         self.assertEqual(out.count(b"HTTP/1.1 200 OK"), 2000)
-        self.assertEqual([r.uri for r in door.requests],
-                         [b"/v1/models?x=%d" % i for i in range(2000)])
+        self.assertEqual(
+            [r.uri for r in door.requests], [b"/v1/models?x=%d" % i for i in range(2000)]
+        )
 
     def test_closeStopsParsing(self) -> None:
         """After a request with ``Connection: close`` (or an HTTP/1.0 one) nothing more is
         parsed: the bytes after it are neither served nor answered 400."""
-        for first in (b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
-                      b"GET / HTTP/1.0\r\n\r\n"):
+        for first in (
+            b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+            b"GET / HTTP/1.0\r\n\r\n",
+        ):
             door = Door()
             conn = Connection(door)
             out = conn.send(first + GET + b"garbage\r\n\r\n")
@@ -368,8 +381,9 @@ class LimitTests(SynchronousTestCase):
         """``Expect: 100-continue`` within the limit gets ``100 Continue`` before the body."""
         door = Door(hold=True)
         conn = Connection(door)
-        out = conn.send(b"POST /a HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\n"
-                        b"Content-Length: 2\r\n\r\n")
+        out = conn.send(
+            b"POST /a HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n"
+        )
         self.assertEqual(out, b"HTTP/1.1 100 Continue\r\n\r\n")
         conn.send(b"ok")
         self.assertEqual(door.bodies, [b"ok"])
@@ -378,8 +392,10 @@ class LimitTests(SynchronousTestCase):
         """A pipelined request expecting 100 gets it only once the answer before it ends."""
         door = Door(hold=True)
         conn = Connection(door)
-        out = conn.send(GET + b"POST /a HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\n"
-                        b"Content-Length: 2\r\n\r\n")
+        out = conn.send(
+            GET + b"POST /a HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\n"
+            b"Content-Length: 2\r\n\r\n"
+        )
         self.assertEqual(out, b"")
         answer(door.requests[0], b"first")
         out = conn.take()
@@ -399,8 +415,9 @@ class LimitTests(SynchronousTestCase):
         """An announced body over the limit is answered at once, without 100, then closed."""
         door = Door(hold=True)
         conn = Connection(door, maxBody=10)
-        out = conn.send(b"POST /a HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\n"
-                        b"Content-Length: 99\r\n\r\n")
+        out = conn.send(
+            b"POST /a HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 99\r\n\r\n"
+        )
         self.assertEqual(out, b"")
         [request] = door.requests
         self.assertTrue(request.tooLarge)

@@ -36,18 +36,26 @@ class AffinityTests(TestCase):
         self.b = startEngine(self, reactor, "openai", ["m1"], name="B")
         self.opsPort = freePort()
         self.proxy = StandaloneProxy(
-            self, reactor, ["llamacpp"], [("llamacpp", self.a.url), ("llamacpp", self.b.url)],
-            ["--ops-port", str(self.opsPort), *extra], env)
+            self,
+            reactor,
+            ["llamacpp"],
+            [("llamacpp", self.a.url), ("llamacpp", self.b.url)],
+            ["--ops-port", str(self.opsPort), *extra],
+            env,
+        )
         await self.proxy.start()
         for engine in (self.a, self.b):
             await self.proxy.waitForLog(
-                lambda r, e=engine: r.get("event") == "backend-up" and r["url"] == e.url)
+                lambda r, e=engine: r.get("event") == "backend-up" and r["url"] == e.url
+            )
 
     async def chat(self, messages: list[dict[str, str]]) -> tuple[str, int]:
         """One turn through the proxy: (serving node, attempts)."""
-        response = await treq.post(self.proxy.url("llamacpp") + CHAT,
-                                   json={"model": "m1", "messages": messages},
-                                   persistent=False)
+        response = await treq.post(
+            self.proxy.url("llamacpp") + CHAT,
+            json={"model": "m1", "messages": messages},
+            persistent=False,
+        )
         body = await response.json()
         self.assertEqual(response.code, 200, body)
         [nodeId] = response.headers.getRawHeaders("x-nvpair-node")
@@ -89,15 +97,18 @@ class AffinityTests(TestCase):
         metrics = (await self.ops("/metrics")).decode()
         self.assertIn(
             f'nvpair_proxy_affinity_placements_total{{engine="llamacpp",result="hit"}} {3 * k}.0',
-            metrics)
+            metrics,
+        )
         self.assertIn(
             f'nvpair_proxy_affinity_placements_total{{engine="llamacpp",result="miss"}} {k}.0',
-            metrics)
+            metrics,
+        )
         status: Any = json.loads(await self.ops("/status"))
         self.assertEqual(status["affinity"]["mode"], "prefix")
         self.assertTrue(status["affinity"]["active"])
-        self.assertEqual(status["affinity"]["counts"]["llamacpp"],
-                         {"hit": 3 * k, "miss": k, "overridden": 0})
+        self.assertEqual(
+            status["affinity"]["counts"]["llamacpp"], {"hit": 3 * k, "miss": k, "overridden": 0}
+        )
         self.assertEqual(status["affinity"]["entries"], 4 * k)
 
     async def test_conversationsSpread(self) -> None:

@@ -232,9 +232,13 @@ class ThreeNodeTests(ClusterTestCase):
         a = ClusterNode(self, reactor, "node-a", ["m-a"])
         b = ClusterNode(self, reactor, "node-b", ["m-s"])
         c = ClusterNode(self, reactor, "node-c", ["m-s"])
-        yield defer.gatherResults([
-            _d(a.start(pins=[b, c])), _d(b.start(pins=[a, c])), _d(c.start(pins=[a, b])),
-        ])
+        yield defer.gatherResults(
+            [
+                _d(a.start(pins=[b, c])),
+                _d(b.start(pins=[a, c])),
+                _d(c.start(pins=[a, b])),
+            ]
+        )
         yield a.proxy.nodes(ENGINE, [a.selfNode(), b.peerNode(), c.peerNode()])
         a.proxy.notify(f"{ENGINE}:node/select", {"nodeId": "node-b"})
         b.engine.default = c.engine.default = _answer(8)
@@ -251,9 +255,11 @@ class ThreeNodeTests(ClusterTestCase):
         _assertStream(self, body, 8)
         self.assertEqual((len(b.engine.requests), len(c.engine.requests)), (1, 1))
         self.assertEqual(a.engine.requestCount, 0)
-        done = yield _d(a.proxy.waitFor(
-            "workload:completed", lambda p: p["workloadInfo"]["scheduledOn"] == "node-c"
-        ))
+        done = yield _d(
+            a.proxy.waitFor(
+                "workload:completed", lambda p: p["workloadInfo"]["scheduledOn"] == "node-c"
+            )
+        )
         self.assertEqual(done["workloadInfo"]["stats"]["completionTokens"], 8)
 
 

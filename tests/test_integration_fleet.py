@@ -18,14 +18,19 @@ CHAT = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
 
 def listBody(owner: str, *ids: str) -> bytes:
     """An OpenAI model list whose entries name ``owner`` (to see which node's entry won)."""
-    return json.dumps({"object": "list", "data": [
-        {"id": i, "object": "model", "owned_by": owner} for i in ids]}).encode()
+    return json.dumps(
+        {"object": "list", "data": [{"id": i, "object": "model", "owned_by": owner} for i in ids]}
+    ).encode()
 
 
 def deadNode(nodeId: str, models: list[str]) -> dict[str, Any]:
     """A node whose address refuses connections."""
-    return {"id": nodeId, "self": False, "addresses": [f"http://127.0.0.1:{freePort()}"],
-            "models": models}
+    return {
+        "id": nodeId,
+        "self": False,
+        "addresses": [f"http://127.0.0.1:{freePort()}"],
+        "models": models,
+    }
 
 
 def corsOf(response: Any) -> dict[str, list[str]]:
@@ -42,8 +47,9 @@ class _FleetCase(TestCase):
 
     timeout = 90
 
-    async def _proxy(self, engine: str, nodes: list[dict[str, Any]],
-                     argv: tuple[str, ...] = ()) -> tuple[ProxyFixture, str]:
+    async def _proxy(
+        self, engine: str, nodes: list[dict[str, Any]], argv: tuple[str, ...] = ()
+    ) -> tuple[ProxyFixture, str]:
         proxy = ProxyFixture(self, reactor, argv)
         await proxy.start()
         port = await proxy.enable(engine)
@@ -64,22 +70,25 @@ class MergedListTests(_FleetCase):
         a.listBehaviour = Status(200, listBody("A", "m1", "shared"))
         b.listBehaviour = Status(200, listBody("B", "shared", "m2"))
         c.listBehaviour = Status(500)
-        nodes = [directNode("A", a), directNode("B", b), directNode("C", c),
-                 deadNode("D", ["m4"])]
+        nodes = [directNode("A", a), directNode("B", b), directNode("C", c), deadNode("D", ["m4"])]
         proxy, base = yield defer.Deferred.fromCoroutine(self._proxy("llamacpp", nodes))
         for route in ("/v1/models", "/models"):
             response = yield treq.get(base + route, persistent=False)
             body = yield response.json()
             self.assertEqual(response.code, 200)
             self.assertEqual(body["object"], "list")
-            self.assertEqual([(e["id"], e["owned_by"]) for e in body["data"]],
-                             [("m1", "A"), ("shared", "A"), ("m2", "B")])
+            self.assertEqual(
+                [(e["id"], e["owned_by"]) for e in body["data"]],
+                [("m1", "A"), ("shared", "A"), ("m2", "B")],
+            )
         proxy.notify("llamacpp:node/select", {"nodeId": "B"})
         yield proxy.sync()
         response = yield treq.get(base + "/v1/models", persistent=False)
         body = yield response.json()
-        self.assertEqual([(e["id"], e["owned_by"]) for e in body["data"]],
-                         [("shared", "B"), ("m2", "B"), ("m1", "A")])
+        self.assertEqual(
+            [(e["id"], e["owned_by"]) for e in body["data"]],
+            [("shared", "B"), ("m2", "B"), ("m1", "A")],
+        )
         # Each llama.cpp list route asks every node GET /models (spec §5).
         self.assertEqual([r.path for r in c.requests], ["/models", "/models", "/models"])
         yield proxy.sync()
@@ -92,12 +101,14 @@ class MergedListTests(_FleetCase):
         a = startEngine(self, reactor, "ollama", ["llama3:latest", "qwen:7b"], name="A")
         b = startEngine(self, reactor, "ollama", ["qwen:7b", "phi:2b"], name="B")
         _, base = yield defer.Deferred.fromCoroutine(
-            self._proxy("ollama", [directNode("A", a), directNode("B", b)]))
+            self._proxy("ollama", [directNode("A", a), directNode("B", b)])
+        )
         response = yield treq.get(base + "/api/tags", persistent=False)
         body = yield response.json()
         self.assertEqual(list(body), ["models"])
-        self.assertEqual([m["name"] for m in body["models"]],
-                         ["llama3:latest", "qwen:7b", "phi:2b"])
+        self.assertEqual(
+            [m["name"] for m in body["models"]], ["llama3:latest", "qwen:7b", "phi:2b"]
+        )
         response = yield treq.get(base + "/v1/models", persistent=False)
         body = yield response.json()
         self.assertEqual([m["id"] for m in body["data"]], ["llama3:latest", "qwen:7b", "phi:2b"])
@@ -119,11 +130,9 @@ class MergedListTests(_FleetCase):
             ("llamacpp", "/v1/models", {"object": "list", "data": []}),
         ]
         for engine, route, envelope in expected:
-            response = yield treq.get(f"http://127.0.0.1:{ports[engine]}{route}",
-                                      persistent=False)
+            response = yield treq.get(f"http://127.0.0.1:{ports[engine]}{route}", persistent=False)
             body = yield response.json()
-            self.assertEqual((engine, route, response.code, body),
-                             (engine, route, 200, envelope))
+            self.assertEqual((engine, route, response.code, body), (engine, route, 200, envelope))
 
     @defer.inlineCallbacks
     def test_silentNodeTimesOut(self):  # type: ignore[no-untyped-def]
@@ -131,8 +140,11 @@ class MergedListTests(_FleetCase):
         a = startEngine(self, reactor, "openai", ["m1"], name="A")
         b = startEngine(self, reactor, "openai", ["m2"], name="B")
         b.listBehaviour = Hang()
-        _, base = yield defer.Deferred.fromCoroutine(self._proxy(
-            "llamacpp", [directNode("A", a), directNode("B", b)], ("--dial-timeout", "0.5")))
+        _, base = yield defer.Deferred.fromCoroutine(
+            self._proxy(
+                "llamacpp", [directNode("A", a), directNode("B", b)], ("--dial-timeout", "0.5")
+            )
+        )
         started = reactor.seconds()
         response = yield treq.get(base + "/v1/models", persistent=False)
         body = yield response.json()
@@ -158,10 +170,10 @@ class ListCorsTests(_FleetCase):
     @defer.inlineCallbacks
     def test_allAllow(self):  # type: ignore[no-untyped-def]
         """When every responder allows the origin the merged list carries it, with Vary."""
-        _, _, base = yield defer.Deferred.fromCoroutine(self._two(
-            {"Access-Control-Allow-Origin": ORIGIN}, {"Access-Control-Allow-Origin": "*"}))
-        response = yield treq.get(base + "/v1/models", headers={"Origin": ORIGIN},
-                                  persistent=False)
+        _, _, base = yield defer.Deferred.fromCoroutine(
+            self._two({"Access-Control-Allow-Origin": ORIGIN}, {"Access-Control-Allow-Origin": "*"})
+        )
+        response = yield treq.get(base + "/v1/models", headers={"Origin": ORIGIN}, persistent=False)
         body = yield response.json()
         self.assertEqual(response.code, 200)
         self.assertEqual(len(body["data"]), 2)
@@ -171,20 +183,20 @@ class ListCorsTests(_FleetCase):
     @defer.inlineCallbacks
     def test_allWildcard(self):  # type: ignore[no-untyped-def]
         """``*`` is kept only when every responder said ``*``."""
-        _, _, base = yield defer.Deferred.fromCoroutine(self._two(
-            {"Access-Control-Allow-Origin": "*"}, {"Access-Control-Allow-Origin": "*"}))
-        response = yield treq.get(base + "/v1/models", headers={"Origin": ORIGIN},
-                                  persistent=False)
+        _, _, base = yield defer.Deferred.fromCoroutine(
+            self._two({"Access-Control-Allow-Origin": "*"}, {"Access-Control-Allow-Origin": "*"})
+        )
+        response = yield treq.get(base + "/v1/models", headers={"Origin": ORIGIN}, persistent=False)
         yield response.content()
         self.assertEqual(corsOf(response), {"access-control-allow-origin": ["*"]})
 
     @defer.inlineCallbacks
     def test_oneDenies(self):  # type: ignore[no-untyped-def]
         """One responder without permission for the origin makes the list 403 with no CORS."""
-        _, _, base = yield defer.Deferred.fromCoroutine(self._two(
-            {"Access-Control-Allow-Origin": ORIGIN}, {}))
-        response = yield treq.get(base + "/v1/models", headers={"Origin": ORIGIN},
-                                  persistent=False)
+        _, _, base = yield defer.Deferred.fromCoroutine(
+            self._two({"Access-Control-Allow-Origin": ORIGIN}, {})
+        )
+        response = yield treq.get(base + "/v1/models", headers={"Origin": ORIGIN}, persistent=False)
         body = yield response.json()
         self.assertEqual(response.code, 403)
         self.assertEqual(body["error"]["code"], "origin_denied")
@@ -197,11 +209,13 @@ class ListCorsTests(_FleetCase):
     def test_invalidList(self):  # type: ignore[no-untyped-def]
         """An invalid list is 502 with no partial list; it keeps Allow-Origin when all allowed,
         and a denial elsewhere outranks it (403)."""
-        a, b, base = yield defer.Deferred.fromCoroutine(self._two(
-            {"Access-Control-Allow-Origin": ORIGIN}, {"Access-Control-Allow-Origin": ORIGIN}))
+        a, b, base = yield defer.Deferred.fromCoroutine(
+            self._two(
+                {"Access-Control-Allow-Origin": ORIGIN}, {"Access-Control-Allow-Origin": ORIGIN}
+            )
+        )
         b.listBehaviour = Status(200, b'{"object": "list"}')
-        response = yield treq.get(base + "/v1/models", headers={"Origin": ORIGIN},
-                                  persistent=False)
+        response = yield treq.get(base + "/v1/models", headers={"Origin": ORIGIN}, persistent=False)
         body = yield response.json()
         self.assertEqual(response.code, 502)
         self.assertNotIn("data", body)
@@ -211,8 +225,7 @@ class ListCorsTests(_FleetCase):
         yield response.content()
         self.assertEqual((response.code, corsOf(response)), (502, {}))
         a.corsHeaders = {}
-        response = yield treq.get(base + "/v1/models", headers={"Origin": ORIGIN},
-                                  persistent=False)
+        response = yield treq.get(base + "/v1/models", headers={"Origin": ORIGIN}, persistent=False)
         yield response.content()
         self.assertEqual((response.code, corsOf(response)), (403, {}))
 
@@ -240,22 +253,32 @@ class PreflightTests(_FleetCase):
             "Access-Control-Allow-Headers": "content-type",
             "Access-Control-Max-Age": "60",
         }
-        proxy, base = yield defer.Deferred.fromCoroutine(self._proxy(
-            "llamacpp", [directNode("A", a), directNode("B", b), deadNode("C", ["m3"])]))
+        proxy, base = yield defer.Deferred.fromCoroutine(
+            self._proxy("llamacpp", [directNode("A", a), directNode("B", b), deadNode("C", ["m3"])])
+        )
         response = yield treq.request(
-            "OPTIONS", base + "/v1/chat/completions",
-            headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
-                     "Access-Control-Request-Headers": "content-type",
-                     "Cookie": "session=1", "Authorization": "Bearer secret"},
-            persistent=False)
+            "OPTIONS",
+            base + "/v1/chat/completions",
+            headers={
+                "Origin": ORIGIN,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "content-type",
+                "Cookie": "session=1",
+                "Authorization": "Bearer secret",
+            },
+            persistent=False,
+        )
         yield response.content()
         self.assertEqual(response.code, 204)
-        self.assertEqual(corsOf(response), {
-            "access-control-allow-origin": [ORIGIN],
-            "access-control-allow-methods": ["POST"],
-            "access-control-allow-headers": ["Content-Type"],
-            "access-control-max-age": ["60"],
-        })
+        self.assertEqual(
+            corsOf(response),
+            {
+                "access-control-allow-origin": [ORIGIN],
+                "access-control-allow-methods": ["POST"],
+                "access-control-allow-headers": ["Content-Type"],
+                "access-control-max-age": ["60"],
+            },
+        )
         for engine in (a, b):
             self.assertEqual(len(engine.requests), 1)
             record = engine.requests[0]
@@ -273,11 +296,14 @@ class PreflightTests(_FleetCase):
     def test_noResponder(self):  # type: ignore[no-untyped-def]
         """With no node answering, a preflight is 502 without any Access-Control header."""
         _, base = yield defer.Deferred.fromCoroutine(
-            self._proxy("llamacpp", [deadNode("C", ["m3"])]))
+            self._proxy("llamacpp", [deadNode("C", ["m3"])])
+        )
         response = yield treq.request(
-            "OPTIONS", base + "/v1/chat/completions",
+            "OPTIONS",
+            base + "/v1/chat/completions",
             headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST"},
-            persistent=False)
+            persistent=False,
+        )
         yield response.content()
         self.assertEqual((response.code, corsOf(response)), (502, {}))
 
@@ -290,17 +316,23 @@ class SingleTargetCorsTests(_FleetCase):
         """The engine's Access-Control-* headers reach the client unchanged; the Origin
         reaches the engine."""
         a = startEngine(self, reactor, "openai", ["m1"], name="A")
-        a.corsHeaders = {"Access-Control-Allow-Origin": "http://other.example",
-                         "Access-Control-Expose-Headers": "X-Custom"}
+        a.corsHeaders = {
+            "Access-Control-Allow-Origin": "http://other.example",
+            "Access-Control-Expose-Headers": "X-Custom",
+        }
         _, base = yield defer.Deferred.fromCoroutine(self._proxy("llamacpp", [directNode("A", a)]))
-        response = yield treq.post(base + "/v1/chat/completions", json=CHAT,
-                                   headers={"Origin": ORIGIN}, persistent=False)
+        response = yield treq.post(
+            base + "/v1/chat/completions", json=CHAT, headers={"Origin": ORIGIN}, persistent=False
+        )
         yield response.content()
         self.assertEqual(response.code, 200)
-        self.assertEqual(corsOf(response), {
-            "access-control-allow-origin": ["http://other.example"],
-            "access-control-expose-headers": ["X-Custom"],
-        })
+        self.assertEqual(
+            corsOf(response),
+            {
+                "access-control-allow-origin": ["http://other.example"],
+                "access-control-expose-headers": ["X-Custom"],
+            },
+        )
         self.assertEqual(a.requests[0].headers["origin"], [ORIGIN])
 
     @defer.inlineCallbacks
@@ -308,8 +340,9 @@ class SingleTargetCorsTests(_FleetCase):
         """An engine that sends no CORS headers gets none added by the proxy."""
         a = startEngine(self, reactor, "openai", ["m1"], name="A")
         _, base = yield defer.Deferred.fromCoroutine(self._proxy("llamacpp", [directNode("A", a)]))
-        response = yield treq.post(base + "/v1/chat/completions", json=CHAT,
-                                   headers={"Origin": ORIGIN}, persistent=False)
+        response = yield treq.post(
+            base + "/v1/chat/completions", json=CHAT, headers={"Origin": ORIGIN}, persistent=False
+        )
         yield response.content()
         self.assertEqual((response.code, corsOf(response)), (200, {}))
         response = yield treq.get(base + "/props", headers={"Origin": ORIGIN}, persistent=False)
@@ -322,7 +355,11 @@ class SingleTargetCorsTests(_FleetCase):
         a = startEngine(self, reactor, "openai", ["m1"], name="A")
         a.corsHeaders = {"Access-Control-Allow-Origin": "*"}
         _, base = yield defer.Deferred.fromCoroutine(self._proxy("llamacpp", [directNode("A", a)]))
-        response = yield treq.post(base + "/v1/chat/completions", json={**CHAT, "model": "x"},
-                                   headers={"Origin": ORIGIN}, persistent=False)
+        response = yield treq.post(
+            base + "/v1/chat/completions",
+            json={**CHAT, "model": "x"},
+            headers={"Origin": ORIGIN},
+            persistent=False,
+        )
         yield response.content()
         self.assertEqual((response.code, corsOf(response)), (502, {}))

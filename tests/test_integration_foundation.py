@@ -21,10 +21,24 @@ from nvpair.supervisor.process import JSONRPCError
 from tests.harness import ProxyFixture, directNode, freePort, startEngine
 
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
-OPTIONS = ["--state-dir", "--cluster-dir", "--response-header-timeout", "--job-deadline",
-           "--dial-timeout", "--max-dispatch-attempts", "--backoff-base", "--backoff-max",
-           "--client-write-timeout", "--retry-after", "--max-body", "--log-level", "--ops-port",
-           "--standalone", "--backend", "--engines"]
+OPTIONS = [
+    "--state-dir",
+    "--cluster-dir",
+    "--response-header-timeout",
+    "--job-deadline",
+    "--dial-timeout",
+    "--max-dispatch-attempts",
+    "--backoff-base",
+    "--backoff-max",
+    "--client-write-timeout",
+    "--retry-after",
+    "--max-body",
+    "--log-level",
+    "--ops-port",
+    "--standalone",
+    "--backend",
+    "--engines",
+]
 
 
 def occupy(test: TestCase) -> int:
@@ -69,10 +83,10 @@ class FoundationTests(TestCase):
             ports[engine] = port
         await proxy.sync()
         for engine, port in ports.items():
-            self.assertEqual(proxy.methods(f"{engine}:"),
-                             [f"{engine}:discovery:subscribe", f"{engine}:ready"])
-            response = await treq.get(
-                f"http://127.0.0.1:{port}/v1/models", persistent=False)
+            self.assertEqual(
+                proxy.methods(f"{engine}:"), [f"{engine}:discovery:subscribe", f"{engine}:ready"]
+            )
+            response = await treq.get(f"http://127.0.0.1:{port}/v1/models", persistent=False)
             self.assertEqual(response.code, 200)
             self.assertEqual(await response.json(), {"object": "list", "data": []})
         again = await proxy.request("facade/enable", {"engine": "ollama", "port": freePort()})
@@ -123,8 +137,9 @@ class FoundationTests(TestCase):
 
         third = await self.started(stateDir=stateDir)
         requested = freePort()
-        self.assertEqual(await third.enable("ollama", requested, ignorePersistedPort=True),
-                         requested)
+        self.assertEqual(
+            await third.enable("ollama", requested, ignorePersistedPort=True), requested
+        )
         await self.assertCleanChannel(third)
 
     async def test_bindFailureIsolation(self) -> None:
@@ -156,9 +171,14 @@ class FoundationTests(TestCase):
         proxy = await self.started()
         taken = occupy(self)
         alias = freePort()
-        result = await proxy.request("facade/enable", {
-            "engine": "ollama", "port": freePort(),
-            "aliases": [f"127.0.0.1:{taken}", f"127.0.0.1:{alias}"]})
+        result = await proxy.request(
+            "facade/enable",
+            {
+                "engine": "ollama",
+                "port": freePort(),
+                "aliases": [f"127.0.0.1:{taken}", f"127.0.0.1:{alias}"],
+            },
+        )
         self.assertEqual(result["aliases"], [f"127.0.0.1:{alias}"])
         report = await proxy.waitFor("ollama:errors:report")
         self.assertEqual(report["kind"], "alias")
@@ -189,7 +209,7 @@ class FoundationTests(TestCase):
         proxy.process.writeRaw(b'{"jsonrpc": "2.0", "id": 99999, "result": {}}\n')
         big = b"x" * (2 * 1024 * 1024) + b"\n"
         for i in range(0, len(big), 256 * 1024):
-            proxy.process.writeRaw(big[i:i + 256 * 1024])
+            proxy.process.writeRaw(big[i : i + 256 * 1024])
         proxy.notify("discovery:nodes", {"nodes": []})
         proxy.notify("ollama:discovery:nodes", {"nodes": []})
         await proxy.sync()
@@ -211,17 +231,30 @@ class FoundationTests(TestCase):
             ("/api/chat", b'{"messages": []}', 400, "bad_request", "ollama"),
             ("/v1/chat/completions", b"[1]", 400, "bad_request", "openai"),
             ("/api/generate", b"not json", 400, "bad_request", "ollama"),
-            ("/api/chat", json.dumps({"model": "m", "p": "x" * 5000}).encode(), 413,
-             "body_too_large", "ollama"),
-            ("/v1/completions", json.dumps({"model": "m", "p": "x" * 5000}).encode(), 413,
-             "body_too_large", "openai"),
+            (
+                "/api/chat",
+                json.dumps({"model": "m", "p": "x" * 5000}).encode(),
+                413,
+                "body_too_large",
+                "ollama",
+            ),
+            (
+                "/v1/completions",
+                json.dumps({"model": "m", "p": "x" * 5000}).encode(),
+                413,
+                "body_too_large",
+                "openai",
+            ),
             ("/api/chat", b'{"model": "nope"}', 502, "no_owner", "ollama"),
             ("/v1/chat/completions", b'{"model": "nope"}', 502, "no_owner", "openai"),
         ]
         for path, body, status, reason, shape in cases:
-            response = await treq.post(base + path, data=body, persistent=False,
-                                       headers={"Content-Type": "application/json",
-                                                "Origin": "http://example.com"})
+            response = await treq.post(
+                base + path,
+                data=body,
+                persistent=False,
+                headers={"Content-Type": "application/json", "Origin": "http://example.com"},
+            )
             doc = await response.json()
             self.assertEqual(response.code, status, path)
             if shape == "ollama":
@@ -230,23 +263,32 @@ class FoundationTests(TestCase):
             else:
                 self.assertEqual(doc["error"]["code"], reason)
                 self.assertEqual(doc["error"]["type"], "proxy_error")
-            self.assertFalse([name for name, _ in response.headers.getAllRawHeaders()
-                              if name.lower().startswith(b"access-control-")])
+            self.assertFalse(
+                [
+                    name
+                    for name, _ in response.headers.getAllRawHeaders()
+                    if name.lower().startswith(b"access-control-")
+                ]
+            )
         self.assertEqual(engine.requests, [])
         await proxy.sync()
         events = proxy.workloadEvents()
         self.assertEqual([m for m, _ in events], ["workload:submitted", "workload:errored"] * 2)
         first = events[1][1]
-        self.assertEqual((first["state"], first["error"], first["model"]),
-                         ("failed", "no_owner", "nope:latest"))
+        self.assertEqual(
+            (first["state"], first["error"], first["model"]), ("failed", "no_owner", "nope:latest")
+        )
         await self.assertCleanChannel(proxy)
 
     async def logged(self, proxy: ProxyFixture, event: str, **fields: Any) -> None:
         """Wait (bounded) until a log record ``event`` with ``fields`` has arrived: stderr
         lines come from the proxy's writer thread and may trail the stdout answers."""
+
         def seen() -> bool:
-            return any(r.get("event") == event
-                       and all(r.get(k) == v for k, v in fields.items()) for r in proxy.logs)
+            return any(
+                r.get("event") == event and all(r.get(k) == v for k, v in fields.items())
+                for r in proxy.logs
+            )
 
         while not seen():
             waiter: defer.Deferred[None] = defer.Deferred()
@@ -263,8 +305,10 @@ class FoundationTests(TestCase):
         await proxy.request("log/set-level", {"level": "debug"})
         port = await proxy.enable("llamacpp")
         await self.logged(proxy, "facade-enabled", port=port)
-        self.assertEqual([r.get("engine") for r in proxy.logs[before:]
-                          if r.get("event") == "facade-enabled"], ["llamacpp"])
+        self.assertEqual(
+            [r.get("engine") for r in proxy.logs[before:] if r.get("event") == "facade-enabled"],
+            ["llamacpp"],
+        )
         await self.assertCleanChannel(proxy)
 
     async def test_exitOnStdinEOF(self) -> None:
@@ -289,8 +333,11 @@ class FoundationTests(TestCase):
     async def test_malformedOption(self) -> None:
         """A malformed option exits 2 with one stderr line naming it and nothing on stdout."""
         out, err, code = await utils.getProcessOutputAndValue(
-            TWISTD, ["-n", "--pidfile=", "nvpair-proxy", "--dial-timeout=abc"],
-            env=dict(os.environ), path=tempfile.mkdtemp(prefix="nvpair-cwd-"))
+            TWISTD,
+            ["-n", "--pidfile=", "nvpair-proxy", "--dial-timeout=abc"],
+            env=dict(os.environ),
+            path=tempfile.mkdtemp(prefix="nvpair-cwd-"),
+        )
         self.assertEqual(code, 2)
         self.assertEqual(out, b"")
         lines = err.decode().splitlines()
@@ -300,8 +347,11 @@ class FoundationTests(TestCase):
     async def test_help(self) -> None:
         """``twistd nvpair-proxy --help`` lists every option of §1."""
         out, err, code = await utils.getProcessOutputAndValue(
-            TWISTD, ["nvpair-proxy", "--help"], env=dict(os.environ),
-            path=tempfile.mkdtemp(prefix="nvpair-cwd-"))
+            TWISTD,
+            ["nvpair-proxy", "--help"],
+            env=dict(os.environ),
+            path=tempfile.mkdtemp(prefix="nvpair-cwd-"),
+        )
         text = out.decode()
         for option in OPTIONS:
             self.assertIn(option, text)
@@ -327,7 +377,7 @@ class _Standalone(ProcessProtocol):
     def errReceived(self, data: bytes) -> None:
         self.stderr += data
         *lines, rest = self.stderr.split(b"\n")
-        for line in lines[len(self.records):]:
+        for line in lines[len(self.records) :]:
             record = json.loads(line)
             self.records.append(record)
             for event, d in list(self.waiting):
@@ -361,11 +411,26 @@ class StandaloneTests(TestCase):
             json.dump({"port": port}, f)
         proto = _Standalone()
         process = reactor.spawnProcess(
-            proto, TWISTD,
-            [TWISTD, "-n", "--pidfile=", "nvpair-proxy", "--standalone", "--engines",
-             "llamacpp", "--ops-port", "0", "--state-dir", stateDir,
-             "--backend", f"llamacpp={engine.url}"],
-            env=dict(os.environ), path=tempfile.mkdtemp(prefix="nvpair-cwd-"))
+            proto,
+            TWISTD,
+            [
+                TWISTD,
+                "-n",
+                "--pidfile=",
+                "nvpair-proxy",
+                "--standalone",
+                "--engines",
+                "llamacpp",
+                "--ops-port",
+                "0",
+                "--state-dir",
+                stateDir,
+                "--backend",
+                f"llamacpp={engine.url}",
+            ],
+            env=dict(os.environ),
+            path=tempfile.mkdtemp(prefix="nvpair-cwd-"),
+        )
 
         def kill() -> defer.Deferred[BaseException]:
             if not proto.ended.called:
@@ -375,8 +440,11 @@ class StandaloneTests(TestCase):
         self.addCleanup(kill)
         enabled = await proto.waitFor("facade-enabled")
         self.assertEqual((enabled["engine"], enabled["port"]), ("llamacpp", port))
-        response = await treq.post(f"http://127.0.0.1:{port}/v1/chat/completions",
-                                   json={"model": "unknown-model"}, persistent=False)
+        response = await treq.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json={"model": "unknown-model"},
+            persistent=False,
+        )
         self.assertEqual(response.code, 502)
         doc = await response.json()
         self.assertEqual(doc["error"]["code"], "no_owner")
@@ -405,17 +473,22 @@ class ShutdownTests(TestCase):
         await proxy.start()
         port = await proxy.enable("llamacpp")
         await proxy.nodes("llamacpp", [directNode("H", engine)])
-        pending = treq.post(f"http://127.0.0.1:{port}/v1/chat/completions",
-                            json={"model": "m1"}, persistent=False)
+        pending = treq.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "m1"}, persistent=False
+        )
         pending.addErrback(lambda f: None)
         await engine.waitForRequest(1)
         self.assertEqual(await proxy.process.stop(5.0), 0)
         await pending
-        terminal = [(m, i) for m, i in proxy.workloadEvents()
-                    if m in ("workload:completed", "workload:errored")]
+        terminal = [
+            (m, i)
+            for m, i in proxy.workloadEvents()
+            if m in ("workload:completed", "workload:errored")
+        ]
         self.assertEqual(len(terminal), 1, proxy.workloadEvents())
-        self.assertEqual((terminal[0][0], terminal[0][1]["state"]),
-                         ("workload:errored", "cancelled"))
+        self.assertEqual(
+            (terminal[0][0], terminal[0][1]["state"]), ("workload:errored", "cancelled")
+        )
         self.assertEqual(proxy.protocolErrors, [])
 
 
@@ -471,8 +544,10 @@ class IngressTests(TestCase):
         hello = b"\x16\x03\x01\x00\x05\x01\x00\x00\x01\x00"
         self.assertEqual(await self.rawExchange("127.0.0.1", port, hello), b"")
         answer = await self.rawExchange(
-            "127.0.0.1", port,
-            b"GET /api/tags HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            "127.0.0.1",
+            port,
+            b"GET /api/tags HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+        )
         self.assertTrue(answer.startswith(b"HTTP/1.1 200 "), answer[:40])
 
     async def test_plaintextFromLanClosed(self) -> None:
@@ -483,6 +558,5 @@ class IngressTests(TestCase):
         proxy = ProxyFixture(self, reactor)
         await proxy.start()
         port = await proxy.enable("llamacpp")
-        answer = await self.rawExchange(
-            host, port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = await self.rawExchange(host, port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
         self.assertEqual(answer, b"")

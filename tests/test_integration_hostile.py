@@ -82,16 +82,19 @@ class HostileClientTests(TestCase):
         return proxy, port, engine
 
     async def chat(self, port: int) -> tuple[int, bytes]:
-        response = await treq.post(f"http://127.0.0.1:{port}/v1/chat/completions",
-                                   json={"model": "m1", "stream": True, "messages": []},
-                                   persistent=False)
+        response = await treq.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json={"model": "m1", "stream": True, "messages": []},
+            persistent=False,
+        )
         return response.code, await treq.content(response)
 
     @defer.inlineCallbacks
     def test_slowloris(self):  # type: ignore[no-untyped-def]
         """Headers trickled forever are cut once the header-read timeout passes."""
         proxy, port, _ = yield defer.Deferred.fromCoroutine(
-            self.proxyWith("--header-read-timeout", "1s"))
+            self.proxyWith("--header-read-timeout", "1s")
+        )
         client = RawClient()
         yield connect(port, client)
         client.transport.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")
@@ -120,19 +123,24 @@ class HostileClientTests(TestCase):
         """A client that stops reading is cut by the write deadline (workload cancelled)
         while another client's stream on the same facade completes."""
         proxy, port, engine = yield defer.Deferred.fromCoroutine(
-            self.proxyWith("--client-write-timeout", "1s", chunks=200_000))
+            self.proxyWith("--client-write-timeout", "1s", chunks=200_000)
+        )
         stuck = RawClient(reading=False)
         yield connect(port, stuck)
         body = json.dumps({"model": "m1", "stream": True, "messages": []}).encode()
-        stuck.transport.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
-                              b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-                              % len(body) + body)
+        stuck.transport.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        )
         yield engine.waitForRequest(1)
         code, content = yield defer.Deferred.fromCoroutine(self.chat(port))
         self.assertEqual(code, 200)
         self.assertTrue(content.rstrip().endswith(b"data: [DONE]"))
-        cancelled = yield defer.Deferred.fromCoroutine(proxy.waitFor(
-            "workload:errored", lambda p: p["workloadInfo"]["state"] == "cancelled", 60))
+        cancelled = yield defer.Deferred.fromCoroutine(
+            proxy.waitFor(
+                "workload:errored", lambda p: p["workloadInfo"]["state"] == "cancelled", 60
+            )
+        )
         self.assertEqual(cancelled["workloadInfo"]["scheduledOn"], "A")
         stuck.transport.resumeProducing()  # read again: the proxy has closed it
         yield stuck.lost.addTimeout(30, reactor)
@@ -145,7 +153,8 @@ class HostileClientTests(TestCase):
         """Connections past ``--max-connections`` are closed at once; afterwards the process
         serves and its descriptors are back to where they were."""
         proxy, port, _ = yield defer.Deferred.fromCoroutine(
-            self.proxyWith("--max-connections", "20", "--header-read-timeout", "30s"))
+            self.proxyWith("--max-connections", "20", "--header-read-timeout", "30s")
+        )
         pid = proxy.process.pid
         assert pid is not None
         code, _ = yield defer.Deferred.fromCoroutine(self.chat(port))
@@ -181,16 +190,22 @@ class HostileClientTests(TestCase):
         """A header block over ``--max-header-bytes`` gets 431, a body over ``--max-body``
         gets 413 ``body_too_large``; the process keeps serving."""
         proxy, port, engine = yield defer.Deferred.fromCoroutine(
-            self.proxyWith("--max-header-bytes", "4096", "--max-body", "1000"))
+            self.proxyWith("--max-header-bytes", "4096", "--max-body", "1000")
+        )
         client = RawClient()
         yield connect(port, client)
-        client.transport.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"
-                               + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 100) for i in range(60))
-                               + b"\r\n")
+        client.transport.write(
+            b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"
+            + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 100) for i in range(60))
+            + b"\r\n"
+        )
         yield client.lost.addTimeout(20, reactor)
         self.assertTrue(client.received.startswith(b"HTTP/1.1 431 "), client.received[:100])
-        response = yield treq.post(f"http://127.0.0.1:{port}/v1/chat/completions",
-                                   json={"model": "m1", "x": "y" * 2000}, persistent=False)
+        response = yield treq.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json={"model": "m1", "x": "y" * 2000},
+            persistent=False,
+        )
         body = yield response.json()
         self.assertEqual(response.code, 413)
         self.assertEqual(body["error"]["code"], "body_too_large")
@@ -204,9 +219,20 @@ class HostileClientTests(TestCase):
         documented error, and the process still answers the broker and serves HTTP."""
         proxy, port, _ = yield defer.Deferred.fromCoroutine(self.proxyWith())
         rng = random.Random(8)
-        methods = ["facade/enable", "node/set-priority", "log/set-level", "ollama:set-port",
-                   "llamacpp:discovery:nodes", "llamacpp:node/select", "nope", "", "llamacpp:x",
-                   "llamacpp:node/set-local-backend", "errors:report", "workload:submitted"]
+        methods = [
+            "facade/enable",
+            "node/set-priority",
+            "log/set-level",
+            "ollama:set-port",
+            "llamacpp:discovery:nodes",
+            "llamacpp:node/select",
+            "nope",
+            "",
+            "llamacpp:x",
+            "llamacpp:node/set-local-backend",
+            "errors:report",
+            "workload:submitted",
+        ]
         junk = [None, 1, -1, 1e308, "x", [], {}, [1, {"a": None}], True, "\u0000\ud7ff", 2**70]
         lines = []
         for i in range(400):
@@ -218,11 +244,24 @@ class HostileClientTests(TestCase):
             elif kind == 2:
                 lines.append(b"x" * ((1 << 20) + rng.randrange(10)))
             else:
-                msg: dict[str, object] = {"jsonrpc": "2.0", "method": rng.choice(methods),
-                                          "params": {k: rng.choice(junk) for k in
-                                                     ("engine", "port", "nodes", "level",
-                                                      "generation", "order", "nodeId", "url")
-                                                     if rng.random() < 0.5}}
+                msg: dict[str, object] = {
+                    "jsonrpc": "2.0",
+                    "method": rng.choice(methods),
+                    "params": {
+                        k: rng.choice(junk)
+                        for k in (
+                            "engine",
+                            "port",
+                            "nodes",
+                            "level",
+                            "generation",
+                            "order",
+                            "nodeId",
+                            "url",
+                        )
+                        if rng.random() < 0.5
+                    },
+                }
                 if kind != 3:  # ids that cannot collide with the supervisor's own
                     msg["id"] = rng.choice([None, 0.5, "x", [], {}, True, f"junk{i}"])
                 if rng.random() < 0.1:
@@ -238,8 +277,13 @@ class HostileClientTests(TestCase):
         self.assertIn("protocol", kinds)
         self.assertNotIn("internal", kinds)
         self.assertEqual(proxy.crashes, [])
-        self.assertFalse([r for r in proxy.logs if r.get("level") in ("error", "critical")
-                          or "Traceback" in json.dumps(r)])
+        self.assertFalse(
+            [
+                r
+                for r in proxy.logs
+                if r.get("level") in ("error", "critical") or "Traceback" in json.dumps(r)
+            ]
+        )
 
 
 class DefaultsTests(SynchronousTestCase):
@@ -251,6 +295,13 @@ class DefaultsTests(SynchronousTestCase):
         options.parseOptions([])
         s = options.settings
         assert s is not None
-        self.assertEqual((s.maxConnections, s.headerReadTimeout, s.maxHeaderBytes,
-                          s.clientWriteTimeout, s.maxBody),
-                         (4096, 30.0, 65536, 60.0, 64 * 1024 * 1024))
+        self.assertEqual(
+            (
+                s.maxConnections,
+                s.headerReadTimeout,
+                s.maxHeaderBytes,
+                s.clientWriteTimeout,
+                s.maxBody,
+            ),
+            (4096, 30.0, 65536, 60.0, 64 * 1024 * 1024),
+        )

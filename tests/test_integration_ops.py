@@ -42,8 +42,9 @@ class OpsIntegrationTests(TestCase):
         self.proxy = ProxyFixture(self, reactor, ["--ops-port", str(self.opsPort)])
         await self.proxy.start()
         self.port = await self.proxy.enable("llamacpp")
-        await self.proxy.nodes("llamacpp", [directNode("A", self.engineA),
-                                            directNode("B", self.engineB)])
+        await self.proxy.nodes(
+            "llamacpp", [directNode("A", self.engineA), directNode("B", self.engineB)]
+        )
 
     async def ops(self, path: str) -> tuple[Any, bytes]:
         response = await treq.get(f"http://127.0.0.1:{self.opsPort}{path}", persistent=False)
@@ -97,19 +98,33 @@ class OpsIntegrationTests(TestCase):
 
         after = await self.scrape()
         self.assertEqual(after["nvpair_proxy_requests_total", inference2xx], 1.0)
-        self.assertEqual(after["nvpair_proxy_requests_total",
-                               labels(engine="llamacpp", route="inference", outcome="error")], 1.0)
+        self.assertEqual(
+            after[
+                "nvpair_proxy_requests_total",
+                labels(engine="llamacpp", route="inference", outcome="error"),
+            ],
+            1.0,
+        )
         verbatimClass = f"{verbatim.code // 100}xx"
-        self.assertEqual(after["nvpair_proxy_requests_total",
-                               labels(engine="llamacpp", route="verbatim",
-                                      outcome=verbatimClass)], 1.0)
+        self.assertEqual(
+            after[
+                "nvpair_proxy_requests_total",
+                labels(engine="llamacpp", route="verbatim", outcome=verbatimClass),
+            ],
+            1.0,
+        )
         attempts = "nvpair_proxy_dispatch_attempts_total"
         self.assertEqual(after[attempts, labels(engine="llamacpp", reason="status")], 1.0)
         self.assertEqual(after[attempts, labels(engine="llamacpp", reason="committed")], 2.0)
-        self.assertEqual(after["nvpair_proxy_commit_seconds_count",
-                               labels(engine="llamacpp", route="inference")], 1.0)
-        self.assertEqual(after["nvpair_proxy_errors_total",
-                               labels(engine="llamacpp", reason="no_owner")], 1.0)
+        self.assertEqual(
+            after[
+                "nvpair_proxy_commit_seconds_count", labels(engine="llamacpp", route="inference")
+            ],
+            1.0,
+        )
+        self.assertEqual(
+            after["nvpair_proxy_errors_total", labels(engine="llamacpp", reason="no_owner")], 1.0
+        )
         workloads = "nvpair_proxy_workloads_total"
         self.assertEqual(after[workloads, labels(state="completed")], 1.0)
         self.assertEqual(after[workloads, labels(state="failed")], 1.0)
@@ -118,8 +133,9 @@ class OpsIntegrationTests(TestCase):
         self.assertEqual(after[rpc, labels(method="facade/enable")], 1.0)
         self.assertEqual(after[rpc, labels(method="discovery:nodes")], 1.0)
         self.assertGreaterEqual(after[rpc, labels(method="log/set-level")], 1.0)
-        self.assertEqual(after["nvpair_proxy_rpc_errors_total",
-                               labels(method="unknown", code="-32601")], 1.0)
+        self.assertEqual(
+            after["nvpair_proxy_rpc_errors_total", labels(method="unknown", code="-32601")], 1.0
+        )
         self.assertEqual(after["nvpair_proxy_discovery_nodes", labels(engine="llamacpp")], 2.0)
         self.assertGreaterEqual(after["nvpair_proxy_upstream_pool_connections", labels()], 1.0)
         inFlight = [v for (name, _), v in after.items() if name == "nvpair_proxy_in_flight"]
@@ -145,8 +161,10 @@ class OpsIntegrationTests(TestCase):
         confirmed = {n["id"]: n["confirmed"] for n in facade["nodes"]}
         self.assertEqual(confirmed["B"], self.engineB.url)
         (workload,) = doc["workloads"]["recent"]
-        self.assertEqual((workload["model"], workload["state"], workload["node"],
-                          workload["attempts"]), ("m1", "completed", "B", 2))
+        self.assertEqual(
+            (workload["model"], workload["state"], workload["node"], workload["attempts"]),
+            ("m1", "completed", "B", 2),
+        )
         self.assertEqual(workload["stats"]["completionTokens"], 3)
         page, html = await self.ops("/")
         self.assertEqual(page.code, 200)
@@ -159,7 +177,8 @@ class OpsIntegrationTests(TestCase):
     async def _preflight(self) -> None:
         await self.setUpProxy()
         response = await treq.request(
-            "OPTIONS", f"http://127.0.0.1:{self.port}/v1/chat/completions",
+            "OPTIONS",
+            f"http://127.0.0.1:{self.port}/v1/chat/completions",
             headers={"Origin": "http://app.example", "Access-Control-Request-Method": "POST"},
             persistent=False,
         )
@@ -167,5 +186,6 @@ class OpsIntegrationTests(TestCase):
         self.assertIsNone(response.headers.getRawHeaders("x-nvpair-node"))
         self.assertIsNone(response.headers.getRawHeaders("x-nvpair-attempts"))
         metrics = await self.scrape()
-        self.assertEqual(sum(v for (name, _), v in metrics.items()
-                             if name == "nvpair_proxy_requests_total"), 0.0)
+        self.assertEqual(
+            sum(v for (name, _), v in metrics.items() if name == "nvpair_proxy_requests_total"), 0.0
+        )

@@ -35,12 +35,21 @@ from tests.standaloneharness import StandaloneProxy
 from tests.test_ops import ENGINE, makeService, scripted
 
 # Flags from TWISTED-NOTES: headless as root, loopback only, nothing fetched from the internet.
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                  "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--hide-scrollbars", "--window-size=1400,1000")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--hide-scrollbars",
+    "--window-size=1400,1000",
+)
 CHROMIUM_TIMEOUT = 60.0
-NO_CHROMIUM = ("Chromium is not installed (Debian package 'chromium'; .ci/install-chromium.sh "
-               "installs it)")
+NO_CHROMIUM = (
+    "Chromium is not installed (Debian package 'chromium'; .ci/install-chromium.sh installs it)"
+)
 BASELINE = 26.0  # the y of a zero in a sparkline (height 28, padding 2)
 
 
@@ -88,8 +97,17 @@ async def runChromium(binary: str, url: str, profile: str, *extra: str) -> Eleme
     """Load ``url`` in headless Chromium, let its scripts run (virtual time), and return the
     DOM; fails if the page logged anything to its console.  Bounded in time."""
     browser = _Browser()
-    argv = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr",
-            "--v=0", "--virtual-time-budget=5000", "--dump-dom", *extra, url]
+    argv = [
+        binary,
+        *CHROMIUM_FLAGS,
+        f"--user-data-dir={profile}",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--virtual-time-budget=5000",
+        "--dump-dom",
+        *extra,
+        url,
+    ]
     transport = reactor.spawnProcess(browser, binary, argv, env=dict(os.environ))
 
     def kill() -> None:
@@ -146,16 +164,19 @@ class OpsPageBrowserTests(TestCase):
         engine = startEngine(self, reactor, "openai", ["m1", "m2"], name="A")
         dead = f"http://127.0.0.1:{freePort()}"
         opsPort = freePort()
-        proxy = StandaloneProxy(self, reactor, ["llamacpp"],
-                                [("llamacpp", engine.url), ("llamacpp", dead)],
-                                extra=["--ops-port", str(opsPort)])
+        proxy = StandaloneProxy(
+            self,
+            reactor,
+            ["llamacpp"],
+            [("llamacpp", engine.url), ("llamacpp", dead)],
+            extra=["--ops-port", str(opsPort)],
+        )
         await proxy.start()
         await proxy.waitForLog(lambda r: r.get("event") == "backend-up")
         await proxy.waitForLog(lambda r: r.get("event") == "backend-down")
         chat = proxy.url("llamacpp") + "/v1/chat/completions"
         messages = [{"role": "user", "content": "hi"}]
-        for model, stream in (("m1", False), ("m2", True), ("m1", False),
-                              ("nobody-has-it", False)):
+        for model, stream in (("m1", False), ("m2", True), ("m1", False), ("nobody-has-it", False)):
             body = {"model": model, "stream": stream, "messages": messages}
             response = await treq.post(chat, json=body, persistent=False)
             await treq.content(response)
@@ -189,14 +210,17 @@ class OpsPageBrowserTests(TestCase):
         (badge,) = rows[dead].all("span", class_="state")
         self.assertEqual(badge.textContent(), "down")
         self.assertIn("inventory poll failed", rows[dead].textContent())
-        self.assertEqual([m.textContent() for m in rows[engine.url].all("span", class_="model")],
-                         ["m1", "m2"])
+        self.assertEqual(
+            [m.textContent() for m in rows[engine.url].all("span", class_="model")], ["m1", "m2"]
+        )
 
         charts = chartsOf(rows[engine.url])
         self.assertEqual(set(charts), {"rps", "ttft", "tps", "errors"})
         for metric in ("rps", "tps", "ttft"):
-            self.assertTrue(any(y < BASELINE for y in yValues(charts[metric])),
-                            f"the {metric} chart of the serving node has no data point")
+            self.assertTrue(
+                any(y < BASELINE for y in yValues(charts[metric])),
+                f"the {metric} chart of the serving node has no data point",
+            )
         self.assertFalse(any(y < BASELINE for y in yValues(chartsOf(rows[dead])["rps"])))
         (card,) = dom.all("section", class_="facade")
         (errors,) = card.all("div", class_="errors")
@@ -204,8 +228,10 @@ class OpsPageBrowserTests(TestCase):
         self.assertIn("no node serves this model", errors.all("svg")[0].attrs["aria-label"])
 
         workloads = dom.all("tr", class_="wl")
-        self.assertEqual([w.attrs["data-state"] for w in workloads],
-                         ["failed", "completed", "completed", "completed"])
+        self.assertEqual(
+            [w.attrs["data-state"] for w in workloads],
+            ["failed", "completed", "completed", "completed"],
+        )
         failed = [td.textContent() for td in workloads[0].all("td")]
         self.assertEqual(failed[0], "4")
         self.assertEqual(failed[-1], "no node serves this model no_owner")
@@ -221,20 +247,30 @@ class OpsPageBrowserTests(TestCase):
         static = parseDom(html)
         (live,) = static.all(id="live")
         self.assertEqual(live.attrs.get("data-source"), "server")
-        self.assertEqual({r.attrs["data-node"]: r.attrs["data-state"]
-                          for r in static.all("tr", class_="node")},
-                         {engine.url: "up", dead: "down"})
-        self.assertTrue(any(y < BASELINE for y in yValues(
-            chartsOf(static.all("tr", class_="node", **{"data-node": engine.url})[0])["rps"])))
+        self.assertEqual(
+            {r.attrs["data-node"]: r.attrs["data-state"] for r in static.all("tr", class_="node")},
+            {engine.url: "up", dead: "down"},
+        )
+        self.assertTrue(
+            any(
+                y < BASELINE
+                for y in yValues(
+                    chartsOf(static.all("tr", class_="node", **{"data-node": engine.url})[0])["rps"]
+                )
+            )
+        )
+
         # ... and the script draws what the server draws (bar the "ended ... ago" column).
         def workloadCells(page: Element) -> list[list[str]]:
             rows = [[td.textContent() for td in r.all("td")] for r in page.all("tr", class_="wl")]
             return [r[:1] + r[2:] for r in rows]
 
         def nodeValues(page: Element) -> list[list[str]]:
-            return [[v.textContent() for v in r.all("span", class_="sv")]
-                    + [m.textContent() for m in r.all("span", class_="model")]
-                    for r in page.all("tr", class_="node")]
+            return [
+                [v.textContent() for v in r.all("span", class_="sv")]
+                + [m.textContent() for m in r.all("span", class_="model")]
+                for r in page.all("tr", class_="node")
+            ]
 
         self.assertEqual(workloadCells(static), workloadCells(dom))
         self.assertEqual(nodeValues(static), nodeValues(dom))
@@ -264,25 +300,38 @@ class OpsPageBrokerTests(TestCase):
         proxy = ProxyFixture(self, reactor, ["--ops-port", str(opsPort)])
         await proxy.start()
         port = await proxy.enable("llamacpp")
-        dead = {"id": "A", "self": False, "addresses": [f"http://127.0.0.1:{freePort()}"],
-                "models": ["m1"]}
+        dead = {
+            "id": "A",
+            "self": False,
+            "addresses": [f"http://127.0.0.1:{freePort()}"],
+            "models": ["m1"],
+        }
         # With no scheduler order the default order (by id) is tried: A, then B, then C.
-        await proxy.nodes("llamacpp", [dead, directNode("B", answering),
-                                       directNode("C", serving), directNode("D", idle)])
+        await proxy.nodes(
+            "llamacpp",
+            [dead, directNode("B", answering), directNode("C", serving), directNode("D", idle)],
+        )
         answering.script(Status(503))
-        response = await treq.post(f"http://127.0.0.1:{port}/v1/chat/completions",
-                                   json={"model": "m1", "messages": []}, persistent=False)
+        response = await treq.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json={"model": "m1", "messages": []},
+            persistent=False,
+        )
         await treq.content(response)
         self.assertEqual(response.headers.getRawHeaders("x-nvpair-node"), ["C"])
         await proxy.waitFor("workload:completed")
         ops = f"http://127.0.0.1:{opsPort}"
         status = await (await treq.get(ops + "/status", persistent=False)).json()
         nodes = {n["id"]: n for n in status["facades"]["llamacpp"]["nodes"]}
-        self.assertEqual({k: (n["state"], n["stateReason"]) for k, n in nodes.items()}, {
-            "A": ("down", "last attempt could not reach the engine"),
-            "B": ("up", "last attempt answered status 503"),
-            "C": ("up", "last attempt served"),
-            "D": ("unknown", "listed by discovery, not tried yet")})
+        self.assertEqual(
+            {k: (n["state"], n["stateReason"]) for k, n in nodes.items()},
+            {
+                "A": ("down", "last attempt could not reach the engine"),
+                "B": ("up", "last attempt answered status 503"),
+                "C": ("up", "last attempt served"),
+                "D": ("unknown", "listed by discovery, not tried yet"),
+            },
+        )
         history = await (await treq.get(ops + "/status/history", persistent=False)).json()
         series = history["facades"]["llamacpp"]["nodes"]
         self.assertEqual(series["A"]["totals"]["errorsByReason"], {"attempt transport": 1})
@@ -299,14 +348,19 @@ class OpsPageBrokerTests(TestCase):
         os.makedirs(shots)
         profile = tempfile.mkdtemp(prefix="nvpair-chromium-")
         self.addCleanup(shutil.rmtree, profile, True)
-        dom = await runChromium(binary, ops + "/", profile,
-                                f"--screenshot={os.path.join(shots, 'ops.png')}")
+        dom = await runChromium(
+            binary, ops + "/", profile, f"--screenshot={os.path.join(shots, 'ops.png')}"
+        )
         self.assertEqual(dom.all(id="live")[0].attrs.get("data-source"), "js")
         self.assertEqual(nodeStates(dom), expected)
-        addresses = {r.attrs["data-node"]: r.all("div", class_="addr")[0].textContent()
-                     for r in dom.all("tr", class_="node")}
-        self.assertEqual(addresses, {"A": dead["addresses"][0], "B": answering.url,
-                                     "C": serving.url, "D": idle.url})
+        addresses = {
+            r.attrs["data-node"]: r.all("div", class_="addr")[0].textContent()
+            for r in dom.all("tr", class_="node")
+        }
+        self.assertEqual(
+            addresses,
+            {"A": dead["addresses"][0], "B": answering.url, "C": serving.url, "D": idle.url},
+        )
 
 
 HOSTILE = "<img src=x onerror=alert(1)>"
@@ -334,8 +388,9 @@ class _WithAffinity(Resource):
         if request.path == b"/":
             request.setHeader(b"content-type", b"text/html; charset=utf-8")
             request.setHeader(b"content-security-policy", PAGE_CSP)
-            return renderPage(self.status(), historyDocument(self.service),
-                              Window().document(0)).encode()
+            return renderPage(
+                self.status(), historyDocument(self.service), Window().document(0)
+            ).encode()
         return self.ops.render(request)
 
 
@@ -368,17 +423,33 @@ class ScriptParityTests(TestCase):
         clock.advance(1_764_000_000)
         service = makeService(clock)
         scripted(service)
-        service.facades["llamacpp"].setSnapshot(Snapshot(parseNodes({"nodes": [
-            {"id": "A", "addresses": ["http://10.0.0.1:8081"],
-             "models": [f"m{i}" for i in range(8)] + [HOSTILE]},
-            {"id": HOSTILE, "models": ["m1"]}]}), ENGINE.normalize))
+        service.facades["llamacpp"].setSnapshot(
+            Snapshot(
+                parseNodes(
+                    {
+                        "nodes": [
+                            {
+                                "id": "A",
+                                "addresses": ["http://10.0.0.1:8081"],
+                                "models": [f"m{i}" for i in range(8)] + [HOSTILE],
+                            },
+                            {"id": HOSTILE, "models": ["m1"]},
+                        ]
+                    }
+                ),
+                ENGINE.normalize,
+            )
+        )
         for ttft, error in ((120, None), (480, HOSTILE), (60, None)):
             clock.advance(7)
             w = service.reporter.admit("llamacpp", HOSTILE if error else "m1")
             w.submitted("A")
             w.started("A")
-            w.finish("failed" if error else "completed", error,
-                     {"ttftMs": ttft, "completionTokens": 42, "tokensPerSecond": 31.5})
+            w.finish(
+                "failed" if error else "completed",
+                error,
+                {"ttftMs": ttft, "completionTokens": 42, "tokensPerSecond": 31.5},
+            )
         service.reporter.history.attempt("llamacpp", HOSTILE, "transport", None)
         port = reactor.listenTCP(0, Site(_WithAffinity(service)), interface="127.0.0.1")
         self.addCleanup(port.stopListening)

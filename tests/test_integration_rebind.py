@@ -33,8 +33,9 @@ from tests.wire import splitAnswer
 MESSAGES = [{"role": "user", "content": "hi"}]
 CHAT = json.dumps({"model": "m1", "messages": [{"role": "user", "content": CANARY}]}).encode()
 PULL = json.dumps({"model": "m1", "insecure": CANARY}).encode()
-PREFLIGHT = (b"Access-Control-Request-Method: POST\r\n"
-             b"Access-Control-Request-Headers: content-type\r\n")
+PREFLIGHT = (
+    b"Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: content-type\r\n"
+)
 
 
 class _RawClient(Protocol):
@@ -63,12 +64,22 @@ async def rawExchange(port: int, payload: bytes) -> bytes:
     return await client.closed.addTimeout(20, reactor)
 
 
-def rebinding(port: int, method: bytes, path: bytes, body: bytes = b"", extra: bytes = b"",
-              host: bytes = b"evil.example") -> bytes:
+def rebinding(
+    port: int,
+    method: bytes,
+    path: bytes,
+    body: bytes = b"",
+    extra: bytes = b"",
+    host: bytes = b"evil.example",
+) -> bytes:
     """A request as a rebinding page's script sends it to ``host:port``."""
     authority = b"%s:%d" % (host, port)
-    head = (b"%s %s HTTP/1.1\r\nHost: %s\r\nOrigin: http://%s\r\nConnection: close\r\n"
-            % (method, path, authority, authority))
+    head = b"%s %s HTTP/1.1\r\nHost: %s\r\nOrigin: http://%s\r\nConnection: close\r\n" % (
+        method,
+        path,
+        authority,
+        authority,
+    )
     if body:
         head += b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(body)
     return head + extra + b"\r\n" + body
@@ -119,9 +130,11 @@ class RebindingTests(TestCase):
             (b"POST", b"/slots/0?action=save", b'{"filename": "x"}', b"", False),
         ]
         counts = {"ollama": 0, "llamacpp": 0}
-        for engineId, port, routes in (("ollama", ollamaPort, ollamaRoutes),
-                                       ("ollama", aliasPort, ollamaRoutes),
-                                       ("llamacpp", llamaPort, llamaRoutes)):
+        for engineId, port, routes in (
+            ("ollama", ollamaPort, ollamaRoutes),
+            ("ollama", aliasPort, ollamaRoutes),
+            ("llamacpp", llamaPort, llamaRoutes),
+        ):
             for method, path, body, extra, native in routes:
                 raw = await rawExchange(port, rebinding(port, method, path, body, extra))
                 self.assertHostDenied(raw, native, (port, method, path))
@@ -142,10 +155,15 @@ class RebindingTests(TestCase):
             self.assertTrue(reply.message.content)
             listed = await deferToThread(client.list)
             self.assertEqual([m.model for m in listed.models], ["m1"])
-        oa = openai.OpenAI(base_url=f"http://localhost:{llamaPort}/v1", api_key="unused",
-                           max_retries=0, timeout=30.0)
+        oa = openai.OpenAI(
+            base_url=f"http://localhost:{llamaPort}/v1",
+            api_key="unused",
+            max_retries=0,
+            timeout=30.0,
+        )
         completion = await deferToThread(
-            lambda: oa.chat.completions.create(model="m1", messages=MESSAGES))  # type: ignore[arg-type]
+            lambda: oa.chat.completions.create(model="m1", messages=MESSAGES)
+        )  # type: ignore[arg-type]
         self.assertTrue(completion.choices[0].message.content)
         await proxy.waitFor("workload:completed")
 
@@ -155,8 +173,10 @@ class RebindingTests(TestCase):
         self.assertEqual(samples[denied, labels(listener="ollama")], counts["ollama"])
         self.assertEqual(samples[denied, labels(listener="llamacpp")], counts["llamacpp"])
         self.assertEqual(samples[denied, labels(listener="ops")], 1)
-        self.assertEqual(samples["nvpair_proxy_errors_total",
-                                 labels(engine="ollama", reason="host_denied")], counts["ollama"])
+        self.assertEqual(
+            samples["nvpair_proxy_errors_total", labels(engine="ollama", reason="host_denied")],
+            counts["ollama"],
+        )
 
         self.assertEqual(await proxy.stop(), 0)  # every log line has been read once it exits
         denials = [r for r in proxy.logs if r.get("event") == "host-denied"]
@@ -170,16 +190,25 @@ class RebindingTests(TestCase):
     async def test_standalone(self) -> None:
         """Standalone mode applies the same rule; ``NVPAIR_PROXY_ALLOWED_HOSTS`` adds a name."""
         engine = startEngine(self, reactor, "ollama", ["m1"], name="O")
-        proxy = StandaloneProxy(self, reactor, ["ollama"], [("ollama", engine.url)],
-                                env={"NVPAIR_PROXY_ALLOWED_HOSTS": "llm.example"})
+        proxy = StandaloneProxy(
+            self,
+            reactor,
+            ["ollama"],
+            [("ollama", engine.url)],
+            env={"NVPAIR_PROXY_ALLOWED_HOSTS": "llm.example"},
+        )
         await proxy.start()
         port = proxy.ports["ollama"]
-        for method, path, body in ((b"POST", b"/api/chat", CHAT), (b"GET", b"/api/tags", b""),
-                                   (b"POST", b"/api/pull", PULL)):
+        for method, path, body in (
+            (b"POST", b"/api/chat", CHAT),
+            (b"GET", b"/api/tags", b""),
+            (b"POST", b"/api/pull", PULL),
+        ):
             raw = await rawExchange(port, rebinding(port, method, path, body))
             self.assertHostDenied(raw, True, path)
-        allowed = splitAnswer(await rawExchange(
-            port, rebinding(port, b"GET", b"/api/version", host=b"LLM.example")))
+        allowed = splitAnswer(
+            await rawExchange(port, rebinding(port, b"GET", b"/api/version", host=b"LLM.example"))
+        )
         self.assertEqual(allowed[0], 200)
         client = ollama.Client(host=proxy.url("ollama"), timeout=30.0)
         reply = await deferToThread(lambda: client.chat(model="m1", messages=MESSAGES))
@@ -188,6 +217,7 @@ class RebindingTests(TestCase):
         self.assertEqual(paths.count("/api/chat"), 1, "only the client's chat reached it")
         self.assertNotIn("/api/pull", paths)
         record: dict[str, Any] = await proxy.waitForLog(lambda r: r.get("event") == "host-denied")
-        self.assertEqual((record["level"], record["host"], record["engine"]),
-                         ("warn", "evil.example", "ollama"))
+        self.assertEqual(
+            (record["level"], record["host"], record["engine"]), ("warn", "evil.example", "ollama")
+        )
         self.assertEqual(len(proxy.events("host-denied")), 1)

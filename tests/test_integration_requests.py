@@ -24,12 +24,18 @@ from tests.fakeengine import Answer, DieMidStream, FakeEngine, HangAfterHeaders,
 from tests.harness import ProxyFixture, directNode, startEngine
 
 FAST = [
-    "--response-header-timeout", "2s",
-    "--backoff-base", "50ms",
-    "--backoff-max", "200ms",
-    "--job-deadline", "3s",
-    "--dial-timeout", "2s",
-    "--client-write-timeout", "2s",
+    "--response-header-timeout",
+    "2s",
+    "--backoff-base",
+    "50ms",
+    "--backoff-max",
+    "200ms",
+    "--job-deadline",
+    "3s",
+    "--dial-timeout",
+    "2s",
+    "--client-write-timeout",
+    "2s",
 ]
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -52,15 +58,20 @@ class RequestCase(TestCase):
     dialect = "openai"
     models: tuple[str, ...] = ("m1",)
 
-    async def setUpProxy(self, names: tuple[str, ...] = ("A", "B"), argv: list[str] = FAST,
-                         ) -> tuple[ProxyFixture, int, list[FakeEngine]]:
-        engines = [startEngine(self, reactor, self.dialect, list(self.models), name=n)
-                   for n in names]
+    async def setUpProxy(
+        self,
+        names: tuple[str, ...] = ("A", "B"),
+        argv: list[str] = FAST,
+    ) -> tuple[ProxyFixture, int, list[FakeEngine]]:
+        engines = [
+            startEngine(self, reactor, self.dialect, list(self.models), name=n) for n in names
+        ]
         proxy = ProxyFixture(self, reactor, argv)
         await proxy.start()
         port = await proxy.enable(self.engineId)
-        await proxy.nodes(self.engineId, [directNode(n, e) for n, e in zip(names, engines,
-                                                                           strict=True)])
+        await proxy.nodes(
+            self.engineId, [directNode(n, e) for n, e in zip(names, engines, strict=True)]
+        )
         self.proxy, self.port, self.engines = proxy, port, engines
         return proxy, port, engines
 
@@ -74,16 +85,19 @@ class RequestCase(TestCase):
 
     async def terminal(self) -> tuple[str, dict[str, Any]]:
         """The first terminal workload event (waiting for it when needed)."""
+
         def isEnd(method: str) -> bool:
             return method in ("workload:completed", "workload:errored")
 
         for method, params in self.proxy.notifications:
             if isEnd(method):
                 return method, params["workloadInfo"]
-        await defer.race([
-            defer.Deferred.fromCoroutine(self.proxy.waitFor("workload:completed")),
-            defer.Deferred.fromCoroutine(self.proxy.waitFor("workload:errored")),
-        ])
+        await defer.race(
+            [
+                defer.Deferred.fromCoroutine(self.proxy.waitFor("workload:completed")),
+                defer.Deferred.fromCoroutine(self.proxy.waitFor("workload:errored")),
+            ]
+        )
         for method, params in self.proxy.notifications:
             if isEnd(method):
                 return method, params["workloadInfo"]
@@ -94,8 +108,9 @@ class OpenAIClientTests(RequestCase):
     """The official openai client against a facade (OpenAI SSE dialect)."""
 
     def client(self) -> openai.OpenAI:
-        client = openai.OpenAI(base_url=self.url("/v1"), api_key="unused", max_retries=0,
-                               timeout=30.0)
+        client = openai.OpenAI(
+            base_url=self.url("/v1"), api_key="unused", max_retries=0, timeout=30.0
+        )
         self.addCleanup(client.close)
         return client
 
@@ -108,16 +123,16 @@ class OpenAIClientTests(RequestCase):
         client = self.client()
 
         def run() -> str:
-            stream = client.chat.completions.create(model="m1", messages=MESSAGES,
-                                                    stream=True)  # type: ignore[arg-type]
+            stream = client.chat.completions.create(model="m1", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
             return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
 
         text = await deferToThread(run)
         self.assertEqual(text, "tok0tok1tok2")
         self.assertEqual((a.requestCount, b.requestCount), (1, 1))
         method, info = await self.terminal()
-        self.assertEqual((method, info["state"], info["scheduledOn"]),
-                         ("workload:completed", "completed", "B"))
+        self.assertEqual(
+            (method, info["state"], info["scheduledOn"]), ("workload:completed", "completed", "B")
+        )
 
     @asyncTest
     async def test_nonStreamingFailoverOnRefusal(self) -> None:
@@ -127,7 +142,8 @@ class OpenAIClientTests(RequestCase):
         await a.stopListening()
         client = self.client()
         result = await deferToThread(
-            lambda: client.chat.completions.create(model="m1", messages=MESSAGES))  # type: ignore[arg-type]
+            lambda: client.chat.completions.create(model="m1", messages=MESSAGES)
+        )  # type: ignore[arg-type]
         self.assertEqual(result.choices[0].message.content, "tok0tok1tok2")
         self.assertEqual(b.requestCount, 1)
 
@@ -141,7 +157,8 @@ class OpenAIClientTests(RequestCase):
         client = self.client()
         with self.assertRaises(openai.APIStatusError) as caught:
             await deferToThread(
-                lambda: client.chat.completions.create(model="m1", messages=MESSAGES))  # type: ignore[arg-type]
+                lambda: client.chat.completions.create(model="m1", messages=MESSAGES)
+            )  # type: ignore[arg-type]
         self.assertEqual(caught.exception.status_code, 503)
         self.assertEqual(caught.exception.response.content, b'{"error":"B busy"}')
         self.assertIsNone(caught.exception.response.headers.get("retry-after"))
@@ -159,8 +176,7 @@ class OpenAIClientTests(RequestCase):
         def run() -> list[str]:
             got: list[str] = []
             try:
-                stream = client.chat.completions.create(model="m1", messages=MESSAGES,
-                                                        stream=True)  # type: ignore[arg-type]
+                stream = client.chat.completions.create(model="m1", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
                 for chunk in stream:
                     got.append(chunk.choices[0].delta.content or "")
             except Exception as e:  # the truncation surfaces as a transport error
@@ -194,17 +210,19 @@ class OllamaClientTests(RequestCase):
         client = self.client()
 
         def run() -> str:
-            return "".join(part["message"]["content"]
-                           for part in client.chat(model="llama3", messages=MESSAGES,
-                                                   stream=True))
+            return "".join(
+                part["message"]["content"]
+                for part in client.chat(model="llama3", messages=MESSAGES, stream=True)
+            )
 
         text = await deferToThread(run)
         self.assertEqual(text, "tok0tok1tok2")
         first = await a.waitForRequest(1)
         await first.connectionLost  # A's connection was closed when the attempt was dropped
         method, info = await self.terminal()
-        self.assertEqual((info["state"], info["scheduledOn"], info["model"]),
-                         ("completed", "B", "llama3:latest"))
+        self.assertEqual(
+            (info["state"], info["scheduledOn"], info["model"]), ("completed", "B", "llama3:latest")
+        )
         self.assertEqual(info["stats"]["completionTokens"], 3)
 
     @asyncTest
@@ -214,7 +232,8 @@ class OllamaClientTests(RequestCase):
         a, b = self.engines
         a.script(Status(500))
         result = await deferToThread(
-            lambda: self.client().generate(model="llama3", prompt="hi", stream=False))
+            lambda: self.client().generate(model="llama3", prompt="hi", stream=False)
+        )
         self.assertEqual(result["response"], "tok0tok1tok2")
 
     @asyncTest
@@ -249,8 +268,9 @@ class GeneratedAnswerTests(RequestCase):
         await self.setUpProxy(names=("A",), argv=[*FAST, "--retry-after", "7"])
         (a,) = self.engines
         a.default = HangAfterHeaders()
-        code, headers, body = await self.post("/v1/chat/completions",
-                                              {"model": "m1", "stream": True})
+        code, headers, body = await self.post(
+            "/v1/chat/completions", {"model": "m1", "stream": True}
+        )
         self.assertEqual(code, 503)
         self.assertEqual(headers.getRawHeaders("retry-after"), ["7"])
         self.assertEqual(json.loads(body)["error"]["code"], "deadline_exceeded")
@@ -263,7 +283,8 @@ class GeneratedAnswerTests(RequestCase):
         (a,) = self.engines
         a.script(HangAfterHeaders())
         d = defer.Deferred.fromCoroutine(
-            self.post("/v1/chat/completions", {"model": "m1", "stream": True}))
+            self.post("/v1/chat/completions", {"model": "m1", "stream": True})
+        )
         await a.waitForRequest(1)
         await self.proxy.nodes(self.engineId, [])
         code, headers, body = await d
@@ -276,8 +297,9 @@ class GeneratedAnswerTests(RequestCase):
         """The only permitted attempt sends headers and no content: 504 no_content."""
         await self.setUpProxy(names=("A",), argv=[*FAST, "--max-dispatch-attempts", "1"])
         self.engines[0].script(HangAfterHeaders())
-        code, headers, body = await self.post("/v1/chat/completions",
-                                              {"model": "m1", "stream": True})
+        code, headers, body = await self.post(
+            "/v1/chat/completions", {"model": "m1", "stream": True}
+        )
         self.assertEqual(code, 504)
         self.assertEqual(json.loads(body)["error"]["code"], "no_content")
         method, info = await self.terminal()
@@ -293,8 +315,9 @@ class CancellationIntegrationTests(RequestCase):
         await self.setUpProxy(names=("A",), argv=[*FAST, "--response-header-timeout", "30s"])
         (a,) = self.engines
         a.script(HangAfterHeaders())
-        d = treq.post(self.url("/v1/chat/completions"), json={"model": "m1", "stream": True},
-                      persistent=False)
+        d = treq.post(
+            self.url("/v1/chat/completions"), json={"model": "m1", "stream": True}, persistent=False
+        )
         received = await a.waitForRequest(1)
         d.cancel()
         with self.assertRaises(Exception):  # noqa: B017 (CancelledError, wrapped or not)
@@ -307,12 +330,14 @@ class CancellationIntegrationTests(RequestCase):
     @asyncTest
     async def test_targetLeavesDiscovery(self) -> None:
         """A withholds content; A leaves discovery: B serves at once (long before the cap)."""
-        await self.setUpProxy(argv=[*FAST, "--response-header-timeout", "30s",
-                                    "--job-deadline", "60s"])
+        await self.setUpProxy(
+            argv=[*FAST, "--response-header-timeout", "30s", "--job-deadline", "60s"]
+        )
         a, b = self.engines
         a.script(HangAfterHeaders())
         d = defer.Deferred.fromCoroutine(
-            self.post("/v1/chat/completions", {"model": "m1", "stream": True}))
+            self.post("/v1/chat/completions", {"model": "m1", "stream": True})
+        )
         received = await a.waitForRequest(1)
         await self.proxy.nodes(self.engineId, [directNode("B", b)])
         code, headers, body = await d
@@ -326,8 +351,9 @@ class CancellationIntegrationTests(RequestCase):
         """A mid-stream death is a broken response to the client, not a clean end."""
         await self.setUpProxy(names=("A",))
         self.engines[0].script(DieMidStream(afterChunks=1))
-        response = await treq.post(self.url("/v1/chat/completions"),
-                                   json={"model": "m1", "stream": True}, persistent=False)
+        response = await treq.post(
+            self.url("/v1/chat/completions"), json={"model": "m1", "stream": True}, persistent=False
+        )
         self.assertEqual(response.code, 200)
         with self.assertRaises(ResponseFailed):
             await treq.content(response)

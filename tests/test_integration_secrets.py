@@ -29,12 +29,18 @@ class SecretsTests(TestCase):
 
     timeout = 120
 
-    async def send(self, port: int, path: str, doc: Any = None, raw: bytes | None = None,
-                   method: str = "POST") -> tuple[int, bytes, bool]:
+    async def send(
+        self, port: int, path: str, doc: Any = None, raw: bytes | None = None, method: str = "POST"
+    ) -> tuple[int, bytes, bool]:
         """One request carrying the canary; returns (status, body, generated-by-proxy)."""
         body = raw if raw is not None else (json.dumps(doc).encode() if doc is not None else None)
-        response = await treq.request(method, f"http://127.0.0.1:{port}{path}",
-                                      headers=SECRET_HEADERS, data=body, persistent=False)
+        response = await treq.request(
+            method,
+            f"http://127.0.0.1:{port}{path}",
+            headers=SECRET_HEADERS,
+            data=body,
+            persistent=False,
+        )
         try:
             content = await treq.content(response)
         except Exception:
@@ -48,20 +54,37 @@ class SecretsTests(TestCase):
         appears only where an engine's own answer carries it, never in our output."""
         a = startEngine(self, reactor, "openai", ["m1"], name="A")
         b = startEngine(self, reactor, "openai", ["m1"], name="B")
-        proxy = ProxyFixture(self, reactor, ["--log-level", "debug", "--max-dispatch-attempts",
-                                             "2", "--response-header-timeout", "1s",
-                                             "--backoff-base", "10ms", "--max-body", "2000"])
+        proxy = ProxyFixture(
+            self,
+            reactor,
+            [
+                "--log-level",
+                "debug",
+                "--max-dispatch-attempts",
+                "2",
+                "--response-header-timeout",
+                "1s",
+                "--backoff-base",
+                "10ms",
+                "--max-body",
+                "2000",
+            ],
+        )
         proxy.level = "debug"
         yield proxy.start()
         port = yield defer.Deferred.fromCoroutine(proxy.enable("llamacpp"))
         yield proxy.nodes("llamacpp", [directNode("A", a), directNode("B", b)])
         yield proxy.notify("node/set-priority", {"generation": 1, "order": ["A", "B"]})
-        prompt = {"model": "m1", "stream": True,
-                  "messages": [{"role": "user", "content": f"my key is {CANARY}"}]}
+        prompt = {
+            "model": "m1",
+            "stream": True,
+            "messages": [{"role": "user", "content": f"my key is {CANARY}"}],
+        }
         outcomes: list[tuple[str, int, bytes, bool]] = []
 
-        async def case(name: str, path: str, doc: Any = None, raw: bytes | None = None,
-                       method: str = "POST") -> None:
+        async def case(
+            name: str, path: str, doc: Any = None, raw: bytes | None = None, method: str = "POST"
+        ) -> None:
             status, body, generated = await self.send(port, path, doc, raw, method)
             outcomes.append((name, status, body, generated))
 
@@ -85,28 +108,32 @@ class SecretsTests(TestCase):
         a.script(Answer(headers={"X-Engine-Secret": CANARY}))
         yield defer.Deferred.fromCoroutine(case("answer", chat, prompt))
         # refusals at admission
-        yield defer.Deferred.fromCoroutine(case("bad_request", chat,
-                                                {"model": 5, "prompt": CANARY}))
+        yield defer.Deferred.fromCoroutine(
+            case("bad_request", chat, {"model": 5, "prompt": CANARY})
+        )
         yield defer.Deferred.fromCoroutine(case("not_json", chat, raw=CANARY.encode()))
-        yield defer.Deferred.fromCoroutine(case("too_large", chat,
-                                                {"model": "m1", "prompt": CANARY * 200}))
-        yield defer.Deferred.fromCoroutine(case("no_owner", chat,
-                                                {"model": "nobody", "prompt": CANARY}))
+        yield defer.Deferred.fromCoroutine(
+            case("too_large", chat, {"model": "m1", "prompt": CANARY * 200})
+        )
+        yield defer.Deferred.fromCoroutine(
+            case("no_owner", chat, {"model": "nobody", "prompt": CANARY})
+        )
         # verbatim routes with the canary in the query string and body
         a.script(Echo())
-        yield defer.Deferred.fromCoroutine(case("verbatim", f"/props?token={CANARY}",
-                                                method="GET"))
+        yield defer.Deferred.fromCoroutine(case("verbatim", f"/props?token={CANARY}", method="GET"))
         for e in (a, b):
             e.script(Status(500, CANARY_BODY))
-        yield defer.Deferred.fromCoroutine(case("verbatim-500", f"/slots?key={CANARY}",
-                                                {"secret": CANARY}))
-        yield defer.Deferred.fromCoroutine(case("list", f"/v1/models?key={CANARY}",
-                                                method="GET"))
+        yield defer.Deferred.fromCoroutine(
+            case("verbatim-500", f"/slots?key={CANARY}", {"secret": CANARY})
+        )
+        yield defer.Deferred.fromCoroutine(case("list", f"/v1/models?key={CANARY}", method="GET"))
         # broker messages with the canary in bad params and bad lines
-        for method, params in (("log/set-level", {"level": CANARY}),
-                               ("llamacpp:node/select", {"nodeId": {CANARY: 1}}),
-                               ("llamacpp:node/set-local-backend", {"url": CANARY}),
-                               ("facade/enable", {"engine": CANARY, "port": 1})):
+        for method, params in (
+            ("log/set-level", {"level": CANARY}),
+            ("llamacpp:node/select", {"nodeId": {CANARY: 1}}),
+            ("llamacpp:node/set-local-backend", {"url": CANARY}),
+            ("facade/enable", {"engine": CANARY, "port": 1}),
+        ):
             try:
                 yield proxy.request(method, params)
             except JSONRPCError as e:
@@ -115,8 +142,10 @@ class SecretsTests(TestCase):
         # broker's vocabulary, not content, so the canary is only put in params and bad lines)
         proxy.notify("llamacpp:discovery:nodes", {"nodes": [{"id": "", "x": CANARY}]})
         proxy.process.writeRaw(b"{" + CANARY.encode() + b"\n")
-        proxy.process.writeRaw(b'{"jsonrpc":"2.0","id":"s1","method":"log/set-level",'
-                               b'"params":"' + CANARY.encode() + b'"}\n')
+        proxy.process.writeRaw(
+            b'{"jsonrpc":"2.0","id":"s1","method":"log/set-level",'
+            b'"params":"' + CANARY.encode() + b'"}\n'
+        )
         yield proxy.sync()
 
         byName = {name: (status, body, generated) for name, status, body, generated in outcomes}

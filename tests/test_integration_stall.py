@@ -27,19 +27,25 @@ class StallTests(TestCase):
     async def start(self, idle: str) -> FakeEngine:
         engine = startEngine(self, reactor, "openai", ["m1"], name="A")
         self.opsPort = freePort()
-        self.proxy = StandaloneProxy(self, reactor, ["llamacpp"], [("llamacpp", engine.url)],
-                                     ["--ops-port", str(self.opsPort),
-                                      "--stream-idle-timeout", idle])
+        self.proxy = StandaloneProxy(
+            self,
+            reactor,
+            ["llamacpp"],
+            [("llamacpp", engine.url)],
+            ["--ops-port", str(self.opsPort), "--stream-idle-timeout", idle],
+        )
         await self.proxy.start()
         await self.proxy.waitForLog(
-            lambda r: r.get("event") == "backend-up" and r["url"] == engine.url)
+            lambda r: r.get("event") == "backend-up" and r["url"] == engine.url
+        )
         return engine
 
     async def stream(self) -> tuple[Any, list[bytes], list[float], Failure | None]:
         """POST a streamed chat: (response, chunks, arrival times then the end's time, how
         the body ended: None when cleanly)."""
-        response = await treq.post(self.proxy.url("llamacpp") + CHAT, json=REQUEST,
-                                   persistent=False)
+        response = await treq.post(
+            self.proxy.url("llamacpp") + CHAT, json=REQUEST, persistent=False
+        )
         chunks: list[bytes] = []
         times: list[float] = []
 
@@ -81,8 +87,9 @@ class StallTests(TestCase):
         chats = [r for r in engine.requests if r.path == CHAT]
         self.assertEqual(len(chats), 1, "nothing retried")
         await chats[0].connectionLost  # the engine connection was closed
-        metrics = await (await treq.get(f"http://127.0.0.1:{self.opsPort}/metrics",
-                                        persistent=False)).text()
+        metrics = await (
+            await treq.get(f"http://127.0.0.1:{self.opsPort}/metrics", persistent=False)
+        ).text()
         self.assertIn('nvpair_proxy_streams_stalled_total{engine="llamacpp"} 1.0', metrics)
 
     async def test_slowStreamKept(self) -> None:
@@ -107,8 +114,9 @@ class StallTests(TestCase):
         _, _, _, ending = await self.stream()
         self.assertIsNotNone(ending)
         await self.proxy.waitForLog(lambda r: r.get("event") == "stream-stalled")
-        status = await (await treq.get(f"http://127.0.0.1:{self.opsPort}/status",
-                                       persistent=False)).json()
+        status = await (
+            await treq.get(f"http://127.0.0.1:{self.opsPort}/status", persistent=False)
+        ).json()
         self.assertEqual(status["requestsInProgress"], 0)
         self.assertEqual(sum(status["workloads"]["terminals"].values()), 1)
         self.assertEqual(status["workloads"]["live"], 0)

@@ -28,8 +28,12 @@ class StandaloneFleetTests(TestCase):
 
     timeout = 90
 
-    async def _proxy(self, backends: list[tuple[str, str]], engines: tuple[str, ...] = (
-            "llamacpp",), extra: tuple[str, ...] = ()) -> StandaloneProxy:
+    async def _proxy(
+        self,
+        backends: list[tuple[str, str]],
+        engines: tuple[str, ...] = ("llamacpp",),
+        extra: tuple[str, ...] = (),
+    ) -> StandaloneProxy:
         proxy = StandaloneProxy(self, reactor, engines, backends, extra)
         await proxy.start()
         return proxy
@@ -44,13 +48,16 @@ class StandaloneFleetTests(TestCase):
         second, first = sorted((a, b), key=lambda e: e.url)
         # With --affinity off (with prefix, new conversations spread by their key instead).
         proxy = yield defer.Deferred.fromCoroutine(
-            self._proxy([("llamacpp", first.url), ("llamacpp", second.url)],
-                        extra=("--affinity", "off")))
+            self._proxy(
+                [("llamacpp", first.url), ("llamacpp", second.url)], extra=("--affinity", "off")
+            )
+        )
         yield proxy.waitForLog(lambda r: r.get("event") == "backend-up" and r["url"] == a.url)
         yield proxy.waitForLog(lambda r: r.get("event") == "backend-up" and r["url"] == b.url)
         first.script(Status(503))
-        response = yield treq.post(proxy.url("llamacpp") + "/v1/chat/completions", json=CHAT,
-                                   persistent=False)
+        response = yield treq.post(
+            proxy.url("llamacpp") + "/v1/chat/completions", json=CHAT, persistent=False
+        )
         body = yield response.json()
         self.assertEqual(response.code, 200)
         self.assertEqual(body["choices"][0]["message"]["content"], "tok0tok1tok2")
@@ -65,15 +72,20 @@ class StandaloneFleetTests(TestCase):
         a = startEngine(self, reactor, "openai", ["m1", "shared"], name="A")
         b = startEngine(self, reactor, "openai", ["m2", "shared"], name="B")
         proxy = yield defer.Deferred.fromCoroutine(
-            self._proxy([("llamacpp", a.url), ("llamacpp", b.url)]))
+            self._proxy([("llamacpp", a.url), ("llamacpp", b.url)])
+        )
         for engine in (a, b):
             yield proxy.waitForLog(
-                lambda r, e=engine: r.get("event") == "backend-up" and r["url"] == e.url)
+                lambda r, e=engine: r.get("event") == "backend-up" and r["url"] == e.url
+            )
         ids = yield defer.Deferred.fromCoroutine(listIds(proxy.url("llamacpp") + "/v1/models"))
         self.assertEqual(sorted(ids), ["m1", "m2", "shared"])
         for model, engine in (("m1", a), ("m2", b)):
-            response = yield treq.post(proxy.url("llamacpp") + "/v1/chat/completions",
-                                       json={**CHAT, "model": model}, persistent=False)
+            response = yield treq.post(
+                proxy.url("llamacpp") + "/v1/chat/completions",
+                json={**CHAT, "model": model},
+                persistent=False,
+            )
             yield response.content()
             self.assertEqual(response.code, 200)
             self.assertEqual(response.headers.getRawHeaders("x-nvpair-node"), [engine.url])
@@ -88,8 +100,9 @@ class StandaloneFleetTests(TestCase):
         yield proxy.waitForLog(lambda r: r.get("event") == "backend-down" and r["url"] == url)
         ids = yield defer.Deferred.fromCoroutine(listIds(proxy.url("llamacpp") + "/v1/models"))
         self.assertEqual(ids, [])
-        response = yield treq.post(proxy.url("llamacpp") + "/v1/chat/completions", json=CHAT,
-                                   persistent=False)
+        response = yield treq.post(
+            proxy.url("llamacpp") + "/v1/chat/completions", json=CHAT, persistent=False
+        )
         body = yield response.json()
         self.assertEqual(response.code, 502)
         self.assertEqual(body["error"]["code"], "no_owner")
@@ -100,14 +113,16 @@ class StandaloneFleetTests(TestCase):
         found: list[str] = []
         for _ in range(40):  # bounded: 40 × 0.5 s, the contract says every 5 s
             found = yield defer.Deferred.fromCoroutine(
-                listIds(proxy.url("llamacpp") + "/v1/models"))
+                listIds(proxy.url("llamacpp") + "/v1/models")
+            )
             if found:
                 break
             yield task.deferLater(reactor, 0.5, lambda: None)
         self.assertEqual(found, ["m1"])
         yield proxy.waitForLog(lambda r: r.get("event") == "backend-up" and r["url"] == url)
-        response = yield treq.post(proxy.url("llamacpp") + "/v1/chat/completions", json=CHAT,
-                                   persistent=False)
+        response = yield treq.post(
+            proxy.url("llamacpp") + "/v1/chat/completions", json=CHAT, persistent=False
+        )
         yield response.content()
         self.assertEqual(response.code, 200)
         self.assertEqual(response.headers.getRawHeaders("x-nvpair-node"), [url])
@@ -118,11 +133,13 @@ class StandaloneFleetTests(TestCase):
         a = startEngine(self, reactor, "openai", ["m1"], name="A")
         b = startEngine(self, reactor, "openai", ["m2"], name="B")
         proxy = yield defer.Deferred.fromCoroutine(
-            self._proxy([("llamacpp", a.url), ("llamacpp", b.url)]))
+            self._proxy([("llamacpp", a.url), ("llamacpp", b.url)])
+        )
         yield proxy.waitForLog(lambda r: r.get("event") == "backend-up" and r["url"] == b.url)
         yield b.close()
         yield proxy.waitForLog(
-            lambda r: r.get("event") == "backend-down" and r["url"] == b.url, timeout=20)
+            lambda r: r.get("event") == "backend-down" and r["url"] == b.url, timeout=20
+        )
         ids = yield defer.Deferred.fromCoroutine(listIds(proxy.url("llamacpp") + "/v1/models"))
         self.assertEqual(ids, ["m1"])
 
@@ -132,20 +149,27 @@ class StandaloneFleetTests(TestCase):
         exits 0."""
         a = startEngine(self, reactor, "ollama", ["llama3"], name="A")
         proxy = yield defer.Deferred.fromCoroutine(
-            self._proxy([("ollama", a.url)], engines=("ollama", "llamacpp")))
+            self._proxy([("ollama", a.url)], engines=("ollama", "llamacpp"))
+        )
         for engineId in ("ollama", "llamacpp"):
             yield proxy.waitForLog(
-                lambda r, e=engineId: r.get("event") == "standalone-fleet" and r["engine"] == e)
+                lambda r, e=engineId: r.get("event") == "standalone-fleet" and r["engine"] == e
+            )
         fleets = {r["engine"]: r["backends"] for r in proxy.events("standalone-fleet")}
         self.assertEqual(fleets, {"ollama": [a.url], "llamacpp": ["http://127.0.0.1:8081"]})
         yield proxy.waitForLog(lambda r: r.get("event") == "backend-up" and r["url"] == a.url)
         response = yield treq.get(proxy.url("ollama") + "/api/tags", persistent=False)
         body: Any = yield response.json()
         self.assertEqual([m["name"] for m in body["models"]], ["llama3"])
-        response = yield treq.post(proxy.url("ollama") + "/api/chat",
-                                   json={"model": "llama3", "stream": False,
-                                         "messages": [{"role": "user", "content": "hi"}]},
-                                   persistent=False)
+        response = yield treq.post(
+            proxy.url("ollama") + "/api/chat",
+            json={
+                "model": "llama3",
+                "stream": False,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+            persistent=False,
+        )
         body = yield response.json()
         self.assertEqual(response.code, 200)
         self.assertEqual(body["message"]["content"], "tok0tok1tok2")

@@ -26,9 +26,13 @@ class BlockedStderrTests(TestCase):
     @defer.inlineCallbacks
     def test_servingWhileStderrIsNotRead(self) -> defer.Deferred[None]:
         dead = freePort()  # nothing listens: every attempt is refused at once
-        proxy = StandaloneProxy(self, reactor, ["llamacpp"],
-                                [("llamacpp", f"http://127.0.0.1:{dead}")],
-                                extra=["--log-level", "debug"])
+        proxy = StandaloneProxy(
+            self,
+            reactor,
+            ["llamacpp"],
+            [("llamacpp", f"http://127.0.0.1:{dead}")],
+            extra=["--log-level", "debug"],
+        )
         yield defer.Deferred.fromCoroutine(proxy.start())
         pool = HTTPConnectionPool(reactor)
         self.addCleanup(pool.closeCachedConnections)
@@ -42,17 +46,19 @@ class BlockedStderrTests(TestCase):
                 await treq.content(response)
                 codes.append(response.code)
 
-        yield defer.gatherResults([
-            defer.Deferred.fromCoroutine(client(REQUESTS // PARALLEL)) for _ in range(PARALLEL)
-        ])
+        yield defer.gatherResults(
+            [defer.Deferred.fromCoroutine(client(REQUESTS // PARALLEL)) for _ in range(PARALLEL)]
+        )
         self.assertEqual(codes, [502] * REQUESTS)
         failedBefore = len(proxy.events("attempt-failed"))
         self.assertLess(failedBefore, REQUESTS, "stderr was held: most records still wait")
 
         proxy.releaseLog()
         yield proxy.waitForLog(
-            lambda r: r.get("event") == "attempt-failed"
-            and len(proxy.events("attempt-failed")) >= REQUESTS
+            lambda r: (
+                r.get("event") == "attempt-failed"
+                and len(proxy.events("attempt-failed")) >= REQUESTS
+            )
         )
         code = yield proxy.stop()
         self.assertEqual(code, 0)

@@ -53,7 +53,7 @@ class _RawEngineProtocol(protocol.Protocol):
                     length = int(value)
             if len(self.buf) < end + 4 + length:
                 return
-            self.buf = self.buf[end + 4 + length:]
+            self.buf = self.buf[end + 4 + length :]
             method, path, _ = lines[0].split(" ", 2)
             self.engine.requests.append((method, path))
             self.transport.write(self.engine.answer)  # type: ignore[union-attr]
@@ -122,8 +122,10 @@ class _Reader(protocol.Protocol):
 
 async def rawRequest(port: int, method: str, path: str, body: bytes = b"") -> _Reader:
     """Send one request over a fresh connection (Connection: close)."""
-    head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n"
-            f"Content-Type: application/json\r\n")
+    head = (
+        f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n"
+        f"Content-Type: application/json\r\n"
+    )
     if body:
         head += f"Content-Length: {len(body)}\r\n"
     reader = _Reader(head.encode() + b"\r\n" + body)
@@ -159,10 +161,10 @@ MALFORMED = {
     "signed length": OK + b"Content-Length: +256\r\n\r\n" + b"x" * 256,
     "length with an underscore": OK + b"Content-Length: 2_62\r\n\r\n" + b"x" * 262,
     "length and chunked": OK + b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
-                          b"5\r\nhello\r\n0\r\n\r\n",
+    b"5\r\nhello\r\n0\r\n\r\n",
     "bad chunk size": OK + b"Transfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n",
     "bare CR in a value": OK + b"X-A: a\rTransfer-Encoding: chunked\r\n"
-                          b"Content-Length: 5\r\n\r\nhello",
+    b"Content-Length: 5\r\n\r\nhello",
 }
 
 
@@ -186,7 +188,8 @@ class StrictEngineResponseTests(TestCase):
         good = startEngine(self, reactor, "openai", ["m1"], name="B")
         port = await self.proxyWith([directNode("A", bad), directNode("B", good)])  # type: ignore[arg-type]
         status, fields, body = parseAnswer(
-            await rawExchange(port, "POST", "/v1/chat/completions", CHAT))
+            await rawExchange(port, "POST", "/v1/chat/completions", CHAT)
+        )
         self.assertEqual(status, 200)
         self.assertEqual(field(fields, "x-nvpair-node"), ["B"])
         self.assertEqual(field(fields, "x-nvpair-attempts"), ["2"])
@@ -200,13 +203,17 @@ class StrictEngineResponseTests(TestCase):
         the client gets 502 upstream_unreachable, never a 200; each attempt dialled anew
         (a connection that broke the framing is never reused)."""
         bad = startRawEngine(self, b"")
-        port = await self.proxyWith([directNode("A", bad)],  # type: ignore[arg-type]
-                                    "--max-dispatch-attempts", "2")
+        port = await self.proxyWith(
+            [directNode("A", bad)],  # type: ignore[arg-type]
+            "--max-dispatch-attempts",
+            "2",
+        )
         for what, answer in MALFORMED.items():
             bad.answer = answer
             before, connections = len(bad.requests), len(bad.connections)
             status, fields, body = parseAnswer(
-                await rawExchange(port, "POST", "/v1/chat/completions", CHAT))
+                await rawExchange(port, "POST", "/v1/chat/completions", CHAT)
+            )
             self.assertEqual(status, 502, what)
             self.assertIn("upstream_unreachable", body.decode("latin-1"), what)
             self.assertEqual(field(fields, "x-a"), [], what)
@@ -221,7 +228,8 @@ class StrictEngineResponseTests(TestCase):
         good = startEngine(self, reactor, "openai", ["m1"], name="B")
         port = await self.proxyWith([directNode("A", bad), directNode("B", good)])  # type: ignore[arg-type]
         status, fields, body = parseAnswer(
-            await rawExchange(port, "POST", "/v1/chat/completions", CHAT))
+            await rawExchange(port, "POST", "/v1/chat/completions", CHAT)
+        )
         self.assertEqual(status, 200)
         self.assertEqual(field(fields, "x-injected"), [])
         self.assertEqual(field(fields, "x-a"), [])
@@ -232,19 +240,31 @@ class StrictEngineResponseTests(TestCase):
     async def test_hopByHopNotRelayed(self) -> None:
         """Connection and the fields it names, Keep-Alive, Proxy-Connection, TE, Trailer and
         Upgrade from the engine never reach the client; end-to-end fields do."""
-        engine = startRawEngine(self, (
-            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-            b"Connection: keep-alive, X-Secret\r\nX-Secret: s\r\nKeep-Alive: timeout=5\r\n"
-            b"Proxy-Connection: keep-alive\r\nTE: trailers\r\nTrailer: X-Sum\r\n"
-            b"Upgrade: websocket\r\nX-Public: p\r\nContent-Length: 2\r\n\r\n{}"))
+        engine = startRawEngine(
+            self,
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Connection: keep-alive, X-Secret\r\nX-Secret: s\r\nKeep-Alive: timeout=5\r\n"
+                b"Proxy-Connection: keep-alive\r\nTE: trailers\r\nTrailer: X-Sum\r\n"
+                b"Upgrade: websocket\r\nX-Public: p\r\nContent-Length: 2\r\n\r\n{}"
+            ),
+        )
         port = await self.proxyWith([directNode("A", engine)])  # type: ignore[arg-type]
         status, fields, body = parseAnswer(
-            await rawExchange(port, "POST", "/v1/chat/completions", CHAT))
+            await rawExchange(port, "POST", "/v1/chat/completions", CHAT)
+        )
         self.assertEqual((status, body), (200, b"{}"))
         self.assertEqual(field(fields, "x-public"), ["p"])
         self.assertEqual(field(fields, "content-length"), ["2"])
-        for name in ("x-secret", "keep-alive", "proxy-connection", "te", "trailer", "upgrade",
-                     "transfer-encoding"):
+        for name in (
+            "x-secret",
+            "keep-alive",
+            "proxy-connection",
+            "te",
+            "trailer",
+            "upgrade",
+            "transfer-encoding",
+        ):
             self.assertEqual(field(fields, name), [], name)
         for value in field(fields, "connection"):  # the proxy's own, if any
             self.assertNotIn("x-secret", value.lower())
@@ -253,8 +273,9 @@ class StrictEngineResponseTests(TestCase):
     async def test_headCarriesTheEnginesLength(self) -> None:
         """HEAD on a forwarded route: the engine's Content-Length reaches the client (not 0),
         with no body bytes."""
-        engine = startRawEngine(self, b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
-                                      b"Content-Length: 256\r\n\r\n")
+        engine = startRawEngine(
+            self, b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 256\r\n\r\n"
+        )
         port = await self.proxyWith([directNode("A", engine)])  # type: ignore[arg-type]
         status, fields, body = parseAnswer(await rawExchange(port, "HEAD", "/health"))
         self.assertEqual(status, 200)
@@ -267,9 +288,12 @@ class StrictEngineResponseTests(TestCase):
         """A broken chunk after the stream committed: the client has what was relayed and
         its connection ends without the chunked body's end (a visible truncation); the
         next request dials the engine anew."""
-        engine = startRawEngine(self, b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                                      b"Transfer-Encoding: chunked\r\n\r\n"
-                                      b"c\r\ndata: hello\n\r\n")
+        engine = startRawEngine(
+            self,
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+            b"c\r\ndata: hello\n\r\n",
+        )
         port = await self.proxyWith([directNode("A", engine)])  # type: ignore[arg-type]
         reader = await rawRequest(port, "POST", "/v1/chat/completions", CHAT)
         await reader.waitFor(b"data: hello\n").addTimeout(20, reactor)
@@ -280,7 +304,6 @@ class StrictEngineResponseTests(TestCase):
         self.assertIn(b"data: hello\n", body)
         self.assertFalse(body.endswith(b"0\r\n\r\n"), body)
         engine.answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
-        status, _, body = parseAnswer(
-            await rawExchange(port, "POST", "/v1/chat/completions", CHAT))
+        status, _, body = parseAnswer(await rawExchange(port, "POST", "/v1/chat/completions", CHAT))
         self.assertEqual((status, body), (200, b"{}"))
         self.assertEqual(len(engine.connections), 2)

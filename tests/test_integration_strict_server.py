@@ -60,18 +60,29 @@ class StrictServerTests(TestCase):
         are 400 ``bad_request`` and close; a head over ``--max-header-bytes`` is 431; none
         reaches the engine, and the process keeps serving."""
         proxy, port, engine = yield defer.Deferred.fromCoroutine(
-            self.proxy("--max-header-bytes", "4096"))
+            self.proxy("--max-header-bytes", "4096")
+        )
         cases = [
             (b"GET /v1/models HTTP/1.1\r\nAccept: */*\r\n\r\n", 400),
             (b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: 127.0.0.1\r\n\r\n", 400),
-            (b"POST /v1/chat/completions HTTP/1.0\r\nHost: 127.0.0.1\r\n"
-             b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", 400),
-            (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-             b"Content-Length: +5\r\n\r\nhello", 400),
+            (
+                b"POST /v1/chat/completions HTTP/1.0\r\nHost: 127.0.0.1\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+                400,
+            ),
+            (
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Length: +5\r\n\r\nhello",
+                400,
+            ),
             # bare LF, and the head left unfinished: the answer cannot wait for its end
             (b"GET /v1/models HTTP/1.1\nHost: 127.0.0.1\n", 400),
-            (b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-             + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 100) for i in range(60)) + b"\r\n", 431),
+            (
+                b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 100) for i in range(60))
+                + b"\r\n",
+                431,
+            ),
         ]
         for raw, status in cases:
             started = reactor.seconds()
@@ -81,8 +92,11 @@ class StrictServerTests(TestCase):
             self.assertEqual(errorCode(answer), "bad_request", answer)
             self.assertIn(b"\r\nConnection: close\r\n", answer)
         self.assertEqual(engine.requestCount, 0)
-        answer = yield defer.Deferred.fromCoroutine(self.exchange(
-            port, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"))
+        answer = yield defer.Deferred.fromCoroutine(
+            self.exchange(
+                port, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+            )
+        )
         self.assertEqual(statusOf(answer), 200, answer)
         self.assertEqual(proxy.crashes, [])
 
@@ -91,15 +105,15 @@ class StrictServerTests(TestCase):
         """``POST http://host:port/v1/chat/completions?trace=1`` reaches the engine as
         ``/v1/chat/completions?trace=1``, and the client gets the engine's answer."""
         proxy, port, engine = yield defer.Deferred.fromCoroutine(self.proxy())
-        raw = (b"POST http://127.0.0.1:%d/v1/chat/completions?trace=1 HTTP/1.1\r\n"
-               b"Host: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
-               b"Content-Length: %d\r\nConnection: close\r\n\r\n" % (port, port, len(BODY))
-               + BODY)
+        raw = (
+            b"POST http://127.0.0.1:%d/v1/chat/completions?trace=1 HTTP/1.1\r\n"
+            b"Host: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n" % (port, port, len(BODY)) + BODY
+        )
         answer = yield defer.Deferred.fromCoroutine(self.exchange(port, raw))
         self.assertEqual(statusOf(answer), 200, answer)
         recorded = yield engine.waitForRequest(1)
-        self.assertEqual((recorded.method, recorded.path),
-                         ("POST", "/v1/chat/completions?trace=1"))
+        self.assertEqual((recorded.method, recorded.path), ("POST", "/v1/chat/completions?trace=1"))
         self.assertEqual(recorded.json()["model"], "m1")
         self.assertEqual(proxy.crashes, [])
 
@@ -108,12 +122,15 @@ class StrictServerTests(TestCase):
         """A POST offering ``Upgrade: h2c`` (as curl sends it) is answered in HTTP/1.1, its
         body reaches the engine whole, and the connection serves the next request."""
         proxy, port, engine = yield defer.Deferred.fromCoroutine(self.proxy())
-        raw = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-               b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
-               b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n"
-               b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(BODY)
-               + BODY
-               + b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        raw = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+            b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+            % len(BODY)
+            + BODY
+            + b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )
         answer = yield defer.Deferred.fromCoroutine(self.exchange(port, raw))
         self.assertEqual(answer.count(b"HTTP/1.1 200 OK\r\n"), 2, answer)
         self.assertNotIn(b" 101 ", answer)

@@ -30,8 +30,9 @@ class SupervisorTests(TestCase):
     async def test_restartAfterKill(self) -> None:
         """After SIGKILL the crash is reported once and the facade serves again on its port."""
         engine = startEngine(self, reactor, "openai", ["m1"], name="A")
-        proxy = ProxyFixture(self, reactor,
-                             restartPolicy=backoffPolicy(initialDelay=0.1, maxDelay=1, factor=2))
+        proxy = ProxyFixture(
+            self, reactor, restartPolicy=backoffPolicy(initialDelay=0.1, maxDelay=1, factor=2)
+        )
         await proxy.start()
         port = await proxy.enable("llamacpp")
         await proxy.nodes("llamacpp", [directNode("A", engine)])
@@ -63,8 +64,9 @@ class SupervisorTests(TestCase):
         from tests.harness import freePort
 
         engine = startEngine(self, reactor, "ollama", ["m1:latest"], name="B")
-        proxy = ProxyFixture(self, reactor,
-                             restartPolicy=backoffPolicy(initialDelay=0.1, maxDelay=1, factor=2))
+        proxy = ProxyFixture(
+            self, reactor, restartPolicy=backoffPolicy(initialDelay=0.1, maxDelay=1, factor=2)
+        )
         await proxy.start()
         await proxy.enable("ollama")
         moved = freePort()
@@ -77,10 +79,11 @@ class SupervisorTests(TestCase):
         await exited
         await proxy.process.whenRunning()
         await proxy.sync()
-        response = await treq.post(f"http://127.0.0.1:{moved}/api/chat",
-                                   json={"model": "m1", "stream": False,
-                                         "messages": [{"role": "user", "content": "hi"}]},
-                                   persistent=False)
+        response = await treq.post(
+            f"http://127.0.0.1:{moved}/api/chat",
+            json={"model": "m1", "stream": False, "messages": [{"role": "user", "content": "hi"}]},
+            persistent=False,
+        )
         await response.content()
         self.assertEqual(response.code, 200)
         self.assertEqual(len(proxy.crashes), 1)

@@ -23,16 +23,20 @@ STREAM = {"model": "m1", "stream": True, "messages": [{"role": "user", "content"
 
 def priority(generation: int, order: list[str]) -> dict[str, Any]:
     """A scheduler snapshot with equal (zero) load on every listed node."""
-    return {"generation": generation, "order": order,
-            "load": {n: {"pending": 0, "gpuPressure": 0} for n in order}}
+    return {
+        "generation": generation,
+        "order": order,
+        "load": {n: {"pending": 0, "gpuPressure": 0} for n in order},
+    }
 
 
 class WorkloadCase(RequestCase):
     """Helpers over the recorded notifications."""
 
     def shape(self, workloadId: str) -> list[tuple[str, str, str | None]]:
-        return [(m, i["state"], i.get("scheduledOn"))
-                for m, i in self.proxy.workloadEvents(workloadId)]
+        return [
+            (m, i["state"], i.get("scheduledOn")) for m, i in self.proxy.workloadEvents(workloadId)
+        ]
 
     def workloadIds(self) -> list[str]:
         ids: list[str] = []
@@ -50,27 +54,36 @@ class WorkloadCase(RequestCase):
 
     async def streams(self, count: int) -> list[bytes]:
         """``count`` concurrent streaming chat requests; their bodies."""
+
         async def one() -> bytes:
-            response = await treq.post(self.url("/v1/chat/completions"), json=STREAM,
-                                       persistent=False)
+            response = await treq.post(
+                self.url("/v1/chat/completions"), json=STREAM, persistent=False
+            )
             self.assertEqual(response.code, 200)
             return bytes(await treq.content(response))
 
         results = await defer.gatherResults(
-            [defer.Deferred.fromCoroutine(one()) for _ in range(count)])
+            [defer.Deferred.fromCoroutine(one()) for _ in range(count)]
+        )
         return list(results)
 
     async def allEnded(self, count: int) -> None:
         """Wait until ``count`` terminal workload events arrived, then a round trip."""
+
         def ended() -> int:
-            return sum(1 for m, _ in self.proxy.workloadEvents()
-                       if m in ("workload:completed", "workload:errored"))
+            return sum(
+                1
+                for m, _ in self.proxy.workloadEvents()
+                if m in ("workload:completed", "workload:errored")
+            )
 
         while ended() < count:
-            await defer.race([
-                self.proxy.nextNotification("workload:completed"),
-                self.proxy.nextNotification("workload:errored"),
-            ])
+            await defer.race(
+                [
+                    self.proxy.nextNotification("workload:completed"),
+                    self.proxy.nextNotification("workload:errored"),
+                ]
+            )
         await self.proxy.sync()
 
 
@@ -97,8 +110,9 @@ class SpreadTests(WorkloadCase):
     @asyncTest
     async def test_redeliveredSnapshotKeepsReservations(self) -> None:
         """A redelivered generation keeps A's live reservation; a newer one supersedes it."""
-        proxy, port, (a, b) = await self.setUpProxy(argv=[*FAST, "--response-header-timeout",
-                                                          "30s", "--job-deadline", "60s"])
+        proxy, port, (a, b) = await self.setUpProxy(
+            argv=[*FAST, "--response-header-timeout", "30s", "--job-deadline", "60s"]
+        )
         proxy.notify("node/set-priority", priority(5, ["A", "B"]))
         await proxy.sync()
         a.script(HangAfterHeaders())
@@ -158,14 +172,16 @@ class EventSequenceTests(WorkloadCase):
         a.script(Status(503))
         await self.streams(1)
         await self.allEnded(1)
-        last = self.assertSequence([
-            ("workload:submitted", "queued", None),
-            ("workload:submitted", "queued", "A"),
-            ("workload:submitted", "queued", None),
-            ("workload:submitted", "queued", "B"),
-            ("workload:started", "running", "B"),
-            ("workload:completed", "completed", "B"),
-        ])
+        last = self.assertSequence(
+            [
+                ("workload:submitted", "queued", None),
+                ("workload:submitted", "queued", "A"),
+                ("workload:submitted", "queued", None),
+                ("workload:submitted", "queued", "B"),
+                ("workload:started", "running", "B"),
+                ("workload:completed", "completed", "B"),
+            ]
+        )
         self.assertIsNone(last["error"])
         self.assertEqual(last["stats"]["completionTokens"], 3)
         self.assertLessEqual(last["createdAt"], last["startedAt"])
@@ -174,42 +190,45 @@ class EventSequenceTests(WorkloadCase):
     @asyncTest
     async def test_clientAbandons(self) -> None:
         """The client leaves while A withholds content: cancelled, at once."""
-        proxy, port, (a, b) = await self.setUpProxy(argv=[*FAST, "--response-header-timeout",
-                                                          "30s"])
+        proxy, port, (a, b) = await self.setUpProxy(
+            argv=[*FAST, "--response-header-timeout", "30s"]
+        )
         a.script(HangAfterHeaders())
         d = treq.post(self.url("/v1/chat/completions"), json=STREAM, persistent=False)
         await a.waitForRequest(1)
         d.cancel()
         d.addErrback(lambda _: None)
         await self.allEnded(1)
-        last = self.assertSequence([
-            ("workload:submitted", "queued", None),
-            ("workload:submitted", "queued", "A"),
-            ("workload:errored", "cancelled", "A"),
-        ])
+        last = self.assertSequence(
+            [
+                ("workload:submitted", "queued", None),
+                ("workload:submitted", "queued", "A"),
+                ("workload:errored", "cancelled", "A"),
+            ]
+        )
         self.assertNotIn("stats", last)
         self.assertEqual(b.requestCount, 0, "no retry for a requester that left")
 
     @asyncTest
     async def test_budgetExhausted(self) -> None:
         """Two permitted attempts, both 503: the last one's answer commits; failed on B."""
-        proxy, port, (a, b) = await self.setUpProxy(argv=[*FAST, "--max-dispatch-attempts",
-                                                          "2"])
+        proxy, port, (a, b) = await self.setUpProxy(argv=[*FAST, "--max-dispatch-attempts", "2"])
         a.script(Status(503))
         b.script(Status(503))
-        response = await treq.post(self.url("/v1/chat/completions"), json=STREAM,
-                                   persistent=False)
+        response = await treq.post(self.url("/v1/chat/completions"), json=STREAM, persistent=False)
         self.assertEqual(response.code, 503)
         await treq.content(response)
         await self.allEnded(1)
-        last = self.assertSequence([
-            ("workload:submitted", "queued", None),
-            ("workload:submitted", "queued", "A"),
-            ("workload:submitted", "queued", None),
-            ("workload:submitted", "queued", "B"),
-            ("workload:started", "running", "B"),  # the final answer committed (§5.5)
-            ("workload:errored", "failed", "B"),
-        ])
+        last = self.assertSequence(
+            [
+                ("workload:submitted", "queued", None),
+                ("workload:submitted", "queued", "A"),
+                ("workload:submitted", "queued", None),
+                ("workload:submitted", "queued", "B"),
+                ("workload:started", "running", "B"),  # the final answer committed (§5.5)
+                ("workload:errored", "failed", "B"),
+            ]
+        )
         self.assertNotIn("stats", last)
 
 
@@ -233,8 +252,10 @@ class _EndlessStream(Protocol):
         if not self.streaming and b"\r\n\r\n" in self._buffer:
             self.streaming = True
             self.transport.registerProducer(self, True)  # type: ignore[union-attr]
-            self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"  # type: ignore[union-attr]
-                                 b"Transfer-Encoding: chunked\r\n\r\n")
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"  # type: ignore[union-attr]
+                b"Transfer-Encoding: chunked\r\n\r\n"
+            )
             self.owner.started.callback(None)
             self._pump()
 
@@ -304,9 +325,10 @@ class BackpressureTests(WorkloadCase):
         url = f"http://127.0.0.1:{listening.getHost().port}"
         await proxy.nodes(self.engineId, [{"id": "E", "addresses": [url], "models": ["m1"]}])
         body = json.dumps(STREAM).encode()
-        request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
-                   b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                   % (len(body), body))
+        request = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
         clientLost: defer.Deferred[None] = defer.Deferred()
         factory = ClientFactory.forProtocol(lambda: _StalledClient(request, clientLost))  # type: ignore[arg-type]
         connector = reactor.connectTCP("127.0.0.1", port, factory)

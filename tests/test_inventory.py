@@ -22,9 +22,9 @@ OPENAI_PATHS = ["/v1/models", "/api/v0/models", "/models"]
 
 def openaiList(*ids: str, owner: str = "n") -> bytes:
     """An OpenAI-style model list body."""
-    return json.dumps({"object": "list",
-                       "data": [{"id": i, "object": "model", "owned_by": owner} for i in ids]
-                       }).encode()
+    return json.dumps(
+        {"object": "list", "data": [{"id": i, "object": "model", "owned_by": owner} for i in ids]}
+    ).encode()
 
 
 def tagsList(*names: str, size: int = 1) -> bytes:
@@ -54,16 +54,20 @@ class ParseTests(SynchronousTestCase):
 
     def test_tags(self) -> None:
         """An Ollama tags list yields its names."""
-        self.assertEqual(modelNames("/api/tags", tagsList("llama3:latest", "qwen:7b")),
-                         ["llama3:latest", "qwen:7b"])
+        self.assertEqual(
+            modelNames("/api/tags", tagsList("llama3:latest", "qwen:7b")),
+            ["llama3:latest", "qwen:7b"],
+        )
 
     def test_llamacppModelsParsesData(self) -> None:
         """llama.cpp's /models answer with both models and data is read by data."""
-        body = json.dumps({
-            "models": [{"name": "ignored.gguf", "model": "ignored.gguf"}],
-            "object": "list",
-            "data": [{"id": "qwen.gguf", "object": "model"}],
-        }).encode()
+        body = json.dumps(
+            {
+                "models": [{"name": "ignored.gguf", "model": "ignored.gguf"}],
+                "object": "list",
+                "data": [{"id": "qwen.gguf", "object": "model"}],
+            }
+        ).encode()
         self.assertEqual(modelNames("/models", body), ["qwen.gguf"])
         self.assertEqual(modelNames("/v1/models", body), ["qwen.gguf"])
 
@@ -103,30 +107,45 @@ class MergeTests(SynchronousTestCase):
 
     def test_duplicatesFirstWins(self) -> None:
         """Duplicates across nodes keep the first node's entry; order is preserved."""
-        merged = json.loads(mergeLists("/v1/models", [
-            openaiList("a", "b", owner="n1"),
-            openaiList("b", "c", "a", owner="n2"),
-            openaiList("d", "c", owner="n3"),
-        ]))
+        merged = json.loads(
+            mergeLists(
+                "/v1/models",
+                [
+                    openaiList("a", "b", owner="n1"),
+                    openaiList("b", "c", "a", owner="n2"),
+                    openaiList("d", "c", owner="n3"),
+                ],
+            )
+        )
         self.assertEqual(merged["object"], "list")
-        self.assertEqual([(e["id"], e["owned_by"]) for e in merged["data"]],
-                         [("a", "n1"), ("b", "n1"), ("c", "n2"), ("d", "n3")])
+        self.assertEqual(
+            [(e["id"], e["owned_by"]) for e in merged["data"]],
+            [("a", "n1"), ("b", "n1"), ("c", "n2"), ("d", "n3")],
+        )
 
     def test_tagsMergeByName(self) -> None:
         """/api/tags merges by name into the {"models": [...]} envelope."""
-        merged = json.loads(mergeLists("/api/tags", [tagsList("x:1", size=1),
-                                                     tagsList("y:1", "x:1", size=2)]))
-        self.assertEqual(merged, {"models": [
-            {"name": "x:1", "model": "x:1", "size": 1},
-            {"name": "y:1", "model": "y:1", "size": 2},
-        ]})
+        merged = json.loads(
+            mergeLists("/api/tags", [tagsList("x:1", size=1), tagsList("y:1", "x:1", size=2)])
+        )
+        self.assertEqual(
+            merged,
+            {
+                "models": [
+                    {"name": "x:1", "model": "x:1", "size": 1},
+                    {"name": "y:1", "model": "y:1", "size": 2},
+                ]
+            },
+        )
 
     def test_invalidBodyRaises(self) -> None:
         """One invalid body anywhere fails the whole merge."""
-        self.assertRaises(InvalidList, mergeLists, "/v1/models",
-                          [openaiList("a"), b"<html>", openaiList("b")])
-        self.assertRaises(InvalidList, mergeLists, "/v1/models",
-                          [openaiList("a"), b'{"data": [{"id": "b"}, {}]}'])
+        self.assertRaises(
+            InvalidList, mergeLists, "/v1/models", [openaiList("a"), b"<html>", openaiList("b")]
+        )
+        self.assertRaises(
+            InvalidList, mergeLists, "/v1/models", [openaiList("a"), b'{"data": [{"id": "b"}, {}]}']
+        )
 
     def test_emptyEnvelopes(self) -> None:
         """The empty fleet answers the engine's empty envelope, as does merging nothing."""

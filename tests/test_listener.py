@@ -68,14 +68,27 @@ class LoopbackTests(SynchronousTestCase):
 
     def test_loopback(self) -> None:
         """Loopback peers in every spelling are recognised."""
-        for addr in (v4("127.0.0.1"), v4("127.1.2.3"), v6("::1"), v6("::ffff:127.0.0.1"),
-                     v6("::ffff:127.9.9.9")):
+        for addr in (
+            v4("127.0.0.1"),
+            v4("127.1.2.3"),
+            v6("::1"),
+            v6("::ffff:127.0.0.1"),
+            v6("::ffff:127.9.9.9"),
+        ):
             self.assertTrue(isLoopback(addr), addr)
 
     def test_notLoopback(self) -> None:
         """LAN, unspecified, mapped non-loopback and odd addresses are not loopback."""
-        for addr in (v4("192.168.1.5"), v4("10.0.0.1"), v4("0.0.0.0"), v6("::ffff:10.0.0.1"),
-                     v6("fe80::1"), v6("::"), v4("localhost"), v4("")):
+        for addr in (
+            v4("192.168.1.5"),
+            v4("10.0.0.1"),
+            v4("0.0.0.0"),
+            v6("::ffff:10.0.0.1"),
+            v6("fe80::1"),
+            v6("::"),
+            v4("localhost"),
+            v4(""),
+        ):
             self.assertFalse(isLoopback(addr), addr)
 
     def test_noHost(self) -> None:
@@ -100,8 +113,9 @@ class SwitchTests(SynchronousTestCase):
 
         return PersonalityFactory(self.clock, self.plain, buildTLS if tls else None, **kwargs)
 
-    def connect(self, addr: Any, factory: PersonalityFactory | None = None
-                ) -> tuple[Any, Transport]:
+    def connect(
+        self, addr: Any, factory: PersonalityFactory | None = None
+    ) -> tuple[Any, Transport]:
         factory = factory or self.factory
         proto = factory.buildProtocol(addr)
         transport = Transport(peerAddress=addr)

@@ -40,8 +40,9 @@ class Broken(io.StringIO):
 class OutletCase(SynchronousTestCase):
     def outlet(self, stream: io.StringIO, limit: int = 1000) -> LineOutlet:
         self.runs: list[Callable[[], None]] = []
-        return LineOutlet(stream, "nvpair-proxy", limit, start=self.runs.append,
-                          clock=lambda: 1234.5)
+        return LineOutlet(
+            stream, "nvpair-proxy", limit, start=self.runs.append, clock=lambda: 1234.5
+        )
 
 
 class OutletTests(OutletCase):
@@ -77,8 +78,16 @@ class OutletTests(OutletCase):
         lines = stream.getvalue().splitlines()
         self.assertEqual(lines[:2], ["abcd", "abcd"])
         record = json.loads(lines[2])
-        self.assertEqual(record, {"time": 1234.5, "level": "warn", "component": "nvpair-proxy",
-                                  "event": "log-lines-dropped", "count": 5})
+        self.assertEqual(
+            record,
+            {
+                "time": 1234.5,
+                "level": "warn",
+                "component": "nvpair-proxy",
+                "event": "log-lines-dropped",
+                "count": 5,
+            },
+        )
         self.assertEqual(len(lines), 3)
         outlet.write("later\n")
         outlet.drain(block=False)

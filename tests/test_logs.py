@@ -19,8 +19,9 @@ class LogTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.stream = io.StringIO()
         self.control = LogControl("info")
-        self.log = Logger(namespace="nvpair.proxy.test",
-                          observer=makeObserver(self.stream, self.control))
+        self.log = Logger(
+            namespace="nvpair.proxy.test", observer=makeObserver(self.stream, self.control)
+        )
 
     def records(self) -> list[dict[str, Any]]:
         lines = self.stream.getvalue().splitlines()
@@ -53,8 +54,9 @@ class LogTests(SynchronousTestCase):
         self.log.warn("c")
         self.log.error("d")
         self.log.critical("e")
-        self.assertEqual([r["level"] for r in self.records()],
-                         ["debug", "info", "warn", "error", "error"])
+        self.assertEqual(
+            [r["level"] for r in self.records()], ["debug", "info", "warn", "error", "error"]
+        )
 
     def test_filtering(self) -> None:
         """Records below the active level are not written."""
@@ -76,8 +78,9 @@ class LogTests(SynchronousTestCase):
 
     def test_otherNamespaces(self) -> None:
         """The level applies to every namespace (twisted's own records too)."""
-        other = Logger(namespace="twisted.internet.tcp",
-                       observer=makeObserver(self.stream, self.control))
+        other = Logger(
+            namespace="twisted.internet.tcp", observer=makeObserver(self.stream, self.control)
+        )
         self.control.setLevel("warn")
         other.info("Port closed")
         other.warn("w")
@@ -113,9 +116,17 @@ class LogTests(SynchronousTestCase):
     def test_legacyEvent(self) -> None:
         """A legacy-style event (twistd's own messages) becomes a record too."""
         observer = JSONLineObserver(self.stream)
-        observer({"log_level": LogLevel.info, "log_time": 1.0, "log_format": None,
-                  "message": ("Server Shut Down.",), "isError": 0, "system": "-",
-                  "log_namespace": "twisted"})
+        observer(
+            {
+                "log_level": LogLevel.info,
+                "log_time": 1.0,
+                "log_format": None,
+                "message": ("Server Shut Down.",),
+                "isError": 0,
+                "system": "-",
+                "log_namespace": "twisted",
+            }
+        )
         [record] = self.records()
         self.assertEqual(record["level"], "info")
         self.assertEqual(record["component"], "nvpair-proxy")
@@ -128,6 +139,12 @@ class LogTests(SynchronousTestCase):
 
     def test_toRecordFailureDirect(self) -> None:
         """``toRecord`` of an event with a failure names the exception."""
-        record = toRecord({"log_level": LogLevel.error, "log_time": 2.0,
-                           "log_format": "x", "log_failure": Failure(ValueError("v"))})
+        record = toRecord(
+            {
+                "log_level": LogLevel.error,
+                "log_time": 2.0,
+                "log_format": "x",
+                "log_failure": Failure(ValueError("v")),
+            }
+        )
         self.assertEqual(record["exception"], "ValueError")

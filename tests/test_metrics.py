@@ -36,8 +36,11 @@ def exchange(
 ) -> Any:
     """A stand-in for ``dispatch.Exchange`` with the attributes the hooks read."""
     return SimpleNamespace(
-        engine=ENGINES[engine], inference=inference, committedStatus=committedStatus,
-        answered=answered or committedStatus is not None, clientGone=clientGone,
+        engine=ENGINES[engine],
+        inference=inference,
+        committedStatus=committedStatus,
+        answered=answered or committedStatus is not None,
+        clientGone=clientGone,
     )
 
 
@@ -57,8 +60,9 @@ class OutcomeTests(SynchronousTestCase):
     def test_clientGone(self) -> None:
         """A client that left before the end is ``cancelled``, committed or not."""
         self.assertEqual(requestOutcome(exchange(clientGone=True)), "cancelled")
-        self.assertEqual(requestOutcome(exchange(committedStatus=200, clientGone=True)),
-                         "cancelled")
+        self.assertEqual(
+            requestOutcome(exchange(committedStatus=200, clientGone=True)), "cancelled"
+        )
 
     def test_unanswered(self) -> None:
         """An exchange that ended with no answer and its client present (shutdown) is cancelled."""
@@ -81,22 +85,61 @@ class HookTests(SynchronousTestCase):
 
     def test_prebound(self) -> None:
         """Request and attempt series exist at zero before any traffic (rate() works at once)."""
-        self.assertEqual(value(self.registry, "nvpair_proxy_requests_total", engine="ollama",
-                               route="inference", outcome="2xx"), 0.0)
-        self.assertEqual(value(self.registry, "nvpair_proxy_dispatch_attempts_total",
-                               engine="lmstudio", reason="no_content"), 0.0)
+        self.assertEqual(
+            value(
+                self.registry,
+                "nvpair_proxy_requests_total",
+                engine="ollama",
+                route="inference",
+                outcome="2xx",
+            ),
+            0.0,
+        )
+        self.assertEqual(
+            value(
+                self.registry,
+                "nvpair_proxy_dispatch_attempts_total",
+                engine="lmstudio",
+                reason="no_content",
+            ),
+            0.0,
+        )
 
     def test_requestEnded(self) -> None:
         """requestEnded counts by engine, route class and outcome."""
         self.metrics.requestEnded(exchange(committedStatus=200))
         self.metrics.requestEnded(exchange(committedStatus=201))
         self.metrics.requestEnded(exchange("ollama", inference=False, answered=True))
-        self.assertEqual(value(self.registry, "nvpair_proxy_requests_total", engine="llamacpp",
-                               route="inference", outcome="2xx"), 2.0)
-        self.assertEqual(value(self.registry, "nvpair_proxy_requests_total", engine="ollama",
-                               route="verbatim", outcome="error"), 1.0)
-        self.assertEqual(value(self.registry, "nvpair_proxy_requests_total", engine="llamacpp",
-                               route="verbatim", outcome="2xx"), 0.0)
+        self.assertEqual(
+            value(
+                self.registry,
+                "nvpair_proxy_requests_total",
+                engine="llamacpp",
+                route="inference",
+                outcome="2xx",
+            ),
+            2.0,
+        )
+        self.assertEqual(
+            value(
+                self.registry,
+                "nvpair_proxy_requests_total",
+                engine="ollama",
+                route="verbatim",
+                outcome="error",
+            ),
+            1.0,
+        )
+        self.assertEqual(
+            value(
+                self.registry,
+                "nvpair_proxy_requests_total",
+                engine="llamacpp",
+                route="verbatim",
+                outcome="2xx",
+            ),
+            0.0,
+        )
 
     def test_attempts(self) -> None:
         """Failed attempts count by their kind; commits count as ``committed``."""
@@ -106,8 +149,16 @@ class HookTests(SynchronousTestCase):
         self.metrics.attemptFailed(ex, SimpleNamespace(kind="transport", status=None))
         self.metrics.committed(ex, "B", 0.3)
         for reason, count in (("status", 1), ("transport", 2), ("committed", 1), ("left", 0)):
-            self.assertEqual(value(self.registry, "nvpair_proxy_dispatch_attempts_total",
-                                   engine="llamacpp", reason=reason), float(count), reason)
+            self.assertEqual(
+                value(
+                    self.registry,
+                    "nvpair_proxy_dispatch_attempts_total",
+                    engine="llamacpp",
+                    reason=reason,
+                ),
+                float(count),
+                reason,
+            )
 
     def test_ttftHistogram(self) -> None:
         """committed observes the commit latency in the engine's and route's histogram."""
@@ -120,18 +171,25 @@ class HookTests(SynchronousTestCase):
         self.assertEqual(value(self.registry, name + "_bucket", le="0.25", **labels), 0.0)
         self.assertEqual(value(self.registry, name + "_bucket", le="0.5", **labels), 1.0)
         self.assertEqual(value(self.registry, name + "_bucket", le="10.0", **labels), 2.0)
-        self.assertEqual(value(self.registry, name + "_count", engine="llamacpp",
-                               route="verbatim"), 0.0)
+        self.assertEqual(
+            value(self.registry, name + "_count", engine="llamacpp", route="verbatim"), 0.0
+        )
 
     def test_proxyErrors(self) -> None:
         """proxyError counts the proxy's own answers by engine and reason."""
         self.metrics.proxyError("ollama", "no_owner")
         self.metrics.proxyError("ollama", "no_owner")
         self.metrics.proxyError("ollama", "body_too_large")
-        self.assertEqual(value(self.registry, "nvpair_proxy_errors_total", engine="ollama",
-                               reason="no_owner"), 2.0)
-        self.assertEqual(value(self.registry, "nvpair_proxy_errors_total", engine="ollama",
-                               reason="body_too_large"), 1.0)
+        self.assertEqual(
+            value(self.registry, "nvpair_proxy_errors_total", engine="ollama", reason="no_owner"),
+            2.0,
+        )
+        self.assertEqual(
+            value(
+                self.registry, "nvpair_proxy_errors_total", engine="ollama", reason="body_too_large"
+            ),
+            1.0,
+        )
 
     def test_internal(self) -> None:
         """internalError counts unexpected exceptions."""
@@ -143,37 +201,73 @@ class HookTests(SynchronousTestCase):
         self.metrics.rpcMessage("facade/enable")
         self.metrics.rpcMessage("facade/enable", -32602)
         self.metrics.rpcMessage("discovery:nodes")
-        self.assertEqual(value(self.registry, "nvpair_proxy_rpc_messages_total",
-                               method="facade/enable"), 2.0)
-        self.assertEqual(value(self.registry, "nvpair_proxy_rpc_messages_total",
-                               method="discovery:nodes"), 1.0)
-        self.assertEqual(value(self.registry, "nvpair_proxy_rpc_errors_total",
-                               method="facade/enable", code="-32602"), 1.0)
-        self.assertIsNone(value(self.registry, "nvpair_proxy_rpc_errors_total",
-                                method="discovery:nodes", code="-32602"))
+        self.assertEqual(
+            value(self.registry, "nvpair_proxy_rpc_messages_total", method="facade/enable"), 2.0
+        )
+        self.assertEqual(
+            value(self.registry, "nvpair_proxy_rpc_messages_total", method="discovery:nodes"), 1.0
+        )
+        self.assertEqual(
+            value(
+                self.registry,
+                "nvpair_proxy_rpc_errors_total",
+                method="facade/enable",
+                code="-32602",
+            ),
+            1.0,
+        )
+        self.assertIsNone(
+            value(
+                self.registry,
+                "nvpair_proxy_rpc_errors_total",
+                method="discovery:nodes",
+                code="-32602",
+            )
+        )
 
     def test_unknownMethodsShareOneLabel(self) -> None:
         """Unknown method names never become labels of their own (bounded cardinality)."""
         for i in range(100):
             self.metrics.rpcMessage(f"made/up-{i}", -32601)
-        self.assertEqual(value(self.registry, "nvpair_proxy_rpc_messages_total",
-                               method="unknown"), 100.0)
-        self.assertEqual(value(self.registry, "nvpair_proxy_rpc_errors_total",
-                               method="unknown", code="-32601"), 100.0)
-        methods = {labels for (name, labels) in sampleValues(self.registry)
-                   if name == "nvpair_proxy_rpc_messages_total"}
+        self.assertEqual(
+            value(self.registry, "nvpair_proxy_rpc_messages_total", method="unknown"), 100.0
+        )
+        self.assertEqual(
+            value(self.registry, "nvpair_proxy_rpc_errors_total", method="unknown", code="-32601"),
+            100.0,
+        )
+        methods = {
+            labels
+            for (name, labels) in sampleValues(self.registry)
+            if name == "nvpair_proxy_rpc_messages_total"
+        }
         self.assertEqual(len(methods), 1)
 
     def test_fleetMerge(self) -> None:
         """fleetMerge counts merges and the nodes that answered or failed."""
         self.metrics.fleetMerge("lmstudio", 2, 1)
         self.metrics.fleetMerge("lmstudio", 3, 0)
-        self.assertEqual(value(self.registry, "nvpair_proxy_fleet_list_merges_total",
-                               engine="lmstudio"), 2.0)
-        self.assertEqual(value(self.registry, "nvpair_proxy_fleet_list_sources_total",
-                               engine="lmstudio", result="answered"), 5.0)
-        self.assertEqual(value(self.registry, "nvpair_proxy_fleet_list_sources_total",
-                               engine="lmstudio", result="failed"), 1.0)
+        self.assertEqual(
+            value(self.registry, "nvpair_proxy_fleet_list_merges_total", engine="lmstudio"), 2.0
+        )
+        self.assertEqual(
+            value(
+                self.registry,
+                "nvpair_proxy_fleet_list_sources_total",
+                engine="lmstudio",
+                result="answered",
+            ),
+            5.0,
+        )
+        self.assertEqual(
+            value(
+                self.registry,
+                "nvpair_proxy_fleet_list_sources_total",
+                engine="lmstudio",
+                result="failed",
+            ),
+            1.0,
+        )
 
     def test_warmHooksBindNothingNew(self) -> None:
         """Once warm, the request-path hooks reuse their label children (no per-call binding)."""
@@ -190,10 +284,19 @@ class HookTests(SynchronousTestCase):
             m.committed(ex, "A", 0.1)
             m.requestEnded(ex)
         self.assertEqual(
-            (len(m._requestChildren), len(m._attemptChildren), len(m._ttftChildren)), sizes)
+            (len(m._requestChildren), len(m._attemptChildren), len(m._ttftChildren)), sizes
+        )
         self.assertIs(m._requestChildren[("llamacpp", True, "2xx")], before)
-        self.assertEqual(value(self.registry, "nvpair_proxy_requests_total", engine="llamacpp",
-                               route="inference", outcome="2xx"), 51.0)
+        self.assertEqual(
+            value(
+                self.registry,
+                "nvpair_proxy_requests_total",
+                engine="llamacpp",
+                route="inference",
+                outcome="2xx",
+            ),
+            51.0,
+        )
 
     def test_commitHistogramMatchesTheLibrary(self) -> None:
         """Commit latencies land in the same buckets (edges, +Inf, zero, negative, NaN) as a
@@ -202,8 +305,13 @@ class HookTests(SynchronousTestCase):
 
         amounts = [0.005, 0.0051, 0.25, 60.0, 299.9, 300.0, 1e9, 0.0, -1.0, float("nan")]
         reference = CollectorRegistry()
-        histogram = Histogram("nvpair_proxy_commit_seconds", "x", ["engine", "route"],
-                              buckets=metrics.TTFT_BUCKETS, registry=reference)
+        histogram = Histogram(
+            "nvpair_proxy_commit_seconds",
+            "x",
+            ["engine", "route"],
+            buckets=metrics.TTFT_BUCKETS,
+            registry=reference,
+        )
         child = histogram.labels("llamacpp", "inference")
         ex = exchange(committedStatus=200)
         for amount in amounts:
@@ -213,12 +321,20 @@ class HookTests(SynchronousTestCase):
         for bound in metrics.TTFT_BUCKETS:
             le = "+Inf" if bound == float("inf") else repr(bound)
             self.assertEqual(
-                value(self.registry, name + "_bucket", engine="llamacpp", route="inference",
-                      le=le),
-                value(reference, name + "_bucket", engine="llamacpp", route="inference",
-                      le=le), le)
-        self.assertEqual(value(self.registry, name + "_count", engine="llamacpp",
-                               route="inference"),
-                         value(reference, name + "_count", engine="llamacpp", route="inference"))
-        self.assertEqual(value(self.registry, "nvpair_proxy_dispatch_attempts_total",
-                               engine="llamacpp", reason="committed"), float(len(amounts)))
+                value(self.registry, name + "_bucket", engine="llamacpp", route="inference", le=le),
+                value(reference, name + "_bucket", engine="llamacpp", route="inference", le=le),
+                le,
+            )
+        self.assertEqual(
+            value(self.registry, name + "_count", engine="llamacpp", route="inference"),
+            value(reference, name + "_count", engine="llamacpp", route="inference"),
+        )
+        self.assertEqual(
+            value(
+                self.registry,
+                "nvpair_proxy_dispatch_attempts_total",
+                engine="llamacpp",
+                reason="committed",
+            ),
+            float(len(amounts)),
+        )

@@ -112,8 +112,20 @@ class IngressGateTests(TestCase):
                 raise SkipTest(f"cannot create a network namespace: {e}") from None
             self.addCleanup(self._deleteNamespace, ns)
         s, c = self.server, self.client
-        await self.ip("-n", s, "link", "add", "vs" + tag, "type", "veth", "peer", "name",
-                      "vc" + tag, "netns", c)
+        await self.ip(
+            "-n",
+            s,
+            "link",
+            "add",
+            "vs" + tag,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "vc" + tag,
+            "netns",
+            c,
+        )
         await self.ip("-n", s, "addr", "add", f"{SERVER_IP}/30", "dev", "vs" + tag)
         await self.ip("-n", c, "addr", "add", f"{CLIENT_IP}/30", "dev", "vc" + tag)
         for ns, dev in ((s, "vs" + tag), (c, "vc" + tag)):
@@ -126,8 +138,21 @@ class IngressGateTests(TestCase):
     async def engineInServer(self) -> int:
         """A fake engine inside the server namespace; returns its port there."""
         proto = _FirstLine()
-        args = [self.ipPath, "netns", "exec", self.server, sys.executable, "-m",
-                "tests.fakeengine", "--port", "0", "--models", "m1", "--name", "ns-engine"]
+        args = [
+            self.ipPath,
+            "netns",
+            "exec",
+            self.server,
+            sys.executable,
+            "-m",
+            "tests.fakeengine",
+            "--port",
+            "0",
+            "--models",
+            "m1",
+            "--name",
+            "ns-engine",
+        ]
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         transport = reactor.spawnProcess(proto, self.ipPath, args, env=os.environ, path=root)
 
@@ -146,7 +171,8 @@ class IngressGateTests(TestCase):
         """Run the stdlib client inside ``ns``; returns what it saw."""
         args = {"host": host, "port": port, "tls": False, "body": chat("m1"), **extra}
         out, err, code = await utils.getProcessOutputAndValue(
-            self.ipPath, ("netns", "exec", ns, sys.executable, "-c", CLIENT, json.dumps(args)),
+            self.ipPath,
+            ("netns", "exec", ns, sys.executable, "-c", CLIENT, json.dumps(args)),
             env=os.environ,
         )
         self.assertEqual(code, 0, err)
@@ -165,10 +191,12 @@ class IngressGateTests(TestCase):
         clientCert, clientKey, clientFP = makeNodeCert("node-c")
         peer: Any = SimpleNamespace(name="node-c", fp=clientFP)
         yield defer.Deferred.fromCoroutine(node.start(pins=[peer]))
-        node.proxy.notify(f"{ENGINE}:node/set-local-backend",
-                          {"url": f"http://127.0.0.1:{enginePort}"})
-        yield node.proxy.nodes(ENGINE, [{"id": "node-s", "self": True, "addresses": [],
-                                         "models": ["m1"]}])
+        node.proxy.notify(
+            f"{ENGINE}:node/set-local-backend", {"url": f"http://127.0.0.1:{enginePort}"}
+        )
+        yield node.proxy.nodes(
+            ENGINE, [{"id": "node-s", "self": True, "addresses": [], "models": ["m1"]}]
+        )
         files = tempfile.mkdtemp(prefix="nvpair-netns-")
         self.addCleanup(shutil.rmtree, files, True)
         paths = {}
@@ -192,15 +220,33 @@ class IngressGateTests(TestCase):
         self.assertEqual(plain["received"], 0, plain)
         self.assertEqual(plain["head"], "")
 
-        served = yield d(self.call(self.client, SERVER_IP, node.port, tls=True,
-                                   cert=paths["c.crt"], key=paths["c.key"], serverFP=node.fp))
+        served = yield d(
+            self.call(
+                self.client,
+                SERVER_IP,
+                node.port,
+                tls=True,
+                cert=paths["c.crt"],
+                key=paths["c.key"],
+                serverFP=node.fp,
+            )
+        )
         self.assertIsNone(served["error"], served)
         self.assertTrue(served["pinOk"])
         self.assertTrue(served["head"].startswith("HTTP/1.1 200"), served)
         self.assertIn("X-Fake-Engine: ns-engine", served["head"])
         self.assertIn("tok0tok1tok2", served["body"])
 
-        refused = yield d(self.call(self.client, SERVER_IP, node.port, tls=True,
-                                    cert=paths["x.crt"], key=paths["x.key"], serverFP=node.fp))
+        refused = yield d(
+            self.call(
+                self.client,
+                SERVER_IP,
+                node.port,
+                tls=True,
+                cert=paths["x.crt"],
+                key=paths["x.key"],
+                serverFP=node.fp,
+            )
+        )
         self.assertEqual(refused["head"], "", refused)
         self.assertEqual(refused["received"], 0)

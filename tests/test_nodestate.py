@@ -27,11 +27,13 @@ class PollHealthTests(SynchronousTestCase):
         """Answered: up with its model count; failed: down with the problem; none yet: unknown."""
         self.assertEqual(pollHealth((5.0, ""), 2), (UP, "inventory poll answered: 2 models", 5.0))
         self.assertEqual(pollHealth((5.0, ""), 1), (UP, "inventory poll answered: 1 model", 5.0))
-        self.assertEqual(pollHealth((7.0, "status 500"), 0),
-                         (DOWN, "inventory poll failed: status 500", 7.0))
+        self.assertEqual(
+            pollHealth((7.0, "status 500"), 0), (DOWN, "inventory poll failed: status 500", 7.0)
+        )
         self.assertEqual(pollHealth(None, 0), (UNKNOWN, "inventory poll pending", None))
-        self.assertEqual(pollHealth((7.0, "TimeoutError"), 0)[1],
-                         "inventory poll failed: no answer in time")
+        self.assertEqual(
+            pollHealth((7.0, "TimeoutError"), 0)[1], "inventory poll failed: no answer in time"
+        )
 
 
 class AttemptHealthTests(SynchronousTestCase):
@@ -39,24 +41,27 @@ class AttemptHealthTests(SynchronousTestCase):
 
     def test_states(self) -> None:
         """Committed or answered a status: up; transport or timeouts: down; none: unknown."""
-        self.assertEqual(attemptHealth((10.0, None, None), 12.0),
-                         (UP, "last attempt served", 10.0))
-        self.assertEqual(attemptHealth((10.0, "status", 503), 12.0),
-                         (UP, "last attempt answered status 503", 10.0))
+        self.assertEqual(attemptHealth((10.0, None, None), 12.0), (UP, "last attempt served", 10.0))
+        self.assertEqual(
+            attemptHealth((10.0, "status", 503), 12.0),
+            (UP, "last attempt answered status 503", 10.0),
+        )
         for kind in ("transport", "header_timeout", "no_content"):
             state, reason, when = attemptHealth((10.0, kind, None), 12.0)
             self.assertEqual((state, when), (DOWN, 10.0), kind)
             self.assertTrue(reason.startswith("last attempt "), reason)
-        self.assertEqual(attemptHealth(None, 12.0),
-                         (UNKNOWN, "listed by discovery, not tried yet", None))
+        self.assertEqual(
+            attemptHealth(None, 12.0), (UNKNOWN, "listed by discovery, not tried yet", None)
+        )
 
     def test_stale(self) -> None:
         """Evidence older than the 15-minute window no longer counts."""
         self.assertEqual(attemptHealth((0.0, "transport", None), STALE_AFTER)[0], DOWN)
         state, reason, when = attemptHealth((0.0, "transport", None), STALE_AFTER + 1)
         self.assertEqual((state, when), (UNKNOWN, 0.0))
-        self.assertEqual(reason,
-                         "no attempt in the last 15 min (last attempt could not reach the engine)")
+        self.assertEqual(
+            reason, "no attempt in the last 15 min (last attempt could not reach the engine)"
+        )
 
 
 class StatusStateTests(SynchronousTestCase):
@@ -64,8 +69,9 @@ class StatusStateTests(SynchronousTestCase):
 
     def nodes(self, service: Any) -> dict[str, dict[str, Any]]:
         """The nodes of the llamacpp facade in ``/status``, by id."""
-        response = self.successResultOf(StubTreq(opsResource(service)).get(
-            "http://127.0.0.1/status"))
+        response = self.successResultOf(
+            StubTreq(opsResource(service)).get("http://127.0.0.1/status")
+        )
         doc = json.loads(self.successResultOf(response.content()))
         return {n["id"]: n for n in doc["facades"]["llamacpp"]["nodes"]}
 
@@ -78,9 +84,10 @@ class StatusStateTests(SynchronousTestCase):
         node = Node("A", False, ("http://10.0.0.1:8081",), frozenset())
         service.attemptFailed(exchange, Failed("transport", node))
         a, me = self.nodes(service)["A"], self.nodes(service)["me"]
-        self.assertEqual((a["state"], a["stateReason"], a["checkedAt"]),
-                         (DOWN, "last attempt could not reach the engine",
-                          int(reactor.seconds() * 1000)))
+        self.assertEqual(
+            (a["state"], a["stateReason"], a["checkedAt"]),
+            (DOWN, "last attempt could not reach the engine", int(reactor.seconds() * 1000)),
+        )
         self.assertEqual((me["state"], me["checkedAt"]), (UNKNOWN, None))
         reactor.advance(3)
         service.committed(exchange, "A")
@@ -97,19 +104,28 @@ class StatusStateTests(SynchronousTestCase):
         upstream.script["http://a:1"] = FakeResponse(200, openaiList("a", "m1", "m2"))
         upstream.script["http://b:1"] = ConnectionRefusedError()
         upstream.script["http://c:1"] = "hang"
-        poller = FleetPoller(facade, ["http://a:1", "http://b:1", "http://c:1"], upstream,
-                             reactor, 30.0)
+        poller = FleetPoller(
+            facade, ["http://a:1", "http://b:1", "http://c:1"], upstream, reactor, 30.0
+        )
         poller.setServiceParent(service)
         poller.startService()
         self.addCleanup(poller.stopService)
         reactor.advance(POLL_INTERVAL)
         found = self.nodes(service)
         polled = int(reactor.seconds() * 1000)
-        self.assertEqual((found["http://a:1"]["state"], found["http://a:1"]["stateReason"],
-                          found["http://a:1"]["checkedAt"]),
-                         (UP, "inventory poll answered: 2 models", polled))
+        self.assertEqual(
+            (
+                found["http://a:1"]["state"],
+                found["http://a:1"]["stateReason"],
+                found["http://a:1"]["checkedAt"],
+            ),
+            (UP, "inventory poll answered: 2 models", polled),
+        )
         self.assertEqual(found["http://a:1"]["modelNames"], ["m1", "m2"])
-        self.assertEqual((found["http://b:1"]["state"], found["http://b:1"]["stateReason"]),
-                         (DOWN, "inventory poll failed: could not connect"))
-        self.assertEqual((found["http://c:1"]["state"], found["http://c:1"]["checkedAt"]),
-                         (UNKNOWN, None))
+        self.assertEqual(
+            (found["http://b:1"]["state"], found["http://b:1"]["stateReason"]),
+            (DOWN, "inventory poll failed: could not connect"),
+        )
+        self.assertEqual(
+            (found["http://c:1"]["state"], found["http://c:1"]["checkedAt"]), (UNKNOWN, None)
+        )

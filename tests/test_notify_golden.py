@@ -79,32 +79,53 @@ class GoldenTests(SynchronousTestCase):
         self.clock.advance(0.0125)
         w.started(node)
         self.clock.advance(2.5)
-        w.finish(COMPLETED, None, {"promptTokens": 7, "completionTokens": 50,
-                                   "tokensPerSecond": 20.04, "ttftMs": 12, "estimated": True})
+        w.finish(
+            COMPLETED,
+            None,
+            {
+                "promptTokens": 7,
+                "completionTokens": 50,
+                "tokensPerSecond": 20.04,
+                "ttftMs": 12,
+                "estimated": True,
+            },
+        )
         self.activity.change(node, -1)
 
     def test_lifecycleBytes(self) -> None:
         """A whole request's six notifications, byte for byte."""
         self.lifecycle("llama3:latest", "node-a")
         self.assertGeneric()
-        head = ('"model":"llama3:latest","engine":"ollama","runId":"00ff00ff00ff00ff",'
-                '"state":"%s","originatedFrom":"","createdAt":1700000000250,"error":null,'
-                '"requesterId":null')
-        self.assertEqual(self.lines(), [
-            ((WI % "submitted") + (head % "queued") + ',"seq":1}}}').encode(),
-            ((WI % "submitted") + (head % "queued")
-             + ',"scheduledOn":"node-a","seq":2}}}').encode(),
-            b'{"jsonrpc":"2.0","method":"discovery:node-activity",'
-            b'"params":{"nodeId":"node-a","inFlight":1}}',
-            ((WI % "started") + (head % "running")
-             + ',"scheduledOn":"node-a","startedAt":1700000000262,"seq":3}}}').encode(),
-            ((WI % "completed") + (head % "completed")
-             + ',"scheduledOn":"node-a","startedAt":1700000000262,'
-               '"completedAt":1700000002762,"stats":{"promptTokens":7,"completionTokens":50,'
-               '"tokensPerSecond":20.04,"ttftMs":12,"estimated":true},"seq":4}}}').encode(),
-            b'{"jsonrpc":"2.0","method":"discovery:node-activity",'
-            b'"params":{"nodeId":"node-a","inFlight":0}}',
-        ])
+        head = (
+            '"model":"llama3:latest","engine":"ollama","runId":"00ff00ff00ff00ff",'
+            '"state":"%s","originatedFrom":"","createdAt":1700000000250,"error":null,'
+            '"requesterId":null'
+        )
+        self.assertEqual(
+            self.lines(),
+            [
+                ((WI % "submitted") + (head % "queued") + ',"seq":1}}}').encode(),
+                (
+                    (WI % "submitted") + (head % "queued") + ',"scheduledOn":"node-a","seq":2}}}'
+                ).encode(),
+                b'{"jsonrpc":"2.0","method":"discovery:node-activity",'
+                b'"params":{"nodeId":"node-a","inFlight":1}}',
+                (
+                    (WI % "started")
+                    + (head % "running")
+                    + ',"scheduledOn":"node-a","startedAt":1700000000262,"seq":3}}}'
+                ).encode(),
+                (
+                    (WI % "completed")
+                    + (head % "completed")
+                    + ',"scheduledOn":"node-a","startedAt":1700000000262,'
+                    '"completedAt":1700000002762,"stats":{"promptTokens":7,"completionTokens":50,'
+                    '"tokensPerSecond":20.04,"ttftMs":12,"estimated":true},"seq":4}}}'
+                ).encode(),
+                b'{"jsonrpc":"2.0","method":"discovery:node-activity",'
+                b'"params":{"nodeId":"node-a","inFlight":0}}',
+            ],
+        )
 
     def test_erroredBytes(self) -> None:
         """Refused at admission (failed, ``no_owner``) and cancelled after placement."""
@@ -114,19 +135,33 @@ class GoldenTests(SynchronousTestCase):
         v.submitted("B")
         v.finish(CANCELLED, "client disconnected")
         self.assertGeneric()
-        common = ('"model":"m1","engine":"llamacpp","runId":"00ff00ff00ff00ff","state":"%s",'
-                  '"originatedFrom":"","createdAt":1700000000250,"error":%s,"requesterId":null')
+        common = (
+            '"model":"m1","engine":"llamacpp","runId":"00ff00ff00ff00ff","state":"%s",'
+            '"originatedFrom":"","createdAt":1700000000250,"error":%s,"requesterId":null'
+        )
         second = WI.replace('"id":"1"', '"id":"2"')
-        self.assertEqual(self.lines(), [
-            ((WI % "submitted") + (common % ("queued", "null")) + ',"seq":1}}}').encode(),
-            ((WI % "errored") + (common % ("failed", '"no_owner"'))
-             + ',"completedAt":1700000000250,"seq":2}}}').encode(),
-            ((second % "submitted") + (common % ("queued", "null")) + ',"seq":3}}}').encode(),
-            ((second % "submitted") + (common % ("queued", "null"))
-             + ',"scheduledOn":"B","seq":4}}}').encode(),
-            ((second % "errored") + (common % ("cancelled", '"client disconnected"'))
-             + ',"scheduledOn":"B","completedAt":1700000000250,"seq":5}}}').encode(),
-        ])
+        self.assertEqual(
+            self.lines(),
+            [
+                ((WI % "submitted") + (common % ("queued", "null")) + ',"seq":1}}}').encode(),
+                (
+                    (WI % "errored")
+                    + (common % ("failed", '"no_owner"'))
+                    + ',"completedAt":1700000000250,"seq":2}}}'
+                ).encode(),
+                ((second % "submitted") + (common % ("queued", "null")) + ',"seq":3}}}').encode(),
+                (
+                    (second % "submitted")
+                    + (common % ("queued", "null"))
+                    + ',"scheduledOn":"B","seq":4}}}'
+                ).encode(),
+                (
+                    (second % "errored")
+                    + (common % ("cancelled", '"client disconnected"'))
+                    + ',"scheduledOn":"B","completedAt":1700000000250,"seq":5}}}'
+                ).encode(),
+            ],
+        )
 
     def test_nonAsciiModel(self) -> None:
         """Non-ASCII text is written as UTF-8, not escaped (the encoder's ensure_ascii=False)."""
@@ -136,8 +171,11 @@ class GoldenTests(SynchronousTestCase):
         lines = self.lines()
         self.assertIn('"model":"modèle-日本:latest"'.encode(), lines[0])
         self.assertIn('"scheduledOn":"nœud"'.encode(), lines[1])
-        self.assertEqual(lines[2], '{"jsonrpc":"2.0","method":"discovery:node-activity",'
-                                   '"params":{"nodeId":"nœud","inFlight":1}}'.encode())
+        self.assertEqual(
+            lines[2],
+            '{"jsonrpc":"2.0","method":"discovery:node-activity",'
+            '"params":{"nodeId":"nœud","inFlight":1}}'.encode(),
+        )
 
     def test_escapedModel(self) -> None:
         """Quotes, backslashes and control characters get the encoder's escapes."""
@@ -161,16 +199,29 @@ class GoldenTests(SynchronousTestCase):
         """What a sink receives still compares equal to the plain params dicts."""
         self.lifecycle("m1", "E")
         method, params = self.sink.sent[5]
-        self.assertEqual((method, params), ("discovery:node-activity",
-                                            {"nodeId": "E", "inFlight": 0}))
+        self.assertEqual(
+            (method, params), ("discovery:node-activity", {"nodeId": "E", "inFlight": 0})
+        )
         self.assertEqual(json.loads(json.dumps(self.sink.sent[4][1])), self.sink.sent[4][1])
 
     @settings(max_examples=300, deadline=None)
-    @given(st.text(), st.text(), st.one_of(st.none(), st.text()), st.sampled_from(
-        [None, {}, {"ttftMs": 0}, {"completionTokens": 3, "tokensPerSecond": 1e-7,
-                                   "estimated": True}, {"tokensPerSecond": float("inf")}]))
-    def test_sameAsEncoder(self, model: str, node: str, error: str | None,
-                           stats: dict[str, Any] | None) -> None:
+    @given(
+        st.text(),
+        st.text(),
+        st.one_of(st.none(), st.text()),
+        st.sampled_from(
+            [
+                None,
+                {},
+                {"ttftMs": 0},
+                {"completionTokens": 3, "tokensPerSecond": 1e-7, "estimated": True},
+                {"tokensPerSecond": float("inf")},
+            ]
+        ),
+    )
+    def test_sameAsEncoder(
+        self, model: str, node: str, error: str | None, stats: dict[str, Any] | None
+    ) -> None:
         """For any text, the template writes the general encoder's bytes."""
         self.sink.sent.clear()
         self.transport.clear()
@@ -181,15 +232,18 @@ class GoldenTests(SynchronousTestCase):
         w.finish(COMPLETED if error is None else FAILED, error, stats)
         self.activity.change(node, -1)
         expected = b"".join(
-            jsonrpc.encode(jsonrpc.notification(m, dict(p)))
-            for m, p in self.sink.sent
+            jsonrpc.encode(jsonrpc.notification(m, dict(p))) for m, p in self.sink.sent
         )
         self.assertEqual(self.transport.value(), expected)
 
     def test_preparedLineDefault(self) -> None:
         """``Prepared`` params without a template fall back to the encoder, byte for byte."""
         params = jsonrpc.Prepared(kind="x", message="ü")
-        self.assertEqual(params.line("errors:report"),
-                         jsonrpc.encode(jsonrpc.notification("errors:report", dict(params))))
-        self.assertEqual(jsonrpc.notificationLine("m", {"a": 1}), b'{"jsonrpc":"2.0",'
-                         b'"method":"m","params":{"a":1}}\n')
+        self.assertEqual(
+            params.line("errors:report"),
+            jsonrpc.encode(jsonrpc.notification("errors:report", dict(params))),
+        )
+        self.assertEqual(
+            jsonrpc.notificationLine("m", {"a": 1}),
+            b'{"jsonrpc":"2.0","method":"m","params":{"a":1}}\n',
+        )

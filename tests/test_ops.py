@@ -38,11 +38,18 @@ def makeService(reactor: Any, *argv: str) -> ProxyService:
 def scripted(service: ProxyService) -> None:
     """Give ``service`` a facade, discovery, scheduler view, activity and two ended workloads."""
     facade = service.enableFacade(ENGINE, 18081, ["127.0.0.1:18082"], True)
-    nodes = parseNodes({"nodes": [
-        {"id": "A", "addresses": ["http://10.0.0.1:8081", "http://10.0.0.2:8081"],
-         "models": ["m1", "m2"]},
-        {"id": "me", "self": True, "models": ["m1"]},
-    ]})
+    nodes = parseNodes(
+        {
+            "nodes": [
+                {
+                    "id": "A",
+                    "addresses": ["http://10.0.0.1:8081", "http://10.0.0.2:8081"],
+                    "models": ["m1", "m2"],
+                },
+                {"id": "me", "self": True, "models": ["m1"]},
+            ]
+        }
+    )
     facade.setSnapshot(Snapshot(nodes, ENGINE.normalize))
     facade.confirmed["A"] = "http://10.0.0.2:8081"
     facade.pin = "A"
@@ -123,8 +130,10 @@ class StatusTests(EndpointTestCase):
         """The process-wide scheduler view: generation, order and estimated load per node."""
         _, body = self.get("http://127.0.0.1/status")
         doc = json.loads(body)
-        self.assertEqual(doc["scheduler"], {"generation": 7, "order": ["A", "me"],
-                                            "estimatedLoad": {"A": 3.5, "me": 0.0}})
+        self.assertEqual(
+            doc["scheduler"],
+            {"generation": 7, "order": ["A", "me"], "estimatedLoad": {"A": 3.5, "me": 0.0}},
+        )
         self.assertEqual(doc["inFlight"], {"A": 1})
         self.assertEqual(doc["reservations"], {"A": 1})
         self.assertEqual(doc["runId"], self.service.reporter.runId)
@@ -136,15 +145,27 @@ class StatusTests(EndpointTestCase):
         self.assertEqual(workloads["live"], 1)
         self.assertEqual(workloads["terminals"], {"completed": 1, "failed": 1})
         first, second = workloads["recent"]
-        self.assertEqual(first, {"id": "2", "engine": "llamacpp", "model": "m2",
-                                 "state": "failed", "node": None, "attempts": 0,
-                                 "error": "no_owner", "stats": None,
-                                 "createdAt": 1_700_000_000_000,
-                                 "completedAt": 1_700_000_002_500, "durationMs": 2500,
-                                 "errorText": "no node serves this model"})
+        self.assertEqual(
+            first,
+            {
+                "id": "2",
+                "engine": "llamacpp",
+                "model": "m2",
+                "state": "failed",
+                "node": None,
+                "attempts": 0,
+                "error": "no_owner",
+                "stats": None,
+                "createdAt": 1_700_000_000_000,
+                "completedAt": 1_700_000_002_500,
+                "durationMs": 2500,
+                "errorText": "no node serves this model",
+            },
+        )
         self.assertEqual(second["id"], "1")
-        self.assertEqual((second["state"], second["node"], second["attempts"]),
-                         ("completed", "A", 1))
+        self.assertEqual(
+            (second["state"], second["node"], second["attempts"]), ("completed", "A", 1)
+        )
         self.assertEqual(second["stats"], {"completionTokens": 3})
 
     def test_recentIsBounded(self) -> None:
@@ -168,8 +189,7 @@ class StatusTests(EndpointTestCase):
         response = self.successResultOf(client.get("http://127.0.0.1/status"))
         doc = self.successResultOf(response.json())
         self.assertEqual(doc["facades"], {})
-        self.assertEqual(doc["scheduler"], {"generation": None, "order": [],
-                                            "estimatedLoad": {}})
+        self.assertEqual(doc["scheduler"], {"generation": None, "order": [], "estimatedLoad": {}})
         self.assertEqual(doc["workloads"]["recent"], [])
 
 
@@ -179,8 +199,11 @@ class MetricsEndpointTests(EndpointTestCase):
     def scrape(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         response, body = self.get("http://localhost:9464/metrics")
         self.assertEqual(response.code, 200)
-        self.assertTrue(response.headers.getRawHeaders("content-type")[0]
-                        .startswith("text/plain; version=0.0.4"))
+        self.assertTrue(
+            response.headers.getRawHeaders("content-type")[0].startswith(
+                "text/plain; version=0.0.4"
+            )
+        )
         return samples(body.decode())
 
     def test_liveState(self) -> None:
@@ -210,8 +233,7 @@ class MetricsEndpointTests(EndpointTestCase):
 
     def test_pool(self) -> None:
         """Idle pooled upstream connections are counted from the shared pool."""
-        self.assertEqual(self.scrape()["nvpair_proxy_upstream_pool_connections", frozenset()],
-                         0.0)
+        self.assertEqual(self.scrape()["nvpair_proxy_upstream_pool_connections", frozenset()], 0.0)
         pool = self.service.upstream.pool
         pool._connections[("http", b"a", 1)] = [object(), object()]
         pool._connections[("http", b"b", 1)] = [object()]
@@ -227,10 +249,16 @@ class MetricsEndpointTests(EndpointTestCase):
         self.service.metrics.proxyError("llamacpp", "no_owner")
         self.service.handle(None, "log/set-level", {"level": "info"})
         values = self.scrape()
-        self.assertEqual(values["nvpair_proxy_errors_total",
-                                frozenset({("engine", "llamacpp"), ("reason", "no_owner")})], 1.0)
-        self.assertEqual(values["nvpair_proxy_rpc_messages_total",
-                                frozenset({("method", "log/set-level")})], 1.0)
+        self.assertEqual(
+            values[
+                "nvpair_proxy_errors_total",
+                frozenset({("engine", "llamacpp"), ("reason", "no_owner")}),
+            ],
+            1.0,
+        )
+        self.assertEqual(
+            values["nvpair_proxy_rpc_messages_total", frozenset({("method", "log/set-level")})], 1.0
+        )
 
 
 class PageTests(EndpointTestCase):
@@ -248,9 +276,13 @@ class PageTests(EndpointTestCase):
 
     def test_foreignHost(self) -> None:
         """A request naming a non-loopback host (DNS rebinding) gets 403 and no data."""
-        for url in ("http://evil.example:9464/status", "http://10.0.0.1:9464/metrics",
-                    "http://localhost.evil.example/", "http://evil.example/status/history",
-                    "http://evil.example/ops.js"):
+        for url in (
+            "http://evil.example:9464/status",
+            "http://10.0.0.1:9464/metrics",
+            "http://localhost.evil.example/",
+            "http://evil.example/status/history",
+            "http://evil.example/ops.js",
+        ):
             response, body = self.get(url)
             self.assertEqual(response.code, 403, url)
             self.assertNotIn(self.service.reporter.runId.encode(), body)
@@ -258,13 +290,17 @@ class PageTests(EndpointTestCase):
 
     def test_sharedHostRule(self) -> None:
         """The ops listener applies the facades' Host rule: same names, --allowed-hosts, count."""
-        for url in ("http://127.0.0.1:9464/status", "http://api.localhost/status",
-                    "http://box.internal/status"):
+        for url in (
+            "http://127.0.0.1:9464/status",
+            "http://api.localhost/status",
+            "http://box.internal/status",
+        ):
             self.assertEqual(self.get(url)[0].code, 200, url)
         self.assertEqual(self.get("http://proxy.example/status")[0].code, 403)
         metrics = samples(self.get("http://localhost/metrics")[1].decode())
-        self.assertEqual(metrics["nvpair_proxy_host_denied_total",
-                                 frozenset({("listener", "ops")})], 1.0)
+        self.assertEqual(
+            metrics["nvpair_proxy_host_denied_total", frozenset({("listener", "ops")})], 1.0
+        )
         service = makeService(MemoryReactorClock(), "--allowed-hosts", "proxy.example")
         client = StubTreq(opsResource(service))
         response = self.successResultOf(client.get("http://proxy.example/status"))
@@ -293,9 +329,11 @@ class PeerTests(SynchronousTestCase):
 
     def test_nonLoopbackRefused(self) -> None:
         """A non-loopback peer is closed without an HTTP answer."""
-        for address in (IPv4Address("TCP", "192.0.2.7", 40000),
-                        IPv6Address("TCP", "2001:db8::1", 40000),
-                        IPv6Address("TCP", "::ffff:192.0.2.7", 40000)):
+        for address in (
+            IPv4Address("TCP", "192.0.2.7", 40000),
+            IPv6Address("TCP", "2001:db8::1", 40000),
+            IPv6Address("TCP", "::ffff:192.0.2.7", 40000),
+        ):
             transport = self.connect(address, self.REQUEST)
             self.assertEqual(transport.value(), b"", address)
             self.assertTrue(transport.disconnecting, address)
@@ -335,8 +373,7 @@ class _Reactor(MemoryReactorClock):
         self.busy = busy
         self.ports: dict[int, tuple[_Port, str]] = {}
 
-    def listenTCP(self, port: int, factory: Any, backlog: int = 50,
-                  interface: str = "") -> _Port:
+    def listenTCP(self, port: int, factory: Any, backlog: int = 50, interface: str = "") -> _Port:
         if port == self.busy:
             raise CannotListenError(interface, port, OSError(98, "Address already in use"))
         super().listenTCP(port, factory, backlog, interface)
@@ -359,8 +396,7 @@ class ListenerTests(SynchronousTestCase):
     def test_startsAndStopsWithService(self) -> None:
         """--ops-port makes startService listen on 127.0.0.1 only; stopService closes it."""
         reactor = _Reactor()
-        service = makeService(reactor, "--standalone", "--engines", "ollama",
-                              "--ops-port", "19464")
+        service = makeService(reactor, "--standalone", "--engines", "ollama", "--ops-port", "19464")
         service.startService()
         listening, interface = reactor.ports[19464]
         self.assertEqual(interface, "127.0.0.1")
@@ -415,14 +451,16 @@ class ServiceHookTests(SynchronousTestCase):
         self.assertRaises(RPCError, self.service.handle, None, "log/set-level", {"level": "x"})
         self.assertRaises(RPCError, self.service.handle, None, "made/up", {})
         self.assertRaises(RPCError, self.service.handle, "ollama", "node/select", {})
-        self.assertEqual(self.value("nvpair_proxy_rpc_messages_total", method="log/set-level"),
-                         1.0)
-        self.assertEqual(self.value("nvpair_proxy_rpc_errors_total", method="log/set-level",
-                                    code="-32602"), 1.0)
-        self.assertEqual(self.value("nvpair_proxy_rpc_errors_total", method="unknown",
-                                    code="-32601"), 1.0)
-        self.assertEqual(self.value("nvpair_proxy_rpc_errors_total", method="node/select",
-                                    code="-32004"), 1.0)
+        self.assertEqual(self.value("nvpair_proxy_rpc_messages_total", method="log/set-level"), 1.0)
+        self.assertEqual(
+            self.value("nvpair_proxy_rpc_errors_total", method="log/set-level", code="-32602"), 1.0
+        )
+        self.assertEqual(
+            self.value("nvpair_proxy_rpc_errors_total", method="unknown", code="-32601"), 1.0
+        )
+        self.assertEqual(
+            self.value("nvpair_proxy_rpc_errors_total", method="node/select", code="-32004"), 1.0
+        )
         self.assertIsNone(self.value("nvpair_proxy_rpc_messages_total", method="made/up"))
 
     def test_sendErrorCounts(self) -> None:
@@ -432,5 +470,6 @@ class ServiceHookTests(SynchronousTestCase):
         self.service.sendError(request, ENGINE, 502, "no_owner", "no node advertises it")
         self.assertEqual(request.responseCode, 502)
         self.assertEqual(json.loads(b"".join(request.written))["error"]["code"], "no_owner")
-        self.assertEqual(self.value("nvpair_proxy_errors_total", engine="llamacpp",
-                                    reason="no_owner"), 1.0)
+        self.assertEqual(
+            self.value("nvpair_proxy_errors_total", engine="llamacpp", reason="no_owner"), 1.0
+        )

@@ -41,22 +41,25 @@ class UnitTests(SynchronousTestCase):
 
     def test_durations(self) -> None:
         """Milliseconds below a second, then seconds, minutes and hours; None is a dash."""
-        self.assertEqual([millis(v) for v in (None, 0, 412.4, 999, 1500, 12_345, 125_000)],
-                         ["–", "0 ms", "412 ms", "999 ms", "1.50 s", "12.3 s", "2 min 5 s"])
+        self.assertEqual(
+            [millis(v) for v in (None, 0, 412.4, 999, 1500, 12_345, 125_000)],
+            ["–", "0 ms", "412 ms", "999 ms", "1.50 s", "12.3 s", "2 min 5 s"],
+        )
         self.assertEqual(seconds(7322), "2 h 2 min")
         self.assertEqual(seconds(0.25), "250 ms")
 
     def test_ago(self) -> None:
         """How long ago, coarsely."""
-        self.assertEqual([ago(s) for s in (0.2, 4.4, 61, 7300)],
-                         ["just now", "4 s ago", "1 min ago", "2 h ago"])
+        self.assertEqual(
+            [ago(s) for s in (0.2, 4.4, 61, 7300)], ["just now", "4 s ago", "1 min ago", "2 h ago"]
+        )
 
     def test_numbers(self) -> None:
         """Counts stay whole, small rates keep two digits, large ones get k and M."""
-        self.assertEqual([number(v) for v in (None, 0, 7, 0.25, 3.456, 12.34, 812.6, 9999,
-                                              76818.75, 3_100_000)],
-                         ["–", "0", "7", "0.25", "3.46", "12.3", "813", "9999", "76.8k",
-                          "3.1M"])
+        self.assertEqual(
+            [number(v) for v in (None, 0, 7, 0.25, 3.456, 12.34, 812.6, 9999, 76818.75, 3_100_000)],
+            ["–", "0", "7", "0.25", "3.46", "12.3", "813", "9999", "76.8k", "3.1M"],
+        )
         self.assertEqual(number(0.1), "0.1")
 
     def test_roundingAsTheScript(self) -> None:
@@ -127,8 +130,9 @@ class ServedTests(EndpointTestCase):
         only, under a strict content policy with no inline script or style allowed."""
         response, body = self.get("http://127.0.0.1:9464/")
         self.assertEqual(response.code, 200)
-        self.assertEqual(response.headers.getRawHeaders("content-type"),
-                         ["text/html; charset=utf-8"])
+        self.assertEqual(
+            response.headers.getRawHeaders("content-type"), ["text/html; charset=utf-8"]
+        )
         csp = response.headers.getRawHeaders("content-security-policy")[0]
         directives = dict(d.strip().split(" ", 1) for d in csp.split(";"))
         self.assertEqual(directives["default-src"], "'none'")
@@ -152,17 +156,24 @@ class ServedTests(EndpointTestCase):
         """The script and style sheet are served with their types and fetch nothing elsewhere;
         the script reads the two JSON documents and never parses text as HTML."""
         response, script = self.get("http://127.0.0.1/ops.js")
-        self.assertEqual(response.headers.getRawHeaders("content-type"),
-                         ["text/javascript; charset=utf-8"])
+        self.assertEqual(
+            response.headers.getRawHeaders("content-type"), ["text/javascript; charset=utf-8"]
+        )
         self.assertIn(b'json("/status")', script)
         self.assertIn(b'json("/status/history")', script)
         self.assertIn(b"setInterval(refresh, 2000)", script)
-        for unsafe in (b"innerHTML", b"outerHTML", b"insertAdjacentHTML", b"eval(",
-                       b"document.write"):
+        for unsafe in (
+            b"innerHTML",
+            b"outerHTML",
+            b"insertAdjacentHTML",
+            b"eval(",
+            b"document.write",
+        ):
             self.assertNotIn(unsafe, script)
         response, style = self.get("http://127.0.0.1/ops.css")
-        self.assertEqual(response.headers.getRawHeaders("content-type"),
-                         ["text/css; charset=utf-8"])
+        self.assertEqual(
+            response.headers.getRawHeaders("content-type"), ["text/css; charset=utf-8"]
+        )
         for asset in (script.replace(b"http://www.w3.org/2000/svg", b""), style):
             self.assertNotIn(b"http", asset)
             self.assertNotIn(b"url(", asset)
@@ -179,7 +190,8 @@ class PageTests(SynchronousTestCase):
 
     def page(self) -> Element:
         response = self.successResultOf(
-            StubTreq(opsResource(self.service)).get("http://127.0.0.1/"))
+            StubTreq(opsResource(self.service)).get("http://127.0.0.1/")
+        )
         self.assertEqual(response.code, 200)
         return parseDom(self.successResultOf(response.content()).decode("utf-8"))
 
@@ -190,14 +202,16 @@ class PageTests(SynchronousTestCase):
         """Each node row carries its state as a coloured badge and says why."""
         self.service.reporter.history.attempt("llamacpp", "A", "transport", None)
         rows = self.rows(self.page())
-        self.assertEqual({k: r.attrs["data-state"] for k, r in rows.items()},
-                         {"A": "down", "me": "unknown"})
+        self.assertEqual(
+            {k: r.attrs["data-state"] for k, r in rows.items()}, {"A": "down", "me": "unknown"}
+        )
         (badge,) = rows["A"].all("span", class_="state")
         self.assertEqual(badge.attrs["class"], "state down")
         (why,) = rows["A"].all("div", class_="why")
         self.assertEqual(why.textContent(), "last attempt could not reach the engine · just now")
-        self.assertEqual([m.textContent() for m in rows["A"].all("span", class_="model")],
-                         ["m1", "m2"])
+        self.assertEqual(
+            [m.textContent() for m in rows["A"].all("span", class_="model")], ["m1", "m2"]
+        )
         self.assertIn("self", rows["me"].textContent())
         (addresses,) = rows["A"].all("div", class_="addr")
         self.assertEqual(addresses.textContent(), "http://10.0.0.2:8081 http://10.0.0.1:8081")
@@ -206,11 +220,13 @@ class PageTests(SynchronousTestCase):
     def test_manyModels(self) -> None:
         """Six model names are shown; the rest are counted, and named in the tooltip."""
         names = [f"model-{i:02d}" for i in range(9)] + ["<b>x</b>"]
-        self.service.facades["llamacpp"].setSnapshot(Snapshot(parseNodes({"nodes": [
-            {"id": "A", "models": names}]}), ENGINE.normalize))
+        self.service.facades["llamacpp"].setSnapshot(
+            Snapshot(parseNodes({"nodes": [{"id": "A", "models": names}]}), ENGINE.normalize)
+        )
         (row,) = self.page().all("tr", class_="node")
-        self.assertEqual([m.textContent() for m in row.all("span", class_="model")],
-                         sorted(names)[:6])
+        self.assertEqual(
+            [m.textContent() for m in row.all("span", class_="model")], sorted(names)[:6]
+        )
         (more,) = row.all("span", class_="more")
         self.assertEqual(more.textContent(), "+4 more")
         self.assertEqual(more.attrs["title"], ", ".join(sorted(names)[6:]))
@@ -237,8 +253,10 @@ class PageTests(SynchronousTestCase):
         tiles = {t.attrs["class"].split()[1]: t for t in card.all("div", class_="tile")}
         self.assertEqual(set(tiles), {"rps", "ttft", "tps", "errors"})
         self.assertEqual(tiles["ttft"].all("div", class_="tval")[0].textContent(), "88 ms")
-        self.assertEqual(tiles["errors"].all("div", class_="tsub")[0].textContent(),
-                         "no node serves this model ×1")
+        self.assertEqual(
+            tiles["errors"].all("div", class_="tsub")[0].textContent(),
+            "no node serves this model ×1",
+        )
         self.assertEqual(len(tiles["errors"].all("rect")), 1)
         charts = {s.attrs["data-metric"]: s for s in self.rows(dom)["A"].all("svg", class_="spark")}
         # The scripted workload (3 tokens) a bucket earlier, this one (40 tokens) now.
@@ -254,13 +272,36 @@ class PageTests(SynchronousTestCase):
         w.submitted("A")
         w.started("A")
         self.reactor.advance(1.5)
-        w.finish("completed", None, {"ttftMs": 412, "promptTokens": 7, "completionTokens": 50,
-                                     "tokensPerSecond": 76818.75, "estimated": True})
+        w.finish(
+            "completed",
+            None,
+            {
+                "ttftMs": 412,
+                "promptTokens": 7,
+                "completionTokens": 50,
+                "tokensPerSecond": 76818.75,
+                "estimated": True,
+            },
+        )
         dom = self.page()
         newest, failed, older = dom.all("tr", class_="wl")
         cells = [td.textContent() for td in newest.all("td")]
-        self.assertEqual(cells, ["4", "just now", "completed", "m1", "A", "1", "412 ms",
-                                 "7 / 50 (est.)", "76.8k/s", "1.50 s", ""])
+        self.assertEqual(
+            cells,
+            [
+                "4",
+                "just now",
+                "completed",
+                "m1",
+                "A",
+                "1",
+                "412 ms",
+                "7 / 50 (est.)",
+                "76.8k/s",
+                "1.50 s",
+                "",
+            ],
+        )
         self.assertEqual(newest.attrs["class"], "wl completed")
         self.assertEqual(failed.attrs["class"], "wl failed")
         self.assertEqual(failed.all("td")[-1].textContent(), "no node serves this model no_owner")
@@ -270,8 +311,12 @@ class PageTests(SynchronousTestCase):
         """Engine- and client-provided text (model names, node ids, error reasons) is text,
         never markup: the only script is the page's own, no element is injected."""
         facade = self.service.facades["llamacpp"]
-        facade.setSnapshot(Snapshot(parseNodes({"nodes": [
-            {"id": HOSTILE_NODE, "models": [HOSTILE_MODEL]}]}), ENGINE.normalize))
+        facade.setSnapshot(
+            Snapshot(
+                parseNodes({"nodes": [{"id": HOSTILE_NODE, "models": [HOSTILE_MODEL]}]}),
+                ENGINE.normalize,
+            )
+        )
         w = self.service.reporter.admit("llamacpp", HOSTILE_MODEL)
         w.submitted(HOSTILE_NODE)
         w.started(HOSTILE_NODE)
@@ -307,8 +352,9 @@ class PageTests(SynchronousTestCase):
         status["affinity"]["counts"] = {"llamacpp": {"hit": 6, "miss": 3, "overridden": 1}}
         (tile,) = self.affinityTiles(status)
         self.assertEqual(tile.all("div", class_="tval")[0].textContent(), "60%")
-        self.assertEqual(tile.all("div", class_="tsub")[0].textContent(),
-                         "hit 6 · miss 3 · overridden 1")
+        self.assertEqual(
+            tile.all("div", class_="tsub")[0].textContent(), "hit 6 · miss 3 · overridden 1"
+        )
         status["facades"]["llamacpp"]["affinity"] = {"hits": 8, "misses": 2, "<b>": True}
         (tile,) = self.affinityTiles(status)
         self.assertEqual(tile.all("div", class_="tval")[0].textContent(), "80%")
@@ -317,8 +363,7 @@ class PageTests(SynchronousTestCase):
     def test_empty(self) -> None:
         """A process with nothing enabled and no workload says so."""
         service = makeService(MemoryReactorClock())
-        html = renderPage(statusDocument(service), historyDocument(service),
-                          Window().document(0))
+        html = renderPage(statusDocument(service), historyDocument(service), Window().document(0))
         texts = [p.textContent() for p in parseDom(html).all(class_="none")]
         self.assertEqual(texts, ["no facade is enabled yet", "no workload has ended yet"])
 
@@ -333,14 +378,19 @@ class HistoryEndpointTests(SynchronousTestCase):
         scripted(service)
         service.reporter.history.attempt("llamacpp", "A", "transport", None)
         response = self.successResultOf(
-            StubTreq(opsResource(service)).get("http://localhost/status/history"))
+            StubTreq(opsResource(service)).get("http://localhost/status/history")
+        )
         self.assertEqual(response.code, 200)
         self.assertEqual(response.headers.getRawHeaders("content-type"), ["application/json"])
         doc: dict[str, Any] = json.loads(self.successResultOf(response.content()))
         self.assertEqual((doc["bucketSeconds"], doc["buckets"]), (10, 90))
         facade = doc["facades"]["llamacpp"]
         self.assertEqual(facade["series"]["totals"]["requests"], 2)
-        self.assertEqual(facade["nodes"]["A"]["totals"]["errorsByReason"],
-                         {"attempt transport": 1})
-        self.assertEqual(doc["reasons"], {"attempt transport": "attempt could not reach the engine",
-                                          "no_owner": "no node serves this model"})
+        self.assertEqual(facade["nodes"]["A"]["totals"]["errorsByReason"], {"attempt transport": 1})
+        self.assertEqual(
+            doc["reasons"],
+            {
+                "attempt transport": "attempt could not reach the engine",
+                "no_owner": "no node serves this model",
+            },
+        )

@@ -15,16 +15,34 @@ from nvpair.proxy.options import STANDALONE_OPS_PORT, Options, Settings, parseDu
 VALUED: list[tuple[str, str, str, Any, str, str]] = [
     ("state-dir", "NVPAIR_STATE_DIR", "/tmp/s", "/tmp/s", "stateDir", ""),
     ("cluster-dir", "NVPAIR_CLUSTER_DIR", "/tmp/c", "/tmp/c", "clusterDir", ""),
-    ("response-header-timeout", "NVPAIR_PROXY_RESPONSE_HEADER_TIMEOUT", "90s", 90.0,
-     "responseHeaderTimeout", "soon"),
+    (
+        "response-header-timeout",
+        "NVPAIR_PROXY_RESPONSE_HEADER_TIMEOUT",
+        "90s",
+        90.0,
+        "responseHeaderTimeout",
+        "soon",
+    ),
     ("job-deadline", "NVPAIR_PROXY_JOB_DEADLINE", "2m", 120.0, "jobDeadline", "10x"),
     ("dial-timeout", "NVPAIR_PROXY_DIAL_TIMEOUT", "1.5", 1.5, "dialTimeout", "abc"),
-    ("max-dispatch-attempts", "NVPAIR_PROXY_MAX_DISPATCH_ATTEMPTS", "3", 3,
-     "maxDispatchAttempts", "three"),
+    (
+        "max-dispatch-attempts",
+        "NVPAIR_PROXY_MAX_DISPATCH_ATTEMPTS",
+        "3",
+        3,
+        "maxDispatchAttempts",
+        "three",
+    ),
     ("backoff-base", "NVPAIR_PROXY_BACKOFF_BASE", "100ms", 0.1, "backoffBase", "-1s"),
     ("backoff-max", "NVPAIR_PROXY_BACKOFF_MAX", "1h", 3600.0, "backoffMax", "1d"),
-    ("client-write-timeout", "NVPAIR_PROXY_CLIENT_WRITE_TIMEOUT", "5s", 5.0,
-     "clientWriteTimeout", "s"),
+    (
+        "client-write-timeout",
+        "NVPAIR_PROXY_CLIENT_WRITE_TIMEOUT",
+        "5s",
+        5.0,
+        "clientWriteTimeout",
+        "s",
+    ),
     ("retry-after", "NVPAIR_PROXY_RETRY_AFTER", "7", 7, "retryAfter", "1.5"),
     ("max-body", "NVPAIR_PROXY_MAX_BODY", "1024", 1024, "maxBody", "1k"),
     ("log-level", "NVPAIR_LOG_LEVEL", "debug", "debug", "logLevel", "loud"),
@@ -68,7 +86,8 @@ def parse(argv: list[str], environ: dict[str, str] | None = None) -> Settings:
 
 
 def assertExitsNaming(
-    test: SynchronousTestCase, option: str,
+    test: SynchronousTestCase,
+    option: str,
     cases: tuple[tuple[list[str], dict[str, str]], ...],
 ) -> None:
     """Each ``(argv, environ)`` exits 2 with one stderr line naming ``option``, nothing on
@@ -89,8 +108,16 @@ class DurationTests(SynchronousTestCase):
 
     def test_forms(self) -> None:
         """Each documented form parses to seconds."""
-        cases = {"1.5": 1.5, "250ms": 0.25, "10s": 10.0, "30m": 1800.0, "1h": 3600.0,
-                 "0": 0.0, "2": 2.0, ".5": 0.5}
+        cases = {
+            "1.5": 1.5,
+            "250ms": 0.25,
+            "10s": 10.0,
+            "30m": 1800.0,
+            "1h": 3600.0,
+            "0": 0.0,
+            "2": 2.0,
+            ".5": 0.5,
+        }
         for text, seconds in cases.items():
             self.assertAlmostEqual(parseDuration(text), seconds, msg=text)
 
@@ -124,8 +151,10 @@ class OptionTests(SynchronousTestCase):
 
     def test_flagWins(self) -> None:
         """When both are given, the flag wins over the environment."""
-        settings = parse(["--dial-timeout", "3s", "--max-body=5"],
-                         {"NVPAIR_PROXY_DIAL_TIMEOUT": "9s", "NVPAIR_PROXY_MAX_BODY": "7"})
+        settings = parse(
+            ["--dial-timeout", "3s", "--max-body=5"],
+            {"NVPAIR_PROXY_DIAL_TIMEOUT": "9s", "NVPAIR_PROXY_MAX_BODY": "7"},
+        )
         self.assertEqual(settings.dialTimeout, 3.0)
         self.assertEqual(settings.maxBody, 5)
 
@@ -190,8 +219,17 @@ class OptionTests(SynchronousTestCase):
 
     def test_standaloneBackendsAndEngines(self) -> None:
         """``--backend`` repeats in order and ``--engines`` picks facades."""
-        settings = parse(["--standalone", "--backend", "ollama=http://h1:1/",
-                          "--backend", "ollama=http://h2:2", "--engines", "llamacpp,ollama"])
+        settings = parse(
+            [
+                "--standalone",
+                "--backend",
+                "ollama=http://h1:1/",
+                "--backend",
+                "ollama=http://h2:2",
+                "--engines",
+                "llamacpp,ollama",
+            ]
+        )
         self.assertTrue(settings.standalone)
         self.assertEqual(settings.backends, (("ollama", "http://h1:1"), ("ollama", "http://h2:2")))
         self.assertEqual(settings.engines, ("llamacpp", "ollama"))

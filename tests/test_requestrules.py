@@ -28,8 +28,14 @@ class OriginFormTests(SynchronousTestCase):
 
     def test_refused(self) -> None:
         """No host, a bad port, another scheme, user information: 400."""
-        for url in (b"http:///x", b"http://h:99999/x", b"http://h:/x", b"ftp://h/x",
-                    b"http://u@h/x", b"engine:443"):
+        for url in (
+            b"http:///x",
+            b"http://h:99999/x",
+            b"http://h:/x",
+            b"ftp://h/x",
+            b"http://u@h/x",
+            b"engine:443",
+        ):
             with self.assertRaises(Refusal) as caught:
                 originForm(url)
             self.assertEqual(caught.exception.status, 400, url)
@@ -38,11 +44,17 @@ class OriginFormTests(SynchronousTestCase):
 class HeadRuleTests(SynchronousTestCase):
     """``checkHead``: Host, Transfer-Encoding and the target, on a built header set."""
 
-    def check(self, fields: list[tuple[bytes, bytes]], proto: bytes = b"HTTP/1.1",
-              url: bytes = b"/p?q", method: bytes = b"GET") -> bytes:
+    def check(
+        self,
+        fields: list[tuple[bytes, bytes]],
+        proto: bytes = b"HTTP/1.1",
+        url: bytes = b"/p?q",
+        method: bytes = b"GET",
+    ) -> bytes:
         headers = headersOf(fields)
-        return checkHead(method, proto, url, headers[0],
-                         headers[0].getRawHeaders(b"transfer-encoding"))
+        return checkHead(
+            method, proto, url, headers[0], headers[0].getRawHeaders(b"transfer-encoding")
+        )
 
     def refusal(self, fields: list[tuple[bytes, bytes]]) -> Refusal:
         with self.assertRaises(Refusal) as caught:
@@ -52,8 +64,14 @@ class HeadRuleTests(SynchronousTestCase):
     def test_hostValues(self) -> None:
         """Host names, addresses with ports, IPv6 literals and the empty value pass; other
         values are 400 with the path for the error shape."""
-        for value in (b"", b"localhost", b"127.0.0.1:8080", b"[::1]:80", b"a.b-c_d~",
-                      b"127.0.0.1:"):
+        for value in (
+            b"",
+            b"localhost",
+            b"127.0.0.1:8080",
+            b"[::1]:80",
+            b"a.b-c_d~",
+            b"127.0.0.1:",
+        ):
             self.assertEqual(self.check([(b"Host", value)]), b"/p?q", value)
         for value in (b"[::1", b"host:port", b"a b", b"a/b"):
             refusal = self.refusal([(b"Host", value)])

@@ -62,12 +62,16 @@ class StallCase(SynchronousTestCase):
 
     def ticks(self) -> list[Any]:
         """The pending calls of the watches' timer."""
-        return [c for c in self.clock.getDelayedCalls()
-                if getattr(c.func, "__name__", "") == "_tick"]
+        return [
+            c for c in self.clock.getDelayedCalls() if getattr(c.func, "__name__", "") == "_tick"
+        ]
 
     def terminals(self) -> list[dict[str, Any]]:
-        return [info for method, info in self.context.sink.workloadEvents()
-                if method in ("workload:completed", "workload:errored")]
+        return [
+            info
+            for method, info in self.context.sink.workloadEvents()
+            if method in ("workload:completed", "workload:errored")
+        ]
 
     def stalls(self) -> list[dict[str, Any]]:
         return [e for e in self.logged if e.get("log_format") == "stream-stalled"]
@@ -218,5 +222,11 @@ class OptionTests(SynchronousTestCase):
 
     def test_malformed(self) -> None:
         """A malformed value exits 2 with one stderr line naming the option."""
-        assertExitsNaming(self, "--stream-idle-timeout", ((["--stream-idle-timeout", "soon"], {}),
-                          ([], {"NVPAIR_PROXY_STREAM_IDLE_TIMEOUT": "-1s"})))
+        assertExitsNaming(
+            self,
+            "--stream-idle-timeout",
+            (
+                (["--stream-idle-timeout", "soon"], {}),
+                ([], {"NVPAIR_PROXY_STREAM_IDLE_TIMEOUT": "-1s"}),
+            ),
+        )

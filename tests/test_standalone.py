@@ -42,16 +42,21 @@ class FleetUrlsTests(SynchronousTestCase):
     def test_backendsInOrder(self) -> None:
         """The engine's ``--backend`` URLs in the order given, other engines' ignored,
         repeats dropped."""
-        backends = (("llamacpp", "http://b:1"), ("ollama", "http://o:1"),
-                    ("llamacpp", "http://a:1/"), ("llamacpp", "http://b:1"))
+        backends = (
+            ("llamacpp", "http://b:1"),
+            ("ollama", "http://o:1"),
+            ("llamacpp", "http://a:1/"),
+            ("llamacpp", "http://b:1"),
+        )
         self.assertEqual(fleetUrls(LLAMACPP, backends), ["http://b:1", "http://a:1"])
 
     def test_defaults(self) -> None:
         """An engine without ``--backend`` gets one node at its default address (protocol §9)."""
         self.assertEqual(fleetUrls(OLLAMA, ()), ["http://127.0.0.1:11434"])
         self.assertEqual(fleetUrls(LMSTUDIO, ()), ["http://127.0.0.1:1235"])
-        self.assertEqual(fleetUrls(LLAMACPP, (("ollama", "http://x:1"),)),
-                         ["http://127.0.0.1:8081"])
+        self.assertEqual(
+            fleetUrls(LLAMACPP, (("ollama", "http://x:1"),)), ["http://127.0.0.1:8081"]
+        )
 
 
 class FleetPollerTests(SynchronousTestCase):
@@ -76,12 +81,18 @@ class FleetPollerTests(SynchronousTestCase):
         self.up.script["http://b"] = "hang"
         self.poller("http://a", "http://b")
         first = self.facade.snapshots[0]
-        self.assertEqual([(n.id, n.isSelf, n.addresses, n.models) for n in first.nodes], [
-            ("http://a", False, ("http://a",), frozenset()),
-            ("http://b", False, ("http://b",), frozenset())])
+        self.assertEqual(
+            [(n.id, n.isSelf, n.addresses, n.models) for n in first.nodes],
+            [
+                ("http://a", False, ("http://a",), frozenset()),
+                ("http://b", False, ("http://b",), frozenset()),
+            ],
+        )
         self.assertEqual(self.facade.inventories(), {"http://a": ["m1", "m2"], "http://b": []})
-        self.assertEqual([(c[1], c[2], c[3]) for c in self.up.calls],
-                         [("http://a", b"GET", b"/v1/models"), ("http://b", b"GET", b"/v1/models")])
+        self.assertEqual(
+            [(c[1], c[2], c[3]) for c in self.up.calls],
+            [("http://a", b"GET", b"/v1/models"), ("http://b", b"GET", b"/v1/models")],
+        )
         last = self.facade.snapshots[-1]
         self.assertEqual([n.id for n in last.owners("m1", False)], ["http://a"])
 
@@ -122,8 +133,11 @@ class FleetPollerTests(SynchronousTestCase):
         self.up.script["http://a"] = FakeResponse(200, openaiList("a", "m1"))
         self.poller("http://a")
         self.assertEqual(self.facade.inventories(), {"http://a": ["m1"]})
-        for failure in (ConnectionRefusedError(), FakeResponse(500, b"x"),
-                        FakeResponse(200, b"not a list")):
+        for failure in (
+            ConnectionRefusedError(),
+            FakeResponse(500, b"x"),
+            FakeResponse(200, b"not a list"),
+        ):
             self.up.script["http://a"] = FakeResponse(200, openaiList("a", "m1"))
             self.clock.advance(POLL_INTERVAL)
             self.assertEqual(self.facade.inventories(), {"http://a": ["m1"]})
@@ -157,12 +171,18 @@ class FleetPollerTests(SynchronousTestCase):
 class FakeService(MultiService):
     """The parts of ProxyService that ``startStandalone`` uses."""
 
-    def __init__(self, engines: tuple[str, ...], backends: tuple[tuple[str, str], ...],
-                 refuse: frozenset[str] = frozenset(), affinity: str = "off") -> None:
+    def __init__(
+        self,
+        engines: tuple[str, ...],
+        backends: tuple[tuple[str, str], ...],
+        refuse: frozenset[str] = frozenset(),
+        affinity: str = "off",
+    ) -> None:
         super().__init__()
         context = FakeContext()
-        self.settings = SimpleNamespace(engines=engines, backends=backends, dialTimeout=1.0,
-                                        affinity=affinity)
+        self.settings = SimpleNamespace(
+            engines=engines, backends=backends, dialTimeout=1.0, affinity=affinity
+        )
         self.upstream = context.upstream
         self.clock = context.clock
         self.refuse = refuse
@@ -186,23 +206,28 @@ class StartStandaloneTests(SynchronousTestCase):
     def test_facadesAndPollers(self) -> None:
         """Each named engine is enabled on its standalone port with a poller over its fleet;
         a facade that cannot bind gets none; stopping the process stops the pollers."""
-        service = FakeService(("ollama", "llamacpp", "lmstudio"),
-                              (("llamacpp", "http://x:1"), ("llamacpp", "http://y:2")),
-                              refuse=frozenset({"lmstudio"}))
+        service = FakeService(
+            ("ollama", "llamacpp", "lmstudio"),
+            (("llamacpp", "http://x:1"), ("llamacpp", "http://y:2")),
+            refuse=frozenset({"lmstudio"}),
+        )
         service.startService()
         startStandalone(service)
         self.assertEqual(service.enabled, [("ollama", 11435), ("llamacpp", 8080)])
         pollers = {p.engine.id: p for p in service if isinstance(p, FleetPoller)}
-        self.assertEqual({k: p.urls for k, p in pollers.items()},
-                         {"ollama": ("http://127.0.0.1:11434",),
-                          "llamacpp": ("http://x:1", "http://y:2")})
+        self.assertEqual(
+            {k: p.urls for k, p in pollers.items()},
+            {"ollama": ("http://127.0.0.1:11434",), "llamacpp": ("http://x:1", "http://y:2")},
+        )
         self.assertEqual(pollers["llamacpp"].timeout, 11.0)
         self.assertTrue(all(p.running for p in pollers.values()))
-        self.assertEqual(service.facades["llamacpp"].inventories(),
-                         {"http://x:1": [], "http://y:2": []})
+        self.assertEqual(
+            service.facades["llamacpp"].inventories(), {"http://x:1": [], "http://y:2": []}
+        )
         # The backends' order stands in for a scheduler's priority list.
-        self.assertEqual(service.reservations.order,
-                         ("http://127.0.0.1:11434", "http://x:1", "http://y:2"))
+        self.assertEqual(
+            service.reservations.order, ("http://127.0.0.1:11434", "http://x:1", "http://y:2")
+        )
         service.stopService()
         self.assertFalse(any(p.running for p in pollers.values()))
         self.assertEqual(service.clock.getDelayedCalls(), [])

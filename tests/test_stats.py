@@ -18,8 +18,9 @@ def sseBody(contents: list[str], usage: dict[str, int] | None = None, done: bool
         for c in contents
     ]
     if usage is not None:
-        events.append({"id": "c1", "object": "chat.completion.chunk", "choices": [],
-                       "usage": usage})
+        events.append(
+            {"id": "c1", "object": "chat.completion.chunk", "choices": [], "usage": usage}
+        )
     out = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
     if done:
         out += b"data: [DONE]\n\n"
@@ -33,20 +34,27 @@ def ndjsonBody(contents: list[str], final: dict[str, object] | None) -> bytes:
         for c in contents
     ]
     if final is not None:
-        lines.append({"model": "m", "message": {"role": "assistant", "content": ""},
-                      "done": True, **final})
+        lines.append(
+            {"model": "m", "message": {"role": "assistant", "content": ""}, "done": True, **final}
+        )
     return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
 
 
-def measure(dialect: str, body: bytes, chunks: list[int] | None = None,
-            created: float = 100.0, first: float = 100.5, end: float = 102.5,
-            tailBytes: int = 8192) -> dict[str, object] | None:
+def measure(
+    dialect: str,
+    body: bytes,
+    chunks: list[int] | None = None,
+    created: float = 100.0,
+    first: float = 100.5,
+    end: float = 102.5,
+    tailBytes: int = 8192,
+) -> dict[str, object] | None:
     """Feed ``body`` to a fresh meter cut at the given chunk sizes and return its result."""
     meter = StatsMeter(dialect, created, tailBytes)
     meter.firstByte(first)
     pos = 0
     for size in chunks or [len(body)]:
-        meter.feed(body[pos:pos + size])
+        meter.feed(body[pos : pos + size])
         pos += size
     meter.feed(body[pos:])
     return meter.result(end)
@@ -61,15 +69,19 @@ class OpenAITests(SynchronousTestCase):
     def test_streamedUsage(self) -> None:
         """A streamed usage chunk before [DONE] gives exact counts and clock throughput."""
         result = measure("openai", sseBody(["a", "b", "c"], USAGE))
-        self.assertEqual(result, {"promptTokens": 12, "completionTokens": 340,
-                                  "tokensPerSecond": 170.0, "ttftMs": 500})
+        self.assertEqual(
+            result,
+            {"promptTokens": 12, "completionTokens": 340, "tokensPerSecond": 170.0, "ttftMs": 500},
+        )
 
     def test_lastUsageWins(self) -> None:
         """When several events carry usage, the last one is used; null usage is skipped."""
-        body = (b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}\n\n'
-                b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":9}}\n\n'
-                b'data: {"choices":[{"delta":{"content":"x"}}],"usage":null}\n\n'
-                b"data: [DONE]\n\n")
+        body = (
+            b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}\n\n'
+            b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":9}}\n\n'
+            b'data: {"choices":[{"delta":{"content":"x"}}],"usage":null}\n\n'
+            b"data: [DONE]\n\n"
+        )
         result = measure("openai", body)
         assert result is not None
         self.assertEqual((result["promptTokens"], result["completionTokens"]), (5, 9))
@@ -78,15 +90,19 @@ class OpenAITests(SynchronousTestCase):
         """A quoted "usage" inside content text is not mistaken for the usage report."""
         body = sseBody(['{"usage": {"prompt_tokens": 77, "completion_tokens": 88}}', "y"])
         result = measure("openai", body)
-        self.assertEqual(result, {"completionTokens": 2, "tokensPerSecond": 1.0,
-                                  "ttftMs": 500, "estimated": True})
+        self.assertEqual(
+            result,
+            {"completionTokens": 2, "tokensPerSecond": 1.0, "ttftMs": 500, "estimated": True},
+        )
 
     def test_nonStreamedUsage(self) -> None:
         """A single JSON completion body gives exact counts and no clock throughput."""
-        body = json.dumps({"id": "x", "choices": [{"message": {"content": "hi"}}],
-                           "usage": USAGE}).encode()
-        self.assertEqual(measure("openai", body),
-                         {"promptTokens": 12, "completionTokens": 340, "ttftMs": 500})
+        body = json.dumps(
+            {"id": "x", "choices": [{"message": {"content": "hi"}}], "usage": USAGE}
+        ).encode()
+        self.assertEqual(
+            measure("openai", body), {"promptTokens": 12, "completionTokens": 340, "ttftMs": 500}
+        )
 
     def test_prettyPrintedNonStreamed(self) -> None:
         """A pretty-printed JSON body with usage is still read."""
@@ -97,34 +113,51 @@ class OpenAITests(SynchronousTestCase):
 
     def test_embeddingsUsage(self) -> None:
         """Embeddings usage (prompt_tokens and total_tokens only) gives promptTokens only."""
-        body = json.dumps({"object": "list", "data": [{"embedding": [0.1] * 10}],
-                           "usage": {"prompt_tokens": 8, "total_tokens": 8}}).encode()
+        body = json.dumps(
+            {
+                "object": "list",
+                "data": [{"embedding": [0.1] * 10}],
+                "usage": {"prompt_tokens": 8, "total_tokens": 8},
+            }
+        ).encode()
         self.assertEqual(measure("openai", body), {"promptTokens": 8, "ttftMs": 500})
 
     def test_responsesApiUsage(self) -> None:
         """The Responses API's input_tokens/output_tokens inside response.usage are read."""
-        final = {"type": "response.completed",
-                 "response": {"id": "r", "usage": {"input_tokens": 3, "output_tokens": 4,
-                                                   "total_tokens": 7}}}
-        body = (b"event: response.output_text.delta\n"
-                b'data: {"type":"response.output_text.delta","delta":"a"}\n\n'
-                b"event: response.completed\ndata: " + json.dumps(final).encode() + b"\n\n")
+        final = {
+            "type": "response.completed",
+            "response": {
+                "id": "r",
+                "usage": {"input_tokens": 3, "output_tokens": 4, "total_tokens": 7},
+            },
+        }
+        body = (
+            b"event: response.output_text.delta\n"
+            b'data: {"type":"response.output_text.delta","delta":"a"}\n\n'
+            b"event: response.completed\ndata: " + json.dumps(final).encode() + b"\n\n"
+        )
         result = measure("openai", body)
         assert result is not None
         self.assertEqual((result["promptTokens"], result["completionTokens"]), (3, 4))
 
     def test_largeNonStreamedTailStartsMidDocument(self) -> None:
         """A body far larger than the tail still yields the usage at its end."""
-        body = json.dumps({"data": [{"embedding": [0.123456] * 200_000}],
-                           "usage": {"prompt_tokens": 4, "total_tokens": 4}}).encode()
+        body = json.dumps(
+            {
+                "data": [{"embedding": [0.123456] * 200_000}],
+                "usage": {"prompt_tokens": 4, "total_tokens": 4},
+            }
+        ).encode()
         result = measure("openai", body, chunks=[4093] * (len(body) // 4093))
         self.assertEqual(result, {"promptTokens": 4, "ttftMs": 500})
 
     def test_noUsageEstimated(self) -> None:
         """Without usage, streamed content events are counted and flagged estimated."""
         result = measure("openai", sseBody(["a", "b", "c", "d"]))
-        self.assertEqual(result, {"completionTokens": 4, "tokensPerSecond": 2.0,
-                                  "ttftMs": 500, "estimated": True})
+        self.assertEqual(
+            result,
+            {"completionTokens": 4, "tokensPerSecond": 2.0, "ttftMs": 500, "estimated": True},
+        )
 
     def test_noUsageWithoutDone(self) -> None:
         """Without a [DONE] trailer every data event counts as content."""
@@ -160,12 +193,15 @@ class OpenAITests(SynchronousTestCase):
     def test_arbitraryChunking(self, data: st.DataObject) -> None:
         """Counts and estimates do not depend on how the body is cut into chunks."""
         withUsage = data.draw(st.booleans())
-        body = sseBody(["x" * n for n in range(data.draw(st.integers(2, 12)))],
-                       USAGE if withUsage else None)
+        body = sseBody(
+            ["x" * n for n in range(data.draw(st.integers(2, 12)))], USAGE if withUsage else None
+        )
         cuts = data.draw(st.lists(st.integers(1, 40), max_size=60))
         tailBytes = data.draw(st.sampled_from([512, 8192]))
-        self.assertEqual(measure("openai", body, cuts, tailBytes=tailBytes),
-                         measure("openai", body, tailBytes=tailBytes))
+        self.assertEqual(
+            measure("openai", body, cuts, tailBytes=tailBytes),
+            measure("openai", body, tailBytes=tailBytes),
+        )
 
 
 class SplitTests(SynchronousTestCase):
@@ -182,14 +218,19 @@ class SplitTests(SynchronousTestCase):
 
     def test_ollamaSplitEveryOffset(self) -> None:
         """An Ollama done line split at any offset is still found."""
-        body = ndjsonBody(["a", "b"], {"prompt_eval_count": 7, "eval_count": 20,
-                                       "eval_duration": 500_000_000})
+        body = ndjsonBody(
+            ["a", "b"], {"prompt_eval_count": 7, "eval_count": 20, "eval_duration": 500_000_000}
+        )
         for cut in range(1, len(body)):
             for second in (1, 3):
                 self.assertEqual(
                     measure("ollama", body, [cut, second]),
-                    {"promptTokens": 7, "completionTokens": 20, "tokensPerSecond": 40.0,
-                     "ttftMs": 500},
+                    {
+                        "promptTokens": 7,
+                        "completionTokens": 20,
+                        "tokensPerSecond": 40.0,
+                        "ttftMs": 500,
+                    },
                     cut,
                 )
 
@@ -199,65 +240,103 @@ class OllamaTests(SynchronousTestCase):
 
     def test_streamedDurations(self) -> None:
         """eval_count over eval_duration (ns) gives tokensPerSecond."""
-        body = ndjsonBody(["a", "b"], {"total_duration": 9, "prompt_eval_count": 26,
-                                       "prompt_eval_duration": 1, "eval_count": 290,
-                                       "eval_duration": 4_709_213_000})
-        self.assertEqual(measure("ollama", body),
-                         {"promptTokens": 26, "completionTokens": 290,
-                          "tokensPerSecond": 61.58, "ttftMs": 500})
+        body = ndjsonBody(
+            ["a", "b"],
+            {
+                "total_duration": 9,
+                "prompt_eval_count": 26,
+                "prompt_eval_duration": 1,
+                "eval_count": 290,
+                "eval_duration": 4_709_213_000,
+            },
+        )
+        self.assertEqual(
+            measure("ollama", body),
+            {"promptTokens": 26, "completionTokens": 290, "tokensPerSecond": 61.58, "ttftMs": 500},
+        )
 
     def test_streamedWithoutDuration(self) -> None:
         """Without eval_duration a streamed body's throughput comes from the clock."""
         body = ndjsonBody(["a", "b"], {"eval_count": 10})
-        self.assertEqual(measure("ollama", body),
-                         {"completionTokens": 10, "tokensPerSecond": 5.0, "ttftMs": 500})
+        self.assertEqual(
+            measure("ollama", body), {"completionTokens": 10, "tokensPerSecond": 5.0, "ttftMs": 500}
+        )
 
     def test_nonStreamedGenerate(self) -> None:
         """A single /api/generate JSON body with a large context array is read from the tail."""
-        body = json.dumps({"model": "m", "response": "hi", "done": True,
-                           "context": list(range(5000)), "total_duration": 1,
-                           "prompt_eval_count": 3, "eval_count": 50,
-                           "eval_duration": 1_000_000_000}).encode()
-        self.assertEqual(measure("ollama", body, [777] * 40),
-                         {"promptTokens": 3, "completionTokens": 50,
-                          "tokensPerSecond": 50.0, "ttftMs": 500})
+        body = json.dumps(
+            {
+                "model": "m",
+                "response": "hi",
+                "done": True,
+                "context": list(range(5000)),
+                "total_duration": 1,
+                "prompt_eval_count": 3,
+                "eval_count": 50,
+                "eval_duration": 1_000_000_000,
+            }
+        ).encode()
+        self.assertEqual(
+            measure("ollama", body, [777] * 40),
+            {"promptTokens": 3, "completionTokens": 50, "tokensPerSecond": 50.0, "ttftMs": 500},
+        )
 
     def test_longDoneLineLargerThanTail(self) -> None:
         """A streamed done line longer than the tail still yields its counts."""
-        body = ndjsonBody(["a", "b"], {"context": list(range(5000)), "prompt_eval_count": 2,
-                                       "eval_count": 8, "eval_duration": 2_000_000_000})
-        self.assertEqual(measure("ollama", body, tailBytes=1024),
-                         {"promptTokens": 2, "completionTokens": 8,
-                          "tokensPerSecond": 4.0, "ttftMs": 500})
+        body = ndjsonBody(
+            ["a", "b"],
+            {
+                "context": list(range(5000)),
+                "prompt_eval_count": 2,
+                "eval_count": 8,
+                "eval_duration": 2_000_000_000,
+            },
+        )
+        self.assertEqual(
+            measure("ollama", body, tailBytes=1024),
+            {"promptTokens": 2, "completionTokens": 8, "tokensPerSecond": 4.0, "ttftMs": 500},
+        )
 
     def test_prettyPrintedSingle(self) -> None:
         """A pretty-printed single Ollama body is read as one object."""
-        body = json.dumps({"model": "m", "done": True, "prompt_eval_count": 4,
-                           "eval_count": 6, "eval_duration": 3_000_000_000}, indent=2).encode()
-        self.assertEqual(measure("ollama", body),
-                         {"promptTokens": 4, "completionTokens": 6, "tokensPerSecond": 2.0,
-                          "ttftMs": 500})
+        body = json.dumps(
+            {
+                "model": "m",
+                "done": True,
+                "prompt_eval_count": 4,
+                "eval_count": 6,
+                "eval_duration": 3_000_000_000,
+            },
+            indent=2,
+        ).encode()
+        self.assertEqual(
+            measure("ollama", body),
+            {"promptTokens": 4, "completionTokens": 6, "tokensPerSecond": 2.0, "ttftMs": 500},
+        )
 
     def test_fieldsFromLastObjectOnly(self) -> None:
         """Fields are read from the last reporting object, never mixed with an earlier line."""
-        body = (ndjsonBody(["a"], {"prompt_eval_count": 1, "eval_count": 1,
-                                   "eval_duration": 1})
-                + ndjsonBody([], {"eval_count": 4}))
-        self.assertEqual(measure("ollama", body),
-                         {"completionTokens": 4, "tokensPerSecond": 2.0, "ttftMs": 500})
+        body = ndjsonBody(
+            ["a"], {"prompt_eval_count": 1, "eval_count": 1, "eval_duration": 1}
+        ) + ndjsonBody([], {"eval_count": 4})
+        self.assertEqual(
+            measure("ollama", body), {"completionTokens": 4, "tokensPerSecond": 2.0, "ttftMs": 500}
+        )
 
     def test_embedPromptOnly(self) -> None:
         """/api/embed reports prompt_eval_count only, giving promptTokens only."""
-        body = json.dumps({"model": "m", "embeddings": [[0.5] * 8],
-                           "total_duration": 5, "prompt_eval_count": 6}).encode()
+        body = json.dumps(
+            {"model": "m", "embeddings": [[0.5] * 8], "total_duration": 5, "prompt_eval_count": 6}
+        ).encode()
         self.assertEqual(measure("ollama", body), {"promptTokens": 6, "ttftMs": 500})
 
     def test_noUsageEstimated(self) -> None:
         """Without counts, content lines are counted, excluding the done line."""
         body = ndjsonBody(["a", "b", "c"], {"done_reason": "stop"})
-        self.assertEqual(measure("ollama", body),
-                         {"completionTokens": 3, "tokensPerSecond": 1.5,
-                          "ttftMs": 500, "estimated": True})
+        self.assertEqual(
+            measure("ollama", body),
+            {"completionTokens": 3, "tokensPerSecond": 1.5, "ttftMs": 500, "estimated": True},
+        )
 
     def test_noUsageNoDoneLine(self) -> None:
         """A cut-off stream without a done line counts every line, last one unterminated."""
@@ -323,13 +402,19 @@ class MeterTests(SynchronousTestCase):
         while pos < len(body):
             size = sizes[i % len(sizes)]
             i += 1
-            meter.feed(body[pos:pos + size])
+            meter.feed(body[pos : pos + size])
             pos += size
             self.assertLessEqual(meter.retainedBytes, 8192)
         self.assertEqual(meter.retainedBytes, 8192)
-        self.assertEqual(meter.result(2.0), {"completionTokens": count, "ttftMs": 1000,
-                                             "tokensPerSecond": float(count),
-                                             "estimated": True})
+        self.assertEqual(
+            meter.result(2.0),
+            {
+                "completionTokens": count,
+                "ttftMs": 1000,
+                "tokensPerSecond": float(count),
+                "estimated": True,
+            },
+        )
 
 
 class EndMarkerTests(SynchronousTestCase):
@@ -359,9 +444,10 @@ class RobustnessTests(SynchronousTestCase):
         """A ``usage`` value nested deeper than the decoder's recursion limit is no usage
         (it used to escape as ``RecursionError``); the events are estimated instead."""
         body = b"data: {}\n\ndata: {}\n\ndata: " + b'{"usage":' + b"[" * 5000 + b"\n\n"
-        self.assertEqual(measure("openai", body, tailBytes=8192),
-                         {"completionTokens": 3, "tokensPerSecond": 1.5, "ttftMs": 500,
-                          "estimated": True})
+        self.assertEqual(
+            measure("openai", body, tailBytes=8192),
+            {"completionTokens": 3, "tokensPerSecond": 1.5, "ttftMs": 500, "estimated": True},
+        )
 
     def test_tinyTailStillCountsSplitMarkers(self) -> None:
         """A tail shorter than an event marker still counts markers cut by every split."""

@@ -31,13 +31,15 @@ class TargetTests(SynchronousTestCase):
         as its Host (RFC 9112 §3.2.2); the fragment is dropped."""
         door = Door()
         conn = Connection(door)
-        out = conn.send(b"POST http://engine.local:8080/v1/chat/completions?a=1#frag HTTP/1.1"
-                        b"\r\nHost: other\r\nContent-Length: 2\r\n\r\nhi")
+        out = conn.send(
+            b"POST http://engine.local:8080/v1/chat/completions?a=1#frag HTTP/1.1"
+            b"\r\nHost: other\r\nContent-Length: 2\r\n\r\nhi"
+        )
         [request] = door.requests
-        self.assertEqual((request.uri, request.path),
-                         (b"/v1/chat/completions?a=1", b"/v1/chat/completions"))
-        self.assertEqual(request.requestHeaders.getRawHeaders(b"host"),
-                         [b"engine.local:8080"])
+        self.assertEqual(
+            (request.uri, request.path), (b"/v1/chat/completions?a=1", b"/v1/chat/completions")
+        )
+        self.assertEqual(request.requestHeaders.getRawHeaders(b"host"), [b"engine.local:8080"])
         self.assertEqual(door.bodies, [b"hi"])
         self.assertTrue(out.startswith(b"HTTP/1.1 200 "), out)
 
@@ -58,9 +60,13 @@ class TargetTests(SynchronousTestCase):
     def test_refusedTargets(self) -> None:
         """Targets that are neither a path nor an http(s) URI are 400: ``*`` outside
         OPTIONS, CONNECT's authority form, another scheme, user information."""
-        for line in (b"GET * HTTP/1.1", b"CONNECT engine:443 HTTP/1.1",
-                     b"GET ftp://h/x HTTP/1.1", b"GET http://u:p@h/x HTTP/1.1",
-                     b"GET x HTTP/1.1"):
+        for line in (
+            b"GET * HTTP/1.1",
+            b"CONNECT engine:443 HTTP/1.1",
+            b"GET ftp://h/x HTTP/1.1",
+            b"GET http://u:p@h/x HTTP/1.1",
+            b"GET x HTTP/1.1",
+        ):
             door = Door()
             conn = Connection(door)
             out = conn.send(line + b"\r\nHost: h\r\n\r\n")
@@ -75,13 +81,17 @@ class UpgradeTests(SynchronousTestCase):
     def test_h2cPostKeepsBody(self) -> None:
         """A POST offering ``Upgrade: h2c`` is answered in HTTP/1.1 with its whole body,
         and the connection goes on to the next request."""
-        for body in (b"Content-Length: 5\r\n\r\nhello",
-                     b"Transfer-Encoding: chunked\r\n\r\n2\r\nhe\r\n3\r\nllo\r\n0\r\n\r\n"):
+        for body in (
+            b"Content-Length: 5\r\n\r\nhello",
+            b"Transfer-Encoding: chunked\r\n\r\n2\r\nhe\r\n3\r\nllo\r\n0\r\n\r\n",
+        ):
             door = Door()
             conn = Connection(door)
-            out = conn.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: h\r\n"
-                            b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
-                            b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n" + body + GET)
+            out = conn.send(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: h\r\n"
+                b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+                b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n" + body + GET
+            )
             self.assertEqual(door.bodies, [b"hello", None], body)
             self.assertEqual(door.requests[1].uri, b"/v1/models?x=1")
             self.assertEqual(out.count(b"HTTP/1.1 200 OK\r\n"), 2, out)
@@ -92,8 +102,10 @@ class UpgradeTests(SynchronousTestCase):
         """The body of an upgrade request may arrive in later reads."""
         door = Door()
         conn = Connection(door)
-        conn.send(b"POST /a HTTP/1.1\r\nHost: h\r\nConnection: upgrade\r\nUpgrade: h2c\r\n"
-                  b"Content-Length: 6\r\n\r\nab")
+        conn.send(
+            b"POST /a HTTP/1.1\r\nHost: h\r\nConnection: upgrade\r\nUpgrade: h2c\r\n"
+            b"Content-Length: 6\r\n\r\nab"
+        )
         conn.send(b"cd")
         self.assertEqual(door.requests, [])
         conn.send(b"ef")
@@ -104,18 +116,21 @@ class UpgradeTests(SynchronousTestCase):
         parsed as the next request."""
         door = Door()
         conn = Connection(door)
-        out = conn.send(b"GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\n"
-                        b"Upgrade: websocket\r\n\r\n" + GET)
+        out = conn.send(
+            b"GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\n"
+            b"Upgrade: websocket\r\n\r\n" + GET
+        )
         self.assertEqual([r.uri for r in door.requests], [b"/ws", b"/v1/models?x=1"])
         self.assertEqual(out.count(b"HTTP/1.1 200 OK\r\n"), 2, out)
-
 
     def test_upgradeBodyRefused(self) -> None:
         """A malformed body of an upgrade request is refused like any other, in the shape
         of the request's own path."""
         conn = Connection(OllamaDoor())
-        out = conn.send(b"POST /api/chat HTTP/1.1\r\nHost: h\r\nConnection: upgrade\r\n"
-                        b"Upgrade: h2c\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\nzz\r\n")
+        out = conn.send(
+            b"POST /api/chat HTTP/1.1\r\nHost: h\r\nConnection: upgrade\r\n"
+            b"Upgrade: h2c\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\nzz\r\n"
+        )
         status, _, doc = errorOf(out)
         self.assertEqual((status, doc["reason"]), (400, "bad_request"))
         self.assertTrue(conn.closed)
@@ -124,8 +139,7 @@ class UpgradeTests(SynchronousTestCase):
         """Thousands of pipelined upgrade requests in one read are all served in order."""
         door = Door()
         conn = Connection(door)
-        one = (b"GET /ws?%d HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\n"
-               b"Upgrade: websocket\r\n\r\n")
+        one = b"GET /ws?%d HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
         out = conn.send(b"".join(one % i for i in range(3000)))
         self.assertEqual(out.count(b"HTTP/1.1 200 OK\r\n"), 3000)
         self.assertEqual(door.requests[-1].uri, b"/ws?2999")
@@ -167,13 +181,16 @@ class RfcRuleTests(SynchronousTestCase):
 
     def test_transferEncodingHttp10(self) -> None:
         """Transfer-Encoding in an HTTP/1.0 request is 400."""
-        self.refused(b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"
-                     b"2\r\nhi\r\n0\r\n\r\n")
+        self.refused(b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n")
 
     def test_otherCodings(self) -> None:
         """A transfer coding other than chunked is 501."""
-        error = self.refused(chunkedPost(b"2\r\nhi\r\n0\r\n\r\n").replace(
-            b"Encoding: chunked", b"Encoding: gzip, chunked"), 501)
+        error = self.refused(
+            chunkedPost(b"2\r\nhi\r\n0\r\n\r\n").replace(
+                b"Encoding: chunked", b"Encoding: gzip, chunked"
+            ),
+            501,
+        )
         self.assertIn("chunked", error["message"])
         self.refused(b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip\r\n\r\n", 501)
 
@@ -187,11 +204,13 @@ class RfcRuleTests(SynchronousTestCase):
     def test_bareLfAnsweredAtOnce(self) -> None:
         """Bare LF anywhere in a head is 400 as soon as it arrives, before the rest of the
         head and without the header timeout passing."""
-        for raw in (b"GET / HTTP/1.1\nHost: h\r\n",
-                    b"GET / HTTP/1.1\r\nHost: h\n",
-                    b"GET / HTTP/1.1\r\nHost: h\r\n\n",
-                    b"GET / HTTP/1.1\r\nHost: h\rX: y\r\n",
-                    chunkedPost(b"2\nhi\r\n0\r\n\r\n")):
+        for raw in (
+            b"GET / HTTP/1.1\nHost: h\r\n",
+            b"GET / HTTP/1.1\r\nHost: h\n",
+            b"GET / HTTP/1.1\r\nHost: h\r\n\n",
+            b"GET / HTTP/1.1\r\nHost: h\rX: y\r\n",
+            chunkedPost(b"2\nhi\r\n0\r\n\r\n"),
+        ):
             door = Door()
             conn = Connection(door, timeout=5.0)
             out = conn.send(raw)
@@ -204,13 +223,15 @@ class RfcRuleTests(SynchronousTestCase):
         an empty value and a repeat are 400."""
         for value in (b"+256", b"2_62", b"0x10", b" 1 2", b"-1", b"5, 5", b"", b"1e3"):
             self.refused(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: %s\r\n\r\n" % value)
-        self.refused(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n"
-                     b"Content-Length: 2\r\n\r\nhi")
+        self.refused(
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nhi"
+        )
 
     def test_bothFramings(self) -> None:
         """Content-Length together with Transfer-Encoding is 400."""
-        self.refused(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n"
-                     b"Transfer-Encoding: chunked\r\n\r\n")
+        self.refused(
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
 
     def test_framingLlhttpRefuses(self) -> None:
         """Malformed request lines, names, values and chunks are 400 (llhttp, strict)."""

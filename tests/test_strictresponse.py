@@ -36,15 +36,19 @@ MALFORMED = [
     ("negative length", OK + b"Content-Length: -1\r\n\r\nx"),
     ("hex length", OK + b"Content-Length: 0x10\r\n\r\nx"),
     ("length overflowing 64 bits", OK + b"Content-Length: 99999999999999999999\r\n\r\n"),
-    ("length and chunked", OK + b"Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
-                            b"1\r\nx\r\n0\r\n\r\n"),
+    (
+        "length and chunked",
+        OK + b"Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nx\r\n0\r\n\r\n",
+    ),
     ("chunk size not hex", CHUNKED + b"zz\r\nhi\r\n0\r\n\r\n"),
     ("signed chunk size", CHUNKED + b"+2\r\nhi\r\n0\r\n\r\n"),
     ("chunk size with bare LF", CHUNKED + b"2\nhi\r\n0\r\n\r\n"),
     ("chunk data longer than its size", CHUNKED + b"1\r\nhi\r\n0\r\n\r\n"),
     ("chunk size overflowing 64 bits", CHUNKED + b"11111111111111111\r\nx"),
-    ("bare CR in a header value", OK + b"X-A: a\rTransfer-Encoding: chunked\r\n"
-                                   b"Content-Length: 1\r\n\r\nx"),
+    (
+        "bare CR in a header value",
+        OK + b"X-A: a\rTransfer-Encoding: chunked\r\nContent-Length: 1\r\n\r\nx",
+    ),
     ("bare LF line ends", b"HTTP/1.1 200 OK\nContent-Length: 1\n\nx"),
     ("obsolete line folding", OK + b"X-A: a\r\n b\r\nContent-Length: 1\r\n\r\nx"),
     ("space before the colon", OK + b"Content-Length : 1\r\n\r\nx"),
@@ -54,8 +58,10 @@ MALFORMED = [
     ("not HTTP", b"SSH-2.0-OpenSSH\r\n\r\n"),
     ("a transfer coding we cannot decode", OK + b"Transfer-Encoding: gzip\r\n\r\nabc"),
     ("chunked, then another coding", OK + b"Transfer-Encoding: chunked, gzip\r\n\r\nabc"),
-    ("a protocol switch nobody asked for", b"HTTP/1.1 101 Switching Protocols\r\n"
-                                           b"Upgrade: h2c\r\nConnection: upgrade\r\n\r\n"),
+    (
+        "a protocol switch nobody asked for",
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: upgrade\r\n\r\n",
+    ),
 ]
 
 
@@ -98,17 +104,18 @@ class StrictResponseTests(SynchronousTestCase):
             self.assertRefused([raw], what)
             end = raw.find(b"\r\n\r\n")
             if end > 0:
-                self.assertRefused([raw[:end + 4], raw[end + 4:]], what + " (split)")
+                self.assertRefused([raw[: end + 4], raw[end + 4 :]], what + " (split)")
 
     def test_malformedBytewise(self) -> None:
         """Byte by byte, the same malformed answers are refused the same way."""
         for what, raw in MALFORMED:
-            self.assertRefused([raw[i:i + 1] for i in range(len(raw))], what + " (bytewise)")
+            self.assertRefused([raw[i : i + 1] for i in range(len(raw))], what + " (bytewise)")
 
     def test_bareCRCannotInjectAField(self) -> None:
         """A value with a bare CR is an error, not a line break: no injected field."""
-        d, transport, _ = self.exchange([OK + b"X-A: a\rTransfer-Encoding: chunked\r\n"
-                                         b"Content-Length: 2\r\n\r\nhi"])
+        d, transport, _ = self.exchange(
+            [OK + b"X-A: a\rTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\nhi"]
+        )
         failure = self.failureResultOf(d, ResponseFailed)
         self.assertIn("LF", str(failure.value.reasons[0].value))
         self.assertTrue(transport.disconnecting)
@@ -116,8 +123,7 @@ class StrictResponseTests(SynchronousTestCase):
     def test_validLengthsAccepted(self) -> None:
         """Digits only, whitespace around the value allowed (it is not part of it)."""
         for value in (b"3", b"003", b" 3 ", b"\t3"):
-            d, transport, body = self.exchange([OK + b"Content-Length: " + value +
-                                                b"\r\n\r\nabc"])
+            d, transport, body = self.exchange([OK + b"Content-Length: " + value + b"\r\n\r\nabc"])
             response = self.successResultOf(d)
             self.assertEqual(response.length, 3, value)
             self.assertEqual(b"".join(body.data), b"abc")
@@ -129,16 +135,22 @@ class StrictResponseTests(SynchronousTestCase):
         """Connection and what it names, Keep-Alive, Proxy-Connection, TE, Trailer,
         Transfer-Encoding and Upgrade are not among the response's headers; end-to-end
         fields are, values without trailing whitespace."""
-        d, _, body = self.exchange([
-            OK + b"Connection: keep-alive, X-Secret\r\nKeep-Alive: timeout=5\r\n"
-            b"Proxy-Connection: keep-alive\r\nTE: trailers\r\nTrailer: X-Sum\r\n"
-            b"Upgrade: websocket\r\nX-Secret: s\r\nX-Public: p  \r\nContent-Type: a/b\r\n"
-            b"Transfer-Encoding: chunked\r\n\r\n1\r\nx\r\n0\r\nX-Sum: 1\r\n\r\n"
-        ])
+        d, _, body = self.exchange(
+            [
+                OK + b"Connection: keep-alive, X-Secret\r\nKeep-Alive: timeout=5\r\n"
+                b"Proxy-Connection: keep-alive\r\nTE: trailers\r\nTrailer: X-Sum\r\n"
+                b"Upgrade: websocket\r\nX-Secret: s\r\nX-Public: p  \r\nContent-Type: a/b\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n1\r\nx\r\n0\r\nX-Sum: 1\r\n\r\n"
+            ]
+        )
         response = self.successResultOf(d)
-        self.assertEqual(sorted(response.headers.getAllRawHeaders()), [
-            (b"Content-Type", [b"a/b"]), (b"X-Public", [b"p"]),
-        ])
+        self.assertEqual(
+            sorted(response.headers.getAllRawHeaders()),
+            [
+                (b"Content-Type", [b"a/b"]),
+                (b"X-Public", [b"p"]),
+            ],
+        )
         self.assertEqual(body.data, [b"x"])
         assert body.reason is not None
         self.assertTrue(body.reason.check(ResponseDone))
@@ -147,9 +159,12 @@ class StrictResponseTests(SynchronousTestCase):
     def test_upgradeAdvertisedOnA200(self) -> None:
         """A 200 that advertises an upgrade (as Apache does: `Upgrade: h2,h2c`,
         `Connection: Upgrade, Keep-Alive`) is an ordinary answer; Upgrade is not relayed."""
-        d, transport, body = self.exchange([
-            OK + b"Upgrade: h2,h2c\r\nConnection: Upgrade, Keep-Alive\r\n"
-            b"Content-Length: 2\r\n\r\nhi"])
+        d, transport, body = self.exchange(
+            [
+                OK + b"Upgrade: h2,h2c\r\nConnection: Upgrade, Keep-Alive\r\n"
+                b"Content-Length: 2\r\n\r\nhi"
+            ]
+        )
         response = self.successResultOf(d)
         self.assertEqual(list(response.headers.getAllRawHeaders()), [])
         self.assertEqual(body.data, [b"hi"])
@@ -183,17 +198,20 @@ class StrictResponseTests(SynchronousTestCase):
         for extra, pooled in ((b"", (0, 0)), (b"Connection: keep-alive\r\n", (1, 1))):
             self.pool._connections.clear()
             d, transport, body = self.exchange(
-                [b"HTTP/1.0 200 OK\r\n" + extra + b"Content-Length: 1\r\n\r\nx"])
+                [b"HTTP/1.0 200 OK\r\n" + extra + b"Content-Length: 1\r\n\r\nx"]
+            )
             self.successResultOf(d)
             self.assertEqual(self.pool.connectionCounts(), pooled)
 
     def test_interimThenFinal(self) -> None:
         """Several 1xx answers (with fields) are skipped; the final one's fields only."""
-        d, _, body = self.exchange([
-            b"HTTP/1.1 100 Continue\r\nX-Interim: 1\r\n\r\n",
-            b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 201 Created\r\n",
-            b"X-Final: 1\r\nContent-Length: 0\r\n\r\n",
-        ])
+        d, _, body = self.exchange(
+            [
+                b"HTTP/1.1 100 Continue\r\nX-Interim: 1\r\n\r\n",
+                b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 201 Created\r\n",
+                b"X-Final: 1\r\nContent-Length: 0\r\n\r\n",
+            ]
+        )
         response = self.successResultOf(d)
         self.assertEqual((response.code, response.phrase), (201, b"Created"))
         self.assertEqual([n for n, _ in response.headers.getAllRawHeaders()], [b"X-Final"])
@@ -201,8 +219,7 @@ class StrictResponseTests(SynchronousTestCase):
     def test_headLengthNotPooled(self) -> None:
         """A HEAD answer is handed out with the engine's length at once, whatever
         follows it; the connection is not reused."""
-        d, transport, body = self.exchange(
-            [OK + b"Content-Length: 256\r\n\r\n"], method=b"HEAD")
+        d, transport, body = self.exchange([OK + b"Content-Length: 256\r\n\r\n"], method=b"HEAD")
         response = self.successResultOf(d)
         self.assertEqual(response.length, 256)
         assert body.reason is not None

@@ -30,11 +30,21 @@ class WorkloadTests(SynchronousTestCase):
         w = self.reporter.admit("ollama", "llama3:latest")
         [(method, info)] = self.infos()
         self.assertEqual(method, "workload:submitted")
-        self.assertEqual(info, {
-            "id": w.id, "model": "llama3:latest", "engine": "ollama",
-            "runId": self.reporter.runId, "state": "queued", "originatedFrom": "",
-            "createdAt": 1000500, "error": None, "requesterId": None, "seq": 1,
-        })
+        self.assertEqual(
+            info,
+            {
+                "id": w.id,
+                "model": "llama3:latest",
+                "engine": "ollama",
+                "runId": self.reporter.runId,
+                "state": "queued",
+                "originatedFrom": "",
+                "createdAt": 1000500,
+                "error": None,
+                "requesterId": None,
+                "seq": 1,
+            },
+        )
         self.assertRegex(self.reporter.runId, re.compile(r"^[0-9a-f]{16}$"))
 
     def test_lifecycle(self) -> None:
@@ -48,12 +58,14 @@ class WorkloadTests(SynchronousTestCase):
         self.clock.advance(3)
         self.assertTrue(w.finish("completed", stats={"completionTokens": 3}))
         events = self.infos()
-        self.assertEqual([m for m, _ in events], ["workload:submitted"] * 4 + [
-            "workload:started", "workload:completed"])
-        self.assertEqual([i.get("scheduledOn") for _, i in events],
-                         [None, "A", None, "B", "B", "B"])
-        self.assertEqual([i["state"] for _, i in events],
-                         ["queued"] * 4 + ["running", "completed"])
+        self.assertEqual(
+            [m for m, _ in events],
+            ["workload:submitted"] * 4 + ["workload:started", "workload:completed"],
+        )
+        self.assertEqual(
+            [i.get("scheduledOn") for _, i in events], [None, "A", None, "B", "B", "B"]
+        )
+        self.assertEqual([i["state"] for _, i in events], ["queued"] * 4 + ["running", "completed"])
         self.assertEqual([i["seq"] for _, i in events], [1, 2, 3, 4, 5, 6])
         started, done = events[4][1], events[5][1]
         self.assertEqual(started["startedAt"], 1002500)
@@ -90,8 +102,7 @@ class WorkloadTests(SynchronousTestCase):
         w = self.reporter.admit("ollama", "m:latest")
         w.started("A")
         w.submitted("B")
-        self.assertEqual([m for m, _ in self.infos()],
-                         ["workload:submitted", "workload:started"])
+        self.assertEqual([m for m, _ in self.infos()], ["workload:submitted", "workload:started"])
 
     def test_seqAcrossWorkloads(self) -> None:
         """``seq`` counts every event of the process; ids count workloads."""
@@ -106,10 +117,13 @@ class WorkloadTests(SynchronousTestCase):
 
     def test_runIdFixed(self) -> None:
         """A given run id is used; different reporters get different random ones."""
-        self.assertEqual(WorkloadReporter(self.sink, self.clock, "00ff00ff00ff00ff").runId,
-                         "00ff00ff00ff00ff")
-        self.assertNotEqual(WorkloadReporter(self.sink, self.clock).runId,
-                            WorkloadReporter(self.sink, self.clock).runId)
+        self.assertEqual(
+            WorkloadReporter(self.sink, self.clock, "00ff00ff00ff00ff").runId, "00ff00ff00ff00ff"
+        )
+        self.assertNotEqual(
+            WorkloadReporter(self.sink, self.clock).runId,
+            WorkloadReporter(self.sink, self.clock).runId,
+        )
 
 
 class ActivityTests(SynchronousTestCase):
@@ -124,13 +138,16 @@ class ActivityTests(SynchronousTestCase):
         activity.change("B", 1)
         activity.change("A", -2)
         activity.change("A", -1)
-        self.assertEqual(sink.sent, [
-            ("discovery:node-activity", {"nodeId": "A", "inFlight": 1}),
-            ("discovery:node-activity", {"nodeId": "A", "inFlight": 2}),
-            ("discovery:node-activity", {"nodeId": "B", "inFlight": 1}),
-            ("discovery:node-activity", {"nodeId": "A", "inFlight": 0}),
-            ("discovery:node-activity", {"nodeId": "A", "inFlight": 0}),
-        ])
+        self.assertEqual(
+            sink.sent,
+            [
+                ("discovery:node-activity", {"nodeId": "A", "inFlight": 1}),
+                ("discovery:node-activity", {"nodeId": "A", "inFlight": 2}),
+                ("discovery:node-activity", {"nodeId": "B", "inFlight": 1}),
+                ("discovery:node-activity", {"nodeId": "A", "inFlight": 0}),
+                ("discovery:node-activity", {"nodeId": "A", "inFlight": 0}),
+            ],
+        )
         self.assertEqual(activity.total(), 1)
 
 

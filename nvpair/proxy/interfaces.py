@@ -39,7 +39,6 @@ class IUpstream(Interface):
         given, is called once the connection is made (the header timer starts there)."""
 
 
-
 class IRequestContext(Interface):
     """What every request reports to and draws on while it is handled: the process-wide
     state a front door, an exchange, a peer request and a fleet view share.  The service
@@ -61,7 +60,11 @@ class IRequestContext(Interface):
         """The request headers to send upstream for ``incoming``."""
 
     def sendError(
-        request: Any, engine: Any, status: int, reason: str, message: str,
+        request: Any,
+        engine: Any,
+        status: int,
+        reason: str,
+        message: str,
         retryAfter: int | None = None,
     ) -> None:
         """Answer ``request`` with a proxy-generated error, counted by reason."""

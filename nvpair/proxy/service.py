@@ -151,7 +151,10 @@ class ProxyService(MultiService):
         tls: Callable[[Any], IProtocol | None] | None = None
         if self.trust is not None and not aliasOnly:
             peerSite = FacadeSite(
-                PeerDoor(self, facade), self.clock, s.maxBody, s.headerReadTimeout,
+                PeerDoor(self, facade),
+                self.clock,
+                s.maxBody,
+                s.headerReadTimeout,
                 s.maxHeaderBytes,
             )
             trust = self.trust
@@ -176,7 +179,9 @@ class ProxyService(MultiService):
     ) -> Facade:
         """Create, bind and start a facade; raises ``BindError`` with nothing left bound."""
         facade = Facade(
-            engine, self.reactor, lambda aliasOnly: self._makeFactory(facade, aliasOnly),
+            engine,
+            self.reactor,
+            lambda aliasOnly: self._makeFactory(facade, aliasOnly),
             Snapshot((), engine.normalize),
         )
         persisted = None
@@ -192,7 +197,8 @@ class ProxyService(MultiService):
                 # The port the user chose cannot be listened on again: keep the engine
                 # reachable on the requested one and say so (spec §3.2, protocol §4).
                 self.facadeProblem(
-                    engine.id, "listen",
+                    engine.id,
+                    "listen",
                     f"the persisted port {persisted} could not be re-listened ({e.reason}); "
                     f"using port {port}",
                 )
@@ -212,8 +218,9 @@ class ProxyService(MultiService):
         self.sink.notify(f"{engineId}:errors:report", {"kind": kind, "message": message})
 
     def _ready(self, facade: Facade) -> None:
-        self.sink.notify(f"{facade.engine.id}:ready",
-                         {"port": facade.port, "aliases": list(facade.aliases)})
+        self.sink.notify(
+            f"{facade.engine.id}:ready", {"port": facade.port, "aliases": list(facade.aliases)}
+        )
 
     # -- broker messages ------------------------------------------------------------------
 
@@ -283,9 +290,7 @@ class ProxyService(MultiService):
 
     def _bindFailed(self, engine: Engine, e: BindError) -> None:
         self.log.warn("bind-failed", engine=engine.id, port=e.port, reason=e.reason)
-        self.sink.notify(
-            f"{engine.id}:error", {"kind": "bind", "port": e.port, "message": str(e)}
-        )
+        self.sink.notify(f"{engine.id}:error", {"kind": "bind", "port": e.port, "message": str(e)})
         raise RPCError(
             jsonrpc.BIND_FAILED, str(e), {"engine": engine.id, "port": e.port, "reason": e.reason}
         )
@@ -370,7 +375,12 @@ class ProxyService(MultiService):
         self.sink.notify("errors:report", {"kind": "cluster", "message": message})
 
     def _sendError(
-        self, request: Any, engine: Engine, status: int, reason: str, message: str,
+        self,
+        request: Any,
+        engine: Engine,
+        status: int,
+        reason: str,
+        message: str,
         retryAfter: int | None = None,
     ) -> None:
         """Answer with a proxy-generated error (``site.sendError``), counting it by reason."""
@@ -380,17 +390,24 @@ class ProxyService(MultiService):
     def reportInternal(self, exceptionType: str) -> None:
         """An unexpected exception handling a request (names the type only)."""
         self.metrics.internalError()
-        self.sink.notify("errors:report", {"kind": "internal",
-                                           "message": f"unexpected {exceptionType}"})
+        self.sink.notify(
+            "errors:report", {"kind": "internal", "message": f"unexpected {exceptionType}"}
+        )
 
     def attemptFailed(self, exchange: Any, outcome: Any) -> None:
         """An attempt ended uncommitted."""
         self.metrics.attemptFailed(exchange, outcome)
-        self.reporter.history.attempt(exchange.engine.id, outcome.node.id, outcome.kind,
-                                      outcome.status)
+        self.reporter.history.attempt(
+            exchange.engine.id, outcome.node.id, outcome.kind, outcome.status
+        )
         if self.logControl.enabled("debug"):
-            self.log.debug("attempt-failed", engine=exchange.engine.id, node=outcome.node.id,
-                           kind=outcome.kind, status=outcome.status)
+            self.log.debug(
+                "attempt-failed",
+                engine=exchange.engine.id,
+                node=outcome.node.id,
+                kind=outcome.kind,
+                status=outcome.status,
+            )
 
     def committed(self, exchange: Any, nodeId: str) -> None:
         """A response committed on ``nodeId``."""

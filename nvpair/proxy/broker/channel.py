@@ -162,10 +162,13 @@ class BrokerChannel(jsonrpc.LineFramer):
         dropped, self._dropped = self._dropped, 0
         if dropped:
             self.log.warn("broker-notifications-dropped", count=dropped)
-            self.notify("errors:report", {
-                "kind": "overflow",
-                "message": f"{dropped} notifications dropped while stdout was not read",
-            })
+            self.notify(
+                "errors:report",
+                {
+                    "kind": "overflow",
+                    "message": f"{dropped} notifications dropped while stdout was not read",
+                },
+            )
 
     def reportProtocol(self, message: str) -> None:
         """Report bad input with an unaddressed ``errors:report`` (kind protocol)."""

@@ -23,6 +23,7 @@ INTERNAL_ERROR = -32603
 FACADE_NOT_ENABLED = -32004
 BIND_FAILED = -32010
 
+
 def _unencodable(value: object) -> object:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 

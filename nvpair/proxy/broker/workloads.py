@@ -84,7 +84,7 @@ class _Event(Prepared):
         error = info["error"]
         text = (
             f"{head}{_STATES.get(state) or _string(state)}{workload._mid}"
-            f"{'null' if error is None else _string(error)},\"requesterId\":null"
+            f'{"null" if error is None else _string(error)},"requesterId":null'
         )
         if len(info) > 10:  # anything past the nine fixed keys and ``seq``
             if "scheduledOn" in info:
@@ -102,8 +102,20 @@ class Workload:
     """One inference request's lifecycle; terminal exactly once."""
 
     __slots__ = (
-        "_reporter", "id", "engine", "model", "createdAt", "startedAt", "completedAt",
-        "state", "scheduledOn", "attempts", "error", "stats", "_head", "_mid",
+        "_reporter",
+        "id",
+        "engine",
+        "model",
+        "createdAt",
+        "startedAt",
+        "completedAt",
+        "state",
+        "scheduledOn",
+        "attempts",
+        "error",
+        "stats",
+        "_head",
+        "_mid",
     )
 
     def __init__(
@@ -223,6 +235,7 @@ class Workload:
                 "completedAt": self.completedAt,
             }
         )
-        reporter.history.ended(self.engine, self.scheduledOn, self.startedAt is not None, state,
-                               error, stats)
+        reporter.history.ended(
+            self.engine, self.scheduledOn, self.startedAt is not None, state, error, stats
+        )
         return True

@@ -52,13 +52,17 @@ class PeerDoor:
         engine = self.facade.engine
         if request.tooLarge:
             request.setHeader(b"connection", b"close")
-            self.context.sendError(request, engine, 413, "body_too_large",
-                                   "the request body is larger than the proxy accepts")
+            self.context.sendError(
+                request,
+                engine,
+                413,
+                "body_too_large",
+                "the request body is larger than the proxy accepts",
+            )
             return
         backend = self.facade.localBackend
         if backend is None:
-            self.context.sendError(request, engine, 502, "upstream_unreachable",
-                                   "no local backend")
+            self.context.sendError(request, engine, 502, "upstream_unreachable", "no local backend")
             return
         PeerForward(self.context, engine, request, backend, peer).start()
 
@@ -68,8 +72,9 @@ class PeerDoor:
         self.context.reportInternal(type(error).__name__)
         if not request.finished and not request.startedWriting:
             try:
-                self.context.sendError(request, self.facade.engine, 500, "internal",
-                                       "internal proxy error")
+                self.context.sendError(
+                    request, self.facade.engine, 500, "internal", "internal proxy error"
+                )
             except Exception:  # noqa: BLE001 - the connection may already be gone
                 abortClient(request)
 
@@ -114,8 +119,12 @@ class PeerForward:
         request.notifyFinish().addErrback(self._clientLost)
         body = request.content.getvalue() if request.content is not None else b""
         d = self.context.upstream.request(
-            None, self.backend, request.method, request.uri,
-            forwardHeaders(request.requestHeaders), body,
+            None,
+            self.backend,
+            request.method,
+            request.uri,
+            forwardHeaders(request.requestHeaders),
+            body,
         )
         self._pending = d
         d.addCallbacks(self._gotResponse, self._failed)
@@ -126,11 +135,20 @@ class PeerForward:
             self._end()
             return
         if self.context.logControl.enabled("debug"):
-            self.log.debug("peer-backend-failed", engine=self.engine.id, peer=self.peer,
-                           problem=failure.type.__name__ if failure.type else "unknown")
+            self.log.debug(
+                "peer-backend-failed",
+                engine=self.engine.id,
+                peer=self.peer,
+                problem=failure.type.__name__ if failure.type else "unknown",
+            )
         self._end()
-        self.context.sendError(self.request, self.engine, 502, "upstream_unreachable",
-                               "the local backend failed at the transport")
+        self.context.sendError(
+            self.request,
+            self.engine,
+            502,
+            "upstream_unreachable",
+            "the local backend failed at the transport",
+        )
 
     def _gotResponse(self, response: IResponse) -> None:
         self._pending = None
@@ -152,7 +170,9 @@ class PeerForward:
             transport.stopProducing()
             return
         flow = self._flow = ClientFlow(
-            transport, self.context.clock, self.context.settings.clientWriteTimeout,
+            transport,
+            self.context.clock,
+            self.context.settings.clientWriteTimeout,
             self._deadClient,
         )
         self.request.registerProducer(flow, True)

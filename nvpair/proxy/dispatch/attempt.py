@@ -52,6 +52,7 @@ def retryableStatus(status: int, inference: bool) -> bool:
 # How an upstream body ends cleanly (a close-delimited body ends with PotentialDataLoss).
 _CLEAN_ENDS = (ResponseDone, PotentialDataLoss)
 
+
 class Committed:
     """The attempt's response is the client's answer.
 
@@ -152,8 +153,20 @@ class Attempt:
     """One dispatch to one node."""
 
     __slots__ = (
-        "exchange", "node", "final", "gated", "state", "_result", "_pending", "_relay",
-        "_timer", "_response", "_committed", "_headerTimedOut", "_addresses", "_watch",
+        "exchange",
+        "node",
+        "final",
+        "gated",
+        "state",
+        "_result",
+        "_pending",
+        "_relay",
+        "_timer",
+        "_response",
+        "_committed",
+        "_headerTimedOut",
+        "_addresses",
+        "_watch",
     )
 
     def __init__(self, exchange: Exchange, node: Any, final: bool, gated: bool) -> None:
@@ -172,9 +185,7 @@ class Attempt:
         self._watch: StallWatch | None = None
         facade = exchange.facade
         facade.watch(node.id, self)
-        self._addresses = addressesFor(
-            node, facade.localBackend, facade.confirmed.get(node.id)
-        )
+        self._addresses = addressesFor(node, facade.localBackend, facade.confirmed.get(node.id))
 
     def start(self) -> defer.Deferred[Outcome]:
         """Begin the attempt; the Deferred fires with ``Committed`` or ``Failed``."""
@@ -191,7 +202,12 @@ class Attempt:
         address = self._addresses[index]
         try:
             d = ex.upstream.request(
-                self.node, address, ex.method, ex.uri, ex.forwardHeaders, ex.body,
+                self.node,
+                address,
+                ex.method,
+                ex.uri,
+                ex.forwardHeaders,
+                ex.body,
                 connected=self._connected,
             )
         except Exception:
@@ -303,8 +319,9 @@ class Attempt:
         if self._watch is not None:
             transport = self._watch
         try:
-            self.exchange.writeHead(self, response.code, response.phrase, response.headers,
-                                    length, transport)
+            self.exchange.writeHead(
+                self, response.code, response.phrase, response.headers, length, transport
+            )
         except Exception:
             # Nothing sensible can be streamed: stop the body, let the loop report it.
             transport.stopProducing()

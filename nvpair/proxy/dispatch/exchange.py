@@ -73,11 +73,40 @@ class Exchange:
 
     # Slots: one Exchange lives as long as its stream; no per-instance dict.
     __slots__ = (
-        "context", "facade", "engine", "settings", "clock", "upstream", "request", "method",
-        "uri", "path", "forwardHeaders", "body", "document", "inference", "model", "createdAt",
-        "workload", "reservation", "activeNode", "attempts", "meter", "flow",
-        "committedStatus", "expectedLength", "written", "clientGone", "truncated",
-        "stopping", "answered", "loop", "serving", "policy", "stepping", "early",
+        "context",
+        "facade",
+        "engine",
+        "settings",
+        "clock",
+        "upstream",
+        "request",
+        "method",
+        "uri",
+        "path",
+        "forwardHeaders",
+        "body",
+        "document",
+        "inference",
+        "model",
+        "createdAt",
+        "workload",
+        "reservation",
+        "activeNode",
+        "attempts",
+        "meter",
+        "flow",
+        "committedStatus",
+        "expectedLength",
+        "written",
+        "clientGone",
+        "truncated",
+        "stopping",
+        "answered",
+        "loop",
+        "serving",
+        "policy",
+        "stepping",
+        "early",
     )
 
     def __init__(
@@ -241,8 +270,9 @@ class Exchange:
                 self.context.requestEnded(self)
                 return
             cancelled = self.clientGone or self.stopping
-            self.workload.finish(CANCELLED if cancelled else FAILED,
-                                 "cancelled" if cancelled else "internal")
+            self.workload.finish(
+                CANCELLED if cancelled else FAILED, "cancelled" if cancelled else "internal"
+            )
         self.context.requestEnded(self)
 
     def _answerDelivered(self) -> bool:
@@ -437,8 +467,9 @@ class Exchange:
             self.workload.finish(FAILED, reason)
         if self.clientGone:
             return
-        self.context.sendError(self.request, self.engine, status, reason,
-                               _MESSAGES.get(reason, reason), retryAfter)
+        self.context.sendError(
+            self.request, self.engine, status, reason, _MESSAGES.get(reason, reason), retryAfter
+        )
 
     def unavailable(self, reason: str) -> None:
         """The loop ended between attempts: 503 with Retry-After naming why."""

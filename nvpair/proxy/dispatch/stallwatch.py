@@ -71,13 +71,23 @@ class StallWatches:
 class StallWatch:
     """The idle watch of one committed body, wrapping that body's producer."""
 
-    __slots__ = ("_watches", "_upstream", "_exchange", "_nodeId", "_seen", "_quietSince",
-                 "_paused", "_resumed", "_over")
+    __slots__ = (
+        "_watches",
+        "_upstream",
+        "_exchange",
+        "_nodeId",
+        "_seen",
+        "_quietSince",
+        "_paused",
+        "_resumed",
+        "_over",
+    )
 
     log = Logger()
 
-    def __init__(self, watches: StallWatches, upstream: IPushProducer, exchange: Any,
-                 nodeId: str) -> None:
+    def __init__(
+        self, watches: StallWatches, upstream: IPushProducer, exchange: Any, nodeId: str
+    ) -> None:
         self._watches = watches
         self._upstream = upstream
         self._exchange = exchange
@@ -115,9 +125,13 @@ class StallWatch:
         exchange = self._exchange
         engineId = exchange.engine.id
         workload = exchange.workload
-        self.log.warn("stream-stalled", engine=engineId, node=self._nodeId,
-                      workload=workload.id if workload is not None else None,
-                      idle=round(idle, 3))
+        self.log.warn(
+            "stream-stalled",
+            engine=engineId,
+            node=self._nodeId,
+            workload=workload.id if workload is not None else None,
+            idle=round(idle, 3),
+        )
         metrics = getattr(exchange.context, "metrics", None)
         if metrics is not None:
             metrics.streamStalled(engineId)

@@ -133,8 +133,15 @@ class Upstream:
             if trust is None:
                 raise NotReachable("not a cluster member")
             creator = trust.clientCreatorFor(nodeId)  # ClusterError: cannot reach peers now
-            key = ("nvpair-peer", nodeId, trust.pinFor(nodeId), trust.nodeId, trust.fingerprint,
-                   host, port)
+            key = (
+                "nvpair-peer",
+                nodeId,
+                trust.pinFor(nodeId),
+                trust.nodeId,
+                trust.fingerprint,
+                host,
+                port,
+            )
         except Exception as e:
             raise NotReachable(str(e)) from None
         reactor, timeout = self._reactor, self._dialTimeout or 30.0
@@ -184,9 +191,7 @@ class Upstream:
 _NONE: tuple[str, ...] = ()
 
 
-def addressesFor(
-    node: Any, localBackend: str | None, confirmed: str | None
-) -> tuple[str, ...]:
+def addressesFor(node: Any, localBackend: str | None, confirmed: str | None) -> tuple[str, ...]:
     """The addresses to try for ``node``, the confirmed one first; the local backend for self.
 
     The node's own tuple is returned when it is already in that order (no copy).
@@ -201,4 +206,3 @@ def addressesFor(
     reordered = list(addresses)
     reordered.remove(confirmed)
     return (confirmed, *reordered)
-

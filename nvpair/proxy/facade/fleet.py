@@ -217,8 +217,12 @@ class Fleet:
 
     def _nodeFailed(self, failure: Failure, facade: Any, node: Node) -> None:
         if self.context.logControl.enabled("debug"):
-            self.log.debug("fleet-node-skipped", engine=facade.engine.id, node=node.id,
-                           problem=type(failure.value).__name__)
+            self.log.debug(
+                "fleet-node-skipped",
+                engine=facade.engine.id,
+                node=node.id,
+                problem=type(failure.value).__name__,
+            )
         return None
 
     def _run(self, request: Any, work: Callable[[_View], Coroutine[Any, Any, None]]) -> None:
@@ -252,7 +256,7 @@ class Fleet:
         headers = self.context.forwardHeaders(request.requestHeaders)
         for name in _LIST_DROP:
             headers.removeHeader(name)
-        query = request.uri[len(request.path):]
+        query = request.uri[len(request.path) :]
         paths = [p + query for p in engine.listPaths(request.path)]
         answers = await self._askAll(facade, b"GET", paths, headers)
         if view.gone:
@@ -264,8 +268,13 @@ class Fleet:
         if origin is not None:
             verdict = cors.listCors(origin, [a.cors for a in responders])
             if verdict is None:
-                self.context.sendError(request, engine, 403, "origin_denied",
-                                       "a node of the fleet does not allow this origin")
+                self.context.sendError(
+                    request,
+                    engine,
+                    403,
+                    "origin_denied",
+                    "a node of the fleet does not allow this origin",
+                )
                 return
             granted = verdict
         path = request.path.decode("latin-1")
@@ -274,13 +283,17 @@ class Fleet:
         except inventory.InvalidList as e:
             self.log.warn("fleet-list-invalid", engine=engine.id, problem=str(e))
             kept = cors.invalidListCors(origin, [a.cors for a in responders]) if origin else {}
-            self._send(request, 502, engine.errorBody(
-                request.path, "invalid_inventory", "a node answered an invalid model list"),
-                kept)
+            self._send(
+                request,
+                502,
+                engine.errorBody(
+                    request.path, "invalid_inventory", "a node answered an invalid model list"
+                ),
+                kept,
+            )
             return
         if self.context.logControl.enabled("debug"):
-            self.log.debug("fleet-list", engine=engine.id, asked=len(answers),
-                           merged=len(listed))
+            self.log.debug("fleet-list", engine=engine.id, asked=len(answers), merged=len(listed))
         self._send(request, 200, body, granted)
 
     def _send(self, request: Any, status: int, body: bytes, extra: Mapping[str, str]) -> None:
@@ -311,8 +324,13 @@ class Fleet:
             return
         responders = [a.cors for a in answers if a is not None and a.status < 500]
         if not responders:
-            self.context.sendError(request, facade.engine, 502, "upstream_unreachable",
-                                   "no node of the fleet answered the preflight")
+            self.context.sendError(
+                request,
+                facade.engine,
+                502,
+                "upstream_unreachable",
+                "no node of the fleet answered the preflight",
+            )
             return
         granted = cors.preflightAnswer(asked["origin"], responders)
         request.setResponseCode(204)

@@ -21,8 +21,10 @@ from nvpair.proxy.facade.hostcheck import HostGate
 from nvpair.proxy.routing.admission import Refused, admit
 from nvpair.proxy.routing.cors import isPreflight
 
-HOST_DENIED = ("the Host header does not name this machine (DNS rebinding protection); "
-               "the proxy's --allowed-hosts option can allow another name")
+HOST_DENIED = (
+    "the Host header does not name this machine (DNS rebinding protection); "
+    "the proxy's --allowed-hosts option can allow another name"
+)
 
 
 class FrontDoor:
@@ -51,27 +53,33 @@ class FrontDoor:
         if request.tooLarge:
             request.setHeader(b"connection", b"close")
             self.context.sendError(
-                request, engine, 413, "body_too_large",
+                request,
+                engine,
+                413,
+                "body_too_large",
                 "the request body is larger than the proxy accepts",
             )
             return
         method = request.method
-        if method == b"OPTIONS" and isPreflight(method, _lowerHeaders(request, (b"origin",
-                                                b"access-control-request-method"))):
+        if method == b"OPTIONS" and isPreflight(
+            method, _lowerHeaders(request, (b"origin", b"access-control-request-method"))
+        ):
             self.fleet.preflight(self.facade, request)
             return
         body = request.content.getvalue() if request.content is not None else b""
         decision = admit(engine, method, request.path, body)
         if isinstance(decision, Refused):
-            self.context.sendError(request, engine, decision.status, decision.reason,
-                                   decision.message)
+            self.context.sendError(
+                request, engine, decision.status, decision.reason, decision.message
+            )
             return
         if decision.routeClass is RouteClass.FLEET_LIST:
             self.fleet.modelList(self.facade, request)
             return
         inference = decision.routeClass is RouteClass.INFERENCE
-        Exchange(self.context, self.facade, request, inference, decision.model, body,
-                 decision.document).start()
+        Exchange(
+            self.context, self.facade, request, inference, decision.model, body, decision.document
+        ).start()
 
     def crashed(self, request: Any, error: Exception) -> None:
         """An unexpected exception escaped admission: 500, report, keep serving."""
@@ -79,8 +87,9 @@ class FrontDoor:
         self.context.reportInternal(type(error).__name__)
         if not request.finished and not request.startedWriting:
             try:
-                self.context.sendError(request, self.engine, 500, "internal",
-                                       "internal proxy error")
+                self.context.sendError(
+                    request, self.engine, 500, "internal", "internal proxy error"
+                )
             except Exception:
                 self.log.failure("error-answer-failed", engine=self.engine.id)
 

@@ -54,9 +54,7 @@ class PersonalitySwitch(Protocol):
             except OSError:
                 pass
         if self._factory.firstByteTimeout > 0:
-            self._idle = self._factory.clock.callLater(
-                self._factory.firstByteTimeout, self._silent
-            )
+            self._idle = self._factory.clock.callLater(self._factory.firstByteTimeout, self._silent)
 
     def _silent(self) -> None:
         self._idle = None

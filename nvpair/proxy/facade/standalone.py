@@ -98,8 +98,16 @@ class FleetPoller(Service):
     def poll(self, url: str) -> defer.Deferred[None]:
         """Ask the engine at ``url`` for its model list and record what it advertises."""
         node = Node(url, False, (url,), frozenset())
-        asked = askNode(self.upstream, self.clock, self.timeout, node, (url,), b"GET",
-                        (self.engine.inventoryRoute,), Headers())
+        asked = askNode(
+            self.upstream,
+            self.clock,
+            self.timeout,
+            node,
+            (url,),
+            b"GET",
+            (self.engine.inventoryRoute,),
+            Headers(),
+        )
         path = self.engine.inventoryRoute.decode("latin-1")
 
         def answered(answer: Any) -> tuple[tuple[str, ...] | None, str]:
@@ -130,8 +138,9 @@ class FleetPoller(Service):
         self.polls[url] = (self.clock.seconds(), problem)
         if self.up.get(url) is not up:
             if up:
-                self.log.info("backend-up", engine=self.engine.id, url=url,
-                              models=len(models or ()))
+                self.log.info(
+                    "backend-up", engine=self.engine.id, url=url, models=len(models or ())
+                )
             else:
                 self.log.warn("backend-down", engine=self.engine.id, url=url, problem=problem)
             self.up[url] = up

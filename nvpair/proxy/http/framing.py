@@ -18,10 +18,19 @@ MAX_HEAD = 1 << 18  # bytes of a response status line + headers (interim answers
 MAX_BODY_OVERHEAD = 1 << 16  # framing bytes (chunk lines, trailers) read without a payload byte
 
 # Fields that frame or steer one connection: never part of ``Response.headers``.
-_CONNECTION_CONTROL = frozenset((
-    b"content-length", b"connection", b"keep-alive", b"te", b"trailer", b"trailers",
-    b"transfer-encoding", b"upgrade", b"proxy-connection",
-))
+_CONNECTION_CONTROL = frozenset(
+    (
+        b"content-length",
+        b"connection",
+        b"keep-alive",
+        b"te",
+        b"trailer",
+        b"trailers",
+        b"transfer-encoding",
+        b"upgrade",
+        b"proxy-connection",
+    )
+)
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _OWS = b" \t"
 
@@ -67,7 +76,11 @@ class ResponseHead:
     __slots__ = ("code", "phrase", "headers", "contentLength", "transferEncoding")
 
     def __init__(
-        self, code: int, phrase: bytes, headers: Headers, contentLength: int | None,
+        self,
+        code: int,
+        phrase: bytes,
+        headers: Headers,
+        contentLength: int | None,
         transferEncoding: bytes | None,
     ) -> None:
         self.code = code

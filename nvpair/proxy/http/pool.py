@@ -128,7 +128,11 @@ class ConnectionPool:
         return self._dial(key, endpoint(), data, method, connected)
 
     def _dial(
-        self, key: Any, endpoint: IStreamClientEndpoint | DirectTCP, data: bytes, method: bytes,
+        self,
+        key: Any,
+        endpoint: IStreamClientEndpoint | DirectTCP,
+        data: bytes,
+        method: bytes,
         connected: Callable[[], None] | None,
     ) -> defer.Deferred[Response]:
         sent: list[HTTPClientConnection] = []

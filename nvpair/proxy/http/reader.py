@@ -102,8 +102,11 @@ class RequestReader:
         done = self._done
         self._feed(data)
         if self._inMessage and not self.stopped:
-            self._limitPending(data, ticks != self._ticks or fields != len(self._fields),
-                               whole and done == self._done)
+            self._limitPending(
+                data,
+                ticks != self._ticks or fields != len(self._fields),
+                whole and done == self._done,
+            )
         else:
             self._stale = 0
 
@@ -120,8 +123,9 @@ class RequestReader:
             ):
                 self._refused(Refusal(431, _HEAD_TOO_LARGE, pathOf(self._url)))
         elif self._stale > limit:
-            self._refused(Refusal(400, "a chunk line is longer than the proxy accepts",
-                                  pathOf(self._url)))
+            self._refused(
+                Refusal(400, "a chunk line is longer than the proxy accepts", pathOf(self._url))
+            )
 
     def _feed(self, data: bytes) -> None:
         while data:
@@ -129,7 +133,7 @@ class RequestReader:
                 self._parser.feed_data(data)
                 return
             except HttpParserUpgrade as upgrade:
-                data = self._notUpgraded(data[upgrade.args[0]:])
+                data = self._notUpgraded(data[upgrade.args[0] :])
             except HttpParserError as error:
                 if not self.stopped:  # else stopped on purpose from a callback
                     self._refused(self._refusalFor(error))
@@ -192,8 +196,11 @@ class RequestReader:
         self._ticks += 1
         self._trailerBytes += len(name) + len(value) + 4
         if self._trailerBytes > self._maxHead:
-            self._fail(Refusal(431, "the request trailers are larger than the proxy accepts",
-                               pathOf(self._url)))
+            self._fail(
+                Refusal(
+                    431, "the request trailers are larger than the proxy accepts", pathOf(self._url)
+                )
+            )
 
     def _headSize(self) -> int:
         """The bytes of a partial head's reported parts (each field counted once)."""
@@ -231,8 +238,14 @@ class RequestReader:
                 refusal.path = pathOf(self._url)
             self._fail(refusal)
         self._fields = []
-        request = ServerRequest(self.channel, method, uri, proto, headers,
-                                proto == HTTP11 and parser.should_keep_alive())
+        request = ServerRequest(
+            self.channel,
+            method,
+            uri,
+            proto,
+            headers,
+            proto == HTTP11 and parser.should_keep_alive(),
+        )
         self.incoming = request
         self._incomingBytes = self._headBytes
         self._parts = []

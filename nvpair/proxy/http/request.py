@@ -29,10 +29,26 @@ class ServerRequest:
     """A request on a facade connection and its response (a lean twisted.web ``Request``)."""
 
     __slots__ = (
-        "channel", "method", "uri", "path", "clientproto", "requestHeaders",
-        "responseHeaders", "content", "tooLarge", "persistent", "code", "code_message",
-        "startedWriting", "finished", "disconnected", "_chunked", "_noBody",
-        "_notifications", "_onLost", "producer",
+        "channel",
+        "method",
+        "uri",
+        "path",
+        "clientproto",
+        "requestHeaders",
+        "responseHeaders",
+        "content",
+        "tooLarge",
+        "persistent",
+        "code",
+        "code_message",
+        "startedWriting",
+        "finished",
+        "disconnected",
+        "_chunked",
+        "_noBody",
+        "_notifications",
+        "_onLost",
+        "producer",
     )
 
     def __init__(
@@ -169,7 +185,8 @@ class ServerRequest:
         self.producer = producer
         if self.channel is not None and self.channel.transport is not None:
             self.channel.transport.registerProducer(  # type: ignore[attr-defined]
-                producer, streaming)
+                producer, streaming
+            )
 
     def unregisterProducer(self) -> None:
         """Unregister the body's producer."""

@@ -46,12 +46,24 @@ class Response:
     request = None
 
     __slots__ = (
-        "code", "phrase", "headers", "length", "previousResponse", "_conn", "transport",
-        "_protocol", "_buffer", "_ended",
+        "code",
+        "phrase",
+        "headers",
+        "length",
+        "previousResponse",
+        "_conn",
+        "transport",
+        "_protocol",
+        "_buffer",
+        "_ended",
     )
 
     def __init__(
-        self, conn: HTTPClientConnection, code: int, phrase: bytes, headers: Headers,
+        self,
+        conn: HTTPClientConnection,
+        code: int,
+        phrase: bytes,
+        headers: Headers,
         length: Any,
     ) -> None:
         self.code = code

@@ -149,7 +149,8 @@ class ServerChannel(Protocol):
         self._deadline = None
         if isinstance(item, Refusal):
             request = self._current = ServerRequest(
-                self, b"GET", item.path, HTTP11, Headers(), False)
+                self, b"GET", item.path, HTTP11, Headers(), False
+            )
             self.site.refuse(request, item.status, item.message)
             return
         self._current = item

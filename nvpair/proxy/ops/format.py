@@ -113,8 +113,11 @@ def number(value: float | None) -> str:
 def _compress(segment: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """Drop the inner points of flat runs (the line looks the same, the SVG is smaller)."""
     last = len(segment) - 1
-    return [p for i, p in enumerate(segment)
-            if i in (0, last) or p[1] != segment[i - 1][1] or p[1] != segment[i + 1][1]]
+    return [
+        p
+        for i, p in enumerate(segment)
+        if i in (0, last) or p[1] != segment[i - 1][1] or p[1] != segment[i + 1][1]
+    ]
 
 
 def points(values: Sequence[float | None], top: float) -> list[list[tuple[float, float]]]:
@@ -146,18 +149,22 @@ def sparkline(metric: str, values: Sequence[float | None], label: str, bars: boo
     """An inline SVG chart of ``values`` (oldest first): a line, or bars for error counts."""
     present = [v for v in values if v is not None]
     top = max(present, default=0.0)
-    body = [f'<title>{esc(label)}</title>',
-            f'<line class="base" x1="{_PAD}" y1="{SPARK_HEIGHT - _PAD}" '
-            f'x2="{SPARK_WIDTH - _PAD}" y2="{SPARK_HEIGHT - _PAD}"/>']
+    body = [
+        f"<title>{esc(label)}</title>",
+        f'<line class="base" x1="{_PAD}" y1="{SPARK_HEIGHT - _PAD}" '
+        f'x2="{SPARK_WIDTH - _PAD}" y2="{SPARK_HEIGHT - _PAD}"/>',
+    ]
     if bars:
         n = len(values)
         width = (SPARK_WIDTH - 2 * _PAD) / max(n, 1)
         for i, v in enumerate(values):
             if v:
                 h = _r1(v / top * (SPARK_HEIGHT - 2 * _PAD))
-                body.append(f'<rect x="{_n(_r1(_PAD + i * width))}" '
-                            f'y="{_n(_r1(SPARK_HEIGHT - _PAD - h))}" '
-                            f'width="{_n(_r1(max(width, 2.0)))}" height="{_n(h)}"/>')
+                body.append(
+                    f'<rect x="{_n(_r1(_PAD + i * width))}" '
+                    f'y="{_n(_r1(SPARK_HEIGHT - _PAD - h))}" '
+                    f'width="{_n(_r1(max(width, 2.0)))}" height="{_n(h)}"/>'
+                )
     else:
         for segment in points(values, top):
             if len(segment) == 1:  # a value between gaps: a short dash (a point would not show)
@@ -165,18 +172,22 @@ def sparkline(metric: str, values: Sequence[float | None], label: str, bars: boo
                 segment = [(_r1(max(x - 1.5, _PAD)), y), (_r1(min(x + 1.5, SPARK_WIDTH - _PAD)), y)]
             text = " ".join(f"{_n(x)},{_n(y)}" for x, y in segment)
             body.append(f'<polyline points="{text}"/>')
-    return (f'<svg class="spark {esc(metric)}" data-metric="{esc(metric)}" '
-            f'data-max="{number(top)}" width="{SPARK_WIDTH}" height="{SPARK_HEIGHT}" '
-            f'viewBox="0 0 {SPARK_WIDTH} {SPARK_HEIGHT}" preserveAspectRatio="none" role="img" '
-            f'aria-label="{esc(label)}">{"".join(body)}</svg>')
+    return (
+        f'<svg class="spark {esc(metric)}" data-metric="{esc(metric)}" '
+        f'data-max="{number(top)}" width="{SPARK_WIDTH}" height="{SPARK_HEIGHT}" '
+        f'viewBox="0 0 {SPARK_WIDTH} {SPARK_HEIGHT}" preserveAspectRatio="none" role="img" '
+        f'aria-label="{esc(label)}">{"".join(body)}</svg>'
+    )
 
 
 def bar(metric: str, value: float, scale: float, label: str) -> str:
     """A small horizontal bar for ``value`` out of ``scale``, then the value and ``label``."""
     fill = _r1(BAR_WIDTH * min(value / scale, 1.0)) if scale > 0 else 0.0
-    return (f'<span class="meter"><svg class="bar {esc(metric)}" width="{BAR_WIDTH}" '
-            f'height="{BAR_HEIGHT}" viewBox="0 0 {BAR_WIDTH} {BAR_HEIGHT}" aria-hidden="true">'
-            f'<rect class="track" width="{BAR_WIDTH}" height="{BAR_HEIGHT}" rx="2"/>'
-            f'<rect class="fill" width="{_n(fill)}" height="{BAR_HEIGHT}" rx="2"/></svg>'
-            f'<span class="val">{number(value)}</span><span class="lbl">{esc(label)}</span>'
-            '</span>')
+    return (
+        f'<span class="meter"><svg class="bar {esc(metric)}" width="{BAR_WIDTH}" '
+        f'height="{BAR_HEIGHT}" viewBox="0 0 {BAR_WIDTH} {BAR_HEIGHT}" aria-hidden="true">'
+        f'<rect class="track" width="{BAR_WIDTH}" height="{BAR_HEIGHT}" rx="2"/>'
+        f'<rect class="fill" width="{_n(fill)}" height="{BAR_HEIGHT}" rx="2"/></svg>'
+        f'<span class="val">{number(value)}</span><span class="lbl">{esc(label)}</span>'
+        "</span>"
+    )

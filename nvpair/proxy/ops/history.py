@@ -27,8 +27,32 @@ MAX_REASONS = 8
 MAX_NODE_SERIES = 256
 OTHER = "other"
 # Upper bounds (ms) of the time-to-first-token bins; one more bin holds everything above.
-TTFT_BOUNDS_MS = (1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 1500,
-                  2000, 3000, 5000, 7500, 10000, 15000, 30000, 60000)
+TTFT_BOUNDS_MS = (
+    1,
+    2,
+    5,
+    10,
+    20,
+    35,
+    50,
+    75,
+    100,
+    150,
+    200,
+    300,
+    500,
+    750,
+    1000,
+    1500,
+    2000,
+    3000,
+    5000,
+    7500,
+    10000,
+    15000,
+    30000,
+    60000,
+)
 _BINS = len(TTFT_BOUNDS_MS) + 1
 # Outcomes of an attempt that say nothing about the node's health.
 _UNINFORMATIVE = frozenset({"left"})
@@ -66,8 +90,18 @@ def measures(stats: dict[str, Any] | None) -> tuple[int, int]:
 class Window:
     """One series of ``BUCKETS`` buckets: ended workloads, tokens, TTFT bins, errors by reason."""
 
-    __slots__ = ("stamps", "requests", "completed", "cancelled", "failed", "tokens", "ttft",
-                 "reasons", "last", "medians")
+    __slots__ = (
+        "stamps",
+        "requests",
+        "completed",
+        "cancelled",
+        "failed",
+        "tokens",
+        "ttft",
+        "reasons",
+        "last",
+        "medians",
+    )
 
     def __init__(self) -> None:
         self.stamps = [-1] * BUCKETS
@@ -95,7 +129,7 @@ class Window:
         self.requests[index] = self.completed[index] = self.cancelled[index] = 0
         self.failed[index] = self.tokens[index] = 0
         start = index * _BINS
-        self.ttft[start:start + _BINS] = _ZEROS
+        self.ttft[start : start + _BINS] = _ZEROS
         for reason, row in list(self.reasons.items()):
             row[index] = 0
             if not any(row):
@@ -114,8 +148,7 @@ class Window:
                 row = self.reasons[reason] = [0] * BUCKETS
         row[index] += 1
 
-    def count(self, bucket: int, state: str, error: str | None, ttftBin: int,
-              tokens: int) -> None:
+    def count(self, bucket: int, state: str, error: str | None, ttftBin: int, tokens: int) -> None:
         """Count one request that ended in ``bucket``: its terminal state (a failure by its
         ``error``), its TTFT bin (-1: none) and completion tokens (see :func:`measures`)."""
         index = bucket % BUCKETS
@@ -136,8 +169,10 @@ class Window:
 
     def document(self, current: int) -> dict[str, Any]:
         """The series over the buckets ``current - BUCKETS + 1`` to ``current``, oldest first."""
-        live = [(b % BUCKETS if self.stamps[b % BUCKETS] == b else -1)
-                for b in range(current - BUCKETS + 1, current + 1)]
+        live = [
+            (b % BUCKETS if self.stamps[b % BUCKETS] == b else -1)
+            for b in range(current - BUCKETS + 1, current + 1)
+        ]
         start = (current + 1) % BUCKETS  # the slot of the oldest bucket shown
         dead = [position for position, i in enumerate(live) if i < 0]
 
@@ -154,7 +189,7 @@ class Window:
             if i < 0 or not served[i]:
                 medians.append(None)
                 continue
-            bins = ttft[i * _BINS:(i + 1) * _BINS]
+            bins = ttft[i * _BINS : (i + 1) * _BINS]
             ttftTotal = list(map(add, ttftTotal, bins))
             bucket, value = cached[i]
             if bucket != stamps[i]:
@@ -212,8 +247,15 @@ class History:
             window = self.nodes[key] = Window()
         return window
 
-    def ended(self, engine: str, node: str | None, served: bool, state: str,
-              error: str | None, stats: dict[str, Any] | None) -> None:
+    def ended(
+        self,
+        engine: str,
+        node: str | None,
+        served: bool,
+        state: str,
+        error: str | None,
+        stats: dict[str, Any] | None,
+    ) -> None:
         """One workload ended: count it for its facade, and for its node if it served it."""
         bucket = int(self.clock.seconds() // BUCKET_SECONDS)
         ttftBin, tokens = measures(stats)

@@ -25,8 +25,24 @@ ROUTES = {True: "inference", False: "verbatim"}
 OUTCOMES = ("2xx", "3xx", "4xx", "5xx", "error", "cancelled")
 ATTEMPT_REASONS = ("committed", "transport", "status", "no_content", "left")
 WORKLOAD_STATES = ("completed", "failed", "cancelled")
-TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-                120.0, 300.0, float("inf"))
+TTFT_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    float("inf"),
+)
 METHOD_NOT_FOUND = -32601
 _STATUS_CLASS = {1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
 
@@ -47,55 +63,72 @@ class Metrics:
     def __init__(self) -> None:
         registry = self.registry = CollectorRegistry()
         self._requests = Counter(
-            "nvpair_proxy_requests", "Dispatched requests by engine, route class and outcome.",
-            ["engine", "route", "outcome"], registry=registry,
+            "nvpair_proxy_requests",
+            "Dispatched requests by engine, route class and outcome.",
+            ["engine", "route", "outcome"],
+            registry=registry,
         )
         self._attempts = Counter(
             "nvpair_proxy_dispatch_attempts",
             "Dispatch attempts by engine and how they ended (committed or why not).",
-            ["engine", "reason"], registry=registry,
+            ["engine", "reason"],
+            registry=registry,
         )
         self._ttft = Histogram(
             "nvpair_proxy_commit_seconds",
             "Time from admission to commit (first content byte), seconds.",
-            ["engine", "route"], buckets=TTFT_BUCKETS, registry=registry,
+            ["engine", "route"],
+            buckets=TTFT_BUCKETS,
+            registry=registry,
         )
         self._proxyErrors = Counter(
-            "nvpair_proxy_errors", "Responses the proxy generated itself, by engine and reason.",
-            ["engine", "reason"], registry=registry,
+            "nvpair_proxy_errors",
+            "Responses the proxy generated itself, by engine and reason.",
+            ["engine", "reason"],
+            registry=registry,
         )
         self._internal = Counter(
-            "nvpair_proxy_internal_errors", "Unexpected exceptions while handling a request.",
+            "nvpair_proxy_internal_errors",
+            "Unexpected exceptions while handling a request.",
             registry=registry,
         )
         self._rpc = Counter(
-            "nvpair_proxy_rpc_messages", "JSON-RPC messages handled from the broker, by method.",
-            ["method"], registry=registry,
+            "nvpair_proxy_rpc_messages",
+            "JSON-RPC messages handled from the broker, by method.",
+            ["method"],
+            registry=registry,
         )
         self._rpcErrors = Counter(
-            "nvpair_proxy_rpc_errors", "JSON-RPC error answers to the broker, by method and code.",
-            ["method", "code"], registry=registry,
+            "nvpair_proxy_rpc_errors",
+            "JSON-RPC error answers to the broker, by method and code.",
+            ["method", "code"],
+            registry=registry,
         )
         self._fleetMerges = Counter(
-            "nvpair_proxy_fleet_list_merges", "Fleet-wide model lists merged, by engine.",
-            ["engine"], registry=registry,
+            "nvpair_proxy_fleet_list_merges",
+            "Fleet-wide model lists merged, by engine.",
+            ["engine"],
+            registry=registry,
         )
         self._fleetSources = Counter(
             "nvpair_proxy_fleet_list_sources",
             "Nodes asked for a fleet model list, by engine and whether they answered.",
-            ["engine", "result"], registry=registry,
+            ["engine", "result"],
+            registry=registry,
         )
         self._hostDenied = Counter(
             "nvpair_proxy_host_denied",
             "Plaintext requests refused because Host is not a loopback name, by listener.",
-            ["listener"], registry=registry,
+            ["listener"],
+            registry=registry,
         )
         for listener in (*ENGINES, "ops"):
             self._hostDenied.labels(listener)  # every series present from the start, at 0
         self._stalled = Counter(
             "nvpair_proxy_streams_stalled",
             "Committed streams cut because the engine sent nothing for --stream-idle-timeout.",
-            ["engine"], registry=registry,
+            ["engine"],
+            registry=registry,
         )
         self._requestChildren: dict[tuple[str, bool, str], Any] = {}
         self._attemptChildren: dict[tuple[str, str], Any] = {}
@@ -109,7 +142,8 @@ class Metrics:
                 self._ttftChildren[engine, inference] = self._ttft.labels(engine, route).observe
                 for outcome in OUTCOMES:
                     self._requestChildren[engine, inference, outcome] = self._requests.labels(
-                        engine, route, outcome).inc
+                        engine, route, outcome
+                    ).inc
             for reason in ATTEMPT_REASONS:
                 self._attemptChildren[engine, reason] = self._attempts.labels(engine, reason).inc
 
@@ -162,7 +196,8 @@ class Metrics:
         inc = self._requestChildren.get(key)
         if inc is None:
             inc = self._requestChildren[key] = self._requests.labels(
-                key[0], ROUTES[key[1]], key[2]).inc
+                key[0], ROUTES[key[1]], key[2]
+            ).inc
         inc(1)
 
     def streamStalled(self, engineId: str) -> None:
@@ -192,7 +227,8 @@ class StateCollector(Collector):
         """Yield the live-state families."""
         service = self.service
         inFlight = GaugeMetricFamily(
-            "nvpair_proxy_in_flight", "Dispatches in flight per node.", labels=["node"])
+            "nvpair_proxy_in_flight", "Dispatches in flight per node.", labels=["node"]
+        )
         for nodeId, count in sorted(service.activity.inFlight.items()):
             inFlight.add_metric([nodeId], count)
         yield inFlight
@@ -200,48 +236,66 @@ class StateCollector(Collector):
         reserved = GaugeMetricFamily(
             "nvpair_proxy_reservations",
             "Live reservations per node against the current scheduler generation.",
-            labels=["node"])
+            labels=["node"],
+        )
         byNode = reservations.byNode()
         for nodeId, count in sorted(byNode.items()):
             reserved.add_metric([nodeId], count)
         yield reserved
         load = GaugeMetricFamily(
             "nvpair_proxy_estimated_load",
-            "Scheduler pending + gpuPressure + live reservations, per node.", labels=["node"])
+            "Scheduler pending + gpuPressure + live reservations, per node.",
+            labels=["node"],
+        )
         for nodeId in sorted(set(reservations.order) | set(byNode)):
             load.add_metric([nodeId], reservations.estimatedLoad(nodeId))
         yield load
         if reservations.generation is not None:
             yield GaugeMetricFamily(
-                "nvpair_proxy_scheduler_generation", "The applied scheduler snapshot generation.",
-                value=reservations.generation)
+                "nvpair_proxy_scheduler_generation",
+                "The applied scheduler snapshot generation.",
+                value=reservations.generation,
+            )
         yield GaugeMetricFamily(
-            "nvpair_proxy_requests_in_progress", "Requests being dispatched or streamed now.",
-            value=len(service.exchanges))
+            "nvpair_proxy_requests_in_progress",
+            "Requests being dispatched or streamed now.",
+            value=len(service.exchanges),
+        )
         reporter = service.reporter
         terminals = CounterMetricFamily(
-            "nvpair_proxy_workloads", "Workloads ended, by terminal state.", labels=["state"])
+            "nvpair_proxy_workloads", "Workloads ended, by terminal state.", labels=["state"]
+        )
         states = dict.fromkeys(WORKLOAD_STATES, 0)
         states.update(reporter.terminals)
         for state, count in sorted(states.items()):
             terminals.add_metric([state], count)
         yield terminals
         yield GaugeMetricFamily(
-            "nvpair_proxy_workloads_live", "Workloads admitted and not yet ended.",
-            value=reporter.live)
+            "nvpair_proxy_workloads_live",
+            "Workloads admitted and not yet ended.",
+            value=reporter.live,
+        )
         idle, hosts = service.upstream.pool.connectionCounts()
         yield GaugeMetricFamily(
             "nvpair_proxy_upstream_pool_connections",
-            "Idle persistent upstream connections held by the shared pool.", value=idle)
+            "Idle persistent upstream connections held by the shared pool.",
+            value=idle,
+        )
         yield GaugeMetricFamily(
             "nvpair_proxy_upstream_pool_hosts",
-            "Upstream addresses with idle pooled connections.", value=hosts)
+            "Upstream addresses with idle pooled connections.",
+            value=hosts,
+        )
         nodes = GaugeMetricFamily(
-            "nvpair_proxy_discovery_nodes", "Nodes in each facade's discovery snapshot.",
-            labels=["engine"])
+            "nvpair_proxy_discovery_nodes",
+            "Nodes in each facade's discovery snapshot.",
+            labels=["engine"],
+        )
         updates = CounterMetricFamily(
-            "nvpair_proxy_discovery_updates", "Discovery snapshots applied, per facade.",
-            labels=["engine"])
+            "nvpair_proxy_discovery_updates",
+            "Discovery snapshots applied, per facade.",
+            labels=["engine"],
+        )
         for engineId, facade in sorted(service.facades.items()):
             nodes.add_metric([engineId], len(facade.snapshot.nodes))
             updates.add_metric([engineId], facade.snapshotCount)
@@ -258,11 +312,14 @@ def _affinityFamilies(affinity: Any) -> Iterator[Metric]:
         "nvpair_proxy_affinity_placements",
         "Standalone placements by conversation affinity: hit (home first), miss (no home "
         "known or home not an owner), overridden (home overloaded).",
-        labels=["engine", "result"])
+        labels=["engine", "result"],
+    )
     for engineId, counts in sorted(affinity.counts.items()):
         for result, count in zip(AFFINITY_RESULTS, counts, strict=True):
             placements.add_metric([engineId, result], count)
     yield placements
     yield GaugeMetricFamily(
-        "nvpair_proxy_affinity_entries", "Conversation digests held by the affinity table.",
-        value=len(affinity.table))
+        "nvpair_proxy_affinity_entries",
+        "Conversation digests held by the affinity table.",
+        value=len(affinity.table),
+    )

@@ -70,9 +70,13 @@ def nodeHealth(service: Any, engineId: str, node: Any, now: float) -> dict[str, 
         state, reason, when = pollHealth(poller.polls.get(node.id), len(node.models))
     else:
         state, reason, when = attemptHealth(
-            service.reporter.history.attempts.get((engineId, node.id)), now)
-    return {"state": state, "stateReason": reason,
-            "checkedAt": None if when is None else int(when * 1000)}
+            service.reporter.history.attempts.get((engineId, node.id)), now
+        )
+    return {
+        "state": state,
+        "stateReason": reason,
+        "checkedAt": None if when is None else int(when * 1000),
+    }
 
 
 def _poller(service: Any, engineId: str) -> Any:

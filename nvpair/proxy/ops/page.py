@@ -16,10 +16,30 @@ from nvpair.proxy.ops.format import ago, bar, esc, fixed, millis, number, reason
 MAX_MODELS_SHOWN = 6
 _MINUTE_BUCKETS = 6
 
-_NODE_HEADINGS = ("state", "node", "models", "work", "est. load",
-                  "requests/s", "TTFT p50", "tokens/s", "errors")
-_WORKLOAD_HEADINGS = ("#", "ended", "state", "model", "node", "attempts", "TTFT",
-                      "tokens in / out", "tokens/s", "duration", "error")
+_NODE_HEADINGS = (
+    "state",
+    "node",
+    "models",
+    "work",
+    "est. load",
+    "requests/s",
+    "TTFT p50",
+    "tokens/s",
+    "errors",
+)
+_WORKLOAD_HEADINGS = (
+    "#",
+    "ended",
+    "state",
+    "model",
+    "node",
+    "attempts",
+    "TTFT",
+    "tokens in / out",
+    "tokens/s",
+    "duration",
+    "error",
+)
 
 
 def lastMinute(values: list[float], bucketSeconds: int) -> float:
@@ -39,22 +59,47 @@ def charts(series: dict[str, Any], bucketSeconds: int) -> list[tuple[str, str, s
     tps = lastMinute(series["tokens"], bucketSeconds)
     reasons = _errorReasons(series)
     return [
-        ("rps", "requests/s", f"{number(rps)}/s",
-         sparkline("rps", series["requestsPerSecond"],
-                   f"requests per second, 15 min ({totals['requests']} requests)"),
-         f"{totals['requests']} in 15 min"),
-        ("ttft", "TTFT p50", millis(totals["ttftP50Ms"]),
-         sparkline("ttft", series["ttftP50Ms"], "time to first token, median per 10 s"),
-         "median over 15 min"),
-        ("tps", "tokens/s", f"{number(tps)}/s",
-         sparkline("tps", series["tokensPerSecond"],
-                   f"tokens per second, 15 min ({totals['tokens']} tokens)"),
-         f"{number(totals['tokens'])} tokens in 15 min"),
-        ("errors", "errors", number(totals["errors"]),
-         sparkline("errors", series["errors"],
-                   f"errors in 15 min: {reasons}" if reasons else "no errors in 15 min",
-                   bars=True),
-         reasons or "none in 15 min"),
+        (
+            "rps",
+            "requests/s",
+            f"{number(rps)}/s",
+            sparkline(
+                "rps",
+                series["requestsPerSecond"],
+                f"requests per second, 15 min ({totals['requests']} requests)",
+            ),
+            f"{totals['requests']} in 15 min",
+        ),
+        (
+            "ttft",
+            "TTFT p50",
+            millis(totals["ttftP50Ms"]),
+            sparkline("ttft", series["ttftP50Ms"], "time to first token, median per 10 s"),
+            "median over 15 min",
+        ),
+        (
+            "tps",
+            "tokens/s",
+            f"{number(tps)}/s",
+            sparkline(
+                "tps",
+                series["tokensPerSecond"],
+                f"tokens per second, 15 min ({totals['tokens']} tokens)",
+            ),
+            f"{number(totals['tokens'])} tokens in 15 min",
+        ),
+        (
+            "errors",
+            "errors",
+            number(totals["errors"]),
+            sparkline(
+                "errors",
+                series["errors"],
+                f"errors in 15 min: {reasons}" if reasons else "no errors in 15 min",
+                bars=True,
+            ),
+            reasons or "none in 15 min",
+        ),
     ]
 
 
@@ -88,15 +133,18 @@ def affinityCounts(status: dict[str, Any], engineId: str) -> dict[str, Any] | No
 
 def _affinityTile(affinity: dict[str, Any]) -> str:
     """The hit rate (``hit`` or ``hits`` over every counted placement) and the counters."""
-    numbers = {k: v for k, v in affinity.items()
-               if isinstance(v, int | float) and not isinstance(v, bool)}
+    numbers = {
+        k: v for k, v in affinity.items() if isinstance(v, int | float) and not isinstance(v, bool)
+    }
     hits = numbers.get("hit", numbers.get("hits"))
     total = sum(numbers.values())
     value = f"{fixed(100 * hits / total, 0)}%" if hits is not None and total else "–"
     detail = " · ".join(f"{esc(k)} {number(v)}" for k, v in sorted(numbers.items()))
-    return (f'<div class="tile affinity"><div class="tlabel">affinity hit rate</div>'
-            f'<div class="tval">{value}</div>'
-            f'<div class="tsub">{detail or "no placements yet"}</div></div>')
+    return (
+        f'<div class="tile affinity"><div class="tlabel">affinity hit rate</div>'
+        f'<div class="tval">{value}</div>'
+        f'<div class="tsub">{detail or "no placements yet"}</div></div>'
+    )
 
 
 def _models(names: list[str], count: int) -> str:
@@ -118,8 +166,14 @@ def _addresses(node: dict[str, Any]) -> str:
     return f'<div class="addr">{esc(" ".join(addresses))}</div>'
 
 
-def _nodeRow(node: dict[str, Any], series: dict[str, Any] | None, empty: dict[str, Any],
-             bucketSeconds: int, scale: float, now: int) -> str:
+def _nodeRow(
+    node: dict[str, Any],
+    series: dict[str, Any] | None,
+    empty: dict[str, Any],
+    bucketSeconds: int,
+    scale: float,
+    now: int,
+) -> str:
     state = node["state"]
     why = node["stateReason"]
     if node["checkedAt"] is not None:
@@ -131,36 +185,49 @@ def _nodeRow(node: dict[str, Any], series: dict[str, Any] | None, empty: dict[st
         f'<td class="nid">{esc(node["id"])}{selfMark}{_addresses(node)}</td>',
         f'<td class="models">{_models(node["modelNames"], node["models"])}</td>',
         f'<td class="work">{bar("inflight", node["inFlight"], scale, "in flight")}'
-        f'{bar("reserved", node["reserved"], scale, "reserved")}</td>',
+        f"{bar('reserved', node['reserved'], scale, 'reserved')}</td>",
         f'<td class="num">{number(node["estimatedLoad"])}</td>',
     ]
     for _, _, value, svg, _ in charts(series or empty, bucketSeconds):
         cells.append(f'<td class="chart">{svg}<span class="sv">{esc(value)}</span></td>')
-    return (f'<tr class="node" data-node="{esc(node["id"])}" data-state="{esc(state)}">'
-            f'{"".join(cells)}</tr>')
+    return (
+        f'<tr class="node" data-node="{esc(node["id"])}" data-state="{esc(state)}">'
+        f"{''.join(cells)}</tr>"
+    )
 
 
-def _facade(engineId: str, status: dict[str, Any], history: dict[str, Any],
-            empty: dict[str, Any], now: int) -> str:
+def _facade(
+    engineId: str, status: dict[str, Any], history: dict[str, Any], empty: dict[str, Any], now: int
+) -> str:
     facade = status["facades"][engineId]
     seconds = history["bucketSeconds"]
     hist = history["facades"].get(engineId, {"series": empty, "nodes": {}})
     ports = str(facade["port"]) + "".join(f" + {esc(a)}" for a in facade["aliases"])
-    meta = (f'port {ports} · pin {esc(facade["pin"] or "none")} · local backend '
-            f'{esc(facade["localBackend"] or "none")} · discovery updates '
-            f'{facade["discoveryUpdates"]}')
-    scale = float(max([n["inFlight"] for n in facade["nodes"]]
-                      + [n["reserved"] for n in facade["nodes"]] + [1]))
-    rows = "".join(_nodeRow(n, hist["nodes"].get(n["id"]), empty, seconds, scale, now)
-                   for n in facade["nodes"])
+    meta = (
+        f"port {ports} · pin {esc(facade['pin'] or 'none')} · local backend "
+        f"{esc(facade['localBackend'] or 'none')} · discovery updates "
+        f"{facade['discoveryUpdates']}"
+    )
+    scale = float(
+        max(
+            [n["inFlight"] for n in facade["nodes"]]
+            + [n["reserved"] for n in facade["nodes"]]
+            + [1]
+        )
+    )
+    rows = "".join(
+        _nodeRow(n, hist["nodes"].get(n["id"]), empty, seconds, scale, now) for n in facade["nodes"]
+    )
     if not rows:
         rows = f'<tr><td colspan="{len(_NODE_HEADINGS)}" class="none">no nodes</td></tr>'
     heads = "".join(f"<th>{h}</th>" for h in _NODE_HEADINGS)
-    return (f'<section class="card facade" data-facade="{esc(engineId)}">'
-            f'<div class="fhead"><h2>{esc(engineId)}</h2><span class="meta">{meta}</span></div>'
-            f'{_tiles(hist["series"], seconds, affinityCounts(status, engineId))}'
-            f'<table class="nodes"><thead><tr>{heads}</tr></thead><tbody>{rows}</tbody></table>'
-            f'</section>')
+    return (
+        f'<section class="card facade" data-facade="{esc(engineId)}">'
+        f'<div class="fhead"><h2>{esc(engineId)}</h2><span class="meta">{meta}</span></div>'
+        f"{_tiles(hist['series'], seconds, affinityCounts(status, engineId))}"
+        f'<table class="nodes"><thead><tr>{heads}</tr></thead><tbody>{rows}</tbody></table>'
+        f"</section>"
+    )
 
 
 def _workloadRow(w: dict[str, Any], now: int) -> str:
@@ -168,20 +235,32 @@ def _workloadRow(w: dict[str, Any], now: int) -> str:
     tokens = "–"
     if "promptTokens" in stats or "completionTokens" in stats:
         out = number(stats.get("completionTokens"))
-        tokens = f'{number(stats.get("promptTokens"))} / {out}'
+        tokens = f"{number(stats.get('promptTokens'))} / {out}"
         if stats.get("estimated"):
             tokens += " (est.)"
     tps = stats.get("tokensPerSecond")
     ended = ago((now - w["completedAt"]) / 1000) if w["completedAt"] is not None else "–"
     error = ""
     if w["error"]:
-        error = f'{esc(w["errorText"])} <code>{esc(w["error"])}</code>'
-    cells = [esc(w["id"]), ended, f'<span class="wstate">{esc(w["state"])}</span>',
-             esc(w["model"]), esc(w["node"] or "–"), str(w["attempts"]),
-             millis(stats.get("ttftMs")), tokens, "–" if tps is None else f"{number(tps)}/s",
-             millis(w["durationMs"]), error]
-    return (f'<tr class="wl {esc(w["state"])}" data-state="{esc(w["state"])}">'
-            + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+        error = f"{esc(w['errorText'])} <code>{esc(w['error'])}</code>"
+    cells = [
+        esc(w["id"]),
+        ended,
+        f'<span class="wstate">{esc(w["state"])}</span>',
+        esc(w["model"]),
+        esc(w["node"] or "–"),
+        str(w["attempts"]),
+        millis(stats.get("ttftMs")),
+        tokens,
+        "–" if tps is None else f"{number(tps)}/s",
+        millis(w["durationMs"]),
+        error,
+    ]
+    return (
+        f'<tr class="wl {esc(w["state"])}" data-state="{esc(w["state"])}">'
+        + "".join(f"<td>{c}</td>" for c in cells)
+        + "</tr>"
+    )
 
 
 def summary(status: dict[str, Any]) -> str:
@@ -189,10 +268,10 @@ def summary(status: dict[str, Any]) -> str:
     terminals = status["workloads"]["terminals"]
     chips = [
         "standalone" if status["standalone"] else "under a broker",
-        f'run <code>{esc(status["runId"])}</code>',
-        f'in progress <b>{status["requestsInProgress"]}</b>',
-        f'live workloads <b>{status["workloads"]["live"]}</b>',
-    ] + [f'{esc(state)} <b>{count}</b>' for state, count in sorted(terminals.items())]
+        f"run <code>{esc(status['runId'])}</code>",
+        f"in progress <b>{status['requestsInProgress']}</b>",
+        f"live workloads <b>{status['workloads']['live']}</b>",
+    ] + [f"{esc(state)} <b>{count}</b>" for state, count in sorted(terminals.items())]
     return "".join(f'<span class="chip">{c}</span>' for c in chips)
 
 
@@ -204,8 +283,10 @@ def renderPage(status: dict[str, Any], history: dict[str, Any], empty: dict[str,
         facades = '<section class="card"><p class="none">no facade is enabled yet</p></section>'
     rows = "".join(_workloadRow(w, now) for w in status["workloads"]["recent"])
     if not rows:
-        rows = (f'<tr><td colspan="{len(_WORKLOAD_HEADINGS)}" class="none">'
-                "no workload has ended yet</td></tr>")
+        rows = (
+            f'<tr><td colspan="{len(_WORKLOAD_HEADINGS)}" class="none">'
+            "no workload has ended yet</td></tr>"
+        )
     heads = "".join(f"<th>{h}</th>" for h in _WORKLOAD_HEADINGS)
     stamp = time.strftime("%H:%M:%S", time.gmtime(now / 1000))
     return (

@@ -43,9 +43,11 @@ _STATIC = files("nvpair.proxy.ops") / "static"
 OPS_JS = (_STATIC / "ops.js").read_bytes()
 OPS_CSS = (_STATIC / "ops.css").read_bytes()
 # Scripts, styles and data from the listener itself only; no inline script or style.
-PAGE_CSP = (b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
-             b"connect-src 'self'; base-uri 'none'; form-action 'none'; "
-             b"frame-ancestors 'none'")
+PAGE_CSP = (
+    b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    b"connect-src 'self'; base-uri 'none'; form-action 'none'; "
+    b"frame-ancestors 'none'"
+)
 
 
 def statusDocument(service: Any) -> dict[str, Any]:
@@ -58,18 +60,20 @@ def statusDocument(service: Any) -> dict[str, Any]:
     for engineId, facade in sorted(service.facades.items()):
         nodes = []
         for node in facade.snapshot.nodes:
-            nodes.append({
-                "id": node.id,
-                "self": node.isSelf,
-                "models": len(node.models),
-                "modelNames": sorted(node.models)[:MAX_MODEL_NAMES],
-                "addresses": list(node.addresses),
-                "confirmed": facade.confirmed.get(node.id),
-                "inFlight": inFlight.get(node.id, 0),
-                "reserved": reserved.get(node.id, 0),
-                "estimatedLoad": reservations.estimatedLoad(node.id),
-                **nodeHealth(service, engineId, node, now),
-            })
+            nodes.append(
+                {
+                    "id": node.id,
+                    "self": node.isSelf,
+                    "models": len(node.models),
+                    "modelNames": sorted(node.models)[:MAX_MODEL_NAMES],
+                    "addresses": list(node.addresses),
+                    "confirmed": facade.confirmed.get(node.id),
+                    "inFlight": inFlight.get(node.id, 0),
+                    "reserved": reserved.get(node.id, 0),
+                    "estimatedLoad": reservations.estimatedLoad(node.id),
+                    **nodeHealth(service, engineId, node, now),
+                }
+            )
         facades[engineId] = {
             "port": facade.port,
             "aliases": list(facade.aliases),
@@ -154,8 +158,9 @@ class OpsApp:
         """The operations page, rendered here; ``/ops.js`` keeps it live from the JSON."""
         _common(request, b"text/html; charset=utf-8")
         request.setHeader(b"content-security-policy", PAGE_CSP)
-        html = renderPage(statusDocument(self.service), historyDocument(self.service),
-                          Window().document(0))
+        html = renderPage(
+            statusDocument(self.service), historyDocument(self.service), Window().document(0)
+        )
         return html.encode("utf-8")
 
     @app.route("/ops.js", methods=["GET"])
@@ -228,7 +233,11 @@ def opsFactory(service: Any) -> PersonalityFactory:
     settings = service.settings
     site: Any = OpsSite(opsResource(service), timeout=60, reactor=service.reactor)
     return PersonalityFactory(
-        service.clock, site, None, loopbackOnly=True, maxConnections=64,
+        service.clock,
+        site,
+        None,
+        loopbackOnly=True,
+        maxConnections=64,
         firstByteTimeout=settings.headerReadTimeout,
     )
 
@@ -248,8 +257,7 @@ class OpsListener(Service):
     def startService(self) -> None:
         super().startService()
         try:
-            self.listening = self._reactor.listenTCP(self.port, self.factory,
-                                                     interface="127.0.0.1")
+            self.listening = self._reactor.listenTCP(self.port, self.factory, interface="127.0.0.1")
         except CannotListenError as e:
             err = e.socketError
             reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)

@@ -110,7 +110,7 @@ def _promptKey(seed: int, prompt: str) -> AffinityKey | None:
         length *= 2
     aligned.reverse()
     records = (whole, aligned[0]) if aligned else (whole,)
-    return AffinityKey((whole, *aligned[:MAX_LOOKUPS - 1]), records)
+    return AffinityKey((whole, *aligned[: MAX_LOOKUPS - 1]), records)
 
 
 def keyFor(engineId: str, model: str, path: bytes, doc: object) -> AffinityKey | None:
@@ -126,8 +126,11 @@ def keyFor(engineId: str, model: str, path: bytes, doc: object) -> AffinityKey |
         instructions = doc.get("instructions")
         if type(instructions) is str:
             seed = hash((seed, instructions))
-        return _chatKey(seed, source) if type(source) is list else (
-            _promptKey(seed, source) if type(source) is str else None)
+        return (
+            _chatKey(seed, source)
+            if type(source) is list
+            else (_promptKey(seed, source) if type(source) is str else None)
+        )
     prompt = doc.get("prompt")
     if type(prompt) is list and len(prompt) == 1:
         prompt = prompt[0]
@@ -140,8 +143,9 @@ def keyFor(engineId: str, model: str, path: bytes, doc: object) -> AffinityKey |
 class AffinityTable:
     """Digest to the node that last served it, bounded in entries and in age."""
 
-    def __init__(self, clock: IReactorTime, maxEntries: int = MAX_ENTRIES,
-                 maxAge: float = MAX_AGE) -> None:
+    def __init__(
+        self, clock: IReactorTime, maxEntries: int = MAX_ENTRIES, maxAge: float = MAX_AGE
+    ) -> None:
         self.clock = clock
         self.maxEntries = maxEntries
         self.maxAge = maxAge
@@ -181,8 +185,13 @@ RESULTS = ("hit", "miss", "overridden")
 class Affinity:
     """The process's conversation affinity: the table, the ordering rule and its counts."""
 
-    def __init__(self, clock: IReactorTime, maxEntries: int = MAX_ENTRIES,
-                 maxAge: float = MAX_AGE, maxImbalance: int = MAX_IMBALANCE) -> None:
+    def __init__(
+        self,
+        clock: IReactorTime,
+        maxEntries: int = MAX_ENTRIES,
+        maxAge: float = MAX_AGE,
+        maxImbalance: int = MAX_IMBALANCE,
+    ) -> None:
         self.table = AffinityTable(clock, maxEntries, maxAge)
         self.maxImbalance = maxImbalance
         self.counts: dict[str, list[int]] = {}  # engine id -> [hits, misses, overridden]
@@ -193,8 +202,13 @@ class Affinity:
             counts = self.counts[engineId] = [0, 0, 0]
         counts[result] += 1
 
-    def place(self, ordered: Sequence[Node], key: AffinityKey, reservations: ReservationMap,
-              engineId: str | None) -> Node | None:
+    def place(
+        self,
+        ordered: Sequence[Node],
+        key: AffinityKey,
+        reservations: ReservationMap,
+        engineId: str | None,
+    ) -> Node | None:
         """Move the request's node to the front of ``ordered`` and return it (the caller
         reserves it): the conversation's home unless overloaded, else the least-loaded owner
         (ties by rendezvous on ``key``).  ``engineId`` counts the outcome (None: not again)."""
@@ -246,8 +260,10 @@ class Affinity:
             "maxEntries": self.table.maxEntries,
             "maxAgeSeconds": self.table.maxAge,
             "maxImbalance": self.maxImbalance,
-            "counts": {engineId: dict(zip(RESULTS, counts, strict=True))
-                       for engineId, counts in sorted(self.counts.items())},
+            "counts": {
+                engineId: dict(zip(RESULTS, counts, strict=True))
+                for engineId, counts in sorted(self.counts.items())
+            },
         }
 
 

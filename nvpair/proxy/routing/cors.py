@@ -38,9 +38,7 @@ def isPreflight(method: bytes | str, headers: Mapping[str, str]) -> bool:
     if isinstance(method, bytes):
         method = method.decode("latin-1")
     return (
-        method == "OPTIONS"
-        and "origin" in headers
-        and "access-control-request-method" in headers
+        method == "OPTIONS" and "origin" in headers and "access-control-request-method" in headers
     )
 
 
@@ -183,7 +181,5 @@ def invalidListCors(origin: str, responders: Sequence[Mapping[str, str]]) -> dic
 def stripCors(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """The raw headers without any ``Access-Control-*`` header."""
     return [
-        (name, value)
-        for name, value in headers
-        if not name.lower().startswith(_CORS_PREFIX_BYTES)
+        (name, value) for name, value in headers if not name.lower().startswith(_CORS_PREFIX_BYTES)
     ]

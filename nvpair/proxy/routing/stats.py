@@ -24,9 +24,7 @@ _EVAL_DURATION_KEY = b'"eval_duration"'
 _MIN_TAIL = 8
 _DONE_TRUE = re.compile(rb'"done"\s*:\s*true')
 # The decoder's own scanner: one JSON value at an index (raw_decode without its wrapper).
-_scan: Callable[[str, int], tuple[object, int]] = (
-    json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # set in __init__
-)
+_scan: Callable[[str, int], tuple[object, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # set in __init__
 
 
 class StatsMeter:
@@ -46,7 +44,13 @@ class StatsMeter:
     """
 
     __slots__ = (
-        "_dialect", "_createdAt", "_tailBytes", "_tail", "_pattern", "_keep", "_events",
+        "_dialect",
+        "_createdAt",
+        "_tailBytes",
+        "_tail",
+        "_pattern",
+        "_keep",
+        "_events",
         "_firstByteAt",
     )
 

@@ -104,8 +104,12 @@ class JSONLineObserver:
             line = json.dumps(toRecord(event), default=str, ensure_ascii=False)
         except Exception:
             line = json.dumps(
-                {"time": event.get("log_time"), "level": "error", "component": COMPONENT,
-                 "event": "unserializable log event"}
+                {
+                    "time": event.get("log_time"),
+                    "level": "error",
+                    "component": COMPONENT,
+                    "event": "unserializable log event",
+                }
             )
         self._stream.write(line + "\n")
         self._stream.flush()
