@@ -28,7 +28,7 @@ from nvpair.proxy.broker.workloads import WorkloadReporter
 from nvpair.proxy.dispatch.exchange import Exchange
 from nvpair.proxy.dispatch.relay import forwardHeaders
 from nvpair.proxy.dispatch.stallwatch import StallWatches
-from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.facade.facade import Facade
 from nvpair.proxy.http.client import HTTPClientConnection
 from nvpair.proxy.http.site import sendError

@@ -23,7 +23,7 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 from zope.interface import implementer
 
-from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.engines import ENGINES
 from tests.harness import freePort
 
 

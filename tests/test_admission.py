@@ -8,7 +8,7 @@ from typing import Any
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.facade.engines import LLAMACPP, LMSTUDIO, OLLAMA, RouteClass
+from nvpair.proxy.engines import LLAMACPP, LMSTUDIO, OLLAMA, RouteClass
 from nvpair.proxy.routing.admission import Admitted, Refused, admit, bodyModel
 from tests.wire import siteExchange
 

@@ -8,7 +8,7 @@ from typing import Any
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.facade.standalone import startStandalone
 from nvpair.proxy.routing import admission
 from nvpair.proxy.routing.affinity import (

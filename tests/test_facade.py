@@ -13,7 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.broker import jsonrpc
 from nvpair.proxy.broker.channel import Reply, RPCError
-from nvpair.proxy.facade.engines import LLAMACPP, OLLAMA
+from nvpair.proxy.engines import LLAMACPP, OLLAMA
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
 from tests.fakeupstream import ListSink

@@ -22,7 +22,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
 
 from nvpair.proxy.dispatch.relay import forwardHeaders
-from nvpair.proxy.facade.engines import LLAMACPP, OLLAMA, Engine
+from nvpair.proxy.engines import LLAMACPP, OLLAMA, Engine
 from nvpair.proxy.facade.fleet import MAX_LIST_BYTES, NODE_GRACE, Fleet, collect
 from nvpair.proxy.http.site import sendError
 from nvpair.proxy.routing.candidates import Node, Snapshot

@@ -13,7 +13,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.facade.engines import OLLAMA, Engine
+from nvpair.proxy.engines import OLLAMA, Engine
 from nvpair.proxy.http.server import PIPELINE_HOLD
 from nvpair.proxy.http.site import FacadeSite
 from tests.wire import splitAnswer

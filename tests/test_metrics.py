@@ -8,7 +8,7 @@ from typing import Any
 from prometheus_client import REGISTRY
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.ops import metrics
 from nvpair.proxy.ops.metrics import Metrics, requestOutcome
 

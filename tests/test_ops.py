@@ -15,7 +15,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.test.requesthelper import DummyRequest
 
 from nvpair.proxy.broker.channel import RPCError
-from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.ops.server import OpsListener, opsFactory, opsResource, startOps
 from nvpair.proxy.options import Options
 from nvpair.proxy.routing.candidates import Snapshot, parseNodes

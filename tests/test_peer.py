@@ -26,7 +26,7 @@ from twisted.web.iweb import UNKNOWN_LENGTH
 from nvpair.proxy.cluster.membership import ClusterTrust
 from nvpair.proxy.cluster.peer import PeerDoor
 from nvpair.proxy.dispatch.upstream import Upstream
-from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.http.site import FacadeSite, sendError
 from nvpair.proxy.runtime.logs import LogControl
 from tests.certs import makeNodeCert, writeClusterDir, writePins

@@ -8,8 +8,8 @@ import tempfile
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from nvpair.proxy.engines import ENGINES, LLAMACPP, LMSTUDIO, OLLAMA
 from nvpair.proxy.facade import ports
-from nvpair.proxy.facade.engines import ENGINES, LLAMACPP, LMSTUDIO, OLLAMA
 from nvpair.proxy.facade.ports import PortError, PortStore, requestedPort
 
 

@@ -9,7 +9,7 @@ from twisted.application.service import MultiService
 from twisted.internet.error import ConnectionRefusedError
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.facade.engines import LLAMACPP, LMSTUDIO, OLLAMA
+from nvpair.proxy.engines import LLAMACPP, LMSTUDIO, OLLAMA
 from nvpair.proxy.facade.facade import BindError
 from nvpair.proxy.facade.standalone import POLL_INTERVAL, FleetPoller, fleetUrls, startStandalone
 from nvpair.proxy.routing.affinity import Affinity

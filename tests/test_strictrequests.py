@@ -9,7 +9,7 @@ from typing import Any
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.facade.engines import LLAMACPP, OLLAMA
+from nvpair.proxy.engines import LLAMACPP, OLLAMA
 from nvpair.proxy.http import reader as requestreader
 from nvpair.proxy.http.site import FacadeSite
 from tests.test_httpserver import (

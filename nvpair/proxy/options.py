@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 from twisted.python import usage
 
-from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.facade.hostcheck import parseAllowedHosts
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")

@@ -27,7 +27,7 @@ from nvpair.proxy.cluster.peer import PeerDoor
 from nvpair.proxy.dispatch.relay import forwardHeaders
 from nvpair.proxy.dispatch.stallwatch import StallWatches
 from nvpair.proxy.dispatch.upstream import Upstream
-from nvpair.proxy.facade.engines import ENGINES, Engine
+from nvpair.proxy.engines import ENGINES, Engine
 from nvpair.proxy.facade.facade import BindError, Facade, parseAlias
 from nvpair.proxy.facade.fleet import Fleet
 from nvpair.proxy.facade.frontdoor import FrontDoor

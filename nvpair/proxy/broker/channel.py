@@ -17,7 +17,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nvpair.proxy.broker import jsonrpc
-from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.interfaces import IBrokerSink, IMessageHandler
 
 # Names that only make sense addressed to a facade (spec §4).

@@ -18,7 +18,7 @@ from twisted.internet.interfaces import IListeningPort, IReactorTCP, IReactorTim
 from twisted.internet.protocol import ServerFactory
 from twisted.logger import Logger
 
-from nvpair.proxy.facade.engines import Engine
+from nvpair.proxy.engines import Engine
 from nvpair.proxy.routing.candidates import Snapshot
 
 

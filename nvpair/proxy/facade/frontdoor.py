@@ -16,7 +16,7 @@ from typing import Any
 from twisted.logger import Logger
 
 from nvpair.proxy.dispatch.exchange import Exchange
-from nvpair.proxy.facade.engines import RouteClass
+from nvpair.proxy.engines import RouteClass
 from nvpair.proxy.facade.hostcheck import HostGate
 from nvpair.proxy.routing.admission import Refused, admit
 from nvpair.proxy.routing.cors import isPreflight

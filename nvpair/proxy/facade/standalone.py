@@ -21,8 +21,8 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.web.http_headers import Headers
 
+from nvpair.proxy.engines import ENGINES, Engine
 from nvpair.proxy.facade import inventory
-from nvpair.proxy.facade.engines import ENGINES, Engine
 from nvpair.proxy.facade.facade import BindError
 from nvpair.proxy.facade.fleet import NODE_GRACE, askNode
 from nvpair.proxy.routing.affinity import Affinity
