@@ -1,4 +1,4 @@
-"""Tests for the scriptable fake inference engine, over real loopback sockets."""
+"""The kit's fake inference engine over real loopback sockets, and as a process."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from treq.client import HTTPClient
 from twisted.internet import reactor as _reactor
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.error import ConnectionRefusedError, ProcessDone, ProcessTerminated
+from twisted.internet.interfaces import IAddress, IConnector
 from twisted.internet.protocol import ClientFactory, ProcessProtocol, Protocol
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
@@ -20,7 +21,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseFailed, ResponseNeverReceived
 from twisted.web.iweb import IResponse
 
-from tests.fakeengine import (
+from nvpair.proxy.testing.fakeengine import (
     Answer,
     DieMidStream,
     Drop,
@@ -66,10 +67,10 @@ class _RawFactory(ClientFactory):
     def __init__(self, proto: _Raw) -> None:
         self.proto = proto
 
-    def buildProtocol(self, addr: Any) -> _Raw:
+    def buildProtocol(self, addr: IAddress | None) -> _Raw:
         return self.proto
 
-    def clientConnectionFailed(self, connector: Any, reason: Failure) -> None:
+    def clientConnectionFailed(self, connector: IConnector, reason: Failure) -> None:
         self.proto.ready.errback(reason)
 
 
@@ -104,11 +105,11 @@ class EngineTestCase(TestCase):
         proto.transport.write(data)  # type: ignore[union-attr]
         return proto
 
-    async def post(self, path: str, body: Any) -> IResponse:
+    async def post(self, path: str, body: object) -> IResponse:
         """POST a JSON body to the engine."""
         return await self.http.post(self.engine.url + path, json=body)
 
-    async def postJSON(self, path: str, body: Any) -> Any:
+    async def postJSON(self, path: str, body: object) -> Any:
         """POST a JSON body and return the decoded 200 answer."""
         response = await self.post(path, body)
         self.assertEqual(response.code, 200)
@@ -263,7 +264,8 @@ class ListAndCorsTests(EngineTestCase):
     async def test_cors(self) -> None:
         """corsHeaders go on every answer; OPTIONS answers 204 with them."""
         self.engine.corsHeaders = {"Access-Control-Allow-Origin": "*"}
-        response = await self.http.request("OPTIONS", self.engine.url + "/v1/chat/completions")
+        url = self.engine.url + "/v1/chat/completions"
+        response: IResponse = await self.http.request("OPTIONS", url)
         self.assertEqual(response.code, 204)
         self.assertEqual(response.headers.getRawHeaders("access-control-allow-origin"), ["*"])
         await treq.content(response)
@@ -360,7 +362,8 @@ class BehaviourTests(EngineTestCase):
         waiting = self.engine.waitForRequest(2)
         await self.postJSON("/v1/models?a=b", {"model": "m1"})
         self.assertNoResult(waiting)
-        await self.http.post(self.engine.url + "/x", b"abc", headers={"Authorization": "Bearer k"})
+        headers: dict[bytes | str, bytes | str] = {"Authorization": "Bearer k"}
+        await self.http.post(self.engine.url + "/x", data=b"abc", headers=headers)
         rec = await waiting
         self.assertEqual((rec.method, rec.path, rec.body), ("POST", "/x", b"abc"))
         self.assertEqual(rec.headers["authorization"], ["Bearer k"])
@@ -493,13 +496,21 @@ class CLITests(EngineTestCase):
         self.assertGreater(engine.port, 0)
 
     async def test_processPrintsPort(self) -> None:
-        """python -m tests.fakeengine prints {"port": N} and serves on it."""
+        """python -m nvpair.proxy.testing.fakeengine prints {"port": N} and serves on it."""
         proto = _LineReader()
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         process = reactor.spawnProcess(
             proto,
             sys.executable,
-            [sys.executable, "-m", "tests.fakeengine", "--port", "0", "--models", "x"],
+            [
+                sys.executable,
+                "-m",
+                "nvpair.proxy.testing.fakeengine",
+                "--port",
+                "0",
+                "--models",
+                "x",
+            ],
             env=os.environ,
             path=root,
         )
