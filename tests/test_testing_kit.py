@@ -1,7 +1,7 @@
 """Unit tests of the testing kit (nvpair.proxy.testing), in memory: no sockets, no real time.
 
 The fake engine over real loopback sockets, and as a process, is tested in
-test_integration_fakeengine.
+test_integration_fakeengine and test_integration_fakeengine_process.
 """
 
 from __future__ import annotations
