@@ -33,7 +33,7 @@ from nvpair.proxy.broker.channel import BrokerChannel
 from nvpair.proxy.broker.workloads import COMPLETED, WorkloadReporter
 from nvpair.proxy.routing.stats import StatsMeter
 from nvpair.proxy.service import _Forward
-from tests.fakeengine import Answer, _document, _streamPieces
+from nvpair.proxy.testing.fakeengine import Answer, Route, document, streamPieces
 
 MODEL = "m1"
 NODE = "E"
@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     n = args.requests
 
-    plain = [_document("chat", MODEL, Answer(chunks=50), "bench", 1)]
-    sse = _streamPieces("chat", MODEL, Answer(chunks=50), "bench")
+    plain = [document(Route.CHAT, MODEL, Answer(chunks=50), "bench", 1)]
+    sse = streamPieces(Route.CHAT, MODEL, Answer(chunks=50), "bench")
     cases: dict[str, Callable[[], float]] = {
         "notify": lambda: notifyRun(n)[0],
         "notify-nullsink": lambda: notifyRun(n, null=True)[0],

@@ -26,7 +26,7 @@ import treq
 from twisted.internet import defer, task
 from twisted.internet.interfaces import IDelayedCall
 
-from tests.fakeengine import (
+from nvpair.proxy.testing.fakeengine import (
     Answer,
     Behaviour,
     DieMidStream,
@@ -147,16 +147,16 @@ class ChaosEngine(FakeEngine):
         self._relisten: IDelayedCall | None = None
         self._closed = False
 
-    def _handle(
+    def requestReceived(
         self, proto: Any, method: bytes, target: bytes, headers: dict[str, list[str]], body: bytes
     ) -> None:
         path = target.split(b"?", 1)[0]
         ids = headers.get(CHAOS_HEADER)
-        if (method == b"GET" and path in self._lists) or not ids:
-            super()._handle(proto, method, target, headers, body)
+        if (method == b"GET" and path in self.lists) or not ids:
+            super().requestReceived(proto, method, target, headers, body)
             return
         chaosId = ids[0]
-        inference = self._routes.get(path) is not None and method == b"POST"
+        inference = self.routes.get(path) is not None and method == b"POST"
         seen = sum(1 for a in self.ledger.byId.get(chaosId, ()) if a.engine == self.name)
         rng = random.Random(f"{self.config.seed}:{chaosId}:{self.name}:{seen}")
         weights = INFERENCE_WEIGHTS if inference else VERBATIM_WEIGHTS
@@ -165,7 +165,7 @@ class ChaosEngine(FakeEngine):
         if label == "refuse":
             self._refuse()
         self.behaviours[:] = [self._behaviour(label, rng)]
-        super()._handle(proto, method, target, headers, body)
+        super().requestReceived(proto, method, target, headers, body)
 
     def _behaviour(self, label: str, rng: random.Random) -> Behaviour:
         timeout = self.config.responseTimeout
@@ -202,11 +202,11 @@ class ChaosEngine(FakeEngine):
                 self.listen(port)
             except Exception:
                 if tries < 50:
-                    self._relisten = self._reactor.callLater(0.05, relisten, tries + 1)
+                    self._relisten = self.clock.callLater(0.05, relisten, tries + 1)
                 return
             self.refusing = False
 
-        self._relisten = self._reactor.callLater(self.config.refuseFor, relisten)
+        self._relisten = self.clock.callLater(self.config.refuseFor, relisten)
 
     def close(self) -> defer.Deferred[None]:
         """Close, cancelling a pending re-listen."""

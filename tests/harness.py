@@ -16,8 +16,8 @@ from typing import Any
 from twisted.internet import defer
 from twisted.trial.unittest import TestCase
 
+from nvpair.proxy.testing.fakeengine import FakeEngine
 from nvpair.supervisor.process import ProxyProcess
-from tests.fakeengine import FakeEngine
 
 CANARY = "CANARY-7f3a9e-SECRET"
 

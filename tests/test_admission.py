@@ -10,7 +10,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.engines import LLAMACPP, LMSTUDIO, OLLAMA, RouteClass
 from nvpair.proxy.routing.admission import Admitted, Refused, admit, bodyModel
-from tests.wire import siteExchange
+from nvpair.proxy.testing.wire import siteExchange
 
 
 class BodyModelTests(SynchronousTestCase):

@@ -23,7 +23,7 @@ from nvpair.proxy.broker.channel import (
 from nvpair.proxy.interfaces import IBrokerSink, IMessageHandler
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
-from tests.wire import drainLines, sendLine
+from nvpair.proxy.testing.wire import drainLines, sendLine
 
 
 @implementer(IMessageHandler)

@@ -30,7 +30,7 @@ from nvpair.proxy.cluster.membership import (
     NotAMember,
     fingerprintOf,
 )
-from tests.certs import (
+from nvpair.proxy.testing.certs import (
     makeNodeCert,
     writeClusterDir,
     writeFileAtomic,

@@ -22,10 +22,10 @@ from twisted.trial.unittest import SynchronousTestCase
 from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
+from nvpair.proxy.testing.wire import siteExchange
+from nvpair.proxy.testing.wire import splitAnswer as split
 from tests.fakeupstream import ListSink
 from tests.test_hostcheck import Events
-from tests.wire import siteExchange
-from tests.wire import splitAnswer as split
 
 PORTS = {"ollama": (6100, 6101), "llamacpp": (6200, 6201)}
 EVIL = b"evil.example"

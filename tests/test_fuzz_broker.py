@@ -20,8 +20,8 @@ from twisted.trial.unittest import SynchronousTestCase
 from nvpair.proxy.broker.channel import BrokerChannel
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
+from nvpair.proxy.testing.wire import drainLines, sendLine
 from tests.test_facade import BusyReactor
-from tests.wire import drainLines, sendLine
 
 DOCUMENTED = {-32600, -32601, -32602, -32004, -32010}
 # Notifications the process may send while handling broker messages.

@@ -16,7 +16,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from nvpair.proxy.engines import OLLAMA, Engine
 from nvpair.proxy.http.server import PIPELINE_HOLD
 from nvpair.proxy.http.site import FacadeSite
-from tests.wire import splitAnswer
+from nvpair.proxy.testing.wire import splitAnswer
 
 
 class Door:

@@ -9,7 +9,7 @@ import treq
 from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 
-from tests.fakeengine import FakeEngine, Status
+from nvpair.proxy.testing.fakeengine import FakeEngine, Status
 from tests.harness import freePort, startEngine
 from tests.standaloneharness import StandaloneProxy
 

@@ -9,7 +9,7 @@ import treq
 from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
 
-from tests.fakeengine import Hang, Status
+from nvpair.proxy.testing.fakeengine import Hang, Status
 from tests.harness import ProxyFixture, directNode, freePort, startEngine
 
 ORIGIN = "http://app.example"

@@ -465,7 +465,7 @@ class ShutdownTests(TestCase):
 
     async def test_inFlightCancelledOnEOF(self) -> None:
         """Stdin EOF with a request in flight: its workload ends cancelled and the exit is 0."""
-        from tests.fakeengine import Hang
+        from nvpair.proxy.testing.fakeengine import Hang
 
         engine = startEngine(self, reactor, "openai", ["m1"], name="H")
         engine.script(Hang())

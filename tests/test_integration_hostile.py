@@ -19,7 +19,7 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from nvpair.proxy.options import Options
-from tests.fakeengine import Answer
+from nvpair.proxy.testing.fakeengine import Answer
 from tests.harness import ProxyFixture, directNode, startEngine
 
 

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
 
-from tests.fakeengine import Status
+from nvpair.proxy.testing.fakeengine import Status
 from tests.harness import CANARY, ProxyFixture, directNode, freePort, startEngine
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

@@ -28,8 +28,8 @@ from nvpair.proxy.ops.history import Window
 from nvpair.proxy.ops.page import renderPage
 from nvpair.proxy.ops.server import PAGE_CSP, historyDocument, opsResource, statusDocument
 from nvpair.proxy.routing.candidates import Snapshot, parseNodes
+from nvpair.proxy.testing.fakeengine import Status
 from tests.dom import Element, parseDom
-from tests.fakeengine import Status
 from tests.harness import ProxyFixture, directNode, freePort, startEngine
 from tests.standaloneharness import StandaloneProxy
 from tests.test_ops import ENGINE, makeService, scripted

@@ -24,11 +24,11 @@ from twisted.internet.threads import deferToThread
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 
+from nvpair.proxy.testing.wire import splitAnswer
 from tests.harness import CANARY, ProxyFixture, directNode, freePort, startEngine
 from tests.standaloneharness import StandaloneProxy
 from tests.test_integration_ops import labels, parse
 from tests.test_integration_requests import asyncTest
-from tests.wire import splitAnswer
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 CHAT = json.dumps({"model": "m1", "messages": [{"role": "user", "content": CANARY}]}).encode()

@@ -20,7 +20,13 @@ from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 from twisted.web.client import ResponseFailed
 
-from tests.fakeengine import Answer, DieMidStream, FakeEngine, HangAfterHeaders, Status
+from nvpair.proxy.testing.fakeengine import (
+    Answer,
+    DieMidStream,
+    FakeEngine,
+    HangAfterHeaders,
+    Status,
+)
 from tests.harness import ProxyFixture, directNode, startEngine
 
 FAST = [

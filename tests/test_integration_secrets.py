@@ -12,8 +12,15 @@ import treq
 from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
 
+from nvpair.proxy.testing.fakeengine import (
+    Answer,
+    DieMidStream,
+    Drop,
+    Echo,
+    HangAfterHeaders,
+    Status,
+)
 from nvpair.supervisor.process import JSONRPCError
-from tests.fakeengine import Answer, DieMidStream, Drop, Echo, HangAfterHeaders, Status
 from tests.harness import CANARY, ProxyFixture, directNode, startEngine
 
 SECRET_HEADERS = {

@@ -15,7 +15,7 @@ from twisted.internet.protocol import ClientFactory, Factory, Protocol
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from tests.fakeengine import Answer, HangAfterHeaders, Status
+from nvpair.proxy.testing.fakeengine import Answer, HangAfterHeaders, Status
 from tests.test_integration_requests import FAST, RequestCase, asyncTest
 
 STREAM = {"model": "m1", "stream": True, "messages": [{"role": "user", "content": "hi"}]}

@@ -24,7 +24,7 @@ from typing import Any
 from twisted.internet import defer, error, protocol, reactor, utils
 from twisted.trial.unittest import SkipTest, TestCase
 
-from tests.certs import makeNodeCert
+from nvpair.proxy.testing.certs import makeNodeCert
 from tests.clusterfixture import ENGINE, ClusterNode, chat
 
 SERVER_IP = "10.203.0.1"
@@ -145,7 +145,7 @@ class IngressGateTests(TestCase):
             self.server,
             sys.executable,
             "-m",
-            "tests.fakeengine",
+            "nvpair.proxy.testing.fakeengine",
             "--port",
             "0",
             "--models",

@@ -29,7 +29,7 @@ from nvpair.proxy.dispatch.upstream import Upstream
 from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.http.site import FacadeSite, sendError
 from nvpair.proxy.runtime.logs import LogControl
-from tests.certs import makeNodeCert, writeClusterDir, writePins
+from nvpair.proxy.testing.certs import makeNodeCert, writeClusterDir, writePins
 
 LOCAL = "http://127.0.0.1:11435"
 BODY = b'{"model": "m1", "stream": true}'
