@@ -20,9 +20,11 @@ from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
+from zope.interface import implementer
 
 from nvpair.proxy.dispatch.attempt import discard
 from nvpair.proxy.dispatch.relay import ClientFlow, abortClient, copyResponseHeaders, forwardHeaders
+from nvpair.proxy.http.interfaces import IDoor
 
 
 def peerTransport(request: Any) -> object:
@@ -32,6 +34,7 @@ def peerTransport(request: Any) -> object:
     return transport if transport is not None else getattr(request, "transport", None)
 
 
+@implementer(IDoor)
 class PeerDoor:
     """Serves a pinned peer's request from the facade's local backend, never routing onward."""
 

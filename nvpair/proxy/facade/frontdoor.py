@@ -14,10 +14,12 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.logger import Logger
+from zope.interface import implementer
 
 from nvpair.proxy.dispatch.exchange import Exchange
 from nvpair.proxy.engines import RouteClass
 from nvpair.proxy.facade.hostcheck import HostGate
+from nvpair.proxy.http.interfaces import IDoor
 from nvpair.proxy.routing.admission import Refused, admit
 from nvpair.proxy.routing.cors import isPreflight
 
@@ -27,6 +29,7 @@ HOST_DENIED = (
 )
 
 
+@implementer(IDoor)
 class FrontDoor:
     """Admits one facade's requests and starts the right policy for each."""
 
