@@ -73,8 +73,9 @@ class ChannelTests(SynchronousTestCase):
         self.assertEqual(len(out), 1, out)
         self.assertEqual(out[0]["method"], "errors:report")
         self.assertNotIn("id", out[0])
-        self.assertEqual(out[0]["params"]["kind"], "protocol")
-        return out[0]["params"]
+        params: dict[str, Any] = out[0]["params"]
+        self.assertEqual(params["kind"], "protocol")
+        return params
 
     def test_interfaces(self) -> None:
         """The channel is a broker sink and the fake a message handler."""
@@ -433,7 +434,7 @@ class UnknownNameTests(SynchronousTestCase):
         options.parseOptions(["--state-dir", tempfile.mkdtemp(prefix="nvpair-broker-")])
         assert options.settings is not None
         self.service = ProxyService(options.settings, MemoryReactorClock())
-        self.channel = BrokerChannel(self.service, lambda: None)
+        self.channel = BrokerChannel(self.service.handlers, lambda: None)
         self.transport = StringTransport()
         self.channel.makeConnection(self.transport)
 

@@ -24,7 +24,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from nvpair.proxy.broker.jsonrpc import notification
-from nvpair.proxy.facade.engines import ENGINES as _ENGINE_TABLE
+from nvpair.proxy.engines import ENGINES as _ENGINE_TABLE
 from nvpair.supervisor.channel import (
     ExitInfo,
     JSONRPCError,

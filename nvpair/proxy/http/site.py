@@ -17,7 +17,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.protocol import Factory
 from twisted.web import http
 
-from nvpair.proxy.facade.engines import LLAMACPP, Engine
+from nvpair.proxy.engines import LLAMACPP, Engine
 from nvpair.proxy.http.server import ServerChannel
 
 _PHRASES = {

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.routing.affinity import RESULTS as AFFINITY_RESULTS
 
 ROUTES = {True: "inference", False: "verbatim"}
