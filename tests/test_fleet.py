@@ -13,7 +13,7 @@ from typing import Any, Protocol, cast
 from treq.testing import StubTreq
 from twisted.internet import defer
 from twisted.internet.error import ConnectionRefusedError
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import IProtocol, IPushProducer
 from twisted.internet.protocol import ServerFactory
 from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
@@ -21,7 +21,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web import server
 from twisted.web.client import ResponseDone
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IResponse
+from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 from twisted.web.resource import Resource
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
@@ -54,8 +54,15 @@ class FakeBody:
         pass
 
 
+@implementer(IResponse)
 class FakeResponse:
     """An ``IResponse`` with a body delivered at once (or never, when ``hold``)."""
+
+    version = (b"HTTP", 1, 1)
+    phrase = b"Phrase"
+    length = UNKNOWN_LENGTH
+    request = None
+    previousResponse = None
 
     def __init__(
         self,
@@ -70,8 +77,11 @@ class FakeResponse:
         self.hold = hold
         self.transport = FakeBody()
 
-    def deliverBody(self, protocol: Any) -> None:
-        protocol.makeConnection(self.transport)
+    def setPreviousResponse(self, response: IResponse) -> None:
+        pass
+
+    def deliverBody(self, protocol: IProtocol) -> None:
+        protocol.makeConnection(self.transport)  # type: ignore[arg-type]
         if self.hold:
             return
         if self.body:
@@ -199,6 +209,7 @@ class FakeTests(_Case):
         """The upstream, a response body's transport and the fleet views."""
         self.assertTrue(verifyObject(IUpstream, FakeUpstream()))
         self.assertTrue(verifyObject(IPushProducer, FakeBody()))
+        self.assertTrue(verifyObject(IResponse, FakeResponse(200)))
         self.assertTrue(verifyObject(IFleetViews, self.fleet))
 
 
@@ -612,7 +623,7 @@ class CollectTests(SynchronousTestCase):
     def test_cap(self) -> None:
         """A body over the cap fails and stops the read."""
         response = FakeResponse(200, b"x" * 11)
-        failure = self.failureResultOf(collect(response, cap=10))  # type: ignore[arg-type]
+        failure = self.failureResultOf(collect(response, cap=10))
         self.assertEqual(failure.type.__name__, "BodyTooLarge")
         self.assertTrue(response.transport.stopped)
 
@@ -620,7 +631,7 @@ class CollectTests(SynchronousTestCase):
         """A body within the cap is returned whole."""
         response = FakeResponse(200, b"x" * 10)
         self.assertEqual(
-            self.successResultOf(collect(response, cap=10)),  # type: ignore[arg-type]
+            self.successResultOf(collect(response, cap=10)),
             b"x" * 10,
         )
 

@@ -7,6 +7,7 @@ from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.protocol import ServerFactory
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
+from twisted.logger import Logger
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
@@ -15,6 +16,7 @@ from nvpair.proxy.engines import LLAMACPP, LMSTUDIO, OLLAMA, Engine
 from nvpair.proxy.facade.facade import BindError, Facade
 from nvpair.proxy.facade.standalone import (
     POLL_INTERVAL,
+    BackendState,
     FleetPoller,
     IStandaloneProcess,
     fleetUrls,
@@ -26,6 +28,7 @@ from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.settings import Settings
 from tests.fakecontext import FakeContext
 from tests.test_fleet import FakeResponse, FakeUpstream, openaiList
+from tests.test_hostcheck import Events
 
 TIMEOUT = 12.0
 
@@ -153,10 +156,18 @@ class FleetPollerTests(SynchronousTestCase):
 
     def test_downThenUp(self) -> None:
         """An engine that fails, answers non-2xx or an invalid list has an empty inventory
-        until it answers again."""
+        until it answers again; each change of state is logged once."""
+        events = Events()
+        self.patch(FleetPoller, "log", Logger(observer=events))
+        self.up.script["http://a"] = "hang"
+        poller = self.poller("http://a")
+        self.assertIs(poller.up["http://a"], BackendState.UNKNOWN)
         self.up.script["http://a"] = FakeResponse(200, openaiList("a", "m1"))
-        self.poller("http://a")
+        self.clock.advance(TIMEOUT)
+        self.assertIs(poller.up["http://a"], BackendState.DOWN)
+        self.clock.advance(POLL_INTERVAL)
         self.assertEqual(self.facade.inventories(), {"http://a": ["m1"]})
+        self.assertIs(poller.up["http://a"], BackendState.UP)
         for failure in (
             ConnectionRefusedError(),
             FakeResponse(500, b"x"),
@@ -168,6 +179,9 @@ class FleetPollerTests(SynchronousTestCase):
             self.up.script["http://a"] = failure
             self.clock.advance(POLL_INTERVAL)
             self.assertEqual(self.facade.inventories(), {"http://a": []})
+            self.assertIs(poller.up["http://a"], BackendState.DOWN)
+        logged = [e["log_format"] for e in events]
+        self.assertEqual(logged, ["backend-down", "backend-up"] * 3 + ["backend-down"])
 
     def test_hungEngineTimesOut(self) -> None:
         """A silent engine is given up on after the timeout and counted down; polling goes on."""

@@ -1,7 +1,7 @@
 """The process: a ``MultiService`` of facades sharing one request context and broker link.
 
 ``ProxyService`` is the wiring.  It builds the ``context.RequestContext`` every request
-reports to, the ``broker.handlers.BrokerHandlers`` that act on broker messages, and the
+reports to, the ``handlers.BrokerHandlers`` that act on broker messages, and the
 broker channel (or standalone mode); it enables facades with their listeners, and starts
 and stops all of it.  It holds no request state of its own.
 """
@@ -22,7 +22,6 @@ from zope.interface import implementer
 
 from nvpair.proxy.broker.activity import Activity
 from nvpair.proxy.broker.channel import BrokerChannel, NullSink, SinkSwitch
-from nvpair.proxy.broker.handlers import BrokerHandlers
 from nvpair.proxy.broker.workloads import WorkloadReporter
 from nvpair.proxy.cluster.membership import ClusterTrust
 from nvpair.proxy.cluster.peer import PeerDoor
@@ -36,6 +35,7 @@ from nvpair.proxy.facade.hostcheck import HostGate, HostRule
 from nvpair.proxy.facade.listener import PersonalityFactory
 from nvpair.proxy.facade.ports import PortStore
 from nvpair.proxy.facade.standalone import IStandaloneProcess
+from nvpair.proxy.handlers import BrokerHandlers
 from nvpair.proxy.http.site import FacadeSite
 from nvpair.proxy.interfaces import IBrokerSink, InFlight
 from nvpair.proxy.ops.metrics import Metrics
@@ -98,7 +98,9 @@ class ProxyService(MultiService):
     def sink(self, sink: IBrokerSink) -> None:
         self.sinks.target = sink
 
-    # -- the process view the ops listener reads (``ops.server``, ``ops.metrics``) ---------
+    # -- read by the ops listener (``ops.server``, ``ops.metrics``, ``ops.nodestate``) ---
+    # The request context's state, as the ops views have always found it on the process;
+    # these go once they read ``context`` themselves.
 
     @property
     def clock(self) -> IReactorTime:

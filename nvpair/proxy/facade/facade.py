@@ -78,24 +78,6 @@ class FacadeState(Enum):
     """Every listener is closed; discovery waiters were cancelled."""
 
 
-class IFacadeHost(Interface):
-    """What enables facades and hears their problems: the process (``service.ProxyService``).
-
-    The broker's ``facade/enable`` handler and standalone mode both enable facades; the
-    process does it, since it owns the listeners' factories and the service tree.
-    """
-
-    facades: dict[str, Facade] = Attribute("The enabled facades by engine id.")
-
-    def enableFacade(
-        engine: Engine, port: int, aliases: list[str], ignorePersisted: bool
-    ) -> Facade:
-        """Create, bind and start a facade; raises ``BindError`` with nothing left bound."""
-
-    def facadeProblem(engineId: str, kind: str, message: str) -> None:
-        """Report a non-fatal facade problem (``<engine>:errors:report``)."""
-
-
 class Facade(Service):
     """An engine's facade: listeners plus the discovery, pin and local-backend state."""
 
@@ -236,3 +218,21 @@ class Facade(Service):
         watchers = self._watchers.get(nodeId)
         if watchers is not None and watchers.pop(watcher, 0) is None and not watchers:
             del self._watchers[nodeId]
+
+
+class IFacadeHost(Interface):
+    """What enables facades and hears their problems: the process (``service.ProxyService``).
+
+    The broker's ``facade/enable`` handler and standalone mode both enable facades; the
+    process does it, since it owns the listeners' factories and the service tree.
+    """
+
+    facades: dict[str, Facade] = Attribute("The enabled facades by engine id.")
+
+    def enableFacade(
+        engine: Engine, port: int, aliases: list[str], ignorePersisted: bool
+    ) -> Facade:
+        """Create, bind and start a facade; raises ``BindError`` with nothing left bound."""
+
+    def facadeProblem(engineId: str, kind: str, message: str) -> None:
+        """Report a non-fatal facade problem (``<engine>:errors:report``)."""

@@ -4,6 +4,10 @@ The channel frames and validates; ``BrokerHandlers`` finds the method, checks it
 and acts on the process: it enables facades through the ``IFacadeHost`` (the process
 itself, which owns listeners), and changes discovery, pins, local backends, the scheduler's
 priority and the log level directly.  Every message is counted by name and error code.
+
+It sits beside ``service``, above the packages it drives (facade, routing, ops), rather
+than in ``broker``: dispatch reports workloads through ``broker``, so ``broker`` must not
+import what imports dispatch.
 """
 
 from __future__ import annotations
