@@ -2,8 +2,8 @@
 
 ``FakeUpstream`` records every request as a ``Call`` whose Deferred the test fires by hand;
 ``FakeResponse`` delivers body bytes, EOF and failures when told; ``FakeRequest`` is the
-client side (a twisted.web request with a transport that can pause, abort and lose);
-``FakeContext`` is the duck-typed context an ``Exchange`` reports to (see ``ProxyService``).
+client side (a twisted.web request with a transport that can pause, abort and lose); the
+context an ``Exchange`` reports to is ``tests.fakecontext.FakeContext``.
 Everything runs on a ``Clock``: no sockets, no real time.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
 from twisted.internet import defer
 from twisted.internet.error import ConnectionLost, ConnectionRefusedError
 from twisted.internet.interfaces import IPushProducer
@@ -23,20 +22,13 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH
 from zope.interface import implementer
 
-from nvpair.proxy.broker.activity import Activity
-from nvpair.proxy.broker.workloads import WorkloadReporter
 from nvpair.proxy.dispatch.exchange import Exchange
-from nvpair.proxy.dispatch.relay import forwardHeaders
-from nvpair.proxy.dispatch.stallwatch import StallWatches
 from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.facade.facade import Facade
 from nvpair.proxy.http.client import HTTPClientConnection
-from nvpair.proxy.http.site import sendError
-from nvpair.proxy.interfaces import IBrokerSink, IUpstream
+from nvpair.proxy.interfaces import IBrokerSink, IRequestContext, IUpstream
 from nvpair.proxy.options import Settings
-from nvpair.proxy.routing.affinity import Affinity
 from nvpair.proxy.routing.candidates import Node, Snapshot
-from nvpair.proxy.routing.reservations import ReservationMap
 
 RUN_ID = "0123456789abcdef"
 
@@ -391,47 +383,6 @@ class FakeRequest:
         self.producer.resumeProducing()
 
 
-@attrs.define
-class Recorder:
-    """The context's reporting hooks, recorded."""
-
-    internal: list[str] = attrs.Factory(list)
-    failedAttempts: list[Any] = attrs.Factory(list)
-    commits: list[str] = attrs.Factory(list)
-    ended: list[Any] = attrs.Factory(list)
-
-
-class FakeContext:
-    """What an ``Exchange`` needs from the process (``ProxyService`` in production)."""
-
-    def __init__(self, clock: Clock | None = None, **settings: Any) -> None:
-        self.clock = clock or Clock()
-        self.settings = makeSettings(**settings)
-        self.stalls = StallWatches(self.clock, self.settings.streamIdleTimeout)
-        self.affinity: Affinity | None = None
-        self.upstream = FakeUpstream(self.clock)
-        self.sink = ListSink()
-        self.reporter = WorkloadReporter(self.sink, self.clock, RUN_ID)
-        self.activity = Activity(self.sink)
-        self.reservations = ReservationMap()
-        self.exchanges: set[Any] = set()
-        self.forwardHeaders = forwardHeaders
-        self.sendError = sendError
-        self.record = Recorder()
-
-    def reportInternal(self, exceptionType: str) -> None:
-        self.record.internal.append(exceptionType)
-
-    def attemptFailed(self, exchange: Any, outcome: Any) -> None:
-        self.record.failedAttempts.append(outcome)
-
-    def committed(self, exchange: Any, nodeId: str) -> None:
-        self.record.commits.append(nodeId)
-
-    def requestEnded(self, exchange: Any) -> None:
-        self.record.ended.append(exchange)
-
-
 def node(
     nodeId: str,
     models: tuple[str, ...] = ("m1",),
@@ -461,7 +412,7 @@ CHAT = b'{"model":"m1","stream":true,"messages":[{"role":"user","content":"hi"}]
 
 
 def startExchange(
-    context: FakeContext,
+    context: IRequestContext,
     facade: Facade,
     request: FakeRequest | None = None,
     inference: bool = True,

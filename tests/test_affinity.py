@@ -23,7 +23,8 @@ from nvpair.proxy.routing.affinity import (
 )
 from nvpair.proxy.routing.candidates import Snapshot, orderCandidates
 from nvpair.proxy.routing.reservations import ReservationMap
-from tests.fakeupstream import FakeContext, FakeRequest, makeFacade, node, startExchange
+from tests.fakecontext import FakeContext
+from tests.fakeupstream import FakeRequest, makeFacade, node, startExchange
 from tests.test_options import assertExitsNaming, parse
 from tests.test_standalone import FakeService
 

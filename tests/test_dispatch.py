@@ -12,9 +12,9 @@ from typing import Any
 from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.routing.reservations import NodeLoad
+from tests.fakecontext import FakeContext
 from tests.fakeupstream import (
     RUN_ID,
-    FakeContext,
     FakeRequest,
     FakeResponse,
     makeFacade,

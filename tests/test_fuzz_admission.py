@@ -146,16 +146,18 @@ class AdmissionFuzzTests(SynchronousTestCase):
         self.service.sink = self.sink
         self.sites: dict[str, FacadeSite] = {}
         for i, engineId in enumerate(ENGINES):
-            self.service.handle(None, "facade/enable", {"engine": engineId, "port": 6000 + i})
+            self.service.handlers.handle(
+                None, "facade/enable", {"engine": engineId, "port": 6000 + i}
+            )
             # one owner of m1 that never answers (the memory reactor never connects)
-            self.service.handle(
+            self.service.handlers.handle(
                 engineId,
                 "discovery:nodes",
                 {"nodes": [{"id": "A", "addresses": ["http://127.0.0.1:9"], "models": ["m1"]}]},
             )
             facade = self.service.facades[engineId]
             self.sites[engineId] = FacadeSite(
-                FrontDoor(self.service, facade, self.service.fleet, self.service.hosts),
+                FrontDoor(self.service.context, facade, self.service.fleet, self.service.hosts),
                 self.reactor,
                 MAX_BODY,
                 30.0,

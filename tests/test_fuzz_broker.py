@@ -98,7 +98,7 @@ class ChannelFuzzTests(SynchronousTestCase):
         assert options.settings is not None
         self.reactor = BusyReactor()
         self.service = ProxyService(options.settings, self.reactor)
-        self.channel = BrokerChannel(self.service, lambda: None)
+        self.channel = BrokerChannel(self.service.handlers, lambda: None)
         self.service.sink = self.channel
         self.transport = StringTransport()
         self.channel.makeConnection(self.transport)

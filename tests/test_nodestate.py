@@ -82,7 +82,7 @@ class StatusStateTests(SynchronousTestCase):
         scripted(service)
         exchange = SimpleNamespace(engine=ENGINE, inference=True, createdAt=reactor.seconds())
         node = Node("A", False, ("http://10.0.0.1:8081",), frozenset())
-        service.attemptFailed(exchange, Failed("transport", node))
+        service.context.attemptFailed(exchange, Failed("transport", node))
         a, me = self.nodes(service)["A"], self.nodes(service)["me"]
         self.assertEqual(
             (a["state"], a["stateReason"], a["checkedAt"]),
@@ -90,7 +90,7 @@ class StatusStateTests(SynchronousTestCase):
         )
         self.assertEqual((me["state"], me["checkedAt"]), (UNKNOWN, None))
         reactor.advance(3)
-        service.committed(exchange, "A")
+        service.context.committed(exchange, "A")
         self.assertEqual(self.nodes(service)["A"]["state"], UP)
         reactor.advance(STALE_AFTER + 1)
         self.assertEqual(self.nodes(service)["A"]["state"], UNKNOWN)

@@ -58,13 +58,15 @@ def scripted(service: ProxyService) -> None:
     service.reservations.reserve("A")
     service.activity.change("A", +1)
     reporter = service.reporter
-    service.reactor.advance(START - service.reactor.seconds())
+    reactor = service.reactor
+    assert isinstance(reactor, MemoryReactorClock)
+    reactor.advance(START - reactor.seconds())
     done = reporter.admit("llamacpp", "m1")
     done.submitted("A")
     done.started("A")
     done.finish("completed", None, {"completionTokens": 3})
     failed = reporter.admit("llamacpp", "m2")
-    service.reactor.advance(2.5)
+    reactor.advance(2.5)
     failed.finish("failed", "no_owner")
     reporter.admit("llamacpp", "m1")  # still live
 
@@ -247,7 +249,7 @@ class MetricsEndpointTests(EndpointTestCase):
     def test_events(self) -> None:
         """Event counters fed through the service's hooks appear in the same scrape."""
         self.service.metrics.proxyError("llamacpp", "no_owner")
-        self.service.handle(None, "log/set-level", {"level": "info"})
+        self.service.handlers.handle(None, "log/set-level", {"level": "info"})
         values = self.scrape()
         self.assertEqual(
             values[
@@ -448,9 +450,11 @@ class ServiceHookTests(SynchronousTestCase):
 
     def test_rpcErrors(self) -> None:
         """An error answer counts the message and the error by method and code."""
-        self.assertRaises(RPCError, self.service.handle, None, "log/set-level", {"level": "x"})
-        self.assertRaises(RPCError, self.service.handle, None, "made/up", {})
-        self.assertRaises(RPCError, self.service.handle, "ollama", "node/select", {})
+        self.assertRaises(
+            RPCError, self.service.handlers.handle, None, "log/set-level", {"level": "x"}
+        )
+        self.assertRaises(RPCError, self.service.handlers.handle, None, "made/up", {})
+        self.assertRaises(RPCError, self.service.handlers.handle, "ollama", "node/select", {})
         self.assertEqual(self.value("nvpair_proxy_rpc_messages_total", method="log/set-level"), 1.0)
         self.assertEqual(
             self.value("nvpair_proxy_rpc_errors_total", method="log/set-level", code="-32602"), 1.0
@@ -467,7 +471,7 @@ class ServiceHookTests(SynchronousTestCase):
         """An error the proxy generates is answered as before and counted by reason."""
         request = DummyRequest([b"v1", b"chat", b"completions"])
         request.path = b"/v1/chat/completions"
-        self.service.sendError(request, ENGINE, 502, "no_owner", "no node advertises it")
+        self.service.context.sendError(request, ENGINE, 502, "no_owner", "no node advertises it")  # type: ignore[arg-type]
         self.assertEqual(request.responseCode, 502)
         self.assertEqual(json.loads(b"".join(request.written))["error"]["code"], "no_owner")
         self.assertEqual(

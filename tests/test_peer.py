@@ -15,7 +15,6 @@ from typing import Any
 from twisted.internet import defer
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectError, ConnectionRefusedError
-from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
@@ -27,9 +26,9 @@ from nvpair.proxy.cluster.membership import ClusterTrust
 from nvpair.proxy.cluster.peer import PeerDoor
 from nvpair.proxy.dispatch.upstream import Upstream
 from nvpair.proxy.engines import ENGINES
-from nvpair.proxy.http.site import FacadeSite, sendError
-from nvpair.proxy.runtime.logs import LogControl
+from nvpair.proxy.http.site import FacadeSite
 from nvpair.proxy.testing.certs import makeNodeCert, writeClusterDir, writePins
+from tests.fakecontext import FakeContext
 
 LOCAL = "http://127.0.0.1:11435"
 BODY = b'{"model": "m1", "stream": true}'
@@ -112,40 +111,11 @@ class FakeUpstream:
         return d
 
 
-class FakeContext:
-    """The parts of ``ProxyService`` a peer request may touch (and nothing of routing)."""
-
-    def __init__(self) -> None:
-        self.trust: Any = FakeTrust()
-        self.upstream = FakeUpstream()
-        self.clock = Clock()
-        self.settings = SimpleNamespace(clientWriteTimeout=60.0)
-        self.exchanges: set[Any] = set()
-        self.logControl = LogControl("info")
-        self.errors: list[tuple[int, str]] = []
-        self.internal: list[str] = []
-
-    def sendError(
-        self,
-        request: Any,
-        engine: Any,
-        status: int,
-        reason: str,
-        message: str,
-        retryAfter: int | None = None,
-    ) -> None:
-        self.errors.append((status, reason))
-        sendError(request, engine, status, reason, message, retryAfter)
-
-    def reportInternal(self, exceptionType: str) -> None:
-        self.internal.append(exceptionType)
-
-
 class PeerDoorTests(SynchronousTestCase):
     """A pinned peer's request goes to the local backend, streamed, never routed."""
 
     def setUp(self) -> None:
-        self.context = FakeContext()
+        self.context = FakeContext(upstream=FakeUpstream(), trust=FakeTrust())
         self.facade = SimpleNamespace(engine=ENGINES["llamacpp"], localBackend=LOCAL)
         site = FacadeSite(
             PeerDoor(self.context, self.facade), self.context.clock, 1 << 20, 30.0, 65536

@@ -8,8 +8,8 @@ from twisted.logger import Logger
 from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.dispatch.stallwatch import StallWatch
+from tests.fakecontext import FakeContext
 from tests.fakeupstream import (
-    FakeContext,
     FakeRequest,
     FakeResponse,
     makeFacade,

@@ -58,29 +58,29 @@ def encodeValue(value: object) -> str:
     return _encode(value)
 
 
-def encode(message: dict[str, Any]) -> bytes:
+def encode(message: dict[str, object]) -> bytes:
     """Serialize one message as a compact UTF-8 JSON line."""
     return utf8(_encode(message) + "\n")
 
 
-def request(id: int | str, method: str, params: object) -> dict[str, Any]:
+def request(id: int | str, method: str, params: object) -> dict[str, object]:
     """Build a JSON-RPC request object."""
     return {"jsonrpc": "2.0", "id": id, "method": method, "params": params}
 
 
-def notification(method: str, params: object) -> dict[str, Any]:
+def notification(method: str, params: object) -> dict[str, object]:
     """Build a JSON-RPC notification object."""
     return {"jsonrpc": "2.0", "method": method, "params": params}
 
 
-def result(id: object, value: object) -> dict[str, Any]:
+def result(id: object, value: object) -> dict[str, object]:
     """Build a successful response."""
     return {"jsonrpc": "2.0", "id": id, "result": value}
 
 
-def error(id: object, code: int, message: str, data: object = None) -> dict[str, Any]:
+def error(id: object, code: int, message: str, data: object = None) -> dict[str, object]:
     """Build an error response; ``data`` is included only when given."""
-    body: dict[str, Any] = {"code": code, "message": message}
+    body: dict[str, object] = {"code": code, "message": message}
     if data is not None:
         body["data"] = data
     return {"jsonrpc": "2.0", "id": id, "error": body}
@@ -88,6 +88,8 @@ def error(id: object, code: int, message: str, data: object = None) -> dict[str,
 
 class Prepared(dict[str, Any]):
     """Notification params that write their own JSON text.
+
+    Its values are ``Any``: whoever fills them is also the template that reads them back.
 
     Whoever builds one fixes its shape, so the JSON can come from a template rather than
     the general encoder; ``paramsJSON`` must return exactly ``encodeValue(self)``, and
@@ -123,7 +125,7 @@ def notificationHead(method: str) -> str:
     return head
 
 
-def notificationLine(method: str, params: dict[str, Any]) -> bytes:
+def notificationLine(method: str, params: dict[str, object]) -> bytes:
     """The line of ``notification(method, params)``: the same bytes as ``encode`` gives."""
     if isinstance(params, Prepared):
         return params.line(method)

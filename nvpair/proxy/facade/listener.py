@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable
-from typing import Any
 
 from twisted.internet.error import ConnectionDone
 from twisted.internet.interfaces import IAddress, IDelayedCall, IProtocol, IReactorTime
@@ -97,7 +96,7 @@ class PersonalityFactory(ServerFactory):
     def __init__(
         self,
         clock: IReactorTime,
-        plaintext: Factory[Any],
+        plaintext: Factory,
         tls: Callable[[IAddress], IProtocol | None] | None = None,
         loopbackOnly: bool = False,
         maxConnections: int = 4096,
