@@ -35,7 +35,8 @@ from nvpair.proxy.facade.hostcheck import HostGate, HostRule
 from nvpair.proxy.facade.listener import PersonalityFactory
 from nvpair.proxy.facade.ports import PortError, PortStore, requestedPort
 from nvpair.proxy.http.site import FacadeSite, sendError
-from nvpair.proxy.interfaces import IBrokerSink, IMessageHandler
+from nvpair.proxy.interfaces import IBrokerSink, IMessageHandler, IRequestContext
+from nvpair.proxy.ops.interfaces import IOpsView
 from nvpair.proxy.ops.metrics import Metrics
 from nvpair.proxy.options import LEVELS, Settings
 from nvpair.proxy.routing.affinity import Affinity
@@ -46,7 +47,7 @@ from nvpair.proxy.runtime.logs import LogControl, TextStream, makeObserver
 SHUTDOWN_GRACE = 3.0
 
 
-@implementer(IMessageHandler)
+@implementer(IMessageHandler, IOpsView, IRequestContext)
 class ProxyService(MultiService):
     """The whole proxy process below the twistd plugin."""
 

@@ -15,9 +15,11 @@ from twisted.internet.interfaces import (
     IOpenSSLServerConnectionCreator,
 )
 from twisted.web.iweb import IPolicyForHTTPS
+from zope.interface import implementer
 
 from nvpair.proxy.cluster.directory import ClusterDirectory
 from nvpair.proxy.cluster.files import fingerprintOf
+from nvpair.proxy.cluster.interfaces import IPeerTrust
 from nvpair.proxy.cluster.tls import ClusterError, ClusterTLS, NoCredentials, NoPin, NotAMember
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
 ]
 
 
+@implementer(IPeerTrust)
 class ClusterTrust(ClusterDirectory):
     """The live view of a cluster directory and the mutual-TLS connections built from it.
 
