@@ -6,7 +6,6 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
-from treq.testing import StubTreq
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
@@ -17,7 +16,7 @@ from nvpair.proxy.ops.nodestate import STALE_AFTER, NodeState, attemptHealth, po
 from nvpair.proxy.ops.server import opsResource
 from nvpair.proxy.routing.candidates import Node
 from tests.test_fleet import FakeResponse, FakeUpstream, openaiList
-from tests.test_ops import ENGINE, makeService, scripted
+from tests.test_ops import ENGINE, makeService, memoryClient, scripted
 
 
 class PollHealthTests(SynchronousTestCase):
@@ -78,7 +77,7 @@ class StatusStateTests(SynchronousTestCase):
     def nodes(self, service: Any) -> dict[str, dict[str, Any]]:
         """The nodes of the llamacpp facade in ``/status``, by id."""
         response = self.successResultOf(
-            StubTreq(opsResource(service)).get("http://127.0.0.1/status")
+            memoryClient(opsResource(service)).get("http://127.0.0.1/status")
         )
         doc = json.loads(self.successResultOf(response.content()))
         return {n["id"]: n for n in doc["facades"]["llamacpp"]["nodes"]}

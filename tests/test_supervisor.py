@@ -21,9 +21,12 @@ from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from nvpair.proxy.broker import jsonrpc
+from nvpair.supervisor.channel import ProxyChannel
 from nvpair.supervisor.process import (
+    ChannelState,
     ExitInfo,
     JSONRPCError,
+    Lifecycle,
     ProcessGone,
     ProtocolError,
     ProxyProcess,
@@ -212,9 +215,29 @@ class StartTests(Harness):
         self.assertEqual(spawn.env, {"A": "1"})
 
     def test_fakeTransportProvidesInterface(self) -> None:
-        """The fake transport the tests drive really provides IProcessTransport."""
+        """The fake transport (and reactor) the tests drive really provide their interfaces."""
         self.make().start()
         self.assertTrue(verifyObject(IProcessTransport, self.reactor.transport))
+        self.assertTrue(verifyObject(IReactorProcess, self.reactor))
+
+    def test_lifecycle(self) -> None:
+        """Idle, starting until the handshake, supervising, idle again once stopped; the
+        channel is starting, ready, then closing and ended."""
+        proxy = self.make()
+        self.assertIs(proxy.lifecycle, Lifecycle.IDLE)
+        proxy.start()
+        self.assertIs(proxy.lifecycle, Lifecycle.STARTING)
+        channel = self.reactor.spawned[0].protocol
+        assert isinstance(channel, ProxyChannel)
+        self.assertIs(channel.state, ChannelState.STARTING)
+        self.reactor.transport.answer({})
+        self.assertIs(proxy.lifecycle, Lifecycle.SUPERVISING)
+        self.assertIs(channel.state, ChannelState.READY)
+        proxy.stop()
+        self.assertIs(proxy.lifecycle, Lifecycle.IDLE)
+        self.assertIs(channel.state, ChannelState.CLOSING)
+        self.reactor.transport.end()
+        self.assertIs(channel.state, ChannelState.ENDED)
 
     def test_startAfterHandshake(self) -> None:
         """start() fires only after the log/set-level round trip, then pid is known."""
