@@ -13,8 +13,7 @@ import attrs
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
-from nvpair.proxy.broker.channel import resolveAddress
-from nvpair.proxy.broker.jsonrpc import notification
+from nvpair.proxy.broker.jsonrpc import notification, resolveAddress
 from nvpair.supervisor.channel import JSONRPCError, ProxyChannel
 
 # Per-engine state, in the order it is replayed.

@@ -130,7 +130,8 @@ def _seconds(value: object) -> float | None:
 
 
 def _workload(entry: Mapping[str, object]) -> WorkloadEntry:
-    """One recent workload: its listed fields, times in ms, duration and error in words."""
+    """One recent workload: only these fields (nothing else its record may hold), times in
+    ms, duration and error in words."""
     createdAt, completedAt = _seconds(entry.get("createdAt")), _seconds(entry.get("completedAt"))
     error, stats = entry.get("error"), entry.get("stats")
     error = error if isinstance(error, str) else None
