@@ -25,6 +25,7 @@ from twisted.web.iweb import IPolicyForHTTPS
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
+from nvpair.proxy.cluster.directory import Standing
 from nvpair.proxy.cluster.membership import (
     ClusterTrust,
     NoCredentials,
@@ -196,6 +197,18 @@ class ParsingTests(_TrustMixin, SynchronousTestCase):
         self.assertEqual(self.clock.getDelayedCalls(), [])
         self.assertRaises(NotAMember, trust.clientCreatorFor, "b")
         self.assertEqual(self.problems, [])
+        self.assertIs(trust.standing, Standing.OFF)
+
+    def test_standing(self) -> None:
+        """Not a member, a member without a certificate, then a member that can present one."""
+        trust = self.makeTrust(self.dir.path)
+        self.assertIs(trust.standing, Standing.NOT_MEMBER)
+        writeMember(self.dir.path, "a")
+        self.clock.advance(1)
+        self.assertIs(trust.standing, Standing.NO_CREDENTIALS)
+        writeNodeTLS(self.dir.path, A_CERT, A_KEY)
+        self.clock.advance(1)
+        self.assertIs(trust.standing, Standing.MEMBER)
 
     def test_emptyDirectory(self) -> None:
         """An empty directory means not a member, no pins, and no problem."""

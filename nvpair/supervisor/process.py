@@ -6,8 +6,9 @@ matched to responses by an increasing integer id; notifications from the proxy a
 subscribers.  With a restart policy, a process that exits without ``stop()`` is restarted
 and the broker-owned state that went through this object is replayed to it.
 
-One process's channel is ``supervisorchannel.ProxyChannel`` (which also defines the errors
-re-exported here); the recorded state is ``supervisorreplay.ReplayState``.
+One process's channel is ``supervisor.channel.ProxyChannel`` (which also defines the errors
+re-exported here); the recorded state is ``supervisor.replay.ReplayState``.  ``lifecycle``
+says whether a process runs and whether its exit would be a crash.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ It polls the files' stat signatures on the injected clock and re-reads only what
 The directory has three independent parts (membership, TLS identity, pins); a part whose
 files are half-written or invalid keeps its last good value and is reported once through
 ``onProblem``.  A missing ``member.json`` is not a problem: it means "not a member", at once.
-Reading the files and their formats are ``clusterfiles``' business.
+Reading the files and their formats are ``cluster.files``' business.
 """
 
 from __future__ import annotations

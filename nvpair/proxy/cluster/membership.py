@@ -1,9 +1,9 @@
 """Cluster trust: membership, this node's TLS identity and peer pins (protocol §6, spec §7).
 
 ``ClusterTrust`` is the public face of the cluster personality: the live, last-good view of
-the cluster directory (``clusterdir``; its file formats in ``clusterfiles``) together with
-the pinned mutual-TLS connections built from it (``clustertls``).  Other modules import it
-and the errors from here.
+the cluster directory (``cluster.directory``; its file formats in ``cluster.files``) together
+with the pinned mutual-TLS connections built from it (``cluster.tls``).  Other modules import it
+and the errors from here; the peer door sees it as ``cluster.interfaces.IPeerTrust``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Twisted's ``doPoll`` wraps every ready descriptor's callback in the legacy logging context
 (four Python frames and two dict copies per event) so that ``twisted.python.log`` messages
 carry the connection's ``system`` prefix.  The proxy's log records never show that prefix
-(``logs`` drops it), so ``ProxyReactor`` hands plain read events straight to the
+(``runtime.logs`` drops it), so ``ProxyReactor`` hands plain read events straight to the
 descriptor and everything else to Twisted's own ``_doReadOrWrite``.  Errors are handled
 the same way: logged, and the descriptor disconnected.
 
