@@ -37,7 +37,10 @@ def peerTransport(request: ServerRequest) -> object:
 
 
 class PeerFacade(Structural):
-    """What a peer door reads of its facade (``facade.Facade``): its engine and backend."""
+    """What a peer door reads of its facade (``facade.Facade``): its engine and backend.
+
+    Structural (a ``typing.Protocol``), so the facade qualifies as it is, without the facade
+    package importing the cluster package."""
 
     @property
     def engine(self) -> Engine: ...
