@@ -25,6 +25,7 @@ import attrs
 import treq
 from twisted.internet import defer, task
 from twisted.internet.interfaces import IDelayedCall
+from twisted.web.http_headers import Headers
 
 from nvpair.proxy.testing.fakeengine import (
     Answer,
@@ -463,14 +464,14 @@ class Soak:
             return Sent(chaosId, "verbatim", "GET", "/api/version", None, False, now)
         return Sent(chaosId, "list", "GET", "/api/tags", None, False, now)
 
-    def payload(self, s: Sent, rng: random.Random) -> tuple[dict[str, list[str]], bytes | None]:
+    def payload(self, s: Sent, rng: random.Random) -> tuple[Headers, bytes | None]:
         """Headers and body of a request (the canary in prompt and credentials)."""
-        headers = {"X-Chaos-Id": [s.chaosId]}
+        headers = Headers({"X-Chaos-Id": [s.chaosId]})
         if rng.random() < 0.5:
-            headers["Authorization"] = [f"Bearer {CANARY}"]
+            headers.setRawHeaders("Authorization", [f"Bearer {CANARY}"])
         if s.method == "GET":
             return headers, None
-        headers["Content-Type"] = ["application/json"]
+        headers.setRawHeaders("Content-Type", ["application/json"])
         if s.kind == "verbatim":
             doc: dict[str, Any] = {"model": s.model, "insecure": False}
         elif s.path == "/api/generate":
@@ -704,7 +705,7 @@ class Soak:
         leaks = [r for r in self.proxy.logs if canary in json.dumps(r)]
         if leaks:
             self.report.violations.append(f"canary in {len(leaks)} log lines: {leaks[0]}"[:300])
-        rpc = [m for m in self.proxy.notifications if canary in json.dumps(m)]
+        rpc: list[object] = [m for m in self.proxy.notifications if canary in json.dumps(m)]
         rpc += [p for p in self.proxy.protocolErrors if canary in p]
         if rpc:
             self.report.violations.append(f"canary in {len(rpc)} JSON-RPC messages")
@@ -735,7 +736,7 @@ def _complete(s: Sent) -> bool:
             return bool(lines) and lines[-1].get("done") is True
         if s.stream:
             return body.rstrip().endswith(b"data: [DONE]")
-        return json.loads(body)["choices"][0]["message"]["content"].startswith("tok")
+        return bool(json.loads(body)["choices"][0]["message"]["content"].startswith("tok"))
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         return False
 

@@ -120,6 +120,7 @@ class ProxyFixture:
         """Enable a facade on ``port`` (a free one by default); returns the bound port."""
         params = {"engine": engine, "port": port if port is not None else freePort(), **extra}
         result = await self.process.request("facade/enable", params)
+        assert isinstance(result, dict), result
         return int(result["port"])
 
     def nodes(self, engine: str, nodes: list[dict[str, Any]]) -> defer.Deferred[Any]:

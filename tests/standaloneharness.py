@@ -100,6 +100,16 @@ class _StderrReader:
             os.close(self.fd)
 
 
+def facadeEnabled(engineId: str) -> Callable[[dict[str, Any]], bool]:
+    """Matches the log record of ``engineId``'s facade being enabled."""
+    return lambda r: r.get("event") == "facade-enabled" and r.get("engine") == engineId
+
+
+def backendUp(url: str) -> Callable[[dict[str, Any]], bool]:
+    """Matches the log record of the backend at ``url`` answering its first inventory poll."""
+    return lambda r: r.get("event") == "backend-up" and r["url"] == url
+
+
 class StandaloneProxy:
     """One standalone proxy process with one free port per enabled facade."""
 
@@ -200,9 +210,7 @@ class StandaloneProxy:
             os.close(writeEnd)  # the child holds its copy: EOF comes when the child exits
         self.reactor.addReader(self.stderr)
         for engineId in self.engines:
-            await self.waitForLog(
-                lambda r, e=engineId: r.get("event") == "facade-enabled" and r.get("engine") == e
-            )
+            await self.waitForLog(facadeEnabled(engineId))
 
     def stop(self) -> defer.Deferred[Any]:
         """SIGTERM, then SIGKILL after 10 s; fires with the exit code."""

@@ -232,6 +232,7 @@ class ThreeNodeTests(ClusterTestCase):
         a = ClusterNode(self, reactor, "node-a", ["m-a"])
         b = ClusterNode(self, reactor, "node-b", ["m-s"])
         c = ClusterNode(self, reactor, "node-c", ["m-s"])
+        assert a.engine is not None and b.engine is not None and c.engine is not None
         yield defer.gatherResults(
             [
                 _d(a.start(pins=[b, c])),

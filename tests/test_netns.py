@@ -132,8 +132,11 @@ class IngressGateTests(TestCase):
             await self.ip("-n", ns, "link", "set", "lo", "up")
             await self.ip("-n", ns, "link", "set", dev, "up")
 
-    def _deleteNamespace(self, ns: str) -> defer.Deferred[Any]:
-        return utils.getProcessOutputAndValue(self.ipPath, ("netns", "del", ns), env=os.environ)
+    def _deleteNamespace(self, ns: str) -> defer.Deferred[tuple[bytes, bytes, int]]:
+        deleted: defer.Deferred[tuple[bytes, bytes, int]] = utils.getProcessOutputAndValue(
+            self.ipPath, ("netns", "del", ns), env=os.environ
+        )
+        return deleted
 
     async def engineInServer(self) -> int:
         """A fake engine inside the server namespace; returns its port there."""

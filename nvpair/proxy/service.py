@@ -38,6 +38,7 @@ from nvpair.proxy.facade.standalone import IStandaloneProcess
 from nvpair.proxy.handlers import BrokerHandlers
 from nvpair.proxy.http.site import FacadeSite
 from nvpair.proxy.interfaces import IBrokerSink, InFlight
+from nvpair.proxy.ops.interfaces import IOpsView
 from nvpair.proxy.ops.metrics import Metrics
 from nvpair.proxy.routing.affinity import Affinity
 from nvpair.proxy.routing.candidates import Snapshot
@@ -48,7 +49,7 @@ from nvpair.proxy.settings import Settings
 SHUTDOWN_GRACE = 3.0
 
 
-@implementer(IStandaloneProcess)
+@implementer(IStandaloneProcess, IOpsView)
 class ProxyService(MultiService):
     """The whole proxy process below the twistd plugin."""
 

@@ -17,7 +17,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nvpair.proxy.broker import jsonrpc
-from nvpair.proxy.engines import ENGINES
+from nvpair.proxy.broker.jsonrpc import resolveAddress as resolveAddress
 from nvpair.proxy.interfaces import IBrokerSink, IMessageHandler
 
 # Names that only make sense addressed to a facade (spec §4).
@@ -50,14 +50,6 @@ class RPCError(Exception):
         self.code = code
         self.message = message
         self.data = data
-
-
-def resolveAddress(method: str) -> tuple[str | None, str]:
-    """Split ``engine:name`` when the part before the first colon is a known engine id."""
-    head, sep, rest = method.partition(":")
-    if sep and head in ENGINES:
-        return head, rest
-    return None, method
 
 
 def isFacadeScoped(name: str) -> bool:

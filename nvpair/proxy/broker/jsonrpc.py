@@ -2,7 +2,7 @@
 
 One JSON object per ``\\n``-terminated line, at most ``MAX_LINE`` bytes (protocol §2).  An
 over-long line is discarded up to its terminating newline and reported once; the stream
-keeps going.
+keeps going.  ``resolveAddress`` is the method naming both sides share (protocol §3).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from typing import Any
 
 from twisted.internet.protocol import Protocol
 
+from nvpair.proxy.facade.engines import ENGINES
+
 MAX_LINE = 1 << 20
 
 PARSE_ERROR = -32700
@@ -22,6 +24,14 @@ INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 FACADE_NOT_ENABLED = -32004
 BIND_FAILED = -32010
+
+
+def resolveAddress(method: str) -> tuple[str | None, str]:
+    """Split ``engine:name`` when the part before the first colon is a known engine id."""
+    head, sep, rest = method.partition(":")
+    if sep and head in ENGINES:
+        return head, rest
+    return None, method
 
 
 def _unencodable(value: object) -> object:
