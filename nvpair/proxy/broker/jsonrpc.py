@@ -13,7 +13,7 @@ from typing import Any
 
 from twisted.internet.protocol import Protocol
 
-from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.engines import ENGINES
 
 MAX_LINE = 1 << 20
 
