@@ -22,8 +22,9 @@ from nvpair.proxy.facade.frontdoor import FrontDoor
 from nvpair.proxy.http.site import FacadeSite
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
+from tests.fakeupstream import ListSink
 from tests.harness import CANARY
-from tests.test_facade import BusyReactor, ListSink
+from tests.test_facade import BusyReactor
 from tests.wire import siteExchange
 
 MAX_BODY = 2000

@@ -17,7 +17,9 @@ from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IListeningPort, IReactorTCP, IReactorTime
 from twisted.internet.protocol import ServerFactory
 from twisted.logger import Logger
+from zope.interface import implementer
 
+from nvpair.proxy.dispatch.interfaces import IFacadeView
 from nvpair.proxy.facade.engines import Engine
 from nvpair.proxy.routing.candidates import Snapshot
 
@@ -65,6 +67,7 @@ class Watcher(Protocol):
         """The watched node left the discovery snapshot."""
 
 
+@implementer(IFacadeView)
 class Facade(Service):
     """An engine's facade: listeners plus the discovery, pin and local-backend state."""
 
