@@ -4,7 +4,8 @@ Per request, exactly as the proxy sends them (``dispatch.Exchange``): ``admit`` 
 ``submitted``, queued and unplaced), ``dispatch`` (``submitted`` placed on the node, then
 ``discovery:node-activity`` +1), ``serve`` (``started``), the end (``completed`` with stats,
 then ``discovery:node-activity`` back to 0): six notifications through the service's
-forwarding sink into a ``BrokerChannel`` whose transport only counts bytes (no sockets);
+forwarding sink (``SinkSwitch``) into a ``BrokerChannel`` whose transport only counts bytes
+(no sockets);
 ``notify-nullsink`` is the same with a sink that drops everything (the bookkeeping alone, so
 ``notify`` minus it is the cost of writing the JSON lines).
 Separately, ``StatsMeter`` per request: feed + ``result`` for a typical OpenAI non-streaming
@@ -23,17 +24,15 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 from twisted.internet.task import Clock
 
 from nvpair.proxy.broker.activity import Activity
-from nvpair.proxy.broker.channel import BrokerChannel
+from nvpair.proxy.broker.channel import BrokerChannel, SinkSwitch
 from nvpair.proxy.broker.workloads import COMPLETED, WorkloadReporter
 from nvpair.proxy.routing.stats import StatsMeter
-from nvpair.proxy.service import _Forward
-from tests.fakeengine import Answer, _document, _streamPieces
+from nvpair.proxy.testing.fakeengine import Answer, Route, document, streamPieces
 
 MODEL = "m1"
 NODE = "E"
@@ -70,7 +69,7 @@ def notifyRun(requests: int, null: bool = False) -> tuple[float, CountingTranspo
     transport = CountingTransport()
     channel.transport = transport  # type: ignore[assignment]
     target: Any = _NullSink() if null else channel
-    sink = _Forward(SimpleNamespace(sink=target))  # type: ignore[arg-type]
+    sink = SinkSwitch(target)
     reporter = WorkloadReporter(sink, clock)
     activity = Activity(sink)
     stats = {"promptTokens": 12, "completionTokens": 50, "tokensPerSecond": 1234.56, "ttftMs": 3}
@@ -132,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     n = args.requests
 
-    plain = [_document("chat", MODEL, Answer(chunks=50), "bench", 1)]
-    sse = _streamPieces("chat", MODEL, Answer(chunks=50), "bench")
+    plain = [document(Route.CHAT, MODEL, Answer(chunks=50), "bench", 1)]
+    sse = streamPieces(Route.CHAT, MODEL, Answer(chunks=50), "bench")
     cases: dict[str, Callable[[], float]] = {
         "notify": lambda: notifyRun(n)[0],
         "notify-nullsink": lambda: notifyRun(n, null=True)[0],

@@ -111,8 +111,8 @@ class Server:
 
 
 # The benchmark's engine: the Node fake engine of the shared bench folder (~65k req/s on this
-# kind of machine, so it never limits nginx), or tests.fakeengine where Node or the file is
-# missing (it caps nginx near 26k req/s: ratios against nginx then flatter the proxy).
+# kind of machine, so it never limits nginx), or nvpair.proxy.testing.fakeengine where Node or
+# the file is missing (it caps nginx near 26k req/s: ratios against nginx then flatter the proxy).
 NODE_ENGINE = os.environ.get(
     "BENCH_ENGINE_JS", os.path.join(os.path.dirname(ROOT), "shared", "bench", "fake_engine.js")
 )
@@ -143,7 +143,7 @@ def startEngine(chunks: int, chunkDelay: float = 0.0) -> Server:
         [
             PYTHON,
             "-m",
-            "tests.fakeengine",
+            "nvpair.proxy.testing.fakeengine",
             "--port",
             "0",
             "--dialect",

@@ -236,7 +236,8 @@ def markdown(results: dict[str, Any], s: dict[str, Any]) -> str:
             f"; the {k} spent {v:.0f} µs/request more" for k, v in s["nvpair_extra_cpu"].items()
         ),
         f"* fake engine: {results.get('extras', {}).get('engine') or '?'} "
-        "(node = the shared Node engine; python = tests.fakeengine, which limits nginx)",
+        "(node = the shared Node engine; python = nvpair.proxy.testing.fakeengine, "
+        "which limits nginx)",
         f"* fake engine headroom: direct throughput is {s['engine_headroom']:.1f}× the proxy's",
         "* errors + incomplete streams over all rounds: "
         + ", ".join(f"{n} {s['errors'][n]}" for n in CONFIGS),

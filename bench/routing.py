@@ -23,7 +23,7 @@ import time
 from collections import deque
 from typing import Any
 
-from nvpair.proxy.facade.engines import LLAMACPP
+from nvpair.proxy.engines import LLAMACPP
 from nvpair.proxy.routing.admission import Admitted, admit
 from nvpair.proxy.routing.candidates import Snapshot, orderCandidates, parseNodes, placeReservation
 from nvpair.proxy.routing.reservations import NodeLoad, ReservationMap

@@ -18,7 +18,9 @@ import time
 from typing import Any
 
 from twisted.internet.task import Clock
+from zope.interface import implementer
 
+from nvpair.proxy.http.interfaces import IDoor
 from nvpair.proxy.http.site import FacadeSite
 
 BODY = b'{"model":"m1","messages":[{"role":"user","content":"hello there"}]}'
@@ -42,6 +44,7 @@ class CountingTransport:
         pass
 
 
+@implementer(IDoor)
 class AnsweringDoor:
     """Answers every request at once, the way a committed proxied answer is written."""
 

@@ -25,8 +25,9 @@ import attrs
 import treq
 from twisted.internet import defer, task
 from twisted.internet.interfaces import IDelayedCall
+from twisted.web.http_headers import Headers
 
-from tests.fakeengine import (
+from nvpair.proxy.testing.fakeengine import (
     Answer,
     Behaviour,
     DieMidStream,
@@ -147,16 +148,16 @@ class ChaosEngine(FakeEngine):
         self._relisten: IDelayedCall | None = None
         self._closed = False
 
-    def _handle(
+    def requestReceived(
         self, proto: Any, method: bytes, target: bytes, headers: dict[str, list[str]], body: bytes
     ) -> None:
         path = target.split(b"?", 1)[0]
         ids = headers.get(CHAOS_HEADER)
-        if (method == b"GET" and path in self._lists) or not ids:
-            super()._handle(proto, method, target, headers, body)
+        if (method == b"GET" and path in self.lists) or not ids:
+            super().requestReceived(proto, method, target, headers, body)
             return
         chaosId = ids[0]
-        inference = self._routes.get(path) is not None and method == b"POST"
+        inference = self.routes.get(path) is not None and method == b"POST"
         seen = sum(1 for a in self.ledger.byId.get(chaosId, ()) if a.engine == self.name)
         rng = random.Random(f"{self.config.seed}:{chaosId}:{self.name}:{seen}")
         weights = INFERENCE_WEIGHTS if inference else VERBATIM_WEIGHTS
@@ -165,7 +166,7 @@ class ChaosEngine(FakeEngine):
         if label == "refuse":
             self._refuse()
         self.behaviours[:] = [self._behaviour(label, rng)]
-        super()._handle(proto, method, target, headers, body)
+        super().requestReceived(proto, method, target, headers, body)
 
     def _behaviour(self, label: str, rng: random.Random) -> Behaviour:
         timeout = self.config.responseTimeout
@@ -202,11 +203,11 @@ class ChaosEngine(FakeEngine):
                 self.listen(port)
             except Exception:
                 if tries < 50:
-                    self._relisten = self._reactor.callLater(0.05, relisten, tries + 1)
+                    self._relisten = self.clock.callLater(0.05, relisten, tries + 1)
                 return
             self.refusing = False
 
-        self._relisten = self._reactor.callLater(self.config.refuseFor, relisten)
+        self._relisten = self.clock.callLater(self.config.refuseFor, relisten)
 
     def close(self) -> defer.Deferred[None]:
         """Close, cancelling a pending re-listen."""
@@ -463,14 +464,14 @@ class Soak:
             return Sent(chaosId, "verbatim", "GET", "/api/version", None, False, now)
         return Sent(chaosId, "list", "GET", "/api/tags", None, False, now)
 
-    def payload(self, s: Sent, rng: random.Random) -> tuple[dict[str, list[str]], bytes | None]:
+    def payload(self, s: Sent, rng: random.Random) -> tuple[Headers, bytes | None]:
         """Headers and body of a request (the canary in prompt and credentials)."""
-        headers = {"X-Chaos-Id": [s.chaosId]}
+        headers = Headers({"X-Chaos-Id": [s.chaosId]})
         if rng.random() < 0.5:
-            headers["Authorization"] = [f"Bearer {CANARY}"]
+            headers.setRawHeaders("Authorization", [f"Bearer {CANARY}"])
         if s.method == "GET":
             return headers, None
-        headers["Content-Type"] = ["application/json"]
+        headers.setRawHeaders("Content-Type", ["application/json"])
         if s.kind == "verbatim":
             doc: dict[str, Any] = {"model": s.model, "insecure": False}
         elif s.path == "/api/generate":
@@ -704,7 +705,7 @@ class Soak:
         leaks = [r for r in self.proxy.logs if canary in json.dumps(r)]
         if leaks:
             self.report.violations.append(f"canary in {len(leaks)} log lines: {leaks[0]}"[:300])
-        rpc = [m for m in self.proxy.notifications if canary in json.dumps(m)]
+        rpc: list[object] = [m for m in self.proxy.notifications if canary in json.dumps(m)]
         rpc += [p for p in self.proxy.protocolErrors if canary in p]
         if rpc:
             self.report.violations.append(f"canary in {len(rpc)} JSON-RPC messages")
@@ -735,7 +736,7 @@ def _complete(s: Sent) -> bool:
             return bool(lines) and lines[-1].get("done") is True
         if s.stream:
             return body.rstrip().endswith(b"data: [DONE]")
-        return json.loads(body)["choices"][0]["message"]["content"].startswith("tok")
+        return bool(json.loads(body)["choices"][0]["message"]["content"].startswith("tok"))
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         return False
 

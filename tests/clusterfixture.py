@@ -1,6 +1,6 @@
 """Fixtures for cluster tests: member nodes as real proxy processes and pinned test clients.
 
-``ClusterNode`` is one member: its own certificate and cluster directory (``tests.certs``),
+``ClusterNode`` is one member: its own certificate and cluster directory (``testing.certs``),
 its own fake engine as the local backend, and a real proxy process started with
 ``--cluster-dir``.  ``pinnedClient`` is a TLS HTTP client presenting a chosen certificate
 and accepting only one node's pin (built from a ``ClusterTrust`` over a directory of its
@@ -21,8 +21,8 @@ from twisted.trial.unittest import TestCase
 from twisted.web.client import Agent, HTTPConnectionPool
 
 from nvpair.proxy.cluster.membership import ClusterTrust
-from tests.certs import makeNodeCert, writeClusterDir, writePins
-from tests.fakeengine import FakeEngine
+from nvpair.proxy.testing.certs import makeNodeCert, writeClusterDir, writePins
+from nvpair.proxy.testing.fakeengine import FakeEngine
 from tests.harness import ProxyFixture, startEngine
 
 ENGINE = "llamacpp"

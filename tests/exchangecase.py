@@ -13,8 +13,9 @@ from typing import Any
 from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.dispatch.exchange import Exchange
+from tests.fakecontext import FakeContext
 from tests.fakerequest import FakeRequest
-from tests.fakeupstream import CHAT, FakeContext, makeFacade, node, startExchange
+from tests.fakeupstream import CHAT, makeFacade, node, startExchange
 
 SSE = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
 USAGE = (

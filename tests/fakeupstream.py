@@ -1,9 +1,9 @@
 """In-memory fakes for unit tests of the request path: upstream, responses, client, context.
 
 ``FakeUpstream`` records every request as a ``Call`` whose Deferred the test fires by hand;
-``FakeResponse`` delivers body bytes, EOF and failures when told; ``FakeRequest`` is the
-client side (a twisted.web request with a transport that can pause, abort and lose);
-``FakeContext`` is the duck-typed context an ``Exchange`` reports to (see ``ProxyService``).
+``FakeResponse`` delivers body bytes, EOF and failures when told; the client side is
+``tests.fakerequest.FakeRequest``, and the context an ``Exchange`` reports to is
+``tests.fakecontext.FakeContext``.
 Everything runs on a ``Clock``: no sockets, no real time.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import attrs
 from twisted.internet import defer
 from twisted.internet.error import ConnectionLost, ConnectionRefusedError
 from twisted.internet.interfaces import IProtocol, IPushProducer
@@ -24,22 +23,15 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 from zope.interface import implementer
 
-from nvpair.proxy.broker.activity import Activity
-from nvpair.proxy.broker.workloads import WorkloadReporter
 from nvpair.proxy.dispatch.exchange import Exchange
 from nvpair.proxy.dispatch.interfaces import IFacadeView
-from nvpair.proxy.dispatch.relay import forwardHeaders
-from nvpair.proxy.dispatch.stallwatch import StallWatches
-from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.facade.facade import Facade
 from nvpair.proxy.http.client import HTTPClientConnection
-from nvpair.proxy.http.response import Response
-from nvpair.proxy.http.site import sendError
+from nvpair.proxy.http.interfaces import IConnectionPool, IPooledConnection
 from nvpair.proxy.interfaces import IBrokerSink, IRequestContext, IUpstream
 from nvpair.proxy.options import Settings
-from nvpair.proxy.routing.affinity import Affinity
 from nvpair.proxy.routing.candidates import Node, Snapshot
-from nvpair.proxy.routing.reservations import ReservationMap
 from tests.fakerequest import FakeRequest
 
 RUN_ID = "0123456789abcdef"
@@ -197,7 +189,7 @@ class Call:
         self.cancelled = False
         self.response: FakeResponse | None = None
         # Fires with a ``FakeResponse``, or (``respondRaw``) the real upstream client's.
-        self.deferred: defer.Deferred[IResponse | Response] = defer.Deferred(self._cancel)
+        self.deferred: defer.Deferred[IResponse] = defer.Deferred(self._cancel)
 
     def _cancel(self, _: object) -> None:
         self.cancelled = True
@@ -236,9 +228,9 @@ class Call:
         """The engine answers with these raw bytes (one read each), parsed by the real
         upstream client on an in-memory transport; more reads go to the connection."""
         self.connect()
-        conn = HTTPClientConnection(_NoPool(), ("http", b"e", 1))  # type: ignore[arg-type]
+        conn = HTTPClientConnection(NoPool(), ("http", b"e", 1))
         conn.makeConnection(StringTransport())
-        sent: defer.Deferred[Response] = defer.Deferred()
+        sent: defer.Deferred[IResponse] = defer.Deferred()
         sent.addCallbacks(self.deferred.callback, self.deferred.errback)
         conn.send(b"", self.method, sent)
         for data in reads:
@@ -255,14 +247,15 @@ class Call:
         self.deferred.errback(ResponseFailed([Failure(ConnectionLost())]))
 
 
-class _NoPool:
+@implementer(IConnectionPool)
+class NoPool:
     """The pool of a ``respondRaw`` connection: keeps nothing."""
 
-    def release(self, conn: HTTPClientConnection) -> None:
+    def release(self, conn: IPooledConnection) -> None:
         if conn.transport is not None:
             conn.transport.loseConnection()
 
-    def lost(self, conn: HTTPClientConnection) -> None:
+    def lost(self, conn: IPooledConnection) -> None:
         pass
 
 
@@ -284,7 +277,7 @@ class FakeUpstream:
         headers: Headers,
         body: bytes,
         connected: Callable[[], None] | None = None,
-    ) -> defer.Deferred[IResponse | Response]:
+    ) -> defer.Deferred[IResponse]:
         call = Call(self, node, address, method, path, headers, body, connected)
         self.calls.append(call)
         if self.auto is not None:
@@ -300,47 +293,6 @@ class FakeUpstream:
 
     def nodesCalled(self) -> list[str]:
         return [c.nodeId for c in self.calls]
-
-
-@attrs.define
-class Recorder:
-    """The context's reporting hooks, recorded."""
-
-    internal: list[str] = attrs.Factory(list)
-    failedAttempts: list[Any] = attrs.Factory(list)
-    commits: list[str] = attrs.Factory(list)
-    ended: list[Any] = attrs.Factory(list)
-
-
-class FakeContext:
-    """What an ``Exchange`` needs from the process (``ProxyService`` in production)."""
-
-    def __init__(self, clock: Clock | None = None, **settings: Any) -> None:
-        self.clock = clock or Clock()
-        self.settings = makeSettings(**settings)
-        self.stalls = StallWatches(self.clock, self.settings.streamIdleTimeout)
-        self.affinity: Affinity | None = None
-        self.upstream = FakeUpstream(self.clock)
-        self.sink = ListSink()
-        self.reporter = WorkloadReporter(self.sink, self.clock, RUN_ID)
-        self.activity = Activity(self.sink)
-        self.reservations = ReservationMap()
-        self.exchanges: set[Any] = set()
-        self.forwardHeaders = forwardHeaders
-        self.sendError = sendError
-        self.record = Recorder()
-
-    def reportInternal(self, exceptionType: str) -> None:
-        self.record.internal.append(exceptionType)
-
-    def attemptFailed(self, exchange: Any, outcome: Any) -> None:
-        self.record.failedAttempts.append(outcome)
-
-    def committed(self, exchange: Any, nodeId: str) -> None:
-        self.record.commits.append(nodeId)
-
-    def requestEnded(self, exchange: Any) -> None:
-        self.record.ended.append(exchange)
 
 
 def node(

@@ -16,8 +16,8 @@ from typing import Any
 from twisted.internet import defer
 from twisted.trial.unittest import TestCase
 
+from nvpair.proxy.testing.fakeengine import FakeEngine
 from nvpair.supervisor.process import ProxyProcess
-from tests.fakeengine import FakeEngine
 
 CANARY = "CANARY-7f3a9e-SECRET"
 
@@ -120,6 +120,7 @@ class ProxyFixture:
         """Enable a facade on ``port`` (a free one by default); returns the bound port."""
         params = {"engine": engine, "port": port if port is not None else freePort(), **extra}
         result = await self.process.request("facade/enable", params)
+        assert isinstance(result, dict), result
         return int(result["port"])
 
     def nodes(self, engine: str, nodes: list[dict[str, Any]]) -> defer.Deferred[Any]:

@@ -23,7 +23,7 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 from zope.interface import implementer
 
-from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.engines import ENGINES
 from tests.harness import freePort
 
 
@@ -98,6 +98,16 @@ class _StderrReader:
         if not self.closed:
             self.closed = True
             os.close(self.fd)
+
+
+def facadeEnabled(engineId: str) -> Callable[[dict[str, Any]], bool]:
+    """Matches the log record of ``engineId``'s facade being enabled."""
+    return lambda r: r.get("event") == "facade-enabled" and r.get("engine") == engineId
+
+
+def backendUp(url: str) -> Callable[[dict[str, Any]], bool]:
+    """Matches the log record of the backend at ``url`` answering its first inventory poll."""
+    return lambda r: r.get("event") == "backend-up" and r["url"] == url
 
 
 class StandaloneProxy:
@@ -200,9 +210,7 @@ class StandaloneProxy:
             os.close(writeEnd)  # the child holds its copy: EOF comes when the child exits
         self.reactor.addReader(self.stderr)
         for engineId in self.engines:
-            await self.waitForLog(
-                lambda r, e=engineId: r.get("event") == "facade-enabled" and r.get("engine") == e
-            )
+            await self.waitForLog(facadeEnabled(engineId))
 
     def stop(self) -> defer.Deferred[Any]:
         """SIGTERM, then SIGKILL after 10 s; fires with the exit code."""

@@ -7,10 +7,13 @@ from typing import Any
 
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
 
-from nvpair.proxy.facade.engines import LLAMACPP, LMSTUDIO, OLLAMA, RouteClass
+from nvpair.proxy.engines import LLAMACPP, LMSTUDIO, OLLAMA, RouteClass
+from nvpair.proxy.facade.fleet import IFleetViews
 from nvpair.proxy.routing.admission import Admitted, Refused, admit, bodyModel
-from tests.wire import siteExchange
+from nvpair.proxy.testing.wire import siteExchange
+from tests.fakecontext import FakeContext
 
 
 class BodyModelTests(SynchronousTestCase):
@@ -89,24 +92,12 @@ class AdmitTests(SynchronousTestCase):
         )
 
 
-class _Context:
-    """The service stand-in a ``FrontDoor`` reports to."""
-
-    def __init__(self) -> None:
-        from nvpair.proxy.http.site import sendError
-
-        self.sendError = sendError
-        self.internal: list[str] = []
-
-    def reportInternal(self, exceptionType: str) -> None:
-        self.internal.append(exceptionType)
-
-
 class _Facade:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
 
 
+@implementer(IFleetViews)
 class _CrashingFleet:
     """A fleet whose model list raises: an unexpected exception inside request handling."""
 
@@ -125,12 +116,12 @@ class FrontDoorTests(SynchronousTestCase):
         from nvpair.proxy.http.site import FacadeSite
 
         self.clock = Clock()
-        self.context = _Context()
+        self.context = FakeContext()
         from nvpair.proxy.facade.hostcheck import HostGate, HostRule
 
         door = FrontDoor(
             self.context,
-            _Facade(OLLAMA),
+            _Facade(OLLAMA),  # type: ignore[arg-type]  # all a crash reads is the engine
             _CrashingFleet(),
             HostGate(HostRule(["*"]), lambda listener: None),
         )

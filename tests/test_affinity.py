@@ -9,7 +9,7 @@ from typing import Any
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.facade.standalone import startStandalone
 from nvpair.proxy.routing import admission
 from nvpair.proxy.routing.affinity import (
@@ -24,8 +24,9 @@ from nvpair.proxy.routing.affinity import (
 )
 from nvpair.proxy.routing.candidates import Snapshot, orderCandidates
 from nvpair.proxy.routing.reservations import ReservationMap
+from tests.fakecontext import FakeContext
 from tests.fakerequest import FakeRequest
-from tests.fakeupstream import FakeContext, makeFacade, node, startExchange
+from tests.fakeupstream import makeFacade, node, startExchange
 from tests.test_options import assertExitsNaming, parse
 from tests.test_standalone import FakeService
 

@@ -17,10 +17,10 @@ from nvpair.proxy.dispatch.relay import (
 )
 from nvpair.proxy.dispatch.upstream import Upstream, addressesFor, splitHostPort
 from nvpair.proxy.interfaces import IUpstream
+from tests.fakecontext import FakeContext
 from tests.fakerequest import FakeRequest
 from tests.fakeupstream import (
     BodyTransport,
-    FakeContext,
     FakeResponse,
     FakeUpstream,
     makeFacade,

@@ -15,15 +15,19 @@ from zope.interface.verify import verifyObject
 from nvpair.proxy.broker import jsonrpc
 from nvpair.proxy.broker.channel import (
     BrokerChannel,
+    ChannelState,
+    NullSink,
+    OutputFlow,
     Reply,
     RPCError,
+    SinkSwitch,
     isFacadeScoped,
     resolveAddress,
 )
 from nvpair.proxy.interfaces import IBrokerSink, IMessageHandler
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
-from tests.wire import drainLines, sendLine
+from nvpair.proxy.testing.wire import drainLines, sendLine
 
 
 @implementer(IMessageHandler)
@@ -73,8 +77,9 @@ class ChannelTests(SynchronousTestCase):
         self.assertEqual(len(out), 1, out)
         self.assertEqual(out[0]["method"], "errors:report")
         self.assertNotIn("id", out[0])
-        self.assertEqual(out[0]["params"]["kind"], "protocol")
-        return out[0]["params"]
+        params: dict[str, Any] = out[0]["params"]
+        self.assertEqual(params["kind"], "protocol")
+        return params
 
     def test_interfaces(self) -> None:
         """The channel is a broker sink and the fake a message handler."""
@@ -344,12 +349,34 @@ class ChannelTests(SynchronousTestCase):
 
     def test_notifyAfterClose(self) -> None:
         """Stdin EOF calls ``onClosed`` once; after connection loss nothing more is written."""
+        self.assertIs(self.channel.state, ChannelState.OPEN)
         self.channel.readConnectionLost()
         self.channel.readConnectionLost()
         self.assertEqual(self.closed, 1)
+        self.assertIs(self.channel.state, ChannelState.ENDED)
         self.channel.connectionLost(None)
+        self.assertIs(self.channel.state, ChannelState.CLOSED)
+        self.assertEqual(self.closed, 1)
         self.channel.notify("ollama:ready", {})
         self.assertEqual(self.transport.value(), b"")
+
+    def test_lostWithoutEOF(self) -> None:
+        """A connection lost without an EOF first still tells the process, once."""
+        self.channel.connectionLost(None)
+        self.channel.writeConnectionLost()
+        self.assertEqual(self.closed, 1)
+        self.assertIs(self.channel.state, ChannelState.CLOSED)
+
+    def test_sinkSwitch(self) -> None:
+        """The switch forwards to its current target and says whether anyone listens."""
+        switch = SinkSwitch(NullSink())
+        self.assertTrue(verifyObject(IBrokerSink, switch))
+        self.assertFalse(switch.listening)
+        switch.notify("ollama:ready", {})
+        switch.target = self.channel
+        self.assertTrue(switch.listening)
+        switch.notify("ollama:ready", {"port": 1})
+        self.assertEqual(self.output()[0]["params"], {"port": 1})
 
 
 class BacklogTests(SynchronousTestCase):
@@ -381,7 +408,9 @@ class BacklogTests(SynchronousTestCase):
     def test_stalledBoundedThenReported(self) -> None:
         """Once stdout stalls, notifications fill the backlog allowance and the rest are
         dropped; when the broker has read everything, one overflow report says how many."""
+        self.assertIs(self.channel.flow, OutputFlow.FLOWING)
         self.stdout().pauseProducing()
+        self.assertIs(self.channel.flow, OutputFlow.STALLED)
         for i in range(100):
             self.channel.notify("discovery:node-activity", {"nodeId": "A", "inFlight": i})
         raw, written = drainLines(self.transport)
@@ -433,7 +462,7 @@ class UnknownNameTests(SynchronousTestCase):
         options.parseOptions(["--state-dir", tempfile.mkdtemp(prefix="nvpair-broker-")])
         assert options.settings is not None
         self.service = ProxyService(options.settings, MemoryReactorClock())
-        self.channel = BrokerChannel(self.service, lambda: None)
+        self.channel = BrokerChannel(self.service.handlers, lambda: None)
         self.transport = StringTransport()
         self.channel.makeConnection(self.transport)
 

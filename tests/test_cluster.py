@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from collections.abc import Callable
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from OpenSSL import SSL
+from OpenSSL import SSL, crypto
 from twisted.internet.address import IPv4Address
 from twisted.internet.interfaces import (
     IOpenSSLClientConnectionCreator,
@@ -16,13 +16,16 @@ from twisted.internet.interfaces import (
 )
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock
+from twisted.logger import ILogObserver, LogEvent, globalLogPublisher
 from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 from twisted.test.iosim import connectedServerAndClient
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.iweb import IPolicyForHTTPS
 from zope.interface import implementer
+from zope.interface.verify import verifyObject
 
+from nvpair.proxy.cluster.directory import Standing
 from nvpair.proxy.cluster.membership import (
     ClusterTrust,
     NoCredentials,
@@ -30,7 +33,7 @@ from nvpair.proxy.cluster.membership import (
     NotAMember,
     fingerprintOf,
 )
-from tests.certs import (
+from nvpair.proxy.testing.certs import (
     makeNodeCert,
     writeClusterDir,
     writeFileAtomic,
@@ -64,7 +67,11 @@ class _Recorder(Protocol):
 class _Connection:
     """One in-memory TLS connection between a server creator and a client creator."""
 
-    def __init__(self, serverCreator: Any, clientCreator: Any) -> None:
+    def __init__(
+        self,
+        serverCreator: IOpenSSLServerConnectionCreator,
+        clientCreator: IOpenSSLClientConnectionCreator,
+    ) -> None:
         self.clock = Clock()
         serverFactory = TLSMemoryBIOFactory(
             serverCreator, False, Factory.forProtocol(_Recorder), self.clock
@@ -149,13 +156,15 @@ class _Dir:
 class _TrustMixin:
     """Builds ClusterTrust objects with a fake clock and a problem recorder."""
 
-    def makeTrust(self, path: str | None, interval: float = 1.0, **kw: Any) -> ClusterTrust:
+    def makeTrust(
+        self, path: str | None, interval: float = 1.0, racyWindow: float = 2.0
+    ) -> ClusterTrust:
         """Return a started ClusterTrust whose problems land in ``self.problems``."""
         case = self
         assert isinstance(case, SynchronousTestCase)
         self.clock = Clock()
         self.problems: list[str] = []
-        trust = ClusterTrust(path, self.clock, self.problems.append, interval, **kw)
+        trust = ClusterTrust(path, self.clock, self.problems.append, interval, racyWindow)
         trust.start()
         case.addCleanup(trust.stop)
         return trust
@@ -188,6 +197,18 @@ class ParsingTests(_TrustMixin, SynchronousTestCase):
         self.assertEqual(self.clock.getDelayedCalls(), [])
         self.assertRaises(NotAMember, trust.clientCreatorFor, "b")
         self.assertEqual(self.problems, [])
+        self.assertIs(trust.standing, Standing.OFF)
+
+    def test_standing(self) -> None:
+        """Not a member, a member without a certificate, then a member that can present one."""
+        trust = self.makeTrust(self.dir.path)
+        self.assertIs(trust.standing, Standing.NOT_MEMBER)
+        writeMember(self.dir.path, "a")
+        self.clock.advance(1)
+        self.assertIs(trust.standing, Standing.NO_CREDENTIALS)
+        writeNodeTLS(self.dir.path, A_CERT, A_KEY)
+        self.clock.advance(1)
+        self.assertIs(trust.standing, Standing.MEMBER)
 
     def test_emptyDirectory(self) -> None:
         """An empty directory means not a member, no pins, and no problem."""
@@ -434,7 +455,7 @@ class WatchTests(_TrustMixin, SynchronousTestCase):
         trust = self.makeTrust(self.dir.path, racyWindow=0)
         original = trust._readFile
 
-        def counting(path: str) -> Any:
+        def counting(path: str) -> tuple[bytes, os.stat_result]:
             reads.append(os.path.basename(path))
             return original(path)
 
@@ -545,7 +566,7 @@ class WatchTests(_TrustMixin, SynchronousTestCase):
         original = trust._applyPins
         calls: list[int] = []
 
-        def failing(contents: Any) -> None:
+        def failing(contents: tuple[bytes | None, ...]) -> None:
             if not calls:
                 calls.append(1)
                 raise RuntimeError("surprise")
@@ -635,7 +656,10 @@ class HandshakeTests(SynchronousTestCase):
 
     def test_sanityNoCertClientWorksAgainstPlainServer(self) -> None:
         """The certificate-less test client can complete a handshake when none is required."""
-        conn = _Connection(_PlainServer(), _NoCertClient(A_FP))
+        server, client = _PlainServer(), _NoCertClient(A_FP)
+        self.assertTrue(verifyObject(IOpenSSLServerConnectionCreator, server))
+        self.assertTrue(verifyObject(IOpenSSLClientConnectionCreator, client))
+        conn = _Connection(server, client)
         self.assertTrue(conn.exchange())
         conn.close()
 
@@ -740,11 +764,10 @@ class HandshakeTests(SynchronousTestCase):
 
     def test_changeLogged(self) -> None:
         """Each reload that changes the trust logs one cluster-changed record (counts only)."""
-        events: list[dict[str, Any]] = []
-        from twisted.logger import globalLogPublisher
-
-        globalLogPublisher.addObserver(events.append)
-        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        events = _Events()
+        self.assertTrue(verifyObject(ILogObserver, events))
+        globalLogPublisher.addObserver(events)
+        self.addCleanup(globalLogPublisher.removeObserver, events)
         writePins(self.aDir.path, {"b": B_FP, "c": C_FP})
         self.a.reload()
         self.a.reload()
@@ -773,10 +796,18 @@ class _NoPeer:
         return None
 
 
-def _verifyPinned(fp: str) -> Any:
+@implementer(ILogObserver)
+class _Events(list[LogEvent]):
+    """A log observer keeping every event."""
+
+    def __call__(self, event: LogEvent) -> None:
+        self.append(event)
+
+
+def _verifyPinned(fp: str) -> Callable[[SSL.Connection, crypto.X509, int, int, int], bool]:
     """A verify callback accepting only the leaf with fingerprint ``fp``."""
 
-    def verify(conn: SSL.Connection, cert: Any, errnum: int, depth: int, ok: int) -> bool:
+    def verify(conn: SSL.Connection, cert: crypto.X509, errnum: int, depth: int, ok: int) -> bool:
         if depth > 0:
             return True
         der = cert.to_cryptography().public_bytes(serialization.Encoding.DER)
@@ -793,7 +824,7 @@ class _NoCertClient:
         self._ctx = SSL.Context(SSL.TLS_METHOD)
         self._ctx.set_verify(SSL.VERIFY_PEER, _verifyPinned(serverFP))
 
-    def clientConnectionForTLS(self, tlsProtocol: Any) -> SSL.Connection:
+    def clientConnectionForTLS(self, tlsProtocol: TLSMemoryBIOProtocol) -> SSL.Connection:
         """A fresh client connection."""
         return SSL.Connection(self._ctx, None)
 
@@ -809,6 +840,6 @@ class _PlainServer:
             serialization.load_pem_private_key(A_KEY, password=None)  # type: ignore[arg-type]
         )
 
-    def serverConnectionForTLS(self, tlsProtocol: Any) -> SSL.Connection:
+    def serverConnectionForTLS(self, tlsProtocol: TLSMemoryBIOProtocol) -> SSL.Connection:
         """A fresh server connection."""
         return SSL.Connection(self._ctx, None)

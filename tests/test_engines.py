@@ -6,7 +6,7 @@ import json
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.facade.engines import ENGINES, LLAMACPP, LMSTUDIO, OLLAMA, RouteClass, ollamaModel
+from nvpair.proxy.engines import ENGINES, LLAMACPP, LMSTUDIO, OLLAMA, RouteClass, ollamaModel
 
 INFERENCE = {
     "ollama": [

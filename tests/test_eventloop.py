@@ -7,12 +7,15 @@ import os
 import select
 import subprocess
 import sys
-from typing import Any
+from collections.abc import Callable
 
 from twisted.internet.epollreactor import EPollReactor
 from twisted.internet.error import ConnectionDone, ConnectionLost
+from twisted.internet.interfaces import IReadDescriptor
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
 
 from nvpair.proxy.runtime import eventloop
 from nvpair.proxy.runtime.eventloop import ProxyReactor, dispatchEvents
@@ -20,16 +23,29 @@ from nvpair.proxy.runtime.eventloop import ProxyReactor, dispatchEvents
 IN, OUT, HUP = select.EPOLLIN, select.EPOLLOUT, select.EPOLLHUP
 
 
+# Why a read ended the connection.  Twisted's own readers answer an exception instance
+# (``main.CONNECTION_DONE``) though ``IReadDescriptor.doRead`` is annotated ``Failure | None``,
+# hence the ``override`` ignores below.
+Reason = Failure | BaseException
+
+
+@implementer(IReadDescriptor)
 class Descriptor:
     """A ready descriptor recording its reads; ``why`` is what ``doRead`` answers."""
 
-    def __init__(self, why: Any = None, error: BaseException | None = None) -> None:
+    def __init__(self, why: Reason | None = None, error: BaseException | None = None) -> None:
         self.why = why
         self.error = error
         self.reads = 0
-        self.onRead: Any = None
+        self.onRead: Callable[[], object] | None = None
 
-    def doRead(self) -> Any:
+    def fileno(self) -> int:
+        return -1
+
+    def logPrefix(self) -> str:
+        return "descriptor"
+
+    def doRead(self) -> Reason | None:  # type: ignore[override]
         self.reads += 1
         if self.onRead is not None:
             self.onRead()
@@ -37,25 +53,35 @@ class Descriptor:
             raise self.error
         return self.why
 
+    def connectionLost(self, reason: Failure) -> None:
+        raise AssertionError("dispatchEvents never disconnects by itself")
+
 
 class Recorder:
     """Records what the full handler and the disconnect step are asked to do."""
 
     def __init__(self) -> None:
-        self.handled: list[tuple[Any, int, int]] = []
-        self.disconnected: list[tuple[Any, Any, bool]] = []
+        self.handled: list[tuple[IReadDescriptor, int, int]] = []
+        self.disconnected: list[tuple[IReadDescriptor, Reason, bool]] = []
 
-    def handle(self, selectable: Any, fd: int, event: int) -> None:
+    def handle(self, selectable: IReadDescriptor, fd: int, event: int) -> None:
         self.handled.append((selectable, fd, event))
 
-    def disconnect(self, selectable: Any, why: Any, inRead: bool) -> None:
+    def disconnect(self, selectable: IReadDescriptor, why: Reason, inRead: bool) -> None:
         self.disconnected.append((selectable, why, inRead))
 
 
 class DispatchTests(SynchronousTestCase):
     """Plain reads go straight to the descriptor; every other event to the full handler."""
 
-    def dispatch(self, events: list[tuple[int, int]], selectables: dict[int, Any]) -> Recorder:
+    def test_descriptorsAreReadDescriptors(self) -> None:
+        """The stand-ins provide what the reactor registers: ``IReadDescriptor``."""
+        self.assertTrue(verifyObject(IReadDescriptor, Descriptor()))
+        self.assertTrue(verifyObject(IReadDescriptor, PipeReader(-1)))
+
+    def dispatch(
+        self, events: list[tuple[int, int]], selectables: dict[int, Descriptor]
+    ) -> Recorder:
         recorder = Recorder()
         dispatchEvents(events, selectables, recorder.handle, recorder.disconnect)
         return recorder
@@ -85,7 +111,7 @@ class DispatchTests(SynchronousTestCase):
     def test_removedEarlierInSamePollSkipped(self) -> None:
         """A descriptor an earlier event of the same poll removed gets no event."""
         gone = Descriptor()
-        selectables: dict[int, Any] = {4: Descriptor(), 7: gone}
+        selectables = {4: Descriptor(), 7: gone}
         selectables[4].onRead = lambda: selectables.pop(7)
         self.dispatch([(4, IN), (7, IN)], selectables)
         self.assertEqual(gone.reads, 0)
@@ -152,7 +178,7 @@ class Poller:
         return self.events
 
 
-def pollingReactor(poller: Poller, selectables: dict[int, Any]) -> ProxyReactor:
+def pollingReactor(poller: Poller, selectables: dict[int, Descriptor]) -> ProxyReactor:
     """A ``ProxyReactor`` with only what ``doPoll`` uses: no epoll, no waker, no signals."""
     reactor = ProxyReactor.__new__(ProxyReactor)
     reactor._poller = poller
@@ -185,6 +211,7 @@ class DoPollTests(SynchronousTestCase):
         self.assertRaises(OSError, reactor.doPoll, 1.0)
 
 
+@implementer(IReadDescriptor)
 class PipeReader:
     """The read end of a pipe as a reactor reader: records reads and how it was lost."""
 
@@ -200,7 +227,7 @@ class PipeReader:
     def logPrefix(self) -> str:
         return "pipe"
 
-    def doRead(self) -> Any:
+    def doRead(self) -> Reason | None:  # type: ignore[override]
         if self.error is not None:
             raise self.error
         data = os.read(self.fd, 4096)

@@ -6,11 +6,11 @@ from __future__ import annotations
 from twisted.internet.interfaces import IProtocol
 
 from tests.exchangecase import SSE, USAGE, LoopCase
+from tests.fakecontext import FakeContext
 from tests.fakerequest import FakeRequest
 from tests.fakeupstream import (
     RUN_ID,
     Call,
-    FakeContext,
     FakeResponse,
     makeFacade,
     node,

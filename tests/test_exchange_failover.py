@@ -4,9 +4,9 @@ order, targets that leave discovery, and the verbatim policy's single round."""
 from __future__ import annotations
 
 from tests.exchangecase import LoopCase
+from tests.fakecontext import FakeContext
 from tests.fakerequest import FakeRequest
 from tests.fakeupstream import (
-    FakeContext,
     makeFacade,
     node,
     setNodes,

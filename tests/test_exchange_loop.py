@@ -4,10 +4,10 @@ an owner) and the driver that runs the policy through its waits."""
 from __future__ import annotations
 
 from tests.exchangecase import LoopCase
+from tests.fakecontext import FakeContext
 from tests.fakerequest import FakeRequest
 from tests.fakeupstream import (
     Call,
-    FakeContext,
     makeFacade,
     node,
     setNodes,

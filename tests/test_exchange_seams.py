@@ -4,7 +4,7 @@ fake request tells of a lost client exactly as ``http.request.ServerRequest`` do
 
 from __future__ import annotations
 
-from twisted.internet.interfaces import IPushProducer, ITransport
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
@@ -15,12 +15,17 @@ from nvpair.proxy.dispatch.attempt import Attempt
 from nvpair.proxy.dispatch.interfaces import (
     IAttemptExchange,
     IBodyGate,
-    IClientRequest,
     IDiscoveryWatcher,
     IFacadeView,
 )
 from nvpair.proxy.dispatch.outcome import Committed, Failed, FailureKind, ICommittedBody
 from nvpair.proxy.dispatch.relay import ClientFlow
+from nvpair.proxy.http.interfaces import (
+    IConnectionPool,
+    IServerChannel,
+    IServerRequest,
+    IStreamTransport,
+)
 from nvpair.proxy.interfaces import IBrokerSink, IUpstream
 from nvpair.proxy.routing.affinity import RESULTS, Placed
 from nvpair.proxy.routing.interfaces import IFleetView, IOutcome, IPlacementExchange
@@ -31,6 +36,7 @@ from tests.fakeupstream import (
     FakeResponse,
     FakeUpstream,
     ListSink,
+    NoPool,
     makeFacade,
     node,
 )
@@ -43,12 +49,15 @@ class FakeTests(SynchronousTestCase):
         clock = Clock()
         request = FakeRequest()
         response = FakeResponse(clock, 200)
-        self.assertTrue(verifyObject(IClientRequest, request))
-        self.assertTrue(verifyObject(ITransport, ClientTransport(request)))
+        self.assertTrue(verifyObject(IServerRequest, request))
+        assert request.channel is not None
+        self.assertTrue(verifyObject(IServerChannel, request.channel))
+        self.assertTrue(verifyObject(IStreamTransport, ClientTransport(request)))
         self.assertTrue(verifyObject(IResponse, response))
         self.assertTrue(verifyObject(IPushProducer, BodyTransport(response)))
         self.assertTrue(verifyObject(IUpstream, FakeUpstream(clock)))
         self.assertTrue(verifyObject(IBrokerSink, ListSink()))
+        self.assertTrue(verifyObject(IConnectionPool, NoPool()))
 
     def test_lostClientTold(self) -> None:
         """``whenLost`` hears of a client gone mid-answer, once, with the reason."""

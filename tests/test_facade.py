@@ -7,18 +7,27 @@ import os
 import tempfile
 from typing import Any
 
+from twisted.internet.address import IPv6Address
 from twisted.internet.error import CannotListenError
+from twisted.internet.interfaces import IListeningPort
+from twisted.internet.protocol import ServerFactory
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
 
 from nvpair.proxy.broker import jsonrpc
 from nvpair.proxy.broker.channel import Reply, RPCError
-from nvpair.proxy.facade.engines import LLAMACPP, OLLAMA
+from nvpair.proxy.engines import LLAMACPP, OLLAMA
+from nvpair.proxy.facade.facade import FacadeState
+from nvpair.proxy.facade.standalone import IStandaloneProcess
+from nvpair.proxy.interfaces import IMessageHandler, IRequestContext
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
 from tests.fakeupstream import ListSink
 
 
+@implementer(IListeningPort)
 class Port:
     """A fake listening port that remembers whether it was closed."""
 
@@ -28,12 +37,15 @@ class Port:
         self.interface = interface
         self.closed = False
 
+    def startListening(self) -> None:
+        pass
+
     def stopListening(self) -> None:
         self.closed = True
         self.reactor.open.discard((self.interface, self.port))
 
-    def getHost(self) -> Any:
-        return None
+    def getHost(self) -> IPv6Address:
+        return IPv6Address("TCP", self.interface, self.port)
 
 
 class BusyReactor(MemoryReactorClock):
@@ -45,7 +57,9 @@ class BusyReactor(MemoryReactorClock):
         self.open: set[tuple[str, int]] = set()
         self.ports: list[Port] = []
 
-    def listenTCP(self, port: int, factory: Any, backlog: int = 50, interface: str = "") -> Port:  # type: ignore[override]
+    def listenTCP(
+        self, port: int, factory: ServerFactory, backlog: int = 50, interface: str = ""
+    ) -> Port:
         if port in self.busy or (interface, port) in self.open:
             raise CannotListenError(
                 interface, port, OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE))
@@ -72,7 +86,7 @@ class FacadeTests(SynchronousTestCase):
 
     def call(self, engine: str | None, name: str, params: dict[str, Any]) -> Any:
         """Handle a message the way the channel does: answer, then run ``after``."""
-        outcome = self.service.handle(engine, name, params)
+        outcome = self.service.handlers.handle(engine, name, params)
         if isinstance(outcome, Reply):
             self.sink.sent.append(("<result>", outcome.value))  # type: ignore[arg-type]
             outcome.after()
@@ -82,10 +96,29 @@ class FacadeTests(SynchronousTestCase):
     def error(self, engine: str | None, name: str, params: dict[str, Any]) -> RPCError:
         with self.assertRaises(RPCError) as cm:
             self.call(engine, name, params)
-        return cm.exception
+        e: RPCError = cm.exception
+        return e
 
     def listening(self) -> list[int]:
         return sorted(port for _, port in self.reactor.open)
+
+    def test_interfaces(self) -> None:
+        """The process is the facade host of the handlers and of standalone mode; the
+        handlers are the broker channel's; the context is every request's."""
+        self.assertTrue(verifyObject(IStandaloneProcess, self.service))
+        self.assertTrue(verifyObject(IMessageHandler, self.service.handlers))
+        self.assertTrue(verifyObject(IRequestContext, self.service.context))
+        self.assertTrue(verifyObject(IListeningPort, Port(self.reactor, 1, "")))
+
+    def test_facadeStates(self) -> None:
+        """A facade listens once enabled and is stopped with the process."""
+        self.call(None, "facade/enable", {"engine": "ollama", "port": 5000})
+        facade = self.service.facades["ollama"]
+        self.assertIs(facade.state, FacadeState.LISTENING)
+        self.service.startService()
+        self.successResultOf(self.service.stopService())
+        self.assertIs(facade.state, FacadeState.STOPPED)
+        self.assertEqual(self.listening(), [])
 
     def test_enable(self) -> None:
         """The result, then ``discovery:subscribe`` and ``ready``, in that order."""
@@ -105,7 +138,9 @@ class FacadeTests(SynchronousTestCase):
         """Enabling again returns the current binding, binds nothing and sends no ready."""
         self.call(None, "facade/enable", {"engine": "ollama", "port": 5000})
         self.sink.sent.clear()
-        result = self.service.handle(None, "facade/enable", {"engine": "ollama", "port": 6000})
+        result = self.service.handlers.handle(
+            None, "facade/enable", {"engine": "ollama", "port": 6000}
+        )
         self.assertEqual(result, {"engine": "ollama", "port": 5000, "aliases": []})
         self.assertEqual(self.sink.sent, [])
         self.assertEqual(self.listening(), [5000])
@@ -270,6 +305,7 @@ class FacadeTests(SynchronousTestCase):
         self.reactor.busy.update({5555, 5000})
         e = self.error(None, "facade/enable", {"engine": "ollama", "port": 5000})
         self.assertEqual(e.code, -32010)
+        assert isinstance(e.data, dict)
         self.assertEqual(e.data["port"], 5000)
         self.assertEqual(self.service.facades, {})
 

@@ -9,16 +9,20 @@ in production, falls back to the public ``write``).
 
 from __future__ import annotations
 
-from typing import Any
+import socket
+from typing import cast
 
 from twisted.internet import tcp
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactor, StringTransport
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
 
 from nvpair.proxy.http import fastwrite
 from nvpair.proxy.http.fastwrite import sendNow
+from nvpair.proxy.http.interfaces import IDoor, IServerRequest
 from nvpair.proxy.http.site import FacadeSite
 
 
@@ -34,15 +38,16 @@ class RecordingTransport(StringTransport):
         super().write(data)
 
 
+@implementer(IDoor)
 class Door:
     """A front door answering every request with ``body`` (HEAD: no body)."""
 
     def __init__(self, body: bytes, pushHeaders: bool = False) -> None:
         self.body = body
         self.pushHeaders = pushHeaders
-        self.requests: list[Any] = []
+        self.requests: list[IServerRequest] = []
 
-    def handle(self, request: Any) -> None:
+    def handle(self, request: IServerRequest) -> None:
         self.requests.append(request)
         request.setResponseCode(200)
         request.setHeader(b"content-length", b"%d" % len(self.body))
@@ -51,6 +56,9 @@ class Door:
             return
         request.write(self.body)
         request.finish()
+
+    def crashed(self, request: IServerRequest, error: Exception) -> None:
+        raise AssertionError(f"the door crashed: {error!r}")
 
 
 def serve(door: Door, raw: bytes) -> RecordingTransport:
@@ -65,6 +73,10 @@ def serve(door: Door, raw: bytes) -> RecordingTransport:
 
 class SendNowTests(SynchronousTestCase):
     """``sendNow`` on anything but a plain TCP transport is an ordinary write."""
+
+    def test_doorIsADoor(self) -> None:
+        """The door fake of this module provides ``IDoor``."""
+        verifyObject(IDoor, Door(b""))
 
     def test_otherTransportsWrite(self) -> None:
         """A non-TCP transport gets the bytes through ``write``."""
@@ -103,7 +115,7 @@ class UnknownInternalsTests(SynchronousTestCase):
         """Missing Twisted internals never break a write: the data is queued as usual."""
         written: list[bytes] = []
 
-        class Odd(tcp.Server):  # type: ignore[misc]
+        class Odd(tcp.Server):
             def __init__(self) -> None:
                 pass
 
@@ -115,12 +127,8 @@ class UnknownInternalsTests(SynchronousTestCase):
                 written.append(data)
 
         transport = Odd()
-        original = fastwrite._PLAIN
-        fastwrite._PLAIN = (*original, Odd)
-        try:
-            fastwrite.sendNow(transport, b"abc")
-        finally:
-            fastwrite._PLAIN = original
+        self.patch(fastwrite, "_PLAIN", (*fastwrite._PLAIN, Odd))
+        fastwrite.sendNow(transport, b"abc")
         self.assertEqual(written, [b"abc"])
 
 
@@ -137,7 +145,7 @@ class FakeSocket:
     def fileno(self) -> int:
         return 99
 
-    def send(self, data: Any) -> int:
+    def send(self, data: bytes) -> int:
         if not self.window:
             raise BlockingIOError()
         taken = bytes(data[: self.window])
@@ -157,8 +165,15 @@ class PinnedInternalsTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.reactor = MemoryReactor()
         self.socket = FakeSocket()
+        # ``tcp.Server`` only calls the socket methods ``FakeSocket`` has; its port is not
+        # used by anything these tests do.
         self.transport = tcp.Server(
-            self.socket, Protocol(), ("127.0.0.1", 5), None, 1, self.reactor
+            cast(socket.socket, self.socket),
+            Protocol(),
+            ("127.0.0.1", 5),
+            cast(tcp.Port, None),
+            1,
+            self.reactor,
         )
 
     def queued(self) -> bool:

@@ -7,32 +7,37 @@ the upstream is a fake that answers per address; time is a ``Clock``.
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol, cast
 
 from treq.testing import StubTreq
 from twisted.internet import defer
 from twisted.internet.error import ConnectionRefusedError
-from twisted.internet.task import Clock
+from twisted.internet.interfaces import IProtocol, IPushProducer
+from twisted.internet.protocol import ServerFactory
+from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web import server
 from twisted.web.client import ResponseDone
 from twisted.web.http_headers import Headers
+from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 from twisted.web.resource import Resource
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
 
-from nvpair.proxy.dispatch.relay import forwardHeaders
-from nvpair.proxy.facade.engines import LLAMACPP, OLLAMA, Engine
-from nvpair.proxy.facade.fleet import MAX_LIST_BYTES, NODE_GRACE, Fleet, collect
-from nvpair.proxy.http.site import sendError
+from nvpair.proxy.engines import LLAMACPP, OLLAMA, Engine
+from nvpair.proxy.facade.facade import Facade
+from nvpair.proxy.facade.fleet import MAX_LIST_BYTES, NODE_GRACE, Fleet, IFleetViews, collect
+from nvpair.proxy.interfaces import IUpstream
 from nvpair.proxy.routing.candidates import Node, Snapshot
-from nvpair.proxy.routing.reservations import ReservationMap
-from nvpair.proxy.runtime.logs import LogControl
+from tests.fakecontext import FakeContext
 
 ORIGIN = "http://app.example"
 DIAL = 2.0
 
 
+@implementer(IPushProducer)
 class FakeBody:
     """The body transport of a fake response: records stopProducing."""
 
@@ -49,8 +54,15 @@ class FakeBody:
         pass
 
 
+@implementer(IResponse)
 class FakeResponse:
     """An ``IResponse`` with a body delivered at once (or never, when ``hold``)."""
+
+    version = (b"HTTP", 1, 1)
+    phrase = b"Phrase"
+    length = UNKNOWN_LENGTH
+    request = None
+    previousResponse = None
 
     def __init__(
         self,
@@ -65,8 +77,11 @@ class FakeResponse:
         self.hold = hold
         self.transport = FakeBody()
 
-    def deliverBody(self, protocol: Any) -> None:
-        protocol.makeConnection(self.transport)
+    def setPreviousResponse(self, response: IResponse) -> None:
+        pass
+
+    def deliverBody(self, protocol: IProtocol) -> None:
+        protocol.makeConnection(self.transport)  # type: ignore[arg-type]
         if self.hold:
             return
         if self.body:
@@ -74,6 +89,7 @@ class FakeResponse:
         protocol.connectionLost(Failure(ResponseDone()))
 
 
+@implementer(IUpstream)
 class FakeUpstream:
     """Answers each address with a scripted response, failure, or a Deferred that never fires."""
 
@@ -90,6 +106,7 @@ class FakeUpstream:
         path: bytes,
         headers: Headers,
         body: bytes,
+        connected: Callable[[], None] | None = None,
     ) -> defer.Deferred[Any]:
         self.calls.append((node.id, address, method, path, headers))
         answer = self.script.get(f"{address}{path.decode()}", self.script.get(address or ""))
@@ -100,43 +117,34 @@ class FakeUpstream:
         return defer.succeed(answer)
 
 
-class FakeFacade:
-    """The facade state the fleet reads."""
-
-    def __init__(
-        self,
-        engine: Engine,
-        nodes: list[Node],
-        localBackend: str | None = None,
-        pin: str | None = None,
-    ) -> None:
-        self.engine = engine
-        self.snapshot = Snapshot(nodes, engine.normalize)
-        self.pin = pin
-        self.localBackend = localBackend
-        self.confirmed: dict[str, str] = {}
-
-    @property
-    def hasLocalBackend(self) -> bool:
-        return self.localBackend is not None
+def _noFactory(aliasOnly: bool) -> ServerFactory:
+    raise AssertionError("a fleet test facade never listens")
 
 
-class FakeContext:
-    """The process context the fleet reports to."""
+def fleetFacade(
+    engine: Engine,
+    nodes: list[Node],
+    localBackend: str | None = None,
+    pin: str | None = None,
+) -> Facade:
+    """A facade (never listening) with the state the fleet reads."""
+    facade = Facade(engine, MemoryReactorClock(), _noFactory, Snapshot(nodes, engine.normalize))
+    if localBackend is not None:
+        facade.setLocalBackend(localBackend)
+    facade.pin = pin
+    return facade
 
-    def __init__(self) -> None:
-        self.settings = SimpleNamespace(dialTimeout=DIAL)
-        self.clock = Clock()
-        self.upstream = FakeUpstream()
-        self.reservations = ReservationMap()
-        self.forwardHeaders = forwardHeaders
-        self.sendError = sendError
-        self.logControl = LogControl("debug")
-        self.exchanges: set[Any] = set()
-        self.internal: list[str] = []
 
-    def reportInternal(self, name: str) -> None:
-        self.internal.append(name)
+class Client(Protocol):
+    """The part of ``StubTreq`` these tests call (it sets its methods at run time)."""
+
+    def request(self, method: str, url: str, **kwargs: Any) -> defer.Deferred[IResponse]: ...
+
+    def get(self, url: str, **kwargs: Any) -> defer.Deferred[IResponse]: ...
+
+    def content(self, response: IResponse) -> defer.Deferred[bytes]: ...
+
+    def flush(self) -> None: ...
 
 
 class FleetResource(Resource):
@@ -144,7 +152,7 @@ class FleetResource(Resource):
 
     isLeaf = True
 
-    def __init__(self, fleet: Fleet, facade: FakeFacade) -> None:
+    def __init__(self, fleet: Fleet, facade: Facade) -> None:
         super().__init__()
         self.fleet = fleet
         self.facade = facade
@@ -171,14 +179,14 @@ def openaiList(owner: str, *ids: str) -> bytes:
 
 class _Case(SynchronousTestCase):
     def setUp(self) -> None:
-        self.context = FakeContext()
+        self.context = FakeContext(upstream=FakeUpstream(), logLevel="debug", dialTimeout=DIAL)
         self.fleet = Fleet(self.context)
 
-    def serve(self, facade: FakeFacade) -> StubTreq:
-        return StubTreq(FleetResource(self.fleet, facade))
+    def serve(self, facade: Facade) -> Client:
+        return cast(Client, StubTreq(FleetResource(self.fleet, facade)))
 
     def get(
-        self, stub: StubTreq, path: str, headers: dict[str, str] | None = None, method: str = "GET"
+        self, stub: Client, path: str, headers: dict[str, str] | None = None, method: str = "GET"
     ) -> tuple[Any, bytes]:
         d = stub.request(method, "http://proxy" + path, headers=headers)
         stub.flush()
@@ -194,6 +202,17 @@ class _Case(SynchronousTestCase):
         }
 
 
+class FakeTests(_Case):
+    """The fakes and the fleet provide the interfaces they stand for."""
+
+    def test_interfaces(self) -> None:
+        """The upstream, a response body's transport and the fleet views."""
+        self.assertTrue(verifyObject(IUpstream, FakeUpstream()))
+        self.assertTrue(verifyObject(IPushProducer, FakeBody()))
+        self.assertTrue(verifyObject(IResponse, FakeResponse(200)))
+        self.assertTrue(verifyObject(IFleetViews, self.fleet))
+
+
 class ModelListTests(_Case):
     """Fleet model lists (protocol §11)."""
 
@@ -202,7 +221,7 @@ class ModelListTests(_Case):
         up = self.context.upstream
         up.script["http://a"] = FakeResponse(200, openaiList("a", "m1", "shared"))
         up.script["http://b"] = FakeResponse(200, openaiList("b", "shared", "m2"))
-        facade = FakeFacade(LLAMACPP, [node("B", "http://b"), node("A", "http://a")])
+        facade = fleetFacade(LLAMACPP, [node("B", "http://b"), node("A", "http://a")])
         stub = self.serve(facade)
         response, body = self.get(stub, "/v1/models")
         self.assertEqual(response.code, 200)
@@ -225,7 +244,7 @@ class ModelListTests(_Case):
         up.script["http://a"] = FakeResponse(200, openaiList("a", "shared"))
         up.script["http://b"] = FakeResponse(200, openaiList("b", "shared"))
         self.context.reservations.applyPriority(1, ("B",), {})
-        stub = self.serve(FakeFacade(LLAMACPP, [node("A", "http://a"), node("B", "http://b")]))
+        stub = self.serve(fleetFacade(LLAMACPP, [node("A", "http://a"), node("B", "http://b")]))
         _, body = self.get(stub, "/models")
         self.assertEqual(json.loads(body)["data"], [{"id": "shared", "owned_by": "b"}])
 
@@ -236,7 +255,7 @@ class ModelListTests(_Case):
         up.script["http://a/v1/models"] = FakeResponse(200, openaiList("a", "m1"))
         up.script["http://b/models"] = FakeResponse(200, openaiList("b", "m2"))
         nodes = [node("A", "http://a"), node("B", "http://b")]
-        response, body = self.get(self.serve(FakeFacade(LLAMACPP, nodes)), "/models")
+        response, body = self.get(self.serve(fleetFacade(LLAMACPP, nodes)), "/models")
         self.assertEqual(response.code, 200)
         self.assertEqual([e["id"] for e in json.loads(body)["data"]], ["m1", "m2"])
         self.assertEqual(
@@ -258,7 +277,7 @@ class ModelListTests(_Case):
             node("D", "http://d"),
             node("S", isSelf=True),
         ]
-        response, body = self.get(self.serve(FakeFacade(LLAMACPP, nodes)), "/v1/models")
+        response, body = self.get(self.serve(fleetFacade(LLAMACPP, nodes)), "/v1/models")
         self.assertEqual(response.code, 200)
         self.assertEqual([e["id"] for e in json.loads(body)["data"]], ["m1"])
         # C answered 404 on GET /models, so it was asked /v1/models too (spec §5).
@@ -271,7 +290,7 @@ class ModelListTests(_Case):
         up.script["http://local"] = FakeResponse(200, openaiList("s", "s1"))
         up.script["http://x1"] = ConnectionRefusedError()
         up.script["peer:7000"] = FakeResponse(200, openaiList("p", "p1"))
-        facade = FakeFacade(
+        facade = fleetFacade(
             LLAMACPP,
             [node("S", isSelf=True), node("P", "http://x1", "peer:7000")],
             localBackend="http://local",
@@ -300,7 +319,7 @@ class ModelListTests(_Case):
         up = self.context.upstream
         up.script["http://a"] = FakeResponse(200, openaiList("a", "m1"))
         up.script["http://b"] = "hang"
-        stub = self.serve(FakeFacade(LLAMACPP, [node("A", "http://a"), node("B", "http://b")]))
+        stub = self.serve(fleetFacade(LLAMACPP, [node("A", "http://a"), node("B", "http://b")]))
         d = stub.get("http://proxy/v1/models")
         stub.flush()
         self.assertNoResult(d)
@@ -318,7 +337,7 @@ class ModelListTests(_Case):
         """A node whose body never ends is stopped at the deadline and left out."""
         held = FakeResponse(200, hold=True)
         self.context.upstream.script["http://a"] = held
-        stub = self.serve(FakeFacade(LLAMACPP, [node("A", "http://a")]))
+        stub = self.serve(fleetFacade(LLAMACPP, [node("A", "http://a")]))
         d = stub.get("http://proxy/v1/models")
         stub.flush()
         self.context.clock.advance(DIAL + NODE_GRACE)
@@ -329,9 +348,9 @@ class ModelListTests(_Case):
 
     def test_emptyFleet(self) -> None:
         """No nodes: the engine's empty envelope, Ollama's for /api/tags."""
-        response, body = self.get(self.serve(FakeFacade(OLLAMA, [])), "/api/tags")
+        response, body = self.get(self.serve(fleetFacade(OLLAMA, [])), "/api/tags")
         self.assertEqual((response.code, json.loads(body)), (200, {"models": []}))
-        _, body = self.get(self.serve(FakeFacade(OLLAMA, [])), "/v1/models")
+        _, body = self.get(self.serve(fleetFacade(OLLAMA, [])), "/v1/models")
         self.assertEqual(json.loads(body), {"object": "list", "data": []})
 
     def test_ollamaMergeByName(self) -> None:
@@ -342,7 +361,7 @@ class ModelListTests(_Case):
         )
         up.script["http://b"] = FakeResponse(200, b'{"models":[{"name":"b:1"},{"name":"c:2"}]}')
         _, body = self.get(
-            self.serve(FakeFacade(OLLAMA, [node("A", "http://a"), node("B", "http://b")])),
+            self.serve(fleetFacade(OLLAMA, [node("A", "http://a"), node("B", "http://b")])),
             "/api/tags",
         )
         self.assertEqual(
@@ -352,7 +371,7 @@ class ModelListTests(_Case):
     def test_noReservationsNoExchangesLeft(self) -> None:
         """A list takes no reservation and leaves nothing registered when done."""
         self.context.upstream.script["http://a"] = FakeResponse(200, openaiList("a", "m1"))
-        self.get(self.serve(FakeFacade(LLAMACPP, [node("A", "http://a")])), "/v1/models")
+        self.get(self.serve(fleetFacade(LLAMACPP, [node("A", "http://a")])), "/v1/models")
         self.assertEqual(self.context.reservations.totalReserved(), 0)
         self.assertEqual(self.context.exchanges, set())
 
@@ -362,7 +381,7 @@ class ModelListTests(_Case):
         up.script["http://a"] = FakeResponse(200, openaiList("a", "m1"))
         up.script["http://b"] = FakeResponse(200, b"[1, 2]")
         response, body = self.get(
-            self.serve(FakeFacade(LLAMACPP, [node("A", "http://a"), node("B", "http://b")])),
+            self.serve(fleetFacade(LLAMACPP, [node("A", "http://a"), node("B", "http://b")])),
             "/v1/models",
         )
         self.assertEqual(response.code, 502)
@@ -372,7 +391,7 @@ class ModelListTests(_Case):
     def test_clientGoneCancels(self) -> None:
         """A client that leaves cancels the fleet's requests and nothing is written."""
         self.context.upstream.script["http://a"] = "hang"
-        stub = self.serve(FakeFacade(LLAMACPP, [node("A", "http://a")]))
+        stub = self.serve(fleetFacade(LLAMACPP, [node("A", "http://a")]))
         d = stub.get("http://proxy/v1/models")
         stub.flush()
         self.assertEqual(len(self.context.exchanges), 1)
@@ -386,7 +405,7 @@ class ModelListTests(_Case):
     def test_shutdownCancels(self) -> None:
         """Stopping the process ends a list in flight (the client is cut off)."""
         self.context.upstream.script["http://a"] = "hang"
-        stub = self.serve(FakeFacade(LLAMACPP, [node("A", "http://a")]))
+        stub = self.serve(fleetFacade(LLAMACPP, [node("A", "http://a")]))
         d = stub.get("http://proxy/v1/models")
         stub.flush()
         for view in list(self.context.exchanges):
@@ -400,13 +419,13 @@ class ModelListTests(_Case):
 class ListCorsTests(_Case):
     """Fleet lists with an Origin (protocol §12)."""
 
-    def facade(self, *answers: FakeResponse) -> FakeFacade:
+    def facade(self, *answers: FakeResponse) -> Facade:
         nodes = []
         for i, answer in enumerate(answers):
             address = f"http://n{i}"
             self.context.upstream.script[address] = answer
             nodes.append(node(f"N{i}", address))
-        return FakeFacade(LLAMACPP, nodes)
+        return fleetFacade(LLAMACPP, nodes)
 
     def test_allAllow(self) -> None:
         """Every responder allowed: Allow-Origin (the origin, with Vary), credentials if all."""
@@ -533,7 +552,7 @@ class PreflightTests(_Case):
         up.script["http://d"] = ConnectionRefusedError()
         nodes = [node(n, f"http://{n.lower()}") for n in "ABCD"]
         response, body = self.get(
-            self.serve(FakeFacade(LLAMACPP, nodes)),
+            self.serve(fleetFacade(LLAMACPP, nodes)),
             "/v1/chat/completions",
             headers=self.PREFLIGHT,
             method="OPTIONS",
@@ -564,7 +583,7 @@ class PreflightTests(_Case):
         up.script["http://b"] = FakeResponse(403, b"")
         nodes = [node("A", "http://a"), node("B", "http://b")]
         response, _ = self.get(
-            self.serve(FakeFacade(LLAMACPP, nodes)),
+            self.serve(fleetFacade(LLAMACPP, nodes)),
             "/v1/chat/completions",
             headers=self.PREFLIGHT,
             method="OPTIONS",
@@ -577,7 +596,7 @@ class PreflightTests(_Case):
         up.script["http://a"] = FakeResponse(503, b"", {"Access-Control-Allow-Origin": "*"})
         up.script["http://b"] = "hang"
         nodes = [node("A", "http://a"), node("B", "http://b")]
-        stub = self.serve(FakeFacade(LLAMACPP, nodes))
+        stub = self.serve(fleetFacade(LLAMACPP, nodes))
         d = stub.request("OPTIONS", "http://proxy/v1/chat/completions", headers=self.PREFLIGHT)
         stub.flush()
         self.assertNoResult(d)
@@ -590,7 +609,7 @@ class PreflightTests(_Case):
     def test_emptyFleetIs502(self) -> None:
         """No nodes at all: nobody to answer, 502."""
         response, _ = self.get(
-            self.serve(FakeFacade(LLAMACPP, [])),
+            self.serve(fleetFacade(LLAMACPP, [])),
             "/v1/chat/completions",
             headers=self.PREFLIGHT,
             method="OPTIONS",
@@ -604,7 +623,7 @@ class CollectTests(SynchronousTestCase):
     def test_cap(self) -> None:
         """A body over the cap fails and stops the read."""
         response = FakeResponse(200, b"x" * 11)
-        failure = self.failureResultOf(collect(response, cap=10))  # type: ignore[arg-type]
+        failure = self.failureResultOf(collect(response, cap=10))
         self.assertEqual(failure.type.__name__, "BodyTooLarge")
         self.assertTrue(response.transport.stopped)
 
@@ -612,7 +631,7 @@ class CollectTests(SynchronousTestCase):
         """A body within the cap is returned whole."""
         response = FakeResponse(200, b"x" * 10)
         self.assertEqual(
-            self.successResultOf(collect(response, cap=10)),  # type: ignore[arg-type]
+            self.successResultOf(collect(response, cap=10)),
             b"x" * 10,
         )
 

@@ -19,13 +19,13 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
+from nvpair.proxy.testing.wire import siteExchange
+from nvpair.proxy.testing.wire import splitAnswer as split
 from tests.fakeupstream import ListSink
 from tests.test_hostcheck import Events
-from tests.wire import siteExchange
-from tests.wire import splitAnswer as split
 
 PORTS = {"ollama": (6100, 6101), "llamacpp": (6200, 6201)}
 EVIL = b"evil.example"
@@ -83,12 +83,14 @@ class HostRuleAtTheDoorTests(SynchronousTestCase):
         self.service.hosts.log = Logger(observer=self.events)
         for engineId, (port, alias) in PORTS.items():
             self.service.enableFacade(ENGINES[engineId], port, [f"127.0.0.1:{alias}"], True)
-            self.service.handle(
+            self.service.handlers.handle(
                 engineId,
                 "discovery:nodes",
                 {"nodes": [{"id": "A", "addresses": ["http://10.9.9.9:9"], "models": ["m1"]}]},
             )
-            self.service.handle(engineId, "node/set-local-backend", {"url": "http://127.0.0.1:9"})
+            self.service.handlers.handle(
+                engineId, "node/set-local-backend", {"url": "http://127.0.0.1:9"}
+            )
         self.sink.sent.clear()
         self.factories = {port: factory for port, factory, *_ in self.reactor.tcpServers}
 
@@ -241,9 +243,10 @@ class ClusterPersonalityTests(SynchronousTestCase):
 
         from nvpair.proxy.cluster.peer import PeerDoor
         from nvpair.proxy.http.site import FacadeSite
-        from tests.test_peer import FakeContext
+        from tests.fakecontext import FakeContext
+        from tests.test_peer import FakeTrust, FakeUpstream
 
-        context = FakeContext()
+        context = FakeContext(upstream=FakeUpstream(), trust=FakeTrust())
         facade = SimpleNamespace(engine=ENGINES["llamacpp"], localBackend="http://127.0.0.1:9")
         site = FacadeSite(PeerDoor(context, facade), context.clock, 1 << 20, 30.0, 65536)
         channel = site.buildProtocol(IPv4Address("TCP", "10.203.0.2", 40000))

@@ -17,15 +17,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.facade.frontdoor import FrontDoor
 from nvpair.proxy.http.site import FacadeSite
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
+from nvpair.proxy.testing.wire import siteExchange
 from tests.fakeupstream import ListSink
 from tests.harness import CANARY
 from tests.test_facade import BusyReactor
-from tests.wire import siteExchange
 
 MAX_BODY = 2000
 MAX_HEADER_BYTES = 2048
@@ -147,16 +147,18 @@ class AdmissionFuzzTests(SynchronousTestCase):
         self.service.sink = self.sink
         self.sites: dict[str, FacadeSite] = {}
         for i, engineId in enumerate(ENGINES):
-            self.service.handle(None, "facade/enable", {"engine": engineId, "port": 6000 + i})
+            self.service.handlers.handle(
+                None, "facade/enable", {"engine": engineId, "port": 6000 + i}
+            )
             # one owner of m1 that never answers (the memory reactor never connects)
-            self.service.handle(
+            self.service.handlers.handle(
                 engineId,
                 "discovery:nodes",
                 {"nodes": [{"id": "A", "addresses": ["http://127.0.0.1:9"], "models": ["m1"]}]},
             )
             facade = self.service.facades[engineId]
             self.sites[engineId] = FacadeSite(
-                FrontDoor(self.service, facade, self.service.fleet, self.service.hosts),
+                FrontDoor(self.service.context, facade, self.service.fleet, self.service.hosts),
                 self.reactor,
                 MAX_BODY,
                 30.0,

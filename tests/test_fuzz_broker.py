@@ -20,8 +20,8 @@ from twisted.trial.unittest import SynchronousTestCase
 from nvpair.proxy.broker.channel import BrokerChannel
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
+from nvpair.proxy.testing.wire import drainLines, sendLine
 from tests.test_facade import BusyReactor
-from tests.wire import drainLines, sendLine
 
 DOCUMENTED = {-32600, -32601, -32602, -32004, -32010}
 # Notifications the process may send while handling broker messages.
@@ -98,7 +98,7 @@ class ChannelFuzzTests(SynchronousTestCase):
         assert options.settings is not None
         self.reactor = BusyReactor()
         self.service = ProxyService(options.settings, self.reactor)
-        self.channel = BrokerChannel(self.service, lambda: None)
+        self.channel = BrokerChannel(self.service.handlers, lambda: None)
         self.service.sink = self.channel
         self.transport = StringTransport()
         self.channel.makeConnection(self.transport)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from twisted.internet.task import Clock
@@ -10,6 +11,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.broker.channel import NullSink
 from nvpair.proxy.broker.workloads import WorkloadReporter
+from nvpair.proxy.ops.documents import Series
 from nvpair.proxy.ops.history import (
     BUCKET_SECONDS,
     BUCKETS,
@@ -69,7 +71,7 @@ class BucketTests(SynchronousTestCase):
         self.clock.advance(1_000_000)  # a bucket boundary (1e6 is a multiple of 10)
         self.history = History(self.clock)
 
-    def facade(self) -> dict[str, Any]:
+    def facade(self) -> Series:
         return self.history.document()["facades"]["llamacpp"]["series"]
 
     def test_sameBucket(self) -> None:
@@ -323,8 +325,11 @@ class DocumentTests(SynchronousTestCase):
             doc["facades"]["ollama"]["nodes"]["B"],
         ):
             self.assertEqual(set(series), SERIES_KEYS)
+            columns: Mapping[str, object] = series
             for key in SERIES_KEYS - {"errorsByReason", "totals"}:
-                self.assertEqual(len(series[key]), BUCKETS, key)
+                column = columns[key]
+                assert isinstance(column, list)
+                self.assertEqual(len(column), BUCKETS, key)
         self.assertEqual(
             set(llamacpp["series"]["totals"]),
             {

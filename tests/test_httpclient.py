@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,10 +16,15 @@ from twisted.internet.error import (
     TimeoutError,
 )
 from twisted.internet.interfaces import (
+    IAddress,
     IHostnameResolver,
     IHostResolution,
+    IProtocol,
+    IProtocolFactory,
+    IPushProducer,
     IReactorPluggableNameResolver,
     IResolutionReceiver,
+    IStreamClientEndpoint,
 )
 from twisted.internet.protocol import Protocol
 from twisted.internet.ssl import optionsForClientTLS
@@ -30,13 +35,16 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import UNKNOWN_LENGTH
+from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 from zope.interface import implementer
+from zope.interface.verify import verifyObject
 
 from nvpair.proxy.dispatch.upstream import Upstream
 from nvpair.proxy.http.client import HTTPClientConnection, serializeRequest
 from nvpair.proxy.http.framing import MAX_BODY_OVERHEAD, MAX_HEAD
+from nvpair.proxy.http.interfaces import IBodyConnection, IConnectionPool, IPooledConnection
 from nvpair.proxy.http.pool import ConnectionPool, DirectTCP
+from nvpair.proxy.http.response import Response
 
 
 @implementer(IHostResolution)
@@ -59,7 +67,7 @@ class LiteralResolver:
         receiver: IResolutionReceiver,
         hostName: str,
         portNumber: int = 0,
-        addressTypes: Any = None,
+        addressTypes: Sequence[type[IAddress]] | None = None,
         transportSemantics: str = "TCP",
     ) -> IHostResolution:
         resolution = _Resolution(hostName)
@@ -123,25 +131,30 @@ def chunkedBodies(draw: st.DrawFn) -> tuple[bytes, bytes]:
     return b"".join(raw), b"".join(payload)
 
 
+_PEER = IPv4Address("TCP", "127.0.0.1", 8081)
+
+
+@implementer(IStreamClientEndpoint)
 class FakeEndpoint:
     """An endpoint whose dials the test completes (or fails) by hand."""
 
     def __init__(self) -> None:
-        self.dials: list[tuple[Any, defer.Deferred[Any]]] = []
+        self.dials: list[tuple[IProtocolFactory, defer.Deferred[IProtocol]]] = []
         self.transports: list[StringTransport] = []
         self.conns: list[HTTPClientConnection] = []
 
     def __call__(self) -> FakeEndpoint:
         return self
 
-    def connect(self, factory: Any) -> defer.Deferred[Any]:
-        d: defer.Deferred[Any] = defer.Deferred()
-        self.dials.append((factory, d))
+    def connect(self, protocolFactory: IProtocolFactory) -> defer.Deferred[IProtocol]:
+        d: defer.Deferred[IProtocol] = defer.Deferred()
+        self.dials.append((protocolFactory, d))
         return d
 
     def complete(self, index: int = -1) -> tuple[HTTPClientConnection, StringTransport]:
         factory, d = self.dials[index]
-        conn = factory.buildProtocol(None)
+        conn = factory.buildProtocol(_PEER)
+        assert isinstance(conn, HTTPClientConnection)
         transport = StringTransport()
         conn.makeConnection(transport)
         self.transports.append(transport)
@@ -178,11 +191,15 @@ class ClientTests(SynchronousTestCase):
         self.pool = ConnectionPool(self.clock, maxPersistentPerHost=2, idleTimeout=90)
         self.endpoint = FakeEndpoint()
 
-    def send(self, method: bytes = b"POST", body: bytes | None = b"{}") -> defer.Deferred[Any]:
+    def send(
+        self, method: bytes = b"POST", body: bytes | None = b"{}"
+    ) -> defer.Deferred[IResponse]:
         data = serializeRequest(method, b"/v1/x", b"e:1", Headers({b"X-A": [b"1"]}), body)
         return self.pool.request(KEY, self.endpoint, data, method)
 
-    def respond(self, raw: bytes, method: bytes = b"POST") -> tuple[Any, Body, StringTransport]:
+    def respond(
+        self, raw: bytes, method: bytes = b"POST"
+    ) -> tuple[IResponse, Body, StringTransport]:
         d = self.send(method)
         conn, transport = self.endpoint.complete()
         conn.dataReceived(raw)
@@ -589,7 +606,9 @@ class UpstreamTests(SynchronousTestCase):
         host, port, factory, timeout, _ = reactor.tcpClients[0]
         self.assertEqual((host, port, timeout), ("127.0.0.1", 4000, 7.0))
         wire = StringTransport()
-        factory.buildProtocol(None).makeConnection(wire)
+        protocol = factory.buildProtocol(_PEER)
+        assert protocol is not None
+        protocol.makeConnection(wire)
         self.assertEqual(wire.value()[:1], b"\x16")  # a TLS handshake record: ClientHello
         self.assertEqual(upstream._peer("node-b", "[::1]:4000").host, b"[::1]:4000")
 
@@ -616,8 +635,8 @@ class DirectDialTests(SynchronousTestCase):
         host, port, factory, timeout, _ = self.reactor.tcpClients[0]
         self.assertEqual((host, port, timeout), ("127.0.0.1", 8081, 7.0))
         self.assertNoResult(d)
-        conn = factory.buildProtocol(None)
-        self.assertIsInstance(conn, HTTPClientConnection)
+        conn = factory.buildProtocol(_PEER)
+        assert isinstance(conn, HTTPClientConnection)
         conn.makeConnection(StringTransport())
         self.assertIs(self.successResultOf(d), conn)
 
@@ -636,7 +655,68 @@ class DirectDialTests(SynchronousTestCase):
         d = self.dial.dial(self.pool, KEY)
         connector = self.reactor.connectors[-1]
         stopped: list[bool] = []
-        connector.stopConnecting = lambda: stopped.append(True)  # type: ignore[method-assign]
+        connector.stopConnecting = lambda: stopped.append(True)
         d.cancel()
         self.assertEqual(stopped, [True])
         self.failureResultOf(d, defer.CancelledError)
+
+
+@implementer(IConnectionPool)
+class RecordingPool:
+    """A pool that records what its connections report."""
+
+    def __init__(self) -> None:
+        self.released: list[IPooledConnection] = []
+        self.lostConns: list[IPooledConnection] = []
+
+    def release(self, conn: IPooledConnection) -> None:
+        self.released.append(conn)
+
+    def lost(self, conn: IPooledConnection) -> None:
+        self.lostConns.append(conn)
+
+
+class SeamTests(SynchronousTestCase):
+    """The fakes of this module, and the client side's own objects, provide the interfaces
+    they stand for."""
+
+    def test_fakesProvideTheirInterfaces(self) -> None:
+        """The endpoint, resolver, reactor, body protocol and pool fakes are what they
+        claim to be."""
+        verifyObject(IStreamClientEndpoint, FakeEndpoint())
+        verifyObject(IHostnameResolver, LiteralResolver())
+        verifyObject(IHostResolution, _Resolution("e"))
+        verifyObject(IReactorPluggableNameResolver, ResolvingReactor())
+        verifyObject(IProtocol, Body())
+        verifyObject(IConnectionPool, RecordingPool())
+
+    def test_clientSideProvidesItsSeams(self) -> None:
+        """The pool, a connection, a response and its body's transport provide what their
+        callees expect of them."""
+        pool = ConnectionPool(Clock())
+        endpoint = FakeEndpoint()
+        data = serializeRequest(b"GET", b"/", b"e:1", Headers(), None)
+        d = pool.request(KEY, endpoint, data, b"GET")
+        conn, _ = endpoint.complete()
+        conn.dataReceived(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\n")
+        response = self.successResultOf(d)
+        verifyObject(IConnectionPool, pool)
+        verifyObject(IPooledConnection, conn)
+        verifyObject(IBodyConnection, conn)
+        verifyObject(IResponse, response)
+        assert isinstance(response, Response)
+        verifyObject(IPushProducer, response.transport)
+
+    def test_connectionReportsToItsPool(self) -> None:
+        """A connection hands itself back to whichever pool made it once a response ended
+        as framed, and reports its loss."""
+        pool = RecordingPool()
+        conn = HTTPClientConnection(pool, KEY)
+        conn.makeConnection(StringTransport())
+        d: defer.Deferred[IResponse] = defer.Deferred()
+        conn.send(serializeRequest(b"GET", b"/", b"e:1", Headers(), None), b"GET", d)
+        conn.dataReceived(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        self.successResultOf(d).deliverBody(Body())
+        self.assertEqual(pool.released, [conn])
+        conn.connectionLost(_CLOSED)
+        self.assertEqual(pool.lostConns, [conn])

@@ -9,16 +9,22 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 from twisted.internet.error import ConnectionDone
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
 
-from nvpair.proxy.facade.engines import OLLAMA, Engine
+from nvpair.proxy.engines import OLLAMA, Engine
+from nvpair.proxy.http.interfaces import IDoor, IServerChannel, IServerRequest, ISite
 from nvpair.proxy.http.server import PIPELINE_HOLD
 from nvpair.proxy.http.site import FacadeSite
-from tests.wire import splitAnswer
+from nvpair.proxy.testing.wire import splitAnswer
 
 
+@implementer(IDoor)
 class Door:
     """Records requests (and their bodies); answers each with ``body`` at once unless
     ``hold`` is set."""
@@ -29,17 +35,17 @@ class Door:
         self.body = body
         self.hold = hold
         self.length = length
-        self.requests: list[Any] = []
+        self.requests: list[IServerRequest] = []
         self.bodies: list[bytes | None] = []
         self.crashes: list[Exception] = []
 
-    def handle(self, request: Any) -> None:
+    def handle(self, request: IServerRequest) -> None:
         self.requests.append(request)
         self.bodies.append(None if request.content is None else request.content.getvalue())
         if not self.hold:
             answer(request, self.body, self.length)
 
-    def crashed(self, request: Any, error: Exception) -> None:
+    def crashed(self, request: IServerRequest, error: Exception) -> None:
         self.crashes.append(error)
 
 
@@ -49,7 +55,21 @@ class OllamaDoor(Door):
     engine = OLLAMA
 
 
-def answer(request: Any, body: bytes, length: bool = True) -> None:
+@implementer(IPushProducer)
+class Producer:
+    """A response body's producer that the test never asks anything of."""
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+
+def answer(request: IServerRequest, body: bytes, length: bool = True) -> None:
     """Answer ``request`` with 200 and ``body``."""
     request.setResponseCode(200)
     if length:
@@ -75,7 +95,7 @@ class Connection:
         return self.take()
 
     def take(self) -> bytes:
-        out = self.transport.value()
+        out: bytes = self.transport.value()
         self.transport.clear()
         return out
 
@@ -105,7 +125,7 @@ def chunkedPost(chunks: bytes, extra: bytes = b"") -> bytes:
     )
 
 
-def answering() -> tuple[Connection, Any]:
+def answering() -> tuple[Connection, IServerRequest]:
     """A connection whose door holds the ``GET`` it received, unanswered."""
     door = Door(hold=True)
     conn = Connection(door)
@@ -272,7 +292,7 @@ class ResponseFramingTests(SynchronousTestCase):
     def test_producerRegisteredWithTransport(self) -> None:
         """A response body's producer is registered with the client transport."""
         conn, request = answering()
-        producer = object()
+        producer = Producer()
         request.registerProducer(producer, True)
         self.assertIs(conn.transport.producer, producer)
         self.assertTrue(conn.transport.streaming)
@@ -540,7 +560,7 @@ class DisconnectTests(SynchronousTestCase):
     def test_clientGone(self) -> None:
         """The request learns of the loss: notifyFinish fails, writes are dropped."""
         conn, request = answering()
-        failures: list[Any] = []
+        failures: list[Failure] = []
         request.notifyFinish().addErrback(failures.append)
         conn.channel.connectionLost()
         self.assertEqual(len(failures), 1)
@@ -551,7 +571,7 @@ class DisconnectTests(SynchronousTestCase):
     def test_whenLostCalledOnce(self) -> None:
         """``whenLost`` hears of a client gone mid-answer, with the reason."""
         conn, request = answering()
-        reasons: list[Any] = []
+        reasons: list[Failure] = []
         request.whenLost(reasons.append)
         conn.channel.connectionLost()
         self.assertEqual(len(reasons), 1)
@@ -560,7 +580,7 @@ class DisconnectTests(SynchronousTestCase):
     def test_whenLostNotAfterFinish(self) -> None:
         """Once the answer is finished, a later close is not a loss."""
         conn, request = answering()
-        reasons: list[Any] = []
+        reasons: list[Failure] = []
         request.whenLost(reasons.append)
         answer(request, b"x")
         conn.channel.connectionLost()
@@ -573,3 +593,21 @@ class DisconnectTests(SynchronousTestCase):
         conn.send(GET + GET)
         conn.channel.connectionLost()
         self.assertEqual(len(door.requests), 1)
+
+
+class SeamTests(SynchronousTestCase):
+    """The fakes of this module, and the server side's own objects, provide the interfaces
+    they stand for."""
+
+    def test_fakesProvideTheirInterfaces(self) -> None:
+        """The doors and the producer fakes are what they claim to be."""
+        verifyObject(IDoor, Door())
+        verifyObject(IDoor, OllamaDoor())
+        verifyObject(IPushProducer, Producer())
+
+    def test_serverSideProvidesItsSeams(self) -> None:
+        """The site, a channel and a request provide what their callees expect of them."""
+        conn, request = answering()
+        verifyObject(ISite, conn.site)
+        verifyObject(IServerChannel, conn.channel)
+        verifyObject(IServerRequest, request)

@@ -9,9 +9,9 @@ import treq
 from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 
-from tests.fakeengine import FakeEngine, Status
+from nvpair.proxy.testing.fakeengine import FakeEngine, Status
 from tests.harness import freePort, startEngine
-from tests.standaloneharness import StandaloneProxy
+from tests.standaloneharness import StandaloneProxy, backendUp
 
 CHAT = "/v1/chat/completions"
 
@@ -45,9 +45,7 @@ class AffinityTests(TestCase):
         )
         await self.proxy.start()
         for engine in (self.a, self.b):
-            await self.proxy.waitForLog(
-                lambda r, e=engine: r.get("event") == "backend-up" and r["url"] == e.url
-            )
+            await self.proxy.waitForLog(backendUp(engine.url))
 
     async def chat(self, messages: list[dict[str, str]]) -> tuple[str, int]:
         """One turn through the proxy: (serving node, attempts)."""

@@ -26,9 +26,11 @@ class ChaosSoakTests(TestCase):
         process ends with no reservation, no in-flight dispatch, no leaked descriptor, flat
         memory, and the canary nowhere in its output."""
         requests = int(os.environ.get("NVPAIR_SOAK_REQUESTS", "2000"))
-        config = ChaosConfig(
-            requests=requests, concurrency=24, progress=lambda t: sys.stderr.write(t + "\n")
-        )
+
+        def progress(text: str) -> None:
+            sys.stderr.write(text + "\n")
+
+        config = ChaosConfig(requests=requests, concurrency=24, progress=progress)
         soak = Soak(self, reactor, config)
         report = yield defer.Deferred.fromCoroutine(soak.run())
         sys.stdout.write("\n" + report.text() + "\n")

@@ -1,7 +1,7 @@
 """End to end: the cluster personality between real proxy processes on loopback (issue 5).
 
 Each node is a real ``twistd nvpair-proxy`` with its own ``--cluster-dir`` (certificates
-minted by ``tests.certs``) and its own fake engine as its local backend.  Node A's discovery
+minted by ``testing.certs``) and its own fake engine as its local backend.  Node A's discovery
 lists node B as a peer at ``127.0.0.1:<B's facade port>``; A reaches B over pinned mutual TLS
 on the same port B serves loopback plaintext on.
 """
@@ -15,7 +15,7 @@ import treq
 from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
 
-from tests.certs import writeMember, writeNodeTLS
+from nvpair.proxy.testing.certs import writeMember, writeNodeTLS
 from tests.clusterfixture import ENGINE, ClusterNode, chat, newIdentity, pinnedClient
 from tests.harness import directNode, startEngine
 
@@ -232,6 +232,7 @@ class ThreeNodeTests(ClusterTestCase):
         a = ClusterNode(self, reactor, "node-a", ["m-a"])
         b = ClusterNode(self, reactor, "node-b", ["m-s"])
         c = ClusterNode(self, reactor, "node-c", ["m-s"])
+        assert a.engine is not None and b.engine is not None and c.engine is not None
         yield defer.gatherResults(
             [
                 _d(a.start(pins=[b, c])),
@@ -264,7 +265,7 @@ class ThreeNodeTests(ClusterTestCase):
 
 
 def _answer(chunks: int) -> Any:
-    from tests.fakeengine import Answer
+    from nvpair.proxy.testing.fakeengine import Answer
 
     return Answer(chunks=chunks)
 

@@ -8,8 +8,9 @@ from typing import Any
 import treq
 from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
+from twisted.web.http_headers import Headers
 
-from tests.fakeengine import Hang, Status
+from nvpair.proxy.testing.fakeengine import Hang, Status
 from tests.harness import ProxyFixture, directNode, freePort, startEngine
 
 ORIGIN = "http://app.example"
@@ -173,7 +174,9 @@ class ListCorsTests(_FleetCase):
         _, _, base = yield defer.Deferred.fromCoroutine(
             self._two({"Access-Control-Allow-Origin": ORIGIN}, {"Access-Control-Allow-Origin": "*"})
         )
-        response = yield treq.get(base + "/v1/models", headers={"Origin": ORIGIN}, persistent=False)
+        response = yield treq.get(
+            base + "/v1/models", headers=Headers({"Origin": [ORIGIN]}), persistent=False
+        )
         body = yield response.json()
         self.assertEqual(response.code, 200)
         self.assertEqual(len(body["data"]), 2)
@@ -186,7 +189,9 @@ class ListCorsTests(_FleetCase):
         _, _, base = yield defer.Deferred.fromCoroutine(
             self._two({"Access-Control-Allow-Origin": "*"}, {"Access-Control-Allow-Origin": "*"})
         )
-        response = yield treq.get(base + "/v1/models", headers={"Origin": ORIGIN}, persistent=False)
+        response = yield treq.get(
+            base + "/v1/models", headers=Headers({"Origin": [ORIGIN]}), persistent=False
+        )
         yield response.content()
         self.assertEqual(corsOf(response), {"access-control-allow-origin": ["*"]})
 
@@ -196,7 +201,9 @@ class ListCorsTests(_FleetCase):
         _, _, base = yield defer.Deferred.fromCoroutine(
             self._two({"Access-Control-Allow-Origin": ORIGIN}, {})
         )
-        response = yield treq.get(base + "/v1/models", headers={"Origin": ORIGIN}, persistent=False)
+        response = yield treq.get(
+            base + "/v1/models", headers=Headers({"Origin": [ORIGIN]}), persistent=False
+        )
         body = yield response.json()
         self.assertEqual(response.code, 403)
         self.assertEqual(body["error"]["code"], "origin_denied")
@@ -215,7 +222,9 @@ class ListCorsTests(_FleetCase):
             )
         )
         b.listBehaviour = Status(200, b'{"object": "list"}')
-        response = yield treq.get(base + "/v1/models", headers={"Origin": ORIGIN}, persistent=False)
+        response = yield treq.get(
+            base + "/v1/models", headers=Headers({"Origin": [ORIGIN]}), persistent=False
+        )
         body = yield response.json()
         self.assertEqual(response.code, 502)
         self.assertNotIn("data", body)
@@ -225,7 +234,9 @@ class ListCorsTests(_FleetCase):
         yield response.content()
         self.assertEqual((response.code, corsOf(response)), (502, {}))
         a.corsHeaders = {}
-        response = yield treq.get(base + "/v1/models", headers={"Origin": ORIGIN}, persistent=False)
+        response = yield treq.get(
+            base + "/v1/models", headers=Headers({"Origin": [ORIGIN]}), persistent=False
+        )
         yield response.content()
         self.assertEqual((response.code, corsOf(response)), (403, {}))
 
@@ -259,13 +270,15 @@ class PreflightTests(_FleetCase):
         response = yield treq.request(
             "OPTIONS",
             base + "/v1/chat/completions",
-            headers={
-                "Origin": ORIGIN,
-                "Access-Control-Request-Method": "POST",
-                "Access-Control-Request-Headers": "content-type",
-                "Cookie": "session=1",
-                "Authorization": "Bearer secret",
-            },
+            headers=Headers(
+                {
+                    "Origin": [ORIGIN],
+                    "Access-Control-Request-Method": ["POST"],
+                    "Access-Control-Request-Headers": ["content-type"],
+                    "Cookie": ["session=1"],
+                    "Authorization": ["Bearer secret"],
+                }
+            ),
             persistent=False,
         )
         yield response.content()
@@ -301,7 +314,7 @@ class PreflightTests(_FleetCase):
         response = yield treq.request(
             "OPTIONS",
             base + "/v1/chat/completions",
-            headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST"},
+            headers=Headers({"Origin": [ORIGIN], "Access-Control-Request-Method": ["POST"]}),
             persistent=False,
         )
         yield response.content()
@@ -322,7 +335,10 @@ class SingleTargetCorsTests(_FleetCase):
         }
         _, base = yield defer.Deferred.fromCoroutine(self._proxy("llamacpp", [directNode("A", a)]))
         response = yield treq.post(
-            base + "/v1/chat/completions", json=CHAT, headers={"Origin": ORIGIN}, persistent=False
+            base + "/v1/chat/completions",
+            json=CHAT,
+            headers=Headers({"Origin": [ORIGIN]}),
+            persistent=False,
         )
         yield response.content()
         self.assertEqual(response.code, 200)
@@ -341,11 +357,16 @@ class SingleTargetCorsTests(_FleetCase):
         a = startEngine(self, reactor, "openai", ["m1"], name="A")
         _, base = yield defer.Deferred.fromCoroutine(self._proxy("llamacpp", [directNode("A", a)]))
         response = yield treq.post(
-            base + "/v1/chat/completions", json=CHAT, headers={"Origin": ORIGIN}, persistent=False
+            base + "/v1/chat/completions",
+            json=CHAT,
+            headers=Headers({"Origin": [ORIGIN]}),
+            persistent=False,
         )
         yield response.content()
         self.assertEqual((response.code, corsOf(response)), (200, {}))
-        response = yield treq.get(base + "/props", headers={"Origin": ORIGIN}, persistent=False)
+        response = yield treq.get(
+            base + "/props", headers=Headers({"Origin": [ORIGIN]}), persistent=False
+        )
         yield response.content()
         self.assertEqual((response.code, corsOf(response)), (200, {}))
 
@@ -358,7 +379,7 @@ class SingleTargetCorsTests(_FleetCase):
         response = yield treq.post(
             base + "/v1/chat/completions",
             json={**CHAT, "model": "x"},
-            headers={"Origin": ORIGIN},
+            headers=Headers({"Origin": [ORIGIN]}),
             persistent=False,
         )
         yield response.content()

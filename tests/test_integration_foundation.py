@@ -16,6 +16,7 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import ProcessProtocol, Protocol, connectionDone
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SkipTest, TestCase
+from twisted.web.http_headers import Headers
 
 from nvpair.supervisor.process import JSONRPCError
 from tests.harness import ProxyFixture, directNode, freePort, startEngine
@@ -253,7 +254,9 @@ class FoundationTests(TestCase):
                 base + path,
                 data=body,
                 persistent=False,
-                headers={"Content-Type": "application/json", "Origin": "http://example.com"},
+                headers=Headers(
+                    {"Content-Type": ["application/json"], "Origin": ["http://example.com"]}
+                ),
             )
             doc = await response.json()
             self.assertEqual(response.code, status, path)
@@ -394,7 +397,9 @@ class _Standalone(ProcessProtocol):
         return d.addTimeout(30, reactor)
 
     def processEnded(self, reason: Failure) -> None:
-        self.ended.callback(reason.value)
+        value = reason.value
+        assert value is not None
+        self.ended.callback(value)
 
 
 class StandaloneTests(TestCase):
@@ -465,7 +470,7 @@ class ShutdownTests(TestCase):
 
     async def test_inFlightCancelledOnEOF(self) -> None:
         """Stdin EOF with a request in flight: its workload ends cancelled and the exit is 0."""
-        from tests.fakeengine import Hang
+        from nvpair.proxy.testing.fakeengine import Hang
 
         engine = startEngine(self, reactor, "openai", ["m1"], name="H")
         engine.script(Hang())

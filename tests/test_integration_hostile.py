@@ -16,10 +16,11 @@ import random
 import treq
 from twisted.internet import defer, protocol, reactor, task
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.interfaces import IPushProducer, ITCPTransport
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from nvpair.proxy.options import Options
-from tests.fakeengine import Answer
+from nvpair.proxy.testing.fakeengine import Answer
 from tests.harness import ProxyFixture, directNode, startEngine
 
 
@@ -35,8 +36,17 @@ class RawClient(protocol.Protocol):
 
     def connectionMade(self) -> None:
         if not self.reading:
-            self.transport.pauseProducing()  # type: ignore[union-attr]
+            IPushProducer(self.transport).pauseProducing()
         self.made.callback(None)
+
+    def send(self, data: bytes) -> None:
+        """Write ``data`` on the connection."""
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def readAgain(self) -> None:
+        """Read again after ``reading=False`` held the connection's reads."""
+        IPushProducer(self.transport).resumeProducing()
 
     def dataReceived(self, data: bytes) -> None:
         self.received += data
@@ -49,7 +59,8 @@ class RawClient(protocol.Protocol):
 def connect(port: int, client: RawClient) -> defer.Deferred[RawClient]:
     """Connect ``client`` to 127.0.0.1:port."""
     endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", port)
-    return connectProtocol(endpoint, client)
+    connected: defer.Deferred[RawClient] = connectProtocol(endpoint, client)
+    return connected
 
 
 def fds(pid: int) -> int:
@@ -57,12 +68,12 @@ def fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def closeAll(clients: list[RawClient]) -> defer.Deferred[object]:
+def closeAll(clients: list[RawClient]) -> defer.Deferred[list[tuple[bool, None]]]:
     """Abort every open raw client and wait for them to be gone."""
     waits = []
     for c in clients:
         if not c.gone and c.transport is not None:
-            c.transport.abortConnection()  # type: ignore[attr-defined]
+            ITCPTransport(c.transport).abortConnection()
         waits.append(c.lost)
     return defer.DeferredList(waits)
 
@@ -97,13 +108,13 @@ class HostileClientTests(TestCase):
         )
         client = RawClient()
         yield connect(port, client)
-        client.transport.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")
+        client.send(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")
         started = reactor.seconds()
         sent = [0]
 
         def trickle() -> None:
             if not client.gone:
-                client.transport.write(b"X-%d: y\r\n" % sent[0])
+                client.send(b"X-%d: y\r\n" % sent[0])
                 sent[0] += 1
 
         loop = task.LoopingCall(trickle)
@@ -128,7 +139,7 @@ class HostileClientTests(TestCase):
         stuck = RawClient(reading=False)
         yield connect(port, stuck)
         body = json.dumps({"model": "m1", "stream": True, "messages": []}).encode()
-        stuck.transport.write(
+        stuck.send(
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
             b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
         )
@@ -142,7 +153,7 @@ class HostileClientTests(TestCase):
             )
         )
         self.assertEqual(cancelled["workloadInfo"]["scheduledOn"], "A")
-        stuck.transport.resumeProducing()  # read again: the proxy has closed it
+        stuck.readAgain()  # the proxy has closed it
         yield stuck.lost.addTimeout(30, reactor)
         self.assertFalse(stuck.received.rstrip().endswith(b"0\r\n\r\n"))
         completed = [i for m, i in proxy.workloadEvents() if m == "workload:completed"]
@@ -194,7 +205,7 @@ class HostileClientTests(TestCase):
         )
         client = RawClient()
         yield connect(port, client)
-        client.transport.write(
+        client.send(
             b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"
             + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 100) for i in range(60))
             + b"\r\n"
@@ -233,7 +244,19 @@ class HostileClientTests(TestCase):
             "errors:report",
             "workload:submitted",
         ]
-        junk = [None, 1, -1, 1e308, "x", [], {}, [1, {"a": None}], True, "\u0000\ud7ff", 2**70]
+        junk: list[object] = [
+            None,
+            1,
+            -1,
+            1e308,
+            "x",
+            [],
+            {},
+            [1, {"a": None}],
+            True,
+            "\u0000\ud7ff",
+            2**70,
+        ]
         lines = []
         for i in range(400):
             kind = rng.randrange(6)

@@ -9,8 +9,9 @@ import treq
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
+from twisted.web.http_headers import Headers
 
-from tests.fakeengine import Status
+from nvpair.proxy.testing.fakeengine import Status
 from tests.harness import CANARY, ProxyFixture, directNode, freePort, startEngine
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -179,7 +180,9 @@ class OpsIntegrationTests(TestCase):
         response = await treq.request(
             "OPTIONS",
             f"http://127.0.0.1:{self.port}/v1/chat/completions",
-            headers={"Origin": "http://app.example", "Access-Control-Request-Method": "POST"},
+            headers=Headers(
+                {"Origin": ["http://app.example"], "Access-Control-Request-Method": ["POST"]}
+            ),
             persistent=False,
         )
         await treq.content(response)

@@ -16,20 +16,23 @@ from typing import Any
 
 import treq
 from twisted.internet import defer, reactor
+from twisted.internet.address import IPv4Address
 from twisted.internet.error import ProcessExitedAlready
-from twisted.internet.protocol import ProcessProtocol
+from twisted.internet.protocol import ProcessProtocol, ServerFactory
 from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SkipTest, TestCase
 from twisted.web.resource import Resource
-from twisted.web.server import Site
+from twisted.web.server import Request, Site
 
+from nvpair.proxy.ops.documents import StatusDocument
 from nvpair.proxy.ops.history import Window
 from nvpair.proxy.ops.page import renderPage
 from nvpair.proxy.ops.server import PAGE_CSP, historyDocument, opsResource, statusDocument
 from nvpair.proxy.routing.candidates import Snapshot, parseNodes
+from nvpair.proxy.service import ProxyService
+from nvpair.proxy.testing.fakeengine import Status
 from tests.dom import Element, parseDom
-from tests.fakeengine import Status
 from tests.harness import ProxyFixture, directNode, freePort, startEngine
 from tests.standaloneharness import StandaloneProxy
 from tests.test_ops import ENGINE, makeService, scripted
@@ -300,12 +303,8 @@ class OpsPageBrokerTests(TestCase):
         proxy = ProxyFixture(self, reactor, ["--ops-port", str(opsPort)])
         await proxy.start()
         port = await proxy.enable("llamacpp")
-        dead = {
-            "id": "A",
-            "self": False,
-            "addresses": [f"http://127.0.0.1:{freePort()}"],
-            "models": ["m1"],
-        }
+        deadAddress = f"http://127.0.0.1:{freePort()}"
+        dead = {"id": "A", "self": False, "addresses": [deadAddress], "models": ["m1"]}
         # With no scheduler order the default order (by id) is tried: A, then B, then C.
         await proxy.nodes(
             "llamacpp",
@@ -359,12 +358,16 @@ class OpsPageBrokerTests(TestCase):
         }
         self.assertEqual(
             addresses,
-            {"A": dead["addresses"][0], "B": answering.url, "C": serving.url, "D": idle.url},
+            {"A": deadAddress, "B": answering.url, "C": serving.url, "D": idle.url},
         )
 
 
 HOSTILE = "<img src=x onerror=alert(1)>"
-AFFINITY = {"mode": "prefix", "active": True, "counts": {"llamacpp": {"hit": 3, "miss": 1}}}
+AFFINITY: dict[str, object] = {
+    "mode": "prefix",
+    "active": True,
+    "counts": {"llamacpp": {"hit": 3, "miss": 1}},
+}
 
 
 class _WithAffinity(Resource):
@@ -373,15 +376,17 @@ class _WithAffinity(Resource):
 
     isLeaf = True
 
-    def __init__(self, service: Any) -> None:
+    def __init__(self, service: ProxyService) -> None:
         super().__init__()
         self.service = service
         self.ops = opsResource(service)
 
-    def status(self) -> dict[str, Any]:
-        return {**statusDocument(self.service), "affinity": AFFINITY}
+    def status(self) -> StatusDocument:
+        status = statusDocument(self.service)
+        status["affinity"] = AFFINITY
+        return status
 
-    def render(self, request: Any) -> Any:
+    def render(self, request: Request) -> bytes | int:
         if request.path == b"/status":
             request.setHeader(b"content-type", b"application/json")
             return json.dumps(self.status()).encode()
@@ -391,7 +396,8 @@ class _WithAffinity(Resource):
             return renderPage(
                 self.status(), historyDocument(self.service), Window().document(0)
             ).encode()
-        return self.ops.render(request)
+        rendered: bytes | int = self.ops.render(request)
+        return rendered
 
 
 def drawn(page: Element) -> list[Any]:
@@ -451,9 +457,12 @@ class ScriptParityTests(TestCase):
                 {"ttftMs": ttft, "completionTokens": 42, "tokensPerSecond": 31.5},
             )
         service.reporter.history.attempt("llamacpp", HOSTILE, "transport", None)
-        port = reactor.listenTCP(0, Site(_WithAffinity(service)), interface="127.0.0.1")
+        site: ServerFactory[Any] = Site(_WithAffinity(service))
+        port = reactor.listenTCP(0, site, interface="127.0.0.1")
         self.addCleanup(port.stopListening)
-        url = f"http://127.0.0.1:{port.getHost().port}/"
+        host = port.getHost()
+        assert isinstance(host, IPv4Address)
+        url = f"http://127.0.0.1:{host.port}/"
         profile = tempfile.mkdtemp(prefix="nvpair-chromium-")
         self.addCleanup(shutil.rmtree, profile, True)
         dom = await runChromium(binary, url, profile)

@@ -17,6 +17,7 @@ from typing import Any
 import ollama
 import openai
 import treq
+from openai.types.chat import ChatCompletionMessageParam
 from twisted.internet import defer, reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
@@ -24,13 +25,13 @@ from twisted.internet.threads import deferToThread
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 
+from nvpair.proxy.testing.wire import splitAnswer
 from tests.harness import CANARY, ProxyFixture, directNode, freePort, startEngine
 from tests.standaloneharness import StandaloneProxy
 from tests.test_integration_ops import labels, parse
 from tests.test_integration_requests import asyncTest
-from tests.wire import splitAnswer
 
-MESSAGES = [{"role": "user", "content": "hi"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 CHAT = json.dumps({"model": "m1", "messages": [{"role": "user", "content": CANARY}]}).encode()
 PULL = json.dumps({"model": "m1", "insecure": CANARY}).encode()
 PREFLIGHT = (
@@ -163,7 +164,7 @@ class RebindingTests(TestCase):
         )
         completion = await deferToThread(
             lambda: oa.chat.completions.create(model="m1", messages=MESSAGES)
-        )  # type: ignore[arg-type]
+        )
         self.assertTrue(completion.choices[0].message.content)
         await proxy.waitFor("workload:completed")
 

@@ -15,12 +15,19 @@ from typing import Any
 import ollama
 import openai
 import treq
+from openai.types.chat import ChatCompletionMessageParam
 from twisted.internet import defer, reactor
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 from twisted.web.client import ResponseFailed
 
-from tests.fakeengine import Answer, DieMidStream, FakeEngine, HangAfterHeaders, Status
+from nvpair.proxy.testing.fakeengine import (
+    Answer,
+    DieMidStream,
+    FakeEngine,
+    HangAfterHeaders,
+    Status,
+)
 from tests.harness import ProxyFixture, directNode, startEngine
 
 FAST = [
@@ -37,7 +44,7 @@ FAST = [
     "--client-write-timeout",
     "2s",
 ]
-MESSAGES = [{"role": "user", "content": "hi"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
 
 def asyncTest(f: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., Any]:
@@ -123,7 +130,7 @@ class OpenAIClientTests(RequestCase):
         client = self.client()
 
         def run() -> str:
-            stream = client.chat.completions.create(model="m1", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+            stream = client.chat.completions.create(model="m1", messages=MESSAGES, stream=True)
             return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
 
         text = await deferToThread(run)
@@ -143,7 +150,7 @@ class OpenAIClientTests(RequestCase):
         client = self.client()
         result = await deferToThread(
             lambda: client.chat.completions.create(model="m1", messages=MESSAGES)
-        )  # type: ignore[arg-type]
+        )
         self.assertEqual(result.choices[0].message.content, "tok0tok1tok2")
         self.assertEqual(b.requestCount, 1)
 
@@ -158,7 +165,7 @@ class OpenAIClientTests(RequestCase):
         with self.assertRaises(openai.APIStatusError) as caught:
             await deferToThread(
                 lambda: client.chat.completions.create(model="m1", messages=MESSAGES)
-            )  # type: ignore[arg-type]
+            )
         self.assertEqual(caught.exception.status_code, 503)
         self.assertEqual(caught.exception.response.content, b'{"error":"B busy"}')
         self.assertIsNone(caught.exception.response.headers.get("retry-after"))
@@ -176,7 +183,7 @@ class OpenAIClientTests(RequestCase):
         def run() -> list[str]:
             got: list[str] = []
             try:
-                stream = client.chat.completions.create(model="m1", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+                stream = client.chat.completions.create(model="m1", messages=MESSAGES, stream=True)
                 for chunk in stream:
                     got.append(chunk.choices[0].delta.content or "")
             except Exception as e:  # the truncation surfaces as a transport error

@@ -12,11 +12,18 @@ import treq
 from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
 
+from nvpair.proxy.testing.fakeengine import (
+    Answer,
+    DieMidStream,
+    Drop,
+    Echo,
+    HangAfterHeaders,
+    Status,
+)
 from nvpair.supervisor.process import JSONRPCError
-from tests.fakeengine import Answer, DieMidStream, Drop, Echo, HangAfterHeaders, Status
 from tests.harness import CANARY, ProxyFixture, directNode, startEngine
 
-SECRET_HEADERS = {
+SECRET_HEADERS: dict[bytes | str, list[bytes | str]] = {
     "Authorization": [f"Bearer {CANARY}"],
     "Cookie": [f"session={CANARY}"],
     "X-Api-Key": [CANARY],
@@ -74,7 +81,7 @@ class SecretsTests(TestCase):
         yield proxy.start()
         port = yield defer.Deferred.fromCoroutine(proxy.enable("llamacpp"))
         yield proxy.nodes("llamacpp", [directNode("A", a), directNode("B", b)])
-        yield proxy.notify("node/set-priority", {"generation": 1, "order": ["A", "B"]})
+        proxy.notify("node/set-priority", {"generation": 1, "order": ["A", "B"]})
         prompt = {
             "model": "m1",
             "stream": True,

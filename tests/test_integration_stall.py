@@ -11,7 +11,7 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 from twisted.web.client import ResponseFailed
 
-from tests.fakeengine import Answer, FakeEngine
+from nvpair.proxy.testing.fakeengine import Answer, FakeEngine
 from tests.harness import freePort, startEngine
 from tests.standaloneharness import StandaloneProxy
 

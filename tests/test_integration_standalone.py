@@ -8,7 +8,7 @@ import treq
 from twisted.internet import defer, reactor, task
 from twisted.trial.unittest import TestCase
 
-from tests.fakeengine import FakeEngine, Status
+from nvpair.proxy.testing.fakeengine import FakeEngine, Status
 from tests.harness import freePort, startEngine
 from tests.standaloneharness import StandaloneProxy
 

@@ -23,8 +23,10 @@ PARALLEL = 8
 class BlockedStderrTests(TestCase):
     timeout = 60
 
-    @defer.inlineCallbacks
     def test_servingWhileStderrIsNotRead(self) -> defer.Deferred[None]:
+        return defer.Deferred.fromCoroutine(self._serving())
+
+    async def _serving(self) -> None:
         dead = freePort()  # nothing listens: every attempt is refused at once
         proxy = StandaloneProxy(
             self,
@@ -33,7 +35,7 @@ class BlockedStderrTests(TestCase):
             [("llamacpp", f"http://127.0.0.1:{dead}")],
             extra=["--log-level", "debug"],
         )
-        yield defer.Deferred.fromCoroutine(proxy.start())
+        await proxy.start()
         pool = HTTPConnectionPool(reactor)
         self.addCleanup(pool.closeCachedConnections)
         url = proxy.url("llamacpp") + "/props"
@@ -46,7 +48,7 @@ class BlockedStderrTests(TestCase):
                 await treq.content(response)
                 codes.append(response.code)
 
-        yield defer.gatherResults(
+        await defer.gatherResults(
             [defer.Deferred.fromCoroutine(client(REQUESTS // PARALLEL)) for _ in range(PARALLEL)]
         )
         self.assertEqual(codes, [502] * REQUESTS)
@@ -54,13 +56,13 @@ class BlockedStderrTests(TestCase):
         self.assertLess(failedBefore, REQUESTS, "stderr was held: most records still wait")
 
         proxy.releaseLog()
-        yield proxy.waitForLog(
+        await proxy.waitForLog(
             lambda r: (
                 r.get("event") == "attempt-failed"
                 and len(proxy.events("attempt-failed")) >= REQUESTS
             )
         )
-        code = yield proxy.stop()
+        code = await proxy.stop()
         self.assertEqual(code, 0)
         self.assertEqual(len(proxy.events("attempt-failed")), REQUESTS)
         self.assertEqual(proxy.events("log-lines-dropped"), [])

@@ -14,7 +14,9 @@ import json
 from typing import Any
 
 from twisted.internet import defer, protocol, reactor
+from twisted.internet.address import IPv4Address
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.interfaces import IAddress
 from twisted.trial.unittest import TestCase
 
 from tests.harness import ProxyFixture, directNode, startEngine
@@ -59,7 +61,7 @@ class _RawEngineProtocol(protocol.Protocol):
             self.transport.write(self.engine.answer)  # type: ignore[union-attr]
 
 
-class RawEngine(protocol.Factory):
+class RawEngine(protocol.ServerFactory):
     """An engine that answers every request with ``answer``, byte for byte."""
 
     def __init__(self, answer: bytes, models: tuple[str, ...] = ("m1",)) -> None:
@@ -69,15 +71,17 @@ class RawEngine(protocol.Factory):
         self.connections: list[_RawEngineProtocol] = []
         self.url = ""
 
-    def buildProtocol(self, addr: Any) -> _RawEngineProtocol:
+    def buildProtocol(self, addr: IAddress | None) -> _RawEngineProtocol:
         return _RawEngineProtocol(self)
 
 
 def startRawEngine(test: TestCase, answer: bytes) -> RawEngine:
     """A raw engine listening on 127.0.0.1, closed (with its connections) when the test ends."""
     engine = RawEngine(answer)
-    port = reactor.listenTCP(0, engine, interface="127.0.0.1")  # type: ignore[attr-defined]
-    engine.url = f"http://127.0.0.1:{port.getHost().port}"
+    port = reactor.listenTCP(0, engine, interface="127.0.0.1")
+    host = port.getHost()
+    assert isinstance(host, IPv4Address)
+    engine.url = f"http://127.0.0.1:{host.port}"
 
     def close() -> defer.Deferred[Any]:
         for conn in engine.connections:

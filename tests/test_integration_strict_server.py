@@ -13,7 +13,7 @@ import json
 from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
 
-from tests.fakeengine import Answer
+from nvpair.proxy.testing.fakeengine import Answer
 from tests.harness import ProxyFixture, directNode, startEngine
 from tests.test_integration_hostile import RawClient, connect
 

@@ -10,12 +10,13 @@ from typing import Any
 
 import treq
 from twisted.internet import defer, reactor
-from twisted.internet.interfaces import IPushProducer
-from twisted.internet.protocol import ClientFactory, Factory, Protocol
+from twisted.internet.address import IPv4Address
+from twisted.internet.interfaces import IAddress, IConsumer, IPushProducer
+from twisted.internet.protocol import ClientFactory, Protocol, ServerFactory
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from tests.fakeengine import Answer, HangAfterHeaders, Status
+from nvpair.proxy.testing.fakeengine import Answer, HangAfterHeaders, Status
 from tests.test_integration_requests import FAST, RequestCase, asyncTest
 
 STREAM = {"model": "m1", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
@@ -117,7 +118,12 @@ class SpreadTests(WorkloadCase):
         await proxy.sync()
         a.script(HangAfterHeaders())
         hanging = treq.post(self.url("/v1/chat/completions"), json=STREAM, persistent=False)
-        self.addCleanup(lambda: (hanging.cancel(), hanging.addErrback(lambda _: None)))
+
+        def dropHanging() -> None:
+            hanging.cancel()
+            hanging.addErrback(lambda _: None)
+
+        self.addCleanup(dropHanging)
         await a.waitForRequest(1)
         proxy.notify("node/set-priority", priority(5, ["A", "B"]))
         await proxy.sync()
@@ -251,9 +257,11 @@ class _EndlessStream(Protocol):
         self._buffer += data
         if not self.streaming and b"\r\n\r\n" in self._buffer:
             self.streaming = True
-            self.transport.registerProducer(self, True)  # type: ignore[union-attr]
-            self.transport.write(
-                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"  # type: ignore[union-attr]
+            transport = self.transport
+            assert transport is not None
+            IConsumer(transport).registerProducer(self, True)
+            transport.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                 b"Transfer-Encoding: chunked\r\n\r\n"
             )
             self.owner.started.callback(None)
@@ -263,7 +271,8 @@ class _EndlessStream(Protocol):
         if self.paused or not self.streaming:
             return
         frame = b"%x\r\n%s\r\n" % (len(self.CHUNK), self.CHUNK)
-        self.transport.write(frame)  # type: ignore[union-attr]
+        assert self.transport is not None
+        self.transport.write(frame)
         self.owner.sent += len(frame)
         reactor.callLater(0, self._pump)
 
@@ -284,7 +293,7 @@ class _EndlessStream(Protocol):
             self.owner.lost.callback(self.owner.sent)
 
 
-class EndlessEngine(Factory):
+class EndlessEngine(ServerFactory):
     """Counts what its endless streams managed to send before the proxy cut them."""
 
     def __init__(self) -> None:
@@ -293,7 +302,7 @@ class EndlessEngine(Factory):
         self.started: defer.Deferred[None] = defer.Deferred()
         self.lost: defer.Deferred[int] = defer.Deferred()
 
-    def buildProtocol(self, addr: Any) -> Protocol:
+    def buildProtocol(self, addr: IAddress | None) -> Protocol:
         return _EndlessStream(self)
 
 
@@ -305,11 +314,25 @@ class _StalledClient(Protocol):
         self.lost = lost
 
     def connectionMade(self) -> None:
-        self.transport.write(self.request)  # type: ignore[union-attr]
-        self.transport.pauseProducing()  # type: ignore[union-attr]
+        assert self.transport is not None
+        self.transport.write(self.request)
+        IPushProducer(self.transport).pauseProducing()
 
     def connectionLost(self, reason: Failure = Failure(Exception())) -> None:  # noqa: B008
         self.lost.callback(None)
+
+
+class _StalledClients(ClientFactory):
+    """Connects one ``_StalledClient`` and keeps it."""
+
+    def __init__(self, request: bytes, lost: defer.Deferred[None]) -> None:
+        self.request = request
+        self.lost = lost
+        self.client: _StalledClient | None = None
+
+    def buildProtocol(self, addr: IAddress | None) -> _StalledClient:
+        self.client = _StalledClient(self.request, self.lost)
+        return self.client
 
 
 class BackpressureTests(WorkloadCase):
@@ -322,7 +345,9 @@ class BackpressureTests(WorkloadCase):
         listening = reactor.listenTCP(0, engine, interface="127.0.0.1")
         self.addCleanup(listening.stopListening)
         proxy, port, _ = await self.setUpProxy(names=())
-        url = f"http://127.0.0.1:{listening.getHost().port}"
+        host = listening.getHost()
+        assert isinstance(host, IPv4Address)
+        url = f"http://127.0.0.1:{host.port}"
         await proxy.nodes(self.engineId, [{"id": "E", "addresses": [url], "models": ["m1"]}])
         body = json.dumps(STREAM).encode()
         request = (
@@ -330,14 +355,15 @@ class BackpressureTests(WorkloadCase):
             b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
         )
         clientLost: defer.Deferred[None] = defer.Deferred()
-        factory = ClientFactory.forProtocol(lambda: _StalledClient(request, clientLost))  # type: ignore[arg-type]
+        factory = _StalledClients(request, clientLost)
         connector = reactor.connectTCP("127.0.0.1", port, factory)
         self.addCleanup(connector.disconnect)
         await engine.started
         sent = await engine.lost  # the proxy closed the upstream after cutting the client
         await self.allEnded(1)
-        client = connector.transport.protocol  # type: ignore[attr-defined]
-        client.transport.resumeProducing()  # read again: the proxy has closed this connection
+        assert factory.client is not None
+        # Read again: the proxy has closed this connection.
+        IPushProducer(factory.client.transport).resumeProducing()
         await clientLost
         self.assertGreater(engine.pauses, 0, "the proxy paused the engine's stream")
         self.assertLess(sent, 96 * 1024 * 1024, "bounded: socket buffers, not the stream")

@@ -8,9 +8,11 @@ from typing import Any
 from prometheus_client import REGISTRY
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.dispatch.attempt import Failed
+from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.ops import metrics
 from nvpair.proxy.ops.metrics import Metrics, requestOutcome
+from nvpair.proxy.routing.candidates import Node
 
 
 def sampleValues(registry: Any) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -42,6 +44,11 @@ def exchange(
         answered=answered or committedStatus is not None,
         clientGone=clientGone,
     )
+
+
+def failure(kind: str, status: int | None = None) -> Failed:
+    """An uncommitted attempt's outcome on node ``A``."""
+    return Failed(kind, Node("A", False, ("http://a:1",), frozenset()), status)
 
 
 class OutcomeTests(SynchronousTestCase):
@@ -144,9 +151,9 @@ class HookTests(SynchronousTestCase):
     def test_attempts(self) -> None:
         """Failed attempts count by their kind; commits count as ``committed``."""
         ex = exchange(committedStatus=200)
-        self.metrics.attemptFailed(ex, SimpleNamespace(kind="status", status=503))
-        self.metrics.attemptFailed(ex, SimpleNamespace(kind="transport", status=None))
-        self.metrics.attemptFailed(ex, SimpleNamespace(kind="transport", status=None))
+        self.metrics.attemptFailed(ex, failure("status", 503))
+        self.metrics.attemptFailed(ex, failure("transport"))
+        self.metrics.attemptFailed(ex, failure("transport"))
         self.metrics.committed(ex, "B", 0.3)
         for reason, count in (("status", 1), ("transport", 2), ("committed", 1), ("left", 0)):
             self.assertEqual(
@@ -273,7 +280,7 @@ class HookTests(SynchronousTestCase):
         """Once warm, the request-path hooks reuse their label children (no per-call binding)."""
         m = self.metrics
         ex = exchange(committedStatus=200)
-        failed = SimpleNamespace(kind="status", status=500)
+        failed = failure("status", 500)
         m.attemptFailed(ex, failed)
         m.committed(ex, "A", 0.1)
         m.requestEnded(ex)

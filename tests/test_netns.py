@@ -24,7 +24,7 @@ from typing import Any
 from twisted.internet import defer, error, protocol, reactor, utils
 from twisted.trial.unittest import SkipTest, TestCase
 
-from tests.certs import makeNodeCert
+from nvpair.proxy.testing.certs import makeNodeCert
 from tests.clusterfixture import ENGINE, ClusterNode, chat
 
 SERVER_IP = "10.203.0.1"
@@ -132,8 +132,11 @@ class IngressGateTests(TestCase):
             await self.ip("-n", ns, "link", "set", "lo", "up")
             await self.ip("-n", ns, "link", "set", dev, "up")
 
-    def _deleteNamespace(self, ns: str) -> defer.Deferred[Any]:
-        return utils.getProcessOutputAndValue(self.ipPath, ("netns", "del", ns), env=os.environ)
+    def _deleteNamespace(self, ns: str) -> defer.Deferred[tuple[bytes, bytes, int]]:
+        deleted: defer.Deferred[tuple[bytes, bytes, int]] = utils.getProcessOutputAndValue(
+            self.ipPath, ("netns", "del", ns), env=os.environ
+        )
+        return deleted
 
     async def engineInServer(self) -> int:
         """A fake engine inside the server namespace; returns its port there."""
@@ -145,7 +148,7 @@ class IngressGateTests(TestCase):
             self.server,
             sys.executable,
             "-m",
-            "tests.fakeengine",
+            "nvpair.proxy.testing.fakeengine",
             "--port",
             "0",
             "--models",

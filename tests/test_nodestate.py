@@ -6,18 +6,17 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
-from treq.testing import StubTreq
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.dispatch.attempt import Failed
 from nvpair.proxy.facade.standalone import POLL_INTERVAL, FleetPoller
-from nvpair.proxy.ops.nodestate import DOWN, STALE_AFTER, UNKNOWN, UP, attemptHealth, pollHealth
+from nvpair.proxy.ops.nodestate import STALE_AFTER, NodeState, attemptHealth, pollHealth
 from nvpair.proxy.ops.server import opsResource
 from nvpair.proxy.routing.candidates import Node
 from tests.test_fleet import FakeResponse, FakeUpstream, openaiList
-from tests.test_ops import ENGINE, makeService, scripted
+from tests.test_ops import ENGINE, makeService, memoryClient, scripted
 
 
 class PollHealthTests(SynchronousTestCase):
@@ -25,12 +24,17 @@ class PollHealthTests(SynchronousTestCase):
 
     def test_states(self) -> None:
         """Answered: up with its model count; failed: down with the problem; none yet: unknown."""
-        self.assertEqual(pollHealth((5.0, ""), 2), (UP, "inventory poll answered: 2 models", 5.0))
-        self.assertEqual(pollHealth((5.0, ""), 1), (UP, "inventory poll answered: 1 model", 5.0))
         self.assertEqual(
-            pollHealth((7.0, "status 500"), 0), (DOWN, "inventory poll failed: status 500", 7.0)
+            pollHealth((5.0, ""), 2), (NodeState.UP, "inventory poll answered: 2 models", 5.0)
         )
-        self.assertEqual(pollHealth(None, 0), (UNKNOWN, "inventory poll pending", None))
+        self.assertEqual(
+            pollHealth((5.0, ""), 1), (NodeState.UP, "inventory poll answered: 1 model", 5.0)
+        )
+        self.assertEqual(
+            pollHealth((7.0, "status 500"), 0),
+            (NodeState.DOWN, "inventory poll failed: status 500", 7.0),
+        )
+        self.assertEqual(pollHealth(None, 0), (NodeState.UNKNOWN, "inventory poll pending", None))
         self.assertEqual(
             pollHealth((7.0, "TimeoutError"), 0)[1], "inventory poll failed: no answer in time"
         )
@@ -41,24 +45,27 @@ class AttemptHealthTests(SynchronousTestCase):
 
     def test_states(self) -> None:
         """Committed or answered a status: up; transport or timeouts: down; none: unknown."""
-        self.assertEqual(attemptHealth((10.0, None, None), 12.0), (UP, "last attempt served", 10.0))
+        self.assertEqual(
+            attemptHealth((10.0, None, None), 12.0), (NodeState.UP, "last attempt served", 10.0)
+        )
         self.assertEqual(
             attemptHealth((10.0, "status", 503), 12.0),
-            (UP, "last attempt answered status 503", 10.0),
+            (NodeState.UP, "last attempt answered status 503", 10.0),
         )
         for kind in ("transport", "header_timeout", "no_content"):
             state, reason, when = attemptHealth((10.0, kind, None), 12.0)
-            self.assertEqual((state, when), (DOWN, 10.0), kind)
+            self.assertEqual((state, when), (NodeState.DOWN, 10.0), kind)
             self.assertTrue(reason.startswith("last attempt "), reason)
         self.assertEqual(
-            attemptHealth(None, 12.0), (UNKNOWN, "listed by discovery, not tried yet", None)
+            attemptHealth(None, 12.0),
+            (NodeState.UNKNOWN, "listed by discovery, not tried yet", None),
         )
 
     def test_stale(self) -> None:
         """Evidence older than the 15-minute window no longer counts."""
-        self.assertEqual(attemptHealth((0.0, "transport", None), STALE_AFTER)[0], DOWN)
+        self.assertEqual(attemptHealth((0.0, "transport", None), STALE_AFTER)[0], NodeState.DOWN)
         state, reason, when = attemptHealth((0.0, "transport", None), STALE_AFTER + 1)
-        self.assertEqual((state, when), (UNKNOWN, 0.0))
+        self.assertEqual((state, when), (NodeState.UNKNOWN, 0.0))
         self.assertEqual(
             reason, "no attempt in the last 15 min (last attempt could not reach the engine)"
         )
@@ -70,7 +77,7 @@ class StatusStateTests(SynchronousTestCase):
     def nodes(self, service: Any) -> dict[str, dict[str, Any]]:
         """The nodes of the llamacpp facade in ``/status``, by id."""
         response = self.successResultOf(
-            StubTreq(opsResource(service)).get("http://127.0.0.1/status")
+            memoryClient(opsResource(service)).get("http://127.0.0.1/status")
         )
         doc = json.loads(self.successResultOf(response.content()))
         return {n["id"]: n for n in doc["facades"]["llamacpp"]["nodes"]}
@@ -82,18 +89,22 @@ class StatusStateTests(SynchronousTestCase):
         scripted(service)
         exchange = SimpleNamespace(engine=ENGINE, inference=True, createdAt=reactor.seconds())
         node = Node("A", False, ("http://10.0.0.1:8081",), frozenset())
-        service.attemptFailed(exchange, Failed("transport", node))
+        service.context.attemptFailed(exchange, Failed("transport", node))
         a, me = self.nodes(service)["A"], self.nodes(service)["me"]
         self.assertEqual(
             (a["state"], a["stateReason"], a["checkedAt"]),
-            (DOWN, "last attempt could not reach the engine", int(reactor.seconds() * 1000)),
+            (
+                NodeState.DOWN.value,
+                "last attempt could not reach the engine",
+                int(reactor.seconds() * 1000),
+            ),
         )
-        self.assertEqual((me["state"], me["checkedAt"]), (UNKNOWN, None))
+        self.assertEqual((me["state"], me["checkedAt"]), (NodeState.UNKNOWN.value, None))
         reactor.advance(3)
-        service.committed(exchange, "A")
-        self.assertEqual(self.nodes(service)["A"]["state"], UP)
+        service.context.committed(exchange, "A")
+        self.assertEqual(self.nodes(service)["A"]["state"], NodeState.UP.value)
         reactor.advance(STALE_AFTER + 1)
-        self.assertEqual(self.nodes(service)["A"]["state"], UNKNOWN)
+        self.assertEqual(self.nodes(service)["A"]["state"], NodeState.UNKNOWN.value)
 
     def test_standalone(self) -> None:
         """The poller's last result per backend: answered, refused, not yet answered."""
@@ -119,13 +130,14 @@ class StatusStateTests(SynchronousTestCase):
                 found["http://a:1"]["stateReason"],
                 found["http://a:1"]["checkedAt"],
             ),
-            (UP, "inventory poll answered: 2 models", polled),
+            (NodeState.UP.value, "inventory poll answered: 2 models", polled),
         )
         self.assertEqual(found["http://a:1"]["modelNames"], ["m1", "m2"])
         self.assertEqual(
             (found["http://b:1"]["state"], found["http://b:1"]["stateReason"]),
-            (DOWN, "inventory poll failed: could not connect"),
+            (NodeState.DOWN.value, "inventory poll failed: could not connect"),
         )
         self.assertEqual(
-            (found["http://c:1"]["state"], found["http://c:1"]["checkedAt"]), (UNKNOWN, None)
+            (found["http://c:1"]["state"], found["http://c:1"]["checkedAt"]),
+            (NodeState.UNKNOWN.value, None),
         )

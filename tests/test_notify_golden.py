@@ -16,12 +16,13 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
+from zope.interface.verify import verifyObject
 
 from nvpair.proxy.broker import jsonrpc
 from nvpair.proxy.broker.activity import Activity
 from nvpair.proxy.broker.channel import BrokerChannel
 from nvpair.proxy.broker.workloads import CANCELLED, COMPLETED, FAILED, WorkloadReporter
-from nvpair.proxy.interfaces import IMessageHandler
+from nvpair.proxy.interfaces import IBrokerSink, IMessageHandler
 
 RUN = "00ff00ff00ff00ff"
 WI = '{"jsonrpc":"2.0","method":"workload:%s","params":{"workloadInfo":{"id":"1",'
@@ -33,6 +34,7 @@ class _NoHandler:
         raise AssertionError("no input expected")
 
 
+@implementer(IBrokerSink)
 class _Both:
     """A sink that writes through a real channel and keeps the params it was given."""
 
@@ -55,11 +57,13 @@ class GoldenTests(SynchronousTestCase):
         self.channel = BrokerChannel(_NoHandler(), lambda: None)
         self.channel.makeConnection(self.transport)
         self.sink = _Both(self.channel)
+        self.assertTrue(verifyObject(IBrokerSink, self.sink))
+        self.assertTrue(verifyObject(IMessageHandler, _NoHandler()))
         self.reporter = WorkloadReporter(self.sink, self.clock, RUN)
         self.activity = Activity(self.sink)
 
     def lines(self) -> list[bytes]:
-        data = self.transport.value()
+        data: bytes = self.transport.value()
         self.transport.clear()
         self.assertTrue(data.endswith(b"\n"))
         return data.split(b"\n")[:-1]

@@ -7,15 +7,25 @@ import tempfile
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
-from treq.testing import StubTreq
+from treq import content
+from treq.client import HTTPClient
+from treq.testing import RequestTraversalAgent
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.error import CannotListenError
+from twisted.internet.interfaces import IListeningPort
+from twisted.internet.protocol import ServerFactory
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.iweb import IResponse
+from twisted.web.resource import IResource
 from twisted.web.test.requesthelper import DummyRequest
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
 
 from nvpair.proxy.broker.channel import RPCError
-from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.engines import ENGINES
+from nvpair.proxy.http.client import HTTPClientConnection
+from nvpair.proxy.ops.interfaces import IOpsView
 from nvpair.proxy.ops.server import OpsListener, opsFactory, opsResource, startOps
 from nvpair.proxy.options import Options
 from nvpair.proxy.routing.candidates import Snapshot, parseNodes
@@ -25,6 +35,12 @@ from nvpair.proxy.service import ProxyService
 ENGINE = ENGINES["llamacpp"]
 SECRET_PROMPT = "CANARY-ops-prompt"
 START = 1_700_000_000.0
+
+
+def memoryClient(resource: IResource) -> HTTPClient:
+    """An in-memory HTTP client of ``resource`` (what ``treq.testing.StubTreq`` builds, typed;
+    enough for requests without a body)."""
+    return HTTPClient(RequestTraversalAgent(resource))
 
 
 def makeService(reactor: Any, *argv: str) -> ProxyService:
@@ -58,13 +74,15 @@ def scripted(service: ProxyService) -> None:
     service.reservations.reserve("A")
     service.activity.change("A", +1)
     reporter = service.reporter
-    service.reactor.advance(START - service.reactor.seconds())
+    reactor = service.reactor
+    assert isinstance(reactor, MemoryReactorClock)
+    reactor.advance(START - reactor.seconds())
     done = reporter.admit("llamacpp", "m1")
     done.submitted("A")
     done.started("A")
     done.finish("completed", None, {"completionTokens": 3})
     failed = reporter.admit("llamacpp", "m2")
-    service.reactor.advance(2.5)
+    reactor.advance(2.5)
     failed.finish("failed", "no_owner")
     reporter.admit("llamacpp", "m1")  # still live
 
@@ -85,13 +103,21 @@ class EndpointTestCase(SynchronousTestCase):
         self.reactor = MemoryReactorClock()
         self.service = makeService(self.reactor)
         scripted(self.service)
-        self.client = StubTreq(opsResource(self.service))
+        self.client = memoryClient(opsResource(self.service))
 
-    def get(self, url: str, method: str = "GET") -> tuple[Any, bytes]:
+    def get(self, url: str, method: str = "GET") -> tuple[IResponse, bytes]:
         """Request ``url`` in memory; returns the response and its body."""
         response = self.successResultOf(self.client.request(method, url))
-        body = self.successResultOf(self.client.content(response))
+        body = self.successResultOf(content(response))
         return response, body
+
+
+class ViewTests(SynchronousTestCase):
+    """The process provides everything the operations listener reads of it."""
+
+    def test_serviceProvidesOpsView(self) -> None:
+        """``ProxyService`` provides ``IOpsView`` (attributes and service collection)."""
+        self.assertTrue(verifyObject(IOpsView, makeService(MemoryReactorClock())))
 
 
 class StatusTests(EndpointTestCase):
@@ -185,7 +211,7 @@ class StatusTests(EndpointTestCase):
 
     def test_noFacades(self) -> None:
         """A service with nothing enabled answers an empty but well-formed document."""
-        client = StubTreq(opsResource(makeService(MemoryReactorClock())))
+        client = memoryClient(opsResource(makeService(MemoryReactorClock())))
         response = self.successResultOf(client.get("http://127.0.0.1/status"))
         doc = self.successResultOf(response.json())
         self.assertEqual(doc["facades"], {})
@@ -235,19 +261,22 @@ class MetricsEndpointTests(EndpointTestCase):
         """Idle pooled upstream connections are counted from the shared pool."""
         self.assertEqual(self.scrape()["nvpair_proxy_upstream_pool_connections", frozenset()], 0.0)
         pool = self.service.upstream.pool
-        pool._connections[("http", b"a", 1)] = [object(), object()]
-        pool._connections[("http", b"b", 1)] = [object()]
+        keys = [("http", b"a", 1), ("http", b"a", 1), ("http", b"b", 1)]
+        idle = [HTTPClientConnection(pool, key) for key in keys]
+        for conn in idle:
+            pool.release(conn)
         try:
             values = self.scrape()
         finally:
-            pool._connections.clear()
+            for conn in idle:
+                pool.lost(conn)
         self.assertEqual(values["nvpair_proxy_upstream_pool_connections", frozenset()], 3.0)
         self.assertEqual(values["nvpair_proxy_upstream_pool_hosts", frozenset()], 2.0)
 
     def test_events(self) -> None:
         """Event counters fed through the service's hooks appear in the same scrape."""
         self.service.metrics.proxyError("llamacpp", "no_owner")
-        self.service.handle(None, "log/set-level", {"level": "info"})
+        self.service.handlers.handle(None, "log/set-level", {"level": "info"})
         values = self.scrape()
         self.assertEqual(
             values[
@@ -302,7 +331,7 @@ class PageTests(EndpointTestCase):
             metrics["nvpair_proxy_host_denied_total", frozenset({("listener", "ops")})], 1.0
         )
         service = makeService(MemoryReactorClock(), "--allowed-hosts", "proxy.example")
-        client = StubTreq(opsResource(service))
+        client = memoryClient(opsResource(service))
         response = self.successResultOf(client.get("http://proxy.example/status"))
         self.assertEqual(response.code, 200)
 
@@ -351,12 +380,16 @@ class PeerTests(SynchronousTestCase):
         self.assertTrue(transport.disconnecting)
 
 
+@implementer(IListeningPort)
 class _Port:
     """A listening port that records being stopped."""
 
     def __init__(self, port: int) -> None:
         self.port = port
         self.stopped = False
+
+    def startListening(self) -> None:
+        """Already listening: the reactor made it so."""
 
     def getHost(self) -> IPv4Address:
         return IPv4Address("TCP", "127.0.0.1", self.port)
@@ -373,7 +406,9 @@ class _Reactor(MemoryReactorClock):
         self.busy = busy
         self.ports: dict[int, tuple[_Port, str]] = {}
 
-    def listenTCP(self, port: int, factory: Any, backlog: int = 50, interface: str = "") -> _Port:
+    def listenTCP(
+        self, port: int, factory: ServerFactory, backlog: int = 50, interface: str = ""
+    ) -> _Port:
         if port == self.busy:
             raise CannotListenError(interface, port, OSError(98, "Address already in use"))
         super().listenTCP(port, factory, backlog, interface)
@@ -389,8 +424,8 @@ class ListenerTests(SynchronousTestCase):
         """In standalone mode the workload and activity sinks say nobody listens."""
         service = makeService(_Reactor(), "--standalone", "--engines", "ollama")
         service.startService()
-        self.assertFalse(service.reporter.sink.listening)
-        self.assertFalse(service.activity._sink.listening)
+        self.assertFalse(getattr(service.reporter.sink, "listening"))  # noqa: B009
+        self.assertFalse(getattr(service.activity._sink, "listening"))  # noqa: B009
         self.successResultOf(service.stopService())
 
     def test_startsAndStopsWithService(self) -> None:
@@ -400,6 +435,7 @@ class ListenerTests(SynchronousTestCase):
         service.startService()
         listening, interface = reactor.ports[19464]
         self.assertEqual(interface, "127.0.0.1")
+        self.assertTrue(verifyObject(IListeningPort, listening))
         self.assertIsInstance(service.getServiceNamed("ops"), OpsListener)
         self.assertFalse(listening.stopped)
         self.successResultOf(service.stopService())
@@ -433,6 +469,12 @@ class ListenerTests(SynchronousTestCase):
         self.successResultOf(listener.stopService())
 
 
+class _ChatRequest(DummyRequest):
+    """A request for the chat completions path (what the error shape is chosen by)."""
+
+    path = b"/v1/chat/completions"
+
+
 class ServiceHookTests(SynchronousTestCase):
     """The service feeds broker messages and its own error answers to the metrics."""
 
@@ -448,9 +490,11 @@ class ServiceHookTests(SynchronousTestCase):
 
     def test_rpcErrors(self) -> None:
         """An error answer counts the message and the error by method and code."""
-        self.assertRaises(RPCError, self.service.handle, None, "log/set-level", {"level": "x"})
-        self.assertRaises(RPCError, self.service.handle, None, "made/up", {})
-        self.assertRaises(RPCError, self.service.handle, "ollama", "node/select", {})
+        self.assertRaises(
+            RPCError, self.service.handlers.handle, None, "log/set-level", {"level": "x"}
+        )
+        self.assertRaises(RPCError, self.service.handlers.handle, None, "made/up", {})
+        self.assertRaises(RPCError, self.service.handlers.handle, "ollama", "node/select", {})
         self.assertEqual(self.value("nvpair_proxy_rpc_messages_total", method="log/set-level"), 1.0)
         self.assertEqual(
             self.value("nvpair_proxy_rpc_errors_total", method="log/set-level", code="-32602"), 1.0
@@ -465,9 +509,8 @@ class ServiceHookTests(SynchronousTestCase):
 
     def test_sendErrorCounts(self) -> None:
         """An error the proxy generates is answered as before and counted by reason."""
-        request = DummyRequest([b"v1", b"chat", b"completions"])
-        request.path = b"/v1/chat/completions"
-        self.service.sendError(request, ENGINE, 502, "no_owner", "no node advertises it")
+        request = _ChatRequest([b"v1", b"chat", b"completions"])
+        self.service.context.sendError(request, ENGINE, 502, "no_owner", "no node advertises it")
         self.assertEqual(request.responseCode, 502)
         self.assertEqual(json.loads(b"".join(request.written))["error"]["code"], "no_owner")
         self.assertEqual(

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from treq.testing import StubTreq
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
+from nvpair.proxy.ops.documents import StatusDocument
 from nvpair.proxy.ops.format import (
     ago,
     bar,
@@ -24,7 +24,7 @@ from nvpair.proxy.ops.page import renderPage
 from nvpair.proxy.ops.server import historyDocument, opsResource, statusDocument
 from nvpair.proxy.routing.candidates import Snapshot, parseNodes
 from tests.dom import Element, parseDom
-from tests.test_ops import ENGINE, EndpointTestCase, makeService, scripted
+from tests.test_ops import ENGINE, EndpointTestCase, makeService, memoryClient, scripted
 
 HOSTILE_MODEL = "<script>alert('model')</script>"
 HOSTILE_NODE = '"><img src=x onerror=alert(1)>'
@@ -190,7 +190,7 @@ class PageTests(SynchronousTestCase):
 
     def page(self) -> Element:
         response = self.successResultOf(
-            StubTreq(opsResource(self.service)).get("http://127.0.0.1/")
+            memoryClient(opsResource(self.service)).get("http://127.0.0.1/")
         )
         self.assertEqual(response.code, 200)
         return parseDom(self.successResultOf(response.content()).decode("utf-8"))
@@ -334,7 +334,7 @@ class PageTests(SynchronousTestCase):
         tiles = dom.all("div", class_="errors")
         self.assertIn(HOSTILE_ERROR, tiles[0].all("svg")[0].attrs["aria-label"])
 
-    def affinityTiles(self, status: dict[str, Any]) -> list[Element]:
+    def affinityTiles(self, status: StatusDocument) -> list[Element]:
         html = renderPage(status, historyDocument(self.service), Window().document(0))
         return parseDom(html).all("div", class_="affinity")
 
@@ -378,7 +378,7 @@ class HistoryEndpointTests(SynchronousTestCase):
         scripted(service)
         service.reporter.history.attempt("llamacpp", "A", "transport", None)
         response = self.successResultOf(
-            StubTreq(opsResource(service)).get("http://localhost/status/history")
+            memoryClient(opsResource(service)).get("http://localhost/status/history")
         )
         self.assertEqual(response.code, 200)
         self.assertEqual(response.headers.getRawHeaders("content-type"), ["application/json"])

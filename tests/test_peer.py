@@ -9,32 +9,39 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 from twisted.internet import defer
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectError, ConnectionRefusedError
-from twisted.internet.task import Clock
+from twisted.internet.interfaces import IProtocol, IPushProducer
+from twisted.internet.protocol import Protocol
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import UNKNOWN_LENGTH
+from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
 
+from nvpair.proxy.cluster.interfaces import IPeerTrust
 from nvpair.proxy.cluster.membership import ClusterTrust
 from nvpair.proxy.cluster.peer import PeerDoor
 from nvpair.proxy.dispatch.upstream import Upstream
-from nvpair.proxy.facade.engines import ENGINES
-from nvpair.proxy.http.site import FacadeSite, sendError
-from nvpair.proxy.runtime.logs import LogControl
-from tests.certs import makeNodeCert, writeClusterDir, writePins
+from nvpair.proxy.engines import ENGINES
+from nvpair.proxy.http.site import FacadeSite
+from nvpair.proxy.interfaces import IUpstream
+from nvpair.proxy.testing.certs import makeNodeCert, writeClusterDir, writePins
+from tests.fakecontext import FakeContext
 
 LOCAL = "http://127.0.0.1:11435"
 BODY = b'{"model": "m1", "stream": true}'
 
 
+@implementer(IPeerTrust)
 class FakeTrust:
     """Answers ``peerNodeId`` for the one connection under test."""
 
@@ -51,13 +58,14 @@ class FakeTrust:
         return self.current
 
 
+@implementer(IPushProducer)
 class BodyTransport:
     """The upstream body transport: records flow control; stopping loses the body."""
 
     def __init__(self) -> None:
         self.paused = False
         self.stopped = False
-        self.protocol: Any = None
+        self.protocol: IProtocol = Protocol()  # the body's receiver, once delivered
 
     def pauseProducing(self) -> None:
         self.paused = True
@@ -71,14 +79,19 @@ class BodyTransport:
             self.protocol.connectionLost(Failure(ResponseFailed([Failure(ConnectError())])))
 
 
+@implementer(IResponse)
 class FakeResponse:
     """An upstream response whose body the test feeds by hand."""
+
+    version = (b"HTTP", 1, 1)
+    request = None
+    previousResponse = None
 
     def __init__(
         self,
         code: int = 200,
         headers: dict[bytes, list[bytes]] | None = None,
-        length: Any = UNKNOWN_LENGTH,
+        length: int | object = UNKNOWN_LENGTH,
     ) -> None:
         self.code = code
         self.phrase = b"OK"
@@ -86,66 +99,65 @@ class FakeResponse:
         self.length = length
         self.transport = BodyTransport()
 
-    def deliverBody(self, protocol: Any) -> None:
+    def deliverBody(self, protocol: IProtocol) -> None:
         self.transport.protocol = protocol
-        protocol.makeConnection(self.transport)
+        protocol.makeConnection(self.transport)  # type: ignore[arg-type]
+
+    def setPreviousResponse(self, response: IResponse) -> None:
+        raise NotImplementedError("no redirects here")
 
 
+@implementer(IUpstream)
 class FakeUpstream:
     """Records requests; each returns a Deferred the test fires."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[Any, ...]] = []
-        self.pending: list[defer.Deferred[Any]] = []
+        self.calls: list[tuple[object, str | None, bytes, bytes, Headers, bytes]] = []
+        self.pending: list[defer.Deferred[IResponse]] = []
         self.cancelled = 0
 
     def request(
-        self, node: Any, address: str, method: bytes, path: bytes, headers: Headers, body: bytes
-    ) -> defer.Deferred[Any]:
+        self,
+        node: object,
+        address: str | None,
+        method: bytes,
+        path: bytes,
+        headers: Headers,
+        body: bytes,
+        connected: Callable[[], None] | None = None,
+    ) -> defer.Deferred[IResponse]:
         self.calls.append((node, address, method, path, headers, body))
 
-        def cancel(d: defer.Deferred[Any]) -> None:
+        def cancel(d: defer.Deferred[IResponse]) -> None:
             self.cancelled += 1
 
-        d: defer.Deferred[Any] = defer.Deferred(cancel)
+        d: defer.Deferred[IResponse] = defer.Deferred(cancel)
         self.pending.append(d)
         return d
 
 
-class FakeContext:
-    """The parts of ``ProxyService`` a peer request may touch (and nothing of routing)."""
+class FakesTests(SynchronousTestCase):
+    """The fakes provide the interfaces they stand in for; so does the real trust."""
 
-    def __init__(self) -> None:
-        self.trust: Any = FakeTrust()
-        self.upstream = FakeUpstream()
-        self.clock = Clock()
-        self.settings = SimpleNamespace(clientWriteTimeout=60.0)
-        self.exchanges: set[Any] = set()
-        self.logControl = LogControl("info")
-        self.errors: list[tuple[int, str]] = []
-        self.internal: list[str] = []
+    def test_fakes(self) -> None:
+        """Trust, upstream, response and its body transport."""
+        self.assertTrue(verifyObject(IPeerTrust, FakeTrust()))
+        self.assertTrue(verifyObject(IUpstream, FakeUpstream()))
+        response = FakeResponse()
+        self.assertTrue(verifyObject(IResponse, response))
+        self.assertTrue(verifyObject(IPushProducer, response.transport))
 
-    def sendError(
-        self,
-        request: Any,
-        engine: Any,
-        status: int,
-        reason: str,
-        message: str,
-        retryAfter: int | None = None,
-    ) -> None:
-        self.errors.append((status, reason))
-        sendError(request, engine, status, reason, message, retryAfter)
-
-    def reportInternal(self, exceptionType: str) -> None:
-        self.internal.append(exceptionType)
+    def test_clusterTrust(self) -> None:
+        """``ClusterTrust`` is what the peer door asks about each connection."""
+        trust = ClusterTrust(None, MemoryReactorClock(), lambda m: None)
+        self.assertTrue(verifyObject(IPeerTrust, trust))
 
 
 class PeerDoorTests(SynchronousTestCase):
     """A pinned peer's request goes to the local backend, streamed, never routed."""
 
     def setUp(self) -> None:
-        self.context = FakeContext()
+        self.context = FakeContext(upstream=FakeUpstream(), trust=FakeTrust())
         self.facade = SimpleNamespace(engine=ENGINES["llamacpp"], localBackend=LOCAL)
         site = FacadeSite(
             PeerDoor(self.context, self.facade), self.context.clock, 1 << 20, 30.0, 65536
@@ -206,20 +218,26 @@ class PeerDoorTests(SynchronousTestCase):
         self.assertIn(b"Content-Length: 2\r\n", self.transport.value())
         self.assertTrue(self.transport.value().endswith(b"\r\n\r\n{}"))
 
+    def clientProducer(self) -> IPushProducer:
+        """The producer the peer's connection was given (the forward's flow control)."""
+        producer: IPushProducer | None = self.transport.producer
+        assert producer is not None
+        return producer
+
     def test_backpressure(self) -> None:
         """A client that stops reading pauses the upstream read; resuming resumes it."""
         self.send()
         response = self.respond()
-        self.transport.producer.pauseProducing()
+        self.clientProducer().pauseProducing()
         self.assertTrue(response.transport.paused)
-        self.transport.producer.resumeProducing()
+        self.clientProducer().resumeProducing()
         self.assertFalse(response.transport.paused)
 
     def test_deadClientCutOff(self) -> None:
         """A client paused past the write deadline is cut off and the upstream stopped."""
         self.send()
         response = self.respond()
-        self.transport.producer.pauseProducing()
+        self.clientProducer().pauseProducing()
         self.context.clock.advance(61)
         self.assertTrue(self.transport.disconnecting)
         self.channel.connectionLost(Failure(ConnectionRefusedError()))
@@ -324,7 +342,7 @@ class PeerUpstreamTests(SynchronousTestCase):
         self.upstream = Upstream(self.reactor, 10.0, self.trust)
         self.node = SimpleNamespace(id="node-b")
 
-    def request(self) -> defer.Deferred[Any]:
+    def request(self) -> defer.Deferred[IResponse]:
         return self.upstream.request(
             self.node, "127.0.0.1:4000", b"GET", b"/v1/models", Headers(), b""
         )

@@ -8,8 +8,7 @@ import tempfile
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.facade import ports
-from nvpair.proxy.facade.engines import ENGINES, LLAMACPP, LMSTUDIO, OLLAMA
+from nvpair.proxy.engines import ENGINES, LLAMACPP, LMSTUDIO, OLLAMA
 from nvpair.proxy.facade.ports import PortError, PortStore, requestedPort
 
 
@@ -84,7 +83,7 @@ class PortStoreTests(SynchronousTestCase):
         def broken(*args: object, **kwargs: object) -> None:
             raise OSError(28, "No space left on device")
 
-        self.patch(ports.os, "fsync", broken)
+        self.patch(os, "fsync", broken)
         self.assertRaises(OSError, self.store.save, OLLAMA, 2222)
         self.assertEqual(self.store.load(OLLAMA), 1111)
         self.assertEqual(os.listdir(self.dir), ["proxy-port.json"])
@@ -98,7 +97,7 @@ class PortStoreTests(SynchronousTestCase):
             calls.append((src, dst))
             real(src, dst)
 
-        self.patch(ports.os, "replace", spy)
+        self.patch(os, "replace", spy)
         self.store.save(OLLAMA, 7)
         self.assertEqual(len(calls), 1)
         self.assertEqual(os.path.dirname(calls[0][0]), self.dir)

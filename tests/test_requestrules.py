@@ -59,7 +59,8 @@ class HeadRuleTests(SynchronousTestCase):
     def refusal(self, fields: list[tuple[bytes, bytes]]) -> Refusal:
         with self.assertRaises(Refusal) as caught:
             self.check(fields)
-        return caught.exception
+        refusal: Refusal = caught.exception
+        return refusal
 
     def test_hostValues(self) -> None:
         """Host names, addresses with ports, IPv6 literals and the empty value pass; other

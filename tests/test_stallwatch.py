@@ -10,9 +10,9 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 
 from nvpair.proxy.dispatch.stallwatch import StallWatch
+from tests.fakecontext import FakeContext
 from tests.fakerequest import FakeRequest
 from tests.fakeupstream import (
-    FakeContext,
     FakeResponse,
     makeFacade,
     node,

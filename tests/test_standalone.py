@@ -2,29 +2,51 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Any
-
 from twisted.application.service import MultiService
 from twisted.internet.error import ConnectionRefusedError
+from twisted.internet.protocol import ServerFactory
+from twisted.internet.task import Clock
+from twisted.internet.testing import MemoryReactorClock
+from twisted.logger import Logger
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
 
-from nvpair.proxy.facade.engines import LLAMACPP, LMSTUDIO, OLLAMA
-from nvpair.proxy.facade.facade import BindError
-from nvpair.proxy.facade.standalone import POLL_INTERVAL, FleetPoller, fleetUrls, startStandalone
+from nvpair.proxy.engines import LLAMACPP, LMSTUDIO, OLLAMA, Engine
+from nvpair.proxy.facade.facade import BindError, Facade
+from nvpair.proxy.facade.standalone import (
+    POLL_INTERVAL,
+    BackendState,
+    FleetPoller,
+    IStandaloneProcess,
+    fleetUrls,
+    startStandalone,
+)
 from nvpair.proxy.routing.affinity import Affinity
 from nvpair.proxy.routing.candidates import Snapshot
 from nvpair.proxy.routing.reservations import ReservationMap
-from tests.test_fleet import FakeContext, FakeResponse, openaiList
+from nvpair.proxy.settings import Settings
+from tests.fakecontext import FakeContext
+from tests.test_fleet import FakeResponse, FakeUpstream, openaiList
+from tests.test_hostcheck import Events
 
 TIMEOUT = 12.0
 
 
-class RecordingFacade:
-    """The facade surface a poller writes: the engine and ``setSnapshot``."""
+def _noFactory(aliasOnly: bool) -> ServerFactory:
+    raise AssertionError("a standalone test facade never listens")
 
-    def __init__(self, engine: Any = LLAMACPP) -> None:
-        self.engine = engine
+
+class RecordingFacade(Facade):
+    """A facade (never listening) that records the snapshots a poller publishes."""
+
+    def __init__(self, engine: Engine = LLAMACPP) -> None:
+        super().__init__(
+            engine,
+            MemoryReactorClock(),
+            _noFactory,
+            Snapshot((), engine.normalize),
+        )
         self.snapshots: list[Snapshot] = []
 
     def setSnapshot(self, snapshot: Snapshot) -> None:
@@ -63,7 +85,7 @@ class FleetPollerTests(SynchronousTestCase):
     """Polling inventories into the facade's snapshot."""
 
     def setUp(self) -> None:
-        self.context = FakeContext()
+        self.context = FakeContext(upstream=FakeUpstream())
         self.up = self.context.upstream
         self.clock = self.context.clock
         self.facade = RecordingFacade()
@@ -71,7 +93,12 @@ class FleetPollerTests(SynchronousTestCase):
     def poller(self, *urls: str) -> FleetPoller:
         poller = FleetPoller(self.facade, urls, self.up, self.clock, TIMEOUT)
         poller.startService()
-        self.addCleanup(lambda: poller.running and poller.stopService())
+
+        def stop() -> None:
+            if poller.running:
+                poller.stopService()
+
+        self.addCleanup(stop)
         return poller
 
     def test_startPublishesThenPolls(self) -> None:
@@ -129,10 +156,18 @@ class FleetPollerTests(SynchronousTestCase):
 
     def test_downThenUp(self) -> None:
         """An engine that fails, answers non-2xx or an invalid list has an empty inventory
-        until it answers again."""
+        until it answers again; each change of state is logged once."""
+        events = Events()
+        self.patch(FleetPoller, "log", Logger(observer=events))
+        self.up.script["http://a"] = "hang"
+        poller = self.poller("http://a")
+        self.assertIs(poller.up["http://a"], BackendState.UNKNOWN)
         self.up.script["http://a"] = FakeResponse(200, openaiList("a", "m1"))
-        self.poller("http://a")
+        self.clock.advance(TIMEOUT)
+        self.assertIs(poller.up["http://a"], BackendState.DOWN)
+        self.clock.advance(POLL_INTERVAL)
         self.assertEqual(self.facade.inventories(), {"http://a": ["m1"]})
+        self.assertIs(poller.up["http://a"], BackendState.UP)
         for failure in (
             ConnectionRefusedError(),
             FakeResponse(500, b"x"),
@@ -144,6 +179,9 @@ class FleetPollerTests(SynchronousTestCase):
             self.up.script["http://a"] = failure
             self.clock.advance(POLL_INTERVAL)
             self.assertEqual(self.facade.inventories(), {"http://a": []})
+            self.assertIs(poller.up["http://a"], BackendState.DOWN)
+        logged = [e["log_format"] for e in events]
+        self.assertEqual(logged, ["backend-down", "backend-up"] * 3 + ["backend-down"])
 
     def test_hungEngineTimesOut(self) -> None:
         """A silent engine is given up on after the timeout and counted down; polling goes on."""
@@ -168,8 +206,9 @@ class FleetPollerTests(SynchronousTestCase):
         self.assertEqual(len(self.facade.snapshots), published)
 
 
+@implementer(IStandaloneProcess)
 class FakeService(MultiService):
-    """The parts of ProxyService that ``startStandalone`` uses."""
+    """The process as ``startStandalone`` uses it (``ProxyService`` in production)."""
 
     def __init__(
         self,
@@ -179,19 +218,38 @@ class FakeService(MultiService):
         affinity: str = "off",
     ) -> None:
         super().__init__()
-        context = FakeContext()
-        self.settings = SimpleNamespace(
-            engines=engines, backends=backends, dialTimeout=1.0, affinity=affinity
+        self.context = FakeContext(
+            upstream=FakeUpstream(),
+            engines=engines,
+            backends=backends,
+            dialTimeout=1.0,
+            affinity=affinity,
         )
-        self.upstream = context.upstream
-        self.clock = context.clock
         self.refuse = refuse
-        self.reservations = ReservationMap()
         self.enabled: list[tuple[str, int]] = []
+        self.problems: list[tuple[str, str, str]] = []
         self.facades: dict[str, RecordingFacade] = {}
-        self.affinity: Affinity | None = None
 
-    def enableFacade(self, engine: Any, port: int, aliases: list[str], ignore: bool) -> Any:
+    @property
+    def settings(self) -> Settings:
+        return self.context.settings
+
+    @property
+    def clock(self) -> Clock:
+        return self.context.clock
+
+    @property
+    def reservations(self) -> ReservationMap:
+        return self.context.reservations
+
+    @property
+    def affinity(self) -> Affinity | None:
+        """The context's (what the status view reads)."""
+        return self.context.affinity
+
+    def enableFacade(
+        self, engine: Engine, port: int, aliases: list[str], ignorePersisted: bool
+    ) -> RecordingFacade:
         if engine.id in self.refuse:
             raise BindError(port, "Address already in use")
         self.enabled.append((engine.id, port))
@@ -199,9 +257,16 @@ class FakeService(MultiService):
         self.facades[engine.id] = facade
         return facade
 
+    def facadeProblem(self, engineId: str, kind: str, message: str) -> None:
+        self.problems.append((engineId, kind, message))
+
 
 class StartStandaloneTests(SynchronousTestCase):
     """``startStandalone`` wires each facade to its poller, as a child of the process."""
+
+    def test_fakeProcess(self) -> None:
+        """The fake process provides what standalone mode uses."""
+        self.assertTrue(verifyObject(IStandaloneProcess, FakeService(("ollama",), ())))
 
     def test_facadesAndPollers(self) -> None:
         """Each named engine is enabled on its standalone port with a poller over its fleet;

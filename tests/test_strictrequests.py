@@ -8,9 +8,11 @@ from typing import Any
 
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface.verify import verifyObject
 
-from nvpair.proxy.facade.engines import LLAMACPP, OLLAMA
+from nvpair.proxy.engines import LLAMACPP, OLLAMA
 from nvpair.proxy.http import reader as requestreader
+from nvpair.proxy.http.interfaces import IErrorShape, IServerRequest
 from nvpair.proxy.http.site import FacadeSite
 from tests.test_httpserver import (
     GET,
@@ -302,6 +304,19 @@ class RfcRuleTests(SynchronousTestCase):
         site = FacadeSite(OllamaDoor(), Clock(), 10, 1.0, 100, engine=LLAMACPP)
         self.assertIs(site.engine, LLAMACPP)
 
+    def test_errorShapeOfAnyOtherDoor(self) -> None:
+        """A door naming no engine gets the OpenAI shape: byte for byte llama.cpp's, on
+        every path (the HTTP layer has its own copy, as it does not import the facade)."""
+        shape = FacadeSite(Door(), Clock(), 10, 1.0, 100).engine
+        verifyObject(IErrorShape, shape)
+        verifyObject(IErrorShape, LLAMACPP)
+        for path in (b"/", b"/v1/chat/completions", b"/api/chat", b"/models"):
+            for reason, message in (("bad_request", 'a "quoted" text'), ("internal", "é")):
+                self.assertEqual(
+                    shape.errorBody(path, reason, message),
+                    LLAMACPP.errorBody(path, reason, message),
+                )
+
     def test_headRefusalHasBody(self) -> None:
         """A refused HEAD request still gets its error body (the method is not trusted)."""
         status, _, doc = errorOf(Connection(Door()).send(b"HEAD / HTTP/1.1\r\n\r\n"))
@@ -325,6 +340,10 @@ class RfcRuleTests(SynchronousTestCase):
     def test_doorCrashReported(self) -> None:
         """An exception from the door goes to its ``crashed`` with the request."""
         door = Door()
-        door.handle = lambda request: 1 / 0  # type: ignore[method-assign]
+
+        def crash(request: IServerRequest) -> None:
+            raise ZeroDivisionError("a bug")
+
+        self.patch(door, "handle", crash)
         Connection(door).send(GET)
         self.assertEqual([type(e) for e in door.crashes], [ZeroDivisionError])

@@ -7,15 +7,17 @@ pooled again.
 
 from __future__ import annotations
 
-from typing import Any
-
+from twisted.internet import defer
 from twisted.internet.error import ConnectionDone, ConnectionLost
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
+from twisted.web.iweb import IResponse
 
 from nvpair.proxy.http.client import serializeRequest
 from nvpair.proxy.http.framing import BadResponse
@@ -73,14 +75,21 @@ class StrictResponseTests(SynchronousTestCase):
         self.pool = ConnectionPool(self.clock, maxPersistentPerHost=2, idleTimeout=90)
         self.endpoint = FakeEndpoint()
 
-    def exchange(self, reads: list[bytes], method: bytes = b"GET") -> tuple[Any, Any, Body]:
+    def exchange(
+        self, reads: list[bytes], method: bytes = b"GET"
+    ) -> tuple[defer.Deferred[IResponse], StringTransport, Body]:
         """Send a request, feed ``reads``; (the request's Deferred, its transport, the body
         protocol the response was delivered to if there was one)."""
         data = serializeRequest(method, b"/v1/x", b"e:1", Headers(), None)
         d = self.pool.request(KEY, self.endpoint, data, method)
         conn, transport = self.endpoint.complete()
         body = Body()
-        d.addCallback(lambda response: (response.deliverBody(body), response)[1])
+
+        def deliver(response: IResponse) -> IResponse:
+            response.deliverBody(body)
+            return response
+
+        d.addCallback(deliver)
         for read in reads:
             conn.dataReceived(read)
         return d, transport, body
@@ -229,8 +238,7 @@ class StrictResponseTests(SynchronousTestCase):
     def test_stoppedBodyIgnoresLaterBytes(self) -> None:
         """After the body protocol stopped the body, bytes still arriving reach nobody."""
         d, transport, body = self.exchange([CHUNKED + b"1\r\na\r\n"])
-        assert body.transport is not None
-        body.transport.stopProducing()
+        IPushProducer(body.transport).stopProducing()
         self.endpoint.conns[-1].dataReceived(b"1\r\nb\r\n")
         self.assertEqual(body.data, [b"a"])
         self.assertTrue(transport.disconnecting)

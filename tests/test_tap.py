@@ -4,34 +4,58 @@ from __future__ import annotations
 
 import gc
 import signal
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ParamSpec
 
 from twisted.internet.error import ReactorNotRunning
+from twisted.internet.interfaces import IReactorCore, IReactorFromThreads
+from twisted.internet.testing import MemoryReactor
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
 
 from nvpair.proxy.tap import exitZeroOnSigterm, freezeStartupObjects
 
+_P = ParamSpec("_P")
 
-class StartupReactor:
-    """Records what is scheduled for when the reactor runs, thread calls and stops."""
+
+@implementer(IReactorFromThreads)
+class StartupReactor(MemoryReactor):
+    """A running memory reactor that records what is scheduled for when it runs, thread
+    calls and stops."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.atStart: list[Any] = []
-        self.threadCalls: list[Any] = []
+        self.threadCalls: list[Callable[[], object]] = []
         self.stops = 0
         self.running = True
 
-    def callWhenRunning(self, f: Any, *args: Any) -> None:
-        self.atStart.append((f, *args) if args else f)
+    def callWhenRunning(
+        self, callable: Callable[_P, object], *args: _P.args, **kw: _P.kwargs
+    ) -> None:
+        self.atStart.append((callable, *args) if args else callable)
 
-    def callFromThread(self, f: Any) -> None:
-        self.threadCalls.append(f)
+    def callFromThread(
+        self, callable: Callable[_P, object], *args: _P.args, **kw: _P.kwargs
+    ) -> None:
+        self.threadCalls.append(lambda: callable(*args, **kw))
 
     def stop(self) -> None:
         if not self.running:
             raise ReactorNotRunning("already stopping")
         self.running = False
         self.stops += 1
+
+
+class FakeTests(SynchronousTestCase):
+    """The fake reactor provides what the service maker uses it through."""
+
+    def test_interfaces(self) -> None:
+        """A core reactor that takes calls from other threads."""
+        reactor = StartupReactor()
+        self.assertTrue(verifyObject(IReactorCore, reactor))
+        self.assertTrue(verifyObject(IReactorFromThreads, reactor))
 
 
 class SigtermTests(SynchronousTestCase):

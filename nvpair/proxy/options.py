@@ -9,19 +9,18 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import attrs
 from twisted.python import usage
 
-from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.facade.hostcheck import parseAllowedHosts
+from nvpair.proxy.settings import LEVELS as LEVELS
+from nvpair.proxy.settings import Settings as Settings
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
 _UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-LEVELS = ("debug", "info", "warn", "error")
 
 
 class OptionError(ValueError):
@@ -70,36 +69,8 @@ def _parseLevel(text: str) -> str:
     return level
 
 
-@attrs.frozen
-class Settings:
-    """The validated configuration every component reads."""
-
-    stateDir: str
-    clusterDir: str | None
-    responseHeaderTimeout: float
-    jobDeadline: float
-    dialTimeout: float
-    maxDispatchAttempts: int
-    backoffBase: float
-    backoffMax: float
-    clientWriteTimeout: float
-    retryAfter: int
-    maxBody: int
-    logLevel: str
-    opsPort: int | None
-    standalone: bool
-    backends: tuple[tuple[str, str], ...]
-    engines: tuple[str, ...]
-    maxConnections: int
-    headerReadTimeout: float
-    maxHeaderBytes: int
-    allowedHosts: tuple[str, ...] = ()
-    streamIdleTimeout: float = 300.0
-    affinity: str = "prefix"
-
-
 # (flag, env var, default text, parser, Settings field)
-_VALUED: list[tuple[str, str | None, str | None, Any, str]] = [
+_VALUED: list[tuple[str, str | None, str | None, Callable[[str], object], str]] = [
     ("state-dir", "NVPAIR_STATE_DIR", "~/.nvpair", str, "stateDir"),
     ("cluster-dir", "NVPAIR_CLUSTER_DIR", None, str, "clusterDir"),
     (
@@ -239,7 +210,7 @@ class Options(usage.Options):
             _fail("engines", f"expected a comma-separated list of {', '.join(ENGINES)}")
         self.enginesList = tuple(dict.fromkeys(names))
 
-    def parseOptions(self, options: Any = None) -> None:
+    def parseOptions(self, options: Sequence[str] | None = None) -> None:
         try:
             super().parseOptions(options)
         except usage.UsageError as e:
@@ -248,6 +219,7 @@ class Options(usage.Options):
             raise SystemExit(2) from None
 
     def postOptions(self) -> None:
+        # Settings' fields by name; each parser's result has its field's type.
         values: dict[str, Any] = {}
         for flag, env, default, parse, field in _VALUED:
             text = self[flag]

@@ -6,10 +6,11 @@ import atexit
 import gc
 import signal
 from collections.abc import Callable
-from typing import Any
+from types import FrameType
 
 from twisted.application.service import IService
 from twisted.internet.error import ReactorNotRunning
+from twisted.internet.interfaces import IReactorCore, IReactorFromThreads
 
 from nvpair.proxy.options import Options
 from nvpair.proxy.runtime import eventloop
@@ -20,8 +21,12 @@ from nvpair.proxy.service import ProxyService, stderrStream
 __all__ = ["Options", "makeService"]
 
 
+SignalHandler = Callable[[int, FrameType | None], object]
+
+
 def exitZeroOnSigterm(
-    reactor: Any, setHandler: Callable[[int, Any], object] = signal.signal
+    reactor: IReactorCore,
+    setHandler: Callable[[int, SignalHandler], object] = signal.signal,
 ) -> None:
     """Make SIGTERM a clean stop with exit status 0 (protocol §1).
 
@@ -32,19 +37,21 @@ def exitZeroOnSigterm(
     the process runs its shutdown and exits 0.
     """
 
+    fromThreads = IReactorFromThreads(reactor)
+
     def stop() -> None:
         try:
             reactor.stop()
         except ReactorNotRunning:
             pass  # a second SIGTERM during shutdown
 
-    def onSigterm(signum: int, frame: Any) -> None:
-        reactor.callFromThread(stop)
+    def onSigterm(signum: int, frame: FrameType | None) -> None:
+        fromThreads.callFromThread(stop)
 
     reactor.callWhenRunning(setHandler, signal.SIGTERM, onSigterm)
 
 
-def freezeStartupObjects(reactor: Any) -> None:
+def freezeStartupObjects(reactor: IReactorCore) -> None:
     """Leave the objects built at startup out of the cycle collector's walks.
 
     The first-generation threshold stays at CPython's default: raised (tried at 20,000) it
@@ -70,7 +77,6 @@ def makeService(options: Options) -> IService:
     freezeStartupObjects(reactor)
     settings = options.settings
     assert settings is not None
-    trust: Any = None
     if settings.clusterDir is not None:
         from nvpair.proxy.cluster.membership import ClusterTrust
 
@@ -81,4 +87,4 @@ def makeService(options: Options) -> IService:
         proxy = ProxyService(settings, reactor, logOutlet(), trust)
         service.append(proxy)
         return proxy
-    return ProxyService(settings, reactor, logOutlet(), trust)
+    return ProxyService(settings, reactor, logOutlet())

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any, Protocol
+from enum import Enum
+from typing import Protocol
 
 import attrs
 from twisted.internet.defer import Deferred, fail, succeed
@@ -86,7 +87,7 @@ class ChannelOwner(Protocol):
 
     def _protocolError(self, description: str) -> None: ...
 
-    def _logReceived(self, record: dict[str, Any]) -> None: ...
+    def _logReceived(self, record: dict[str, object]) -> None: ...
 
     def _dispatch(self, method: str, params: object) -> None: ...
 
@@ -126,6 +127,21 @@ class _Lines(LineFramer):
         self._onTooLong()
 
 
+class ChannelState(Enum):
+    """The life of one spawned process as its channel sees it."""
+
+    SPAWNING = "spawning"  # handed to spawnProcess, not connected yet
+    STARTING = "starting"  # running; the start handshake (and any replay) not done yet
+    READY = "ready"  # handshake done: the process serves the broker
+    CLOSING = "closing"  # stdin closed (its signal to exit): nothing more is written
+    ENDED = "ended"  # the process has exited (``exitInfo`` says how)
+
+
+# The states in which the process runs, and those in which it may be written to.
+_ALIVE = frozenset({ChannelState.STARTING, ChannelState.READY, ChannelState.CLOSING})
+_WRITABLE = frozenset({ChannelState.STARTING, ChannelState.READY})
+
+
 class ProxyChannel(ProcessProtocol):
     """One spawned proxy process: its framers, pending requests and exit."""
 
@@ -136,22 +152,28 @@ class ProxyChannel(ProcessProtocol):
         self.clock = clock
         self.pending: dict[int, _Pending] = {}
         self.timedOut: set[int] = set()
-        self.stdinClosed = False
-        self.ready = False
+        self.state = ChannelState.SPAWNING
         self.exitInfo: ExitInfo | None = None
         self._exitWaiters: list[Deferred[ExitInfo]] = []
         self._stdout = _Lines(self.lineReceived, self._stdoutTooLong)
         self._stderr = _Lines(self._stderrLine, self._stderrTooLong)
 
+    def connectionMade(self) -> None:
+        self.state = ChannelState.STARTING
+
     @property
     def alive(self) -> bool:
         """Whether the process has been spawned and has not ended."""
-        return self.transport is not None and self.exitInfo is None
+        return self.state in _ALIVE
 
     @property
     def writable(self) -> bool:
         """Whether messages can be written to the process's stdin."""
-        return self.alive and not self.stdinClosed
+        return self.state in _WRITABLE
+
+    def started(self) -> None:
+        """The start handshake (and replay) completed: the process serves the broker."""
+        self.state = ChannelState.READY
 
     def whenEnded(self) -> Deferred[ExitInfo]:
         """Fire with the exit status once the process has ended."""
@@ -163,13 +185,13 @@ class ProxyChannel(ProcessProtocol):
 
     def closeStdin(self) -> None:
         """Close the process's stdin (its signal to exit); nothing is written after."""
-        self.stdinClosed = True
+        self.state = ChannelState.CLOSING
         assert self.transport is not None
         self.transport.closeStdin()
 
     def kill(self) -> None:
         """SIGKILL the process if it is still running."""
-        if self.transport is not None and self.exitInfo is None:
+        if self.transport is not None and self.alive:
             try:
                 self.transport.signalProcess("KILL")
             except ProcessExitedAlready:
@@ -177,7 +199,7 @@ class ProxyChannel(ProcessProtocol):
 
     # -- sending -----------------------------------------------------------------------
 
-    def write(self, message: dict[str, Any]) -> None:
+    def write(self, message: dict[str, object]) -> None:
         """Write one message as a line; raise ``ProcessGone`` or ``ValueError`` (too long)."""
         if not self.writable:
             raise ProcessGone("proxy process is not running", self.exitInfo)
@@ -277,7 +299,7 @@ class ProxyChannel(ProcessProtocol):
             return
         self._responseReceived(message)
 
-    def _responseReceived(self, message: dict[str, Any]) -> None:
+    def _responseReceived(self, message: dict[str, object]) -> None:
         id = message["id"]
         problem = None
         err = message.get("error")
@@ -318,6 +340,7 @@ class ProxyChannel(ProcessProtocol):
                 f"unterminated stdout line at exit ({self._stdout.pendingBytes()} bytes)"
             )
         self.exitInfo = ExitInfo.fromFailure(reason)
+        self.state = ChannelState.ENDED
         self.owner._processEnded(self, self.exitInfo)
         waiters, self._exitWaiters = self._exitWaiters, []
         for d in waiters:

@@ -8,7 +8,6 @@ that raises is logged and never stops delivery to the others.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -55,7 +54,7 @@ class NotificationRouter:
         method: str,
         predicate: Callable[[object], bool] | None = None,
         timeout: float | None = None,
-    ) -> Deferred[Any]:
+    ) -> Deferred[object]:
         """Fire with the params of the next ``method`` notification whose params match.
 
         Fails with ``RequestTimeout`` after ``timeout`` (default ``requestTimeout``).
@@ -67,7 +66,7 @@ class NotificationRouter:
             if timer.active():
                 timer.cancel()
 
-        d: Deferred[Any] = Deferred(lambda _: cleanup())
+        d: Deferred[object] = Deferred(lambda _: cleanup())
 
         def received(_: str, params: object) -> None:
             if predicate is None or predicate(params):

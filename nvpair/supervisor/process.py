@@ -6,8 +6,9 @@ matched to responses by an increasing integer id; notifications from the proxy a
 subscribers.  With a restart policy, a process that exits without ``stop()`` is restarted
 and the broker-owned state that went through this object is replayed to it.
 
-One process's channel is ``supervisorchannel.ProxyChannel`` (which also defines the errors
-re-exported here); the recorded state is ``supervisorreplay.ReplayState``.
+One process's channel is ``supervisor.channel.ProxyChannel`` (which also defines the errors
+re-exported here); the recorded state is ``supervisor.replay.ReplayState``.  ``lifecycle``
+says whether a process runs and whether its exit would be a crash.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import copy
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from enum import Enum
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorProcess, IReactorTime
@@ -24,8 +25,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from nvpair.proxy.broker.jsonrpc import notification
-from nvpair.proxy.facade.engines import ENGINES as _ENGINE_TABLE
+from nvpair.proxy.engines import ENGINES as _ENGINE_TABLE
 from nvpair.supervisor.channel import (
+    ChannelState,
     ExitInfo,
     JSONRPCError,
     ProcessGone,
@@ -38,6 +40,14 @@ from nvpair.supervisor.notify import NotificationRouter
 from nvpair.supervisor.replay import ReplayState, answered
 
 ENGINES = frozenset(_ENGINE_TABLE)
+
+
+class Lifecycle(Enum):
+    """Whether a ``ProxyProcess`` runs a proxy, and whether an exit is then a crash."""
+
+    IDLE = "idle"  # not started, stopped, failed to start, or crashed with no restart policy
+    STARTING = "starting"  # the first process is being spawned and handshaken
+    SUPERVISING = "supervising"  # started: an exit not asked for is a crash (restarted)
 
 
 class ProxyProcess(NotificationRouter):
@@ -53,7 +63,7 @@ class ProxyProcess(NotificationRouter):
         *,
         executable: str | None = None,
         path: str | None = None,
-        onLog: Callable[[dict[str, Any]], None] | None = None,
+        onLog: Callable[[dict[str, object]], None] | None = None,
         onProtocolError: Callable[[str], None] | None = None,
         requestTimeout: float = 30.0,
         restartPolicy: Callable[[int], float] | None = None,
@@ -75,8 +85,7 @@ class ProxyProcess(NotificationRouter):
         self.crashes = 0
         self._ids = RequestIds()
         self._current: ProxyChannel | None = None
-        self._active = False
-        self._supervising = False
+        self.lifecycle = Lifecycle.IDLE
         self._attempt = 0
         self._restartCall: IDelayedCall | None = None
         self._runningWaiters: list[Deferred[None]] = []
@@ -105,26 +114,26 @@ class ProxyProcess(NotificationRouter):
         process is killed first) and no restart is attempted; supervision begins once the
         first start has succeeded.
         """
-        if self._active:
+        if self.lifecycle is not Lifecycle.IDLE:
             return fail(RuntimeError("ProxyProcess already started"))
-        self._active = True
+        self.lifecycle = Lifecycle.STARTING
         return Deferred.fromCoroutine(self._startFirst())
 
     async def _startFirst(self) -> None:
         try:
             proto = self._spawn()
         except BaseException:
-            self._active = False
+            self.lifecycle = Lifecycle.IDLE
             raise
         try:
             await self._bringUp(proto, replay=False)
         except Exception as e:
-            self._active = False
-            if not proto.stdinClosed:  # else stop() is already ending it
+            self.lifecycle = Lifecycle.IDLE
+            if proto.state is not ChannelState.CLOSING:  # else stop() is already ending it
                 await self._killAndWait(proto)
             self._failRunningWaiters(e if isinstance(e, ProcessGone) else None)
             raise
-        self._supervising = True
+        self.lifecycle = Lifecycle.SUPERVISING
 
     def _spawn(self) -> ProxyChannel:
         proto = ProxyChannel(self, self._ids, self._clock)
@@ -144,7 +153,7 @@ class ProxyProcess(NotificationRouter):
             await self._replay.replayTo(proto, self.requestTimeout)
         if proto is not self._current or not proto.writable:
             raise ProcessGone("process stopped or ended during start", proto.exitInfo)
-        proto.ready = True
+        proto.started()
         self._attempt = 0
         waiters, self._runningWaiters = self._runningWaiters, []
         for d in waiters:
@@ -157,7 +166,7 @@ class ProxyProcess(NotificationRouter):
         await proto.whenEnded()
 
     def _processEnded(self, proto: ProxyChannel, exitInfo: ExitInfo) -> None:
-        unexpected = self._supervising and proto is self._current
+        unexpected = self.lifecycle is Lifecycle.SUPERVISING and proto is self._current
         proto.failPending(lambda: ProcessGone("proxy process ended", exitInfo))
         if not unexpected:
             return
@@ -168,7 +177,7 @@ class ProxyProcess(NotificationRouter):
             except Exception:
                 self._log.failure("onCrash callback raised")
         if self._restartPolicy is None:
-            self._supervising = self._active = False
+            self.lifecycle = Lifecycle.IDLE
             self._failRunningWaiters(ProcessGone("proxy process crashed", exitInfo))
             return
         self._scheduleRestart()
@@ -199,7 +208,7 @@ class ProxyProcess(NotificationRouter):
     def whenRunning(self) -> Deferred[None]:
         """Fire when a (re)started process has completed its handshake and replay."""
         proto = self._current
-        if proto is not None and proto.ready and proto.alive:
+        if proto is not None and proto.state is ChannelState.READY:
             return succeed(None)
         d: Deferred[None] = Deferred()
         self._runningWaiters.append(d)
@@ -219,7 +228,7 @@ class ProxyProcess(NotificationRouter):
 
     def stop(self, timeout: float = 5.0) -> Deferred[int | None]:
         """Close stdin, wait for exit, SIGKILL after ``timeout``; no restart afterwards."""
-        self._active = self._supervising = False
+        self.lifecycle = Lifecycle.IDLE
         if self._restartCall is not None:
             self._restartCall.cancel()
             self._restartCall = None
@@ -241,7 +250,9 @@ class ProxyProcess(NotificationRouter):
 
     # -- sending -----------------------------------------------------------------------
 
-    def request(self, method: str, params: object, timeout: float | None = None) -> Deferred[Any]:
+    def request(
+        self, method: str, params: object, timeout: float | None = None
+    ) -> Deferred[object]:
         """Send a request; fire with its result or fail with ``JSONRPCError``.
 
         Fails with ``RequestTimeout`` after ``timeout`` (default ``requestTimeout``) and with
@@ -290,7 +301,7 @@ class ProxyProcess(NotificationRouter):
         else:
             self._log.warn("proxy protocol error: {description}", description=description)
 
-    def _logReceived(self, record: dict[str, Any]) -> None:
+    def _logReceived(self, record: dict[str, object]) -> None:
         if self._onLog is not None:
             self._onLog(record)
         else:
@@ -302,8 +313,10 @@ class ProxyProcess(NotificationRouter):
 
 __all__ = [
     "ENGINES",
+    "ChannelState",
     "ExitInfo",
     "JSONRPCError",
+    "Lifecycle",
     "ProcessGone",
     "ProtocolError",
     "ProxyProcess",

@@ -9,19 +9,16 @@ freshly started process, facades first.
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
-from nvpair.proxy.broker.channel import resolveAddress
-from nvpair.proxy.broker.jsonrpc import notification
+from nvpair.proxy.broker.jsonrpc import notification, resolveAddress
 from nvpair.supervisor.channel import JSONRPCError, ProxyChannel
 
 # Per-engine state, in the order it is replayed.
 _ENGINE_STATE = ("discovery:nodes", "node/select", "node/set-local-backend")
-_DEFAULT_LEVEL: dict[str, Any] = {"level": "info"}
+_DEFAULT_LEVEL: dict[str, object] = {"level": "info"}
 
 
 @attrs.define
@@ -46,7 +43,7 @@ class ReplayState:
 
     def __init__(self, log: Logger) -> None:
         self._log = log
-        self._facades: dict[str, dict[str, Any]] = {}
+        self._facades: dict[str, dict[str, object]] = {}
         self._engineState: dict[str, dict[str, _Sent]] = {}
         self._priority: _Sent | None = None
         self._logLevel: _Sent | None = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from enum import Enum
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IHalfCloseableProtocol, IPushProducer, ITransport
@@ -17,7 +17,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nvpair.proxy.broker import jsonrpc
-from nvpair.proxy.facade.engines import ENGINES
+from nvpair.proxy.broker.jsonrpc import resolveAddress as resolveAddress
 from nvpair.proxy.interfaces import IBrokerSink, IMessageHandler
 
 # Names that only make sense addressed to a facade (spec §4).
@@ -52,14 +52,6 @@ class RPCError(Exception):
         self.data = data
 
 
-def resolveAddress(method: str) -> tuple[str | None, str]:
-    """Split ``engine:name`` when the part before the first colon is a known engine id."""
-    head, sep, rest = method.partition(":")
-    if sep and head in ENGINES:
-        return head, rest
-    return None, method
-
-
 def isFacadeScoped(name: str) -> bool:
     """Whether an unaddressed name is exactly one of the facade-scoped names (which then
     needs a facade address); any other unknown name is simply not found (``-32601``)."""
@@ -72,13 +64,58 @@ class NullSink:
 
     listening = False  # producers may skip building what would be sent
 
-    def notify(self, method: str, params: dict[str, Any]) -> None:
+    def notify(self, method: str, params: dict[str, object]) -> None:
         pass
+
+
+@implementer(IBrokerSink)
+class SinkSwitch:
+    """The sink every producer of notifications holds: it forwards to whichever sink the
+    process uses now (nothing until it starts, the broker channel once it has one, the
+    ``NullSink`` in standalone mode), so producers are built once, before that is known."""
+
+    __slots__ = ("target",)
+
+    def __init__(self, target: IBrokerSink) -> None:
+        self.target = target
+
+    @property
+    def listening(self) -> bool:
+        """Whether anything receives notifications now (not in standalone mode)."""
+        return getattr(self.target, "listening", True)
+
+    def notify(self, method: str, params: dict[str, object]) -> None:
+        self.target.notify(method, params)
 
 
 # Notification bytes written while the broker is not keeping up with stdout, past the
 # transport's own 64 KiB buffer; past this, notifications are dropped (and counted).
 BACKLOG_LIMIT = 8 << 20
+
+
+class ChannelState(Enum):
+    """Where the channel is in its life."""
+
+    OPEN = "open"
+    """Reading the broker's messages and writing to it."""
+    ENDED = "ended"
+    """The broker closed its side: the process has been told (once); output still goes."""
+    CLOSED = "closed"
+    """The connection is gone: nothing more is written."""
+
+
+class OutputFlow(Enum):
+    """Whether the broker keeps up with stdout."""
+
+    FLOWING = "flowing"
+    """Notifications are written as they come."""
+    STALLED = "stalled"
+    """The transport paused us: notifications are counted against the backlog limit."""
+
+
+_OPEN = ChannelState.OPEN
+_CLOSED = ChannelState.CLOSED
+_STALLED = OutputFlow.STALLED
 
 
 @implementer(IPushProducer)
@@ -119,9 +156,10 @@ class BrokerChannel(jsonrpc.LineFramer):
         super().__init__()
         self._handler = handler
         self._onClosed = onClosed
-        self._closed = False
+        self.state = ChannelState.OPEN
+        self.flow = OutputFlow.FLOWING
         self._backlogLimit = backlogLimit
-        self._backlog: int | None = None  # bytes written since stdout stalled; None: flowing
+        self._backlog = 0  # bytes written since stdout stalled
         self._dropped = 0
         self.transport: ITransport | None = None
 
@@ -132,33 +170,34 @@ class BrokerChannel(jsonrpc.LineFramer):
 
     # -- output -----------------------------------------------------------------------
 
-    def _send(self, message: dict[str, Any]) -> None:
-        if self.transport is not None and not self._closed:
+    def _send(self, message: dict[str, object]) -> None:
+        if self.transport is not None and self.state is not _CLOSED:
             self.transport.write(jsonrpc.encode(message))
 
-    def notify(self, method: str, params: dict[str, Any]) -> None:
+    def notify(self, method: str, params: dict[str, object]) -> None:
         """Send one notification to the broker (or drop it, when stdout is backed up)."""
-        if self.transport is None or self._closed:
+        if self.transport is None or self.state is _CLOSED:
             return
         if isinstance(params, jsonrpc.Prepared):
             line = params.line(method)
         else:
             line = jsonrpc.encode(jsonrpc.notification(method, params))
-        backlog = self._backlog
-        if backlog is not None:
-            if backlog + len(line) > self._backlogLimit:
+        if self.flow is _STALLED:
+            backlog = self._backlog + len(line)
+            if backlog > self._backlogLimit:
                 self._dropped += 1
                 return
-            self._backlog = backlog + len(line)
+            self._backlog = backlog
         self.transport.write(line)
 
     def _stalled(self) -> None:
-        if self._backlog is None:
+        if self.flow is not _STALLED:
+            self.flow = _STALLED
             self._backlog = 0
             self.log.debug("broker-output-stalled")
 
     def _drained(self) -> None:
-        self._backlog = None
+        self.flow = OutputFlow.FLOWING
         dropped, self._dropped = self._dropped, 0
         if dropped:
             self.log.warn("broker-notifications-dropped", count=dropped)
@@ -259,21 +298,20 @@ class BrokerChannel(jsonrpc.LineFramer):
     # -- lifecycle ----------------------------------------------------------------------
 
     def readConnectionLost(self) -> None:
-        self._closeOnce()
+        self._end()
 
     def writeConnectionLost(self) -> None:
-        self._closeOnce()
+        self._end()
 
     def connectionLost(self, reason: Failure | None = None) -> None:
-        self._closeOnce()
-        self._closed = True
+        self._end()
+        self.state = _CLOSED
 
-    def _closeOnce(self) -> None:
-        if not self._closedNotified:
-            self._closedNotified = True
+    def _end(self) -> None:
+        """The broker is gone: tell the process, once."""
+        if self.state is _OPEN:
+            self.state = ChannelState.ENDED
             self._onClosed()
-
-    _closedNotified = False
 
 
 _NOTIFICATION = object()

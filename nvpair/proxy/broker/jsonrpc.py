@@ -2,7 +2,7 @@
 
 One JSON object per ``\\n``-terminated line, at most ``MAX_LINE`` bytes (protocol §2).  An
 over-long line is discarded up to its terminating newline and reported once; the stream
-keeps going.
+keeps going.  ``resolveAddress`` is the method naming both sides share (protocol §3).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from typing import Any
 
 from twisted.internet.protocol import Protocol
 
+from nvpair.proxy.engines import ENGINES
+
 MAX_LINE = 1 << 20
 
 PARSE_ERROR = -32700
@@ -22,6 +24,14 @@ INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 FACADE_NOT_ENABLED = -32004
 BIND_FAILED = -32010
+
+
+def resolveAddress(method: str) -> tuple[str | None, str]:
+    """Split ``engine:name`` when the part before the first colon is a known engine id."""
+    head, sep, rest = method.partition(":")
+    if sep and head in ENGINES:
+        return head, rest
+    return None, method
 
 
 def _unencodable(value: object) -> object:
@@ -58,29 +68,29 @@ def encodeValue(value: object) -> str:
     return _encode(value)
 
 
-def encode(message: dict[str, Any]) -> bytes:
+def encode(message: dict[str, object]) -> bytes:
     """Serialize one message as a compact UTF-8 JSON line."""
     return utf8(_encode(message) + "\n")
 
 
-def request(id: int | str, method: str, params: object) -> dict[str, Any]:
+def request(id: int | str, method: str, params: object) -> dict[str, object]:
     """Build a JSON-RPC request object."""
     return {"jsonrpc": "2.0", "id": id, "method": method, "params": params}
 
 
-def notification(method: str, params: object) -> dict[str, Any]:
+def notification(method: str, params: object) -> dict[str, object]:
     """Build a JSON-RPC notification object."""
     return {"jsonrpc": "2.0", "method": method, "params": params}
 
 
-def result(id: object, value: object) -> dict[str, Any]:
+def result(id: object, value: object) -> dict[str, object]:
     """Build a successful response."""
     return {"jsonrpc": "2.0", "id": id, "result": value}
 
 
-def error(id: object, code: int, message: str, data: object = None) -> dict[str, Any]:
+def error(id: object, code: int, message: str, data: object = None) -> dict[str, object]:
     """Build an error response; ``data`` is included only when given."""
-    body: dict[str, Any] = {"code": code, "message": message}
+    body: dict[str, object] = {"code": code, "message": message}
     if data is not None:
         body["data"] = data
     return {"jsonrpc": "2.0", "id": id, "error": body}
@@ -88,6 +98,8 @@ def error(id: object, code: int, message: str, data: object = None) -> dict[str,
 
 class Prepared(dict[str, Any]):
     """Notification params that write their own JSON text.
+
+    Its values are ``Any``: whoever fills them is also the template that reads them back.
 
     Whoever builds one fixes its shape, so the JSON can come from a template rather than
     the general encoder; ``paramsJSON`` must return exactly ``encodeValue(self)``, and
@@ -123,7 +135,7 @@ def notificationHead(method: str) -> str:
     return head
 
 
-def notificationLine(method: str, params: dict[str, Any]) -> bytes:
+def notificationLine(method: str, params: dict[str, object]) -> bytes:
     """The line of ``notification(method, params)``: the same bytes as ``encode`` gives."""
     if isinstance(params, Prepared):
         return params.line(method)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 from collections import deque
 from json.encoder import encode_basestring
-from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
 
@@ -49,7 +48,7 @@ class WorkloadReporter:
         self.runId = runId or os.urandom(8).hex()
         self._nextId = 0
         self.seq = 0
-        self.recent: deque[dict[str, Any]] = deque(maxlen=recent)
+        self.recent: deque[dict[str, object]] = deque(maxlen=recent)
         self.terminals: dict[str, int] = {}
         self.live = 0
         self.history = History(clock)
@@ -132,7 +131,7 @@ class Workload:
         self.scheduledOn: str | None = None
         self.attempts = 0
         self.error: str | None = None
-        self.stats: dict[str, Any] | None = None
+        self.stats: dict[str, object] | None = None
         # The JSON of the fields before and after ``state`` that never change: written the
         # first time an event is (a sink that never writes JSON never pays for it).
         self._head = ""
@@ -143,9 +142,9 @@ class Workload:
         """Whether the terminal event has been emitted."""
         return self.completedAt is not None
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> dict[str, object]:
         """The ``workloadInfo`` object as it stands now (protocol §5)."""
-        info: dict[str, Any] = {
+        info: dict[str, object] = {
             "id": self.id,
             "model": self.model,
             "engine": self.engine,
@@ -208,7 +207,7 @@ class Workload:
         self._emit("workload:started")
 
     def finish(
-        self, state: str, error: str | None = None, stats: dict[str, Any] | None = None
+        self, state: str, error: str | None = None, stats: dict[str, object] | None = None
     ) -> bool:
         """Emit the terminal event once; later calls do nothing and return False."""
         if self.completedAt is not None:

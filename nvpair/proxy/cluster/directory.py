@@ -11,7 +11,7 @@ It polls the files' stat signatures on the injected clock and re-reads only what
 The directory has three independent parts (membership, TLS identity, pins); a part whose
 files are half-written or invalid keeps its last good value and is reported once through
 ``onProblem``.  A missing ``member.json`` is not a problem: it means "not a member", at once.
-Reading the files and their formats are ``clusterfiles``' business.
+Reading the files and their formats are ``cluster.files``' business.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from enum import Enum
 from types import MappingProxyType
-from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
@@ -50,7 +50,17 @@ class _Part:
     signatures: tuple[Signature, ...] | None = None
     racy: bool = False
     contents: tuple[bytes | None, ...] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    # The last read failure reported, ("oserror", path, errno): reported once, not per poll.
+    lastError: tuple[str, str, int | None] | None = None
+
+
+class Standing(Enum):
+    """Where this node stands in the cluster, by the directory's last good state."""
+
+    OFF = "off"  # no cluster directory
+    NOT_MEMBER = "not-member"  # no valid ``member.json``
+    NO_CREDENTIALS = "no-credentials"  # a member without a usable certificate and key
+    MEMBER = "member"  # a member that can present its certificate
 
 
 class ClusterDirectory:
@@ -85,7 +95,7 @@ class ClusterDirectory:
         self._credentials: Credentials | None = None
         self._pins: Mapping[str, str] = MappingProxyType({})
         self._byFingerprint: dict[str, str] = {}
-        self._noCredentialsReported: object = None
+        self._noCredentialsReported: Membership | None = None
 
         self._parts: dict[str, _Part] = {}
         if clusterDir is not None:
@@ -102,6 +112,17 @@ class ClusterDirectory:
     def clusterDir(self) -> str | None:
         """The watched directory, or None when clustering is off."""
         return self._dir
+
+    @property
+    def standing(self) -> Standing:
+        """Whether clustering is on, this node a member, and able to present its certificate."""
+        if self._dir is None:
+            return Standing.OFF
+        if self._membership is None:
+            return Standing.NOT_MEMBER
+        if self._credentials is None:
+            return Standing.NO_CREDENTIALS
+        return Standing.MEMBER
 
     @property
     def isMember(self) -> bool:
@@ -212,15 +233,15 @@ class ClusterDirectory:
                 part.signatures = None
                 part.racy = True
                 key = ("oserror", path, e.errno)
-                if part.extra.get("lastError") != key:
-                    part.extra["lastError"] = key
+                if part.lastError != key:
+                    part.lastError = key
                     self._report(f"{self._rel(path)}: cannot be read ({errnoName(e)})")
                 return
             contents.append(data)
             readSignatures.append(signatureOf(st))
             if nowNs - max(st.st_mtime_ns, st.st_ctime_ns) < self._racyNs:
                 racy = True
-        part.extra.pop("lastError", None)
+        part.lastError = None
         part.signatures = tuple(readSignatures)
         part.racy = racy
         newContents = tuple(contents)
@@ -293,7 +314,7 @@ class ClusterDirectory:
 
     def _checkMemberCredentials(self) -> None:
         """Report, once per membership, being a member without a usable certificate."""
-        if self._membership is None or self._credentials is not None:
+        if self.standing is not Standing.NO_CREDENTIALS:
             self._noCredentialsReported = None
             return
         if self._noCredentialsReported == self._membership:

@@ -14,7 +14,6 @@ import json
 import os
 import stat as statmod
 from dataclasses import dataclass
-from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -191,10 +190,11 @@ def _publicKeyOf(privateKey: PrivateKey) -> bytes:
     return privateKey.public_key().public_bytes(*_SPKI)
 
 
-def _loadJSON(name: str, data: bytes) -> Any:
+def _loadJSON(name: str, data: bytes) -> object:
     """Decode a JSON file or raise ``BadClusterFile`` naming it."""
     try:
-        return json.loads(data.decode("utf-8"))
+        value: object = json.loads(data.decode("utf-8"))
+        return value
     except UnicodeDecodeError:
         raise BadClusterFile(f"{name}: not UTF-8") from None
     except json.JSONDecodeError as e:

@@ -1,9 +1,9 @@
 """Cluster trust: membership, this node's TLS identity and peer pins (protocol §6, spec §7).
 
 ``ClusterTrust`` is the public face of the cluster personality: the live, last-good view of
-the cluster directory (``clusterdir``; its file formats in ``clusterfiles``) together with
-the pinned mutual-TLS connections built from it (``clustertls``).  Other modules import it
-and the errors from here.
+the cluster directory (``cluster.directory``; its file formats in ``cluster.files``) together
+with the pinned mutual-TLS connections built from it (``cluster.tls``).  Other modules import it
+and the errors from here; the peer door sees it as ``cluster.interfaces.IPeerTrust``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ from twisted.internet.interfaces import (
     IOpenSSLServerConnectionCreator,
 )
 from twisted.web.iweb import IPolicyForHTTPS
+from zope.interface import implementer
 
 from nvpair.proxy.cluster.directory import ClusterDirectory
 from nvpair.proxy.cluster.files import fingerprintOf
+from nvpair.proxy.cluster.interfaces import IPeerTrust
 from nvpair.proxy.cluster.tls import ClusterError, ClusterTLS, NoCredentials, NoPin, NotAMember
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
 ]
 
 
+@implementer(IPeerTrust)
 class ClusterTrust(ClusterDirectory):
     """The live view of a cluster directory and the mutual-TLS connections built from it.
 

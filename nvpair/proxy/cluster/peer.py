@@ -10,7 +10,8 @@ pin removed from ``pins.json`` or a rotated certificate cuts even a kept-alive c
 
 from __future__ import annotations
 
-from typing import Any
+from enum import Enum
+from typing import Protocol as Structural
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IPushProducer
@@ -20,33 +21,51 @@ from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
+from zope.interface import implementer
 
+from nvpair.proxy.cluster.interfaces import IPeerTrust
 from nvpair.proxy.dispatch.attempt import discard
 from nvpair.proxy.dispatch.relay import ClientFlow, abortClient, copyResponseHeaders, forwardHeaders
+from nvpair.proxy.engines import Engine
+from nvpair.proxy.http.interfaces import IDoor, IServerRequest
+from nvpair.proxy.interfaces import IRequestContext
 
 
-def peerTransport(request: Any) -> object:
+def peerTransport(request: IServerRequest) -> object:
     """The transport of a request's connection (the TLS protocol on the cluster personality)."""
-    channel = getattr(request, "channel", None)
-    transport = getattr(channel, "transport", None)
-    return transport if transport is not None else getattr(request, "transport", None)
+    channel = request.channel
+    return None if channel is None else channel.transport
 
 
+class PeerFacade(Structural):
+    """What a peer door reads of its facade (``facade.Facade``): its engine and backend.
+
+    Structural (a ``typing.Protocol``), so the facade qualifies as it is, without the facade
+    package importing the cluster package."""
+
+    @property
+    def engine(self) -> Engine: ...
+
+    @property
+    def localBackend(self) -> str | None: ...
+
+
+@implementer(IDoor)
 class PeerDoor:
     """Serves a pinned peer's request from the facade's local backend, never routing onward."""
 
     log = Logger()
 
-    def __init__(self, context: Any, facade: Any) -> None:
+    def __init__(self, context: IRequestContext, facade: PeerFacade) -> None:
         self.context = context
         self.facade = facade
 
-    def handle(self, request: Any) -> None:
+    def handle(self, request: IServerRequest) -> None:
         """Re-check the pin and our certificate, then forward to the local backend (or 502)."""
-        trust = self.context.trust
+        trust: IPeerTrust | None = self.context.trust
         transport = peerTransport(request)
         peer = None if trust is None else trust.peerNodeId(transport)
-        if peer is None or not trust.presentsCurrentIdentity(transport):
+        if trust is None or peer is None or not trust.presentsCurrentIdentity(transport):
             abortClient(request)
             return
         engine = self.facade.engine
@@ -66,7 +85,7 @@ class PeerDoor:
             return
         PeerForward(self.context, engine, request, backend, peer).start()
 
-    def crashed(self, request: Any, error: Exception) -> None:
+    def crashed(self, request: IServerRequest, error: Exception) -> None:
         """An unexpected exception: report it (type only) and answer 500 if nothing was sent."""
         self.log.failure("peer-request-crashed", engine=self.facade.engine.id)
         self.context.reportInternal(type(error).__name__)
@@ -95,19 +114,38 @@ class _PeerBody(Protocol):
         self.forward.bodyEnded(reason)
 
 
+class Phase(Enum):
+    """Where a peer forward is: waiting for the backend's headers, relaying, or over."""
+
+    WAITING = "waiting"
+    RELAYING = "relaying"
+    ENDED = "ended"
+
+
 class PeerForward:
-    """One peer request relayed to the local backend: headers at once, body streamed."""
+    """One peer request relayed to the local backend: headers at once, body streamed.
+
+    ``clientGone`` is orthogonal to the phase: the peer may leave in any phase, and the
+    forward still ends exactly once (leaving the context's set of exchanges).
+    """
 
     log = Logger()
 
-    def __init__(self, context: Any, engine: Any, request: Any, backend: str, peer: str) -> None:
+    def __init__(
+        self,
+        context: IRequestContext,
+        engine: Engine,
+        request: IServerRequest,
+        backend: str,
+        peer: str,
+    ) -> None:
         self.context = context
         self.engine = engine
         self.request = request
         self.backend = backend
         self.peer = peer
         self.clientGone = False
-        self.ended = False
+        self.phase = Phase.WAITING
         self._pending: defer.Deferred[IResponse] | None = None
         self._body: IPushProducer | None = None
         self._flow: ClientFlow | None = None
@@ -156,6 +194,7 @@ class PeerForward:
             discard(response, self.context.clock, 0)
             self._end()
             return
+        self.phase = Phase.RELAYING
         request = self.request
         request.setResponseCode(response.code, response.phrase)
         length = None if response.length is UNKNOWN_LENGTH else int(response.length)
@@ -216,6 +255,6 @@ class PeerForward:
             abortClient(self.request)
 
     def _end(self) -> None:
-        if not self.ended:
-            self.ended = True
+        if self.phase is not Phase.ENDED:
+            self.phase = Phase.ENDED
             self.context.exchanges.discard(self)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -25,7 +24,7 @@ from twisted.internet.interfaces import (
 from twisted.web.iweb import IPolicyForHTTPS
 from zope.interface import implementer
 
-from nvpair.proxy.cluster.directory import ClusterDirectory
+from nvpair.proxy.cluster.directory import ClusterDirectory, Standing
 from nvpair.proxy.cluster.files import Credentials, fingerprintOf
 
 _Verify = Callable[[SSL.Connection, crypto.X509, int, int, int], bool]
@@ -119,8 +118,10 @@ class ClusterTLS:
         self._clientCtx: tuple[int, SSL.Context] | None = None
         self._refusingServerCtx: SSL.Context | None = None
         self._refusingClientCtx: SSL.Context | None = None
-        self._peerFingerprints: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-        self._localFingerprints: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        self._peerFingerprints: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
+        self._localFingerprints: weakref.WeakKeyDictionary[object, str] = (
+            weakref.WeakKeyDictionary()
+        )
         self._serverCreator = _ServerCreator(self)
 
     @property
@@ -175,9 +176,10 @@ class ClusterTLS:
 
     def _requireClientUsable(self, nodeId: str) -> None:
         """Raise the ``ClusterError`` that forbids reaching ``nodeId`` now, if any."""
-        if not self._directory.isMember:
+        standing = self._directory.standing
+        if standing in (Standing.OFF, Standing.NOT_MEMBER):
             raise NotAMember("this node is not a cluster member")
-        if self._directory.credentials is None:
+        if standing is Standing.NO_CREDENTIALS:
             raise NoCredentials("no usable certificate and key in tls/")
         if self._directory.pinFor(nodeId) is None:
             raise NoPin(f"no pin for node {nodeId!r}")
@@ -301,7 +303,7 @@ def _localCertificate(transport: object) -> object:
 
 
 def _cachedFingerprint(
-    cache: weakref.WeakKeyDictionary[Any, str],
+    cache: weakref.WeakKeyDictionary[object, str],
     transport: object,
     certificateOf: Callable[[object], object],
 ) -> str | None:

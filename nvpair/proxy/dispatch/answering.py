@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from nvpair.proxy.facade.engines import Engine
+    from nvpair.proxy.engines import Engine
 
 MESSAGES = {
     "no_owner": "no node advertises this model",

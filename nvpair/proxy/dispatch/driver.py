@@ -25,7 +25,7 @@ from nvpair.proxy.routing.reservations import Reservation
 
 if TYPE_CHECKING:
     from nvpair.proxy.broker.workloads import Workload
-    from nvpair.proxy.options import Settings
+    from nvpair.proxy.settings import Settings
 
 
 class Early(Enum):

@@ -20,7 +20,7 @@ from nvpair.proxy.broker.workloads import CANCELLED, COMPLETED, FAILED, Workload
 from nvpair.proxy.dispatch.answering import MESSAGES, nodeHeader, statsDialect
 from nvpair.proxy.dispatch.attempt import Attempt
 from nvpair.proxy.dispatch.driver import WAITING, Early, PolicyDriver
-from nvpair.proxy.dispatch.interfaces import IAttemptExchange, IClientRequest, IFacadeView
+from nvpair.proxy.dispatch.interfaces import IAttemptExchange, IFacadeView
 from nvpair.proxy.dispatch.outcome import (
     CLIENT_GONE,
     COMPLETE,
@@ -40,6 +40,7 @@ from nvpair.proxy.dispatch.relay import (
     adoptResponseHeaders,
     truncateClient,
 )
+from nvpair.proxy.http.interfaces import IServerRequest
 from nvpair.proxy.interfaces import IRequestContext, IUpstream
 from nvpair.proxy.routing.interfaces import IOutcome, IPlacementExchange
 from nvpair.proxy.routing.placement import Policy, placeInference, placeVerbatim
@@ -47,8 +48,8 @@ from nvpair.proxy.routing.reservations import Reservation
 from nvpair.proxy.routing.stats import StatsMeter
 
 if TYPE_CHECKING:
-    from nvpair.proxy.options import Settings
     from nvpair.proxy.routing.nodes import Node
+    from nvpair.proxy.settings import Settings
 
 _NO_HEADERS = Headers()
 
@@ -96,7 +97,7 @@ class Exchange(PolicyDriver):
         self,
         context: IRequestContext,
         facade: IFacadeView,
-        request: IClientRequest,
+        request: IServerRequest,
         inference: bool,
         model: str | None,
         body: bytes,

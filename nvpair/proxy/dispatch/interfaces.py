@@ -1,7 +1,7 @@
-"""What the parts of one exchange need from each other, from the facade and from the client's
-request, as interfaces: an attempt types its exchange with ``IAttemptExchange`` (which
-``Exchange`` provides) rather than importing it, and the body protocol its attempt with
-``IBodyGate``.
+"""What the parts of one exchange need from each other and from the facade, as interfaces:
+an attempt types its exchange with ``IAttemptExchange`` (which ``Exchange`` provides) rather
+than importing it, and the body protocol its attempt with ``IBodyGate``.  The client's
+request is ``http.interfaces.IServerRequest``.
 """
 
 from __future__ import annotations
@@ -13,53 +13,16 @@ from zope.interface import Attribute, Interface
 from nvpair.proxy.routing.interfaces import IFleetView
 
 if TYPE_CHECKING:
-    import io
-    from collections.abc import Callable
-
     from twisted.internet.defer import Deferred
     from twisted.internet.interfaces import IPushProducer, IReactorTime
-    from twisted.internet.protocol import Protocol
     from twisted.python.failure import Failure
     from twisted.web.http_headers import Headers
 
     from nvpair.proxy.broker.workloads import Workload
     from nvpair.proxy.dispatch.outcome import BodyEnding, Committed, Failed
-    from nvpair.proxy.facade.engines import Engine
+    from nvpair.proxy.engines import Engine
     from nvpair.proxy.interfaces import IRequestContext, IUpstream
-    from nvpair.proxy.options import Settings
-
-
-class IClientRequest(Interface):
-    """A client's request to a facade and the response written for it: what an exchange uses
-    of ``http.request.ServerRequest`` (and tests fake)."""
-
-    method: bytes = Attribute("The request method.")
-    uri: bytes = Attribute("The request target as received: path and query.")
-    path: bytes = Attribute("The target's path, without the query.")
-    requestHeaders: Headers = Attribute("The request's headers.")
-    responseHeaders: Headers = Attribute("The response's headers (replaceable before the head).")
-    content: io.BytesIO | None = Attribute("The request body once read whole, else None.")
-    disconnected: bool = Attribute("Whether the client connection was lost.")
-    channel: Protocol | None = Attribute("The client's connection (None once lost).")
-
-    def setResponseCode(code: int, message: bytes | None = None) -> None:
-        """Set the response status and reason phrase."""
-
-    def write(data: bytes) -> None:
-        """Send response body bytes (the head goes with the first)."""
-
-    def finish() -> None:
-        """End the response."""
-
-    def registerProducer(producer: IPushProducer, streaming: bool) -> None:
-        """Register the producer of the response body with the client connection."""
-
-    def unregisterProducer() -> None:
-        """Unregister the body's producer."""
-
-    def whenLost(callback: Callable[[Failure], object]) -> None:
-        """Call ``callback`` with the reason if the client leaves before the response is
-        finished (one callback; no Deferred)."""
+    from nvpair.proxy.settings import Settings
 
 
 class IDiscoveryWatcher(Interface):

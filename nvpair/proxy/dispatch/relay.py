@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime, ITransport
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
-from nvpair.proxy.dispatch.interfaces import IBodyGate, IClientRequest
+from nvpair.proxy.dispatch.interfaces import IBodyGate
+from nvpair.proxy.http.interfaces import IServerRequest, IStreamTransport
 
 # Connection-scoped headers that never cross a proxy (RFC 9110 §7.6.1), plus the ones the
 # client library recomputes for the other side.
@@ -89,7 +90,7 @@ def copyResponseHeaders(source: Headers, target: Headers, length: int | None) ->
 _ENGINE_OWNED = (b"server", b"date")  # the engine's replace the proxy's
 
 
-def adoptResponseHeaders(source: Headers, request: IClientRequest, length: int | None) -> None:
+def adoptResponseHeaders(source: Headers, request: IServerRequest, length: int | None) -> None:
     """Make an upstream response's headers the client response's, without copying them.
 
     The same result as ``copyResponseHeaders`` onto ``request.responseHeaders`` (hop-by-hop
@@ -197,12 +198,12 @@ class Relay(Protocol):
         self.attempt.bodyLost(reason)
 
 
-def _clientTransport(request: IClientRequest) -> ITransport | None:
+def _clientTransport(request: IServerRequest) -> IStreamTransport | None:
     channel = request.channel
     return channel.transport if channel else None
 
 
-def abortClient(request: IClientRequest) -> None:
+def abortClient(request: IServerRequest) -> None:
     """Close the client connection at once, dropping anything still buffered for it."""
     transport = _clientTransport(request)
     if transport is None:
@@ -214,7 +215,7 @@ def abortClient(request: IClientRequest) -> None:
         transport.loseConnection()
 
 
-def truncateClient(request: IClientRequest, clock: IReactorTime, grace: float) -> None:
+def truncateClient(request: IServerRequest, clock: IReactorTime, grace: float) -> None:
     """End a committed response that the upstream cut short, so the client sees it cut.
 
     The bytes already relayed are flushed first and the connection then closed without the
@@ -229,7 +230,7 @@ def truncateClient(request: IClientRequest, clock: IReactorTime, grace: float) -
         clock.callLater(grace, _abortIfOpen, transport)
 
 
-def _abortIfOpen(transport: ITransport) -> None:
+def _abortIfOpen(transport: IStreamTransport) -> None:
     if not getattr(transport, "disconnected", False):
         abort = getattr(transport, "abortConnection", None)
         if abort is not None:

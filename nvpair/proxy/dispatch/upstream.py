@@ -121,11 +121,7 @@ class Upstream:
             return defer.fail()
         sendBody = body if body or method in _BODY_METHODS else None
         data = serializeRequest(method, target.prefix + path, target.host, headers, sendBody)
-        # The pool's responses provide ``IResponse`` without saying so yet.
-        sent: defer.Deferred[Any] = self.pool.request(
-            target.key, target.endpoint, data, method, connected
-        )
-        return sent
+        return self.pool.request(target.key, target.endpoint, data, method, connected)
 
     def _peer(self, nodeId: str, address: str) -> _Target:
         """A peer facade at ``host:port`` over mutual TLS pinned to ``nodeId``; pooled under

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable
-from typing import Any, Protocol
+from enum import Enum
+from typing import Protocol
 
 from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.internet.error import CannotListenError
-from twisted.internet.interfaces import IListeningPort, IReactorTCP, IReactorTime
+from twisted.internet.interfaces import IListeningPort, IReactorTCP
 from twisted.internet.protocol import ServerFactory
 from twisted.logger import Logger
-from zope.interface import implementer
+from zope.interface import Attribute, Interface, implementer
 
 from nvpair.proxy.dispatch.interfaces import IFacadeView
-from nvpair.proxy.facade.engines import Engine
+from nvpair.proxy.engines import Engine
 from nvpair.proxy.routing.candidates import Snapshot
 
 
@@ -54,9 +55,9 @@ def _reason(e: CannotListenError) -> str:
 
 
 def _stopped(listener: IListeningPort) -> defer.Deferred[None]:
-    result: Any = listener.stopListening()
+    result = listener.stopListening()
     if isinstance(result, defer.Deferred):
-        return result
+        return result.addCallback(lambda _: None)
     return defer.succeed(None)
 
 
@@ -65,6 +66,17 @@ class Watcher(Protocol):
 
     def left(self) -> None:
         """The watched node left the discovery snapshot."""
+
+
+class FacadeState(Enum):
+    """Where a facade is in its life."""
+
+    CREATED = "created"
+    """Built, nothing bound yet."""
+    LISTENING = "listening"
+    """The primary port is bound (aliases as far as they could be)."""
+    STOPPED = "stopped"
+    """Every listener is closed; discovery waiters were cancelled."""
 
 
 @implementer(IFacadeView)
@@ -76,14 +88,14 @@ class Facade(Service):
     def __init__(
         self,
         engine: Engine,
-        reactor: Any,
+        reactor: IReactorTCP,
         makeFactory: Callable[[bool], ServerFactory],
         emptySnapshot: Snapshot,
     ) -> None:
         self.engine = engine
         self.name = engine.id
-        self._reactor: IReactorTCP = reactor
-        self._clock: IReactorTime = reactor
+        self.state = FacadeState.CREATED
+        self._reactor = reactor
         self._makeFactory = makeFactory
         self.snapshot = emptySnapshot
         self.snapshotCount = 0
@@ -117,6 +129,7 @@ class Facade(Service):
         """Bind the primary port (raising ``BindError``) then each alias; returns alias problems."""
         self._listener = self._bindPrimary(port)
         self.port = port
+        self.state = FacadeState.LISTENING
         problems: list[tuple[str, str]] = []
         for alias in aliases:
             aliasPort = parseAlias(alias)
@@ -144,6 +157,7 @@ class Facade(Service):
     def stopService(self) -> defer.Deferred[None]:
         """Close every listener of this facade."""
         super().stopService()
+        self.state = FacadeState.STOPPED
         listeners = [lst for lst in [self._listener, *self._aliasListeners] if lst is not None]
         self._listener = None
         self._aliasListeners = []
@@ -206,3 +220,21 @@ class Facade(Service):
         watchers = self._watchers.get(nodeId)
         if watchers is not None and watchers.pop(watcher, 0) is None and not watchers:
             del self._watchers[nodeId]
+
+
+class IFacadeHost(Interface):
+    """What enables facades and hears their problems: the process (``service.ProxyService``).
+
+    The broker's ``facade/enable`` handler and standalone mode both enable facades; the
+    process does it, since it owns the listeners' factories and the service tree.
+    """
+
+    facades: dict[str, Facade] = Attribute("The enabled facades by engine id.")
+
+    def enableFacade(
+        engine: Engine, port: int, aliases: list[str], ignorePersisted: bool
+    ) -> Facade:
+        """Create, bind and start a facade; raises ``BindError`` with nothing left bound."""
+
+    def facadeProblem(engineId: str, kind: str, message: str) -> None:
+        """Report a non-fatal facade problem (``<engine>:errors:report``)."""

@@ -8,12 +8,13 @@ transport or times out is left out.  Neither takes a reservation or creates a wo
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any
+from enum import Enum
+from typing import Any, cast
 
 import attrs
 from twisted.internet import defer
 from twisted.internet.error import ConnectError
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -21,10 +22,15 @@ from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
+from zope.interface import Interface, implementer
 
 from nvpair.proxy.dispatch.relay import abortClient
 from nvpair.proxy.dispatch.upstream import addressesFor
+from nvpair.proxy.engines import Engine
 from nvpair.proxy.facade import inventory
+from nvpair.proxy.facade.facade import Facade
+from nvpair.proxy.http.interfaces import IServerRequest
+from nvpair.proxy.interfaces import IRequestContext, IUpstream
 from nvpair.proxy.routing import cors
 from nvpair.proxy.routing.candidates import Node, orderCandidates
 
@@ -53,6 +59,14 @@ class NodeAnswer:
     body: bytes
 
 
+class BodyState(Enum):
+    """How a buffered body is doing."""
+
+    COLLECTING = "collecting"
+    OVERSIZE = "oversize"
+    """Past the cap: what came is dropped, the rest is not read, the answer is an error."""
+
+
 class _Collector(Protocol):
     """Buffers a response body up to a cap; fires ``done`` with it."""
 
@@ -60,11 +74,12 @@ class _Collector(Protocol):
         self._cap = cap
         self._parts: list[bytes] = []
         self._size = 0
-        self._tooLarge = False
+        self.state = BodyState.COLLECTING
         self.done: defer.Deferred[bytes] = defer.Deferred(self._cancel)
 
     def _stop(self) -> None:
-        producer: Any = self.transport
+        # A response body's transport is its connection's producer (``IResponse``).
+        producer = cast(IPushProducer | None, self.transport)
         if producer is not None:
             producer.stopProducing()
 
@@ -72,11 +87,11 @@ class _Collector(Protocol):
         self._stop()
 
     def dataReceived(self, data: bytes) -> None:
-        if self._tooLarge:
+        if self.state is BodyState.OVERSIZE:
             return
         self._size += len(data)
         if self._size > self._cap:
-            self._tooLarge = True
+            self.state = BodyState.OVERSIZE
             self._parts = []
             self._stop()
             return
@@ -85,7 +100,7 @@ class _Collector(Protocol):
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         if self.done.called:
             return
-        if self._tooLarge:
+        if self.state is BodyState.OVERSIZE:
             self.done.errback(BodyTooLarge(f"answer over {self._cap} bytes"))
         elif isinstance(reason.value, ResponseDone | PotentialDataLoss):
             self.done.callback(b"".join(self._parts))
@@ -96,8 +111,7 @@ class _Collector(Protocol):
 def collect(response: IResponse, cap: int = MAX_LIST_BYTES) -> defer.Deferred[bytes]:
     """The whole body of ``response`` (at most ``cap`` bytes); cancelling stops the read."""
     collector = _Collector(cap)
-    deliver: Any = response.deliverBody
-    deliver(collector)
+    response.deliverBody(collector)
     return collector.done
 
 
@@ -117,7 +131,7 @@ def corsHeaders(headers: Headers) -> dict[str, str]:
 
 
 async def _askNode(
-    upstream: Any,
+    upstream: IUpstream,
     node: Node,
     addresses: Sequence[str],
     method: bytes,
@@ -145,7 +159,7 @@ async def _askNode(
 
 
 def askNode(
-    upstream: Any,
+    upstream: IUpstream,
     clock: IReactorTime,
     timeout: float,
     node: Node,
@@ -159,40 +173,63 @@ def askNode(
     return d.addTimeout(timeout, clock)
 
 
+class ViewState(Enum):
+    """Whether a fleet view still has someone to answer."""
+
+    ASKING = "asking"
+    GONE = "gone"
+    """The client left or the process is stopping: nothing more is written."""
+
+
 class _View:
     """One fleet view in flight: the client's request and the work answering it."""
 
-    def __init__(self, request: Any) -> None:
+    def __init__(self, request: IServerRequest, engine: Engine) -> None:
         self.request = request
-        self.engine: Any = None
-        self.gone = False
+        self.engine = engine
+        self.state = ViewState.ASKING
         self.running: defer.Deferred[None] | None = None
+
+    @property
+    def gone(self) -> bool:
+        return self.state is ViewState.GONE
 
     def end(self) -> None:
         """The client left: stop asking the fleet, write nothing more."""
-        self.gone = True
+        self.state = ViewState.GONE
         if self.running is not None and not self.running.called:
             self.running.cancel()
 
     def shutdown(self) -> None:
         """The process is stopping: cut the client off and stop asking."""
-        if not self.gone:
-            self.gone = True
+        if self.state is not ViewState.GONE:
+            self.state = ViewState.GONE
             abortClient(self.request)
         self.end()
 
 
+class IFleetViews(Interface):
+    """The fleet-wide answers a front door hands requests to."""
+
+    def modelList(facade: Facade, request: IServerRequest) -> None:
+        """Answer a fleet model list route (protocol §11, §12)."""
+
+    def preflight(facade: Facade, request: IServerRequest) -> None:
+        """Answer a multi-target CORS preflight (protocol §12)."""
+
+
+@implementer(IFleetViews)
 class Fleet:
     """Answers fleet model lists and preflights for a facade."""
 
     log = Logger()
 
-    def __init__(self, context: Any) -> None:
+    def __init__(self, context: IRequestContext) -> None:
         self.context = context
 
     # -- asking the fleet -----------------------------------------------------------------
 
-    def _nodes(self, facade: Any) -> list[Node]:
+    def _nodes(self, facade: Facade) -> list[Node]:
         """Every reachable node of the snapshot, in candidate order (pin, scheduler, default)."""
         snapshot = facade.snapshot
         nodes = tuple(n for n in snapshot.nodes if not n.isSelf or facade.hasLocalBackend)
@@ -200,7 +237,7 @@ class Fleet:
         return list(ordered)
 
     async def _askAll(
-        self, facade: Any, method: bytes, paths: Sequence[bytes], headers: Headers
+        self, facade: Facade, method: bytes, paths: Sequence[bytes], headers: Headers
     ) -> list[NodeAnswer | None]:
         """Ask every node at once; ``None`` for a node that failed or timed out."""
         context = self.context
@@ -208,14 +245,13 @@ class Fleet:
         asks: list[defer.Deferred[NodeAnswer | None]] = []
         for node in self._nodes(facade):
             addresses = addressesFor(node, facade.localBackend, facade.confirmed.get(node.id))
-            d: defer.Deferred[Any] = askNode(
+            d = askNode(
                 context.upstream, context.clock, timeout, node, addresses, method, paths, headers
             )
-            d.addErrback(self._nodeFailed, facade, node)
-            asks.append(d)
+            asks.append(d.addErrback(self._nodeFailed, facade, node))
         return list(await defer.gatherResults(asks))
 
-    def _nodeFailed(self, failure: Failure, facade: Any, node: Node) -> None:
+    def _nodeFailed(self, failure: Failure, facade: Facade, node: Node) -> None:
         if self.context.logControl.enabled("debug"):
             self.log.debug(
                 "fleet-node-skipped",
@@ -225,9 +261,14 @@ class Fleet:
             )
         return None
 
-    def _run(self, request: Any, work: Callable[[_View], Coroutine[Any, Any, None]]) -> None:
+    def _run(
+        self,
+        request: IServerRequest,
+        engine: Engine,
+        work: Callable[[_View], Coroutine[Any, Any, None]],
+    ) -> None:
         """Run ``work`` for ``request``; a client that leaves, or the process stopping, ends it."""
-        view = _View(request)
+        view = _View(request, engine)
         exchanges = self.context.exchanges
         exchanges.add(view)
         request.notifyFinish().addErrback(lambda _: view.end())
@@ -246,13 +287,13 @@ class Fleet:
 
     # -- fleet model lists ----------------------------------------------------------------
 
-    def modelList(self, facade: Any, request: Any) -> None:
+    def modelList(self, facade: Facade, request: IServerRequest) -> None:
         """Answer a fleet model list route (protocol §11, §12)."""
-        self._run(request, lambda view: self._modelList(facade, view))
+        self._run(request, facade.engine, lambda view: self._modelList(facade, view))
 
-    async def _modelList(self, facade: Any, view: _View) -> None:
+    async def _modelList(self, facade: Facade, view: _View) -> None:
         request = view.request
-        engine = view.engine = facade.engine
+        engine = view.engine
         headers = self.context.forwardHeaders(request.requestHeaders)
         for name in _LIST_DROP:
             headers.removeHeader(name)
@@ -296,7 +337,9 @@ class Fleet:
             self.log.debug("fleet-list", engine=engine.id, asked=len(answers), merged=len(listed))
         self._send(request, 200, body, granted)
 
-    def _send(self, request: Any, status: int, body: bytes, extra: Mapping[str, str]) -> None:
+    def _send(
+        self, request: IServerRequest, status: int, body: bytes, extra: Mapping[str, str]
+    ) -> None:
         request.setResponseCode(status)
         headers = request.responseHeaders
         headers.setRawHeaders(b"content-type", [b"application/json"])
@@ -308,13 +351,12 @@ class Fleet:
 
     # -- preflights -----------------------------------------------------------------------
 
-    def preflight(self, facade: Any, request: Any) -> None:
+    def preflight(self, facade: Facade, request: IServerRequest) -> None:
         """Answer a multi-target CORS preflight (protocol §12)."""
-        self._run(request, lambda view: self._preflight(facade, view))
+        self._run(request, facade.engine, lambda view: self._preflight(facade, view))
 
-    async def _preflight(self, facade: Any, view: _View) -> None:
+    async def _preflight(self, facade: Facade, view: _View) -> None:
         request = view.request
-        view.engine = facade.engine
         asked = cors.preflightHeaders(lowerHeaders(request.requestHeaders))
         headers = Headers()
         for name, value in asked.items():
@@ -340,6 +382,6 @@ class Fleet:
         request.finish()
 
 
-def _header(request: Any, name: bytes) -> str | None:
+def _header(request: IServerRequest, name: bytes) -> str | None:
     value = request.getHeader(name)
     return None if value is None else str(value.decode("latin-1"))

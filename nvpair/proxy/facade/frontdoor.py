@@ -11,13 +11,16 @@ and is reported, without touching any other request.
 
 from __future__ import annotations
 
-from typing import Any
-
 from twisted.logger import Logger
+from zope.interface import implementer
 
 from nvpair.proxy.dispatch.exchange import Exchange
-from nvpair.proxy.facade.engines import RouteClass
+from nvpair.proxy.engines import RouteClass
+from nvpair.proxy.facade.facade import Facade
+from nvpair.proxy.facade.fleet import IFleetViews
 from nvpair.proxy.facade.hostcheck import HostGate
+from nvpair.proxy.http.interfaces import IDoor, IServerRequest
+from nvpair.proxy.interfaces import IRequestContext
 from nvpair.proxy.routing.admission import Refused, admit
 from nvpair.proxy.routing.cors import isPreflight
 
@@ -27,12 +30,15 @@ HOST_DENIED = (
 )
 
 
+@implementer(IDoor)
 class FrontDoor:
     """Admits one facade's requests and starts the right policy for each."""
 
     log = Logger()
 
-    def __init__(self, context: Any, facade: Any, fleet: Any, hosts: HostGate) -> None:
+    def __init__(
+        self, context: IRequestContext, facade: Facade, fleet: IFleetViews, hosts: HostGate
+    ) -> None:
         self.context = context
         self.facade = facade
         self.engine = facade.engine
@@ -40,7 +46,7 @@ class FrontDoor:
         self.hosts = hosts
         self.allows = hosts.allows
 
-    def handle(self, request: Any) -> None:
+    def handle(self, request: IServerRequest) -> None:
         """Route one request (called from the site's render)."""
         engine = self.engine
         host = request.getHeader(b"host")
@@ -81,7 +87,7 @@ class FrontDoor:
             self.context, self.facade, request, inference, decision.model, body, decision.document
         ).start()
 
-    def crashed(self, request: Any, error: Exception) -> None:
+    def crashed(self, request: IServerRequest, error: Exception) -> None:
         """An unexpected exception escaped admission: 500, report, keep serving."""
         self.log.failure("request-crashed", engine=self.engine.id)
         self.context.reportInternal(type(error).__name__)
@@ -94,7 +100,7 @@ class FrontDoor:
                 self.log.failure("error-answer-failed", engine=self.engine.id)
 
 
-def _lowerHeaders(request: Any, names: tuple[bytes, ...]) -> dict[str, str]:
+def _lowerHeaders(request: IServerRequest, names: tuple[bytes, ...]) -> dict[str, str]:
     out: dict[str, str] = {}
     for name in names:
         value = request.getHeader(name)

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable
-from typing import Any
 
 from twisted.internet.error import ConnectionDone
-from twisted.internet.interfaces import IAddress, IDelayedCall, IProtocol, IReactorTime
-from twisted.internet.protocol import Factory, Protocol, ServerFactory
+from twisted.internet.interfaces import (
+    IAddress,
+    IDelayedCall,
+    IProtocol,
+    IProtocolFactory,
+    IReactorTime,
+)
+from twisted.internet.protocol import Protocol, ServerFactory
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -97,7 +102,7 @@ class PersonalityFactory(ServerFactory):
     def __init__(
         self,
         clock: IReactorTime,
-        plaintext: Factory[Any],
+        plaintext: IProtocolFactory,
         tls: Callable[[IAddress], IProtocol | None] | None = None,
         loopbackOnly: bool = False,
         maxConnections: int = 4096,

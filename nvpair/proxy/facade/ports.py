@@ -6,7 +6,7 @@ import json
 import os
 import tempfile
 
-from nvpair.proxy.facade.engines import Engine
+from nvpair.proxy.engines import Engine
 
 
 class PortError(ValueError):

@@ -6,34 +6,52 @@ being its URL.  A ``FleetPoller`` asks every engine for its model list at start 
 ``POLL_INTERVAL`` seconds and replaces the facade's snapshot when an inventory changed; an
 engine that does not answer has an empty inventory until it answers again.  Everything
 else (routing, failover, reservations, statistics) reads that snapshot exactly as it
-reads the broker's, except that with ``--affinity prefix`` (the default) the service gets
-an ``affinity.Affinity`` that orders the candidates of inference requests.
+reads the broker's, except that with ``--affinity prefix`` (the default) the request
+context gets an ``affinity.Affinity`` that orders the candidates of inference requests.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from enum import Enum
 
-from twisted.application.service import Service
+from twisted.application.service import IServiceCollection, Service
 from twisted.internet import defer, task
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
+from zope.interface import Attribute
 
+from nvpair.proxy.engines import ENGINES, Engine
 from nvpair.proxy.facade import inventory
-from nvpair.proxy.facade.engines import ENGINES, Engine
-from nvpair.proxy.facade.facade import BindError
-from nvpair.proxy.facade.fleet import NODE_GRACE, askNode
+from nvpair.proxy.facade.facade import BindError, Facade, IFacadeHost
+from nvpair.proxy.facade.fleet import NODE_GRACE, NodeAnswer, askNode
+from nvpair.proxy.interfaces import IRequestContext, IUpstream
 from nvpair.proxy.routing.affinity import Affinity
 from nvpair.proxy.routing.candidates import Node, Snapshot
 
 POLL_INTERVAL = 5.0
 
-# twisted.application is untyped: its base methods are called through ``Any``.
-_Service: Any = Service
-
 log = Logger()
+
+
+class IStandaloneProcess(IFacadeHost, IServiceCollection):
+    """The process as standalone mode uses it: facades to enable, a service tree to hang
+    the pollers on, and the request context whose candidates they fill."""
+
+    context: IRequestContext = Attribute("The request context (standalone may set affinity).")
+
+
+class BackendState(Enum):
+    """What the polls say of one engine (a change is logged once)."""
+
+    UNKNOWN = "unknown"
+    """Not answered yet."""
+    UP = "up"
+    """Its last poll read a model list."""
+    DOWN = "down"
+    """Its last poll failed: its inventory counts as empty."""
 
 
 def fleetUrls(engine: Engine, backends: Sequence[tuple[str, str]]) -> list[str]:
@@ -51,9 +69,9 @@ class FleetPoller(Service):
 
     def __init__(
         self,
-        facade: Any,
+        facade: Facade,
         urls: Sequence[str],
-        upstream: Any,
+        upstream: IUpstream,
         clock: IReactorTime,
         timeout: float,
         interval: float = POLL_INTERVAL,
@@ -67,7 +85,7 @@ class FleetPoller(Service):
         self.timeout = timeout
         self.interval = interval
         self.inventories: dict[str, tuple[str, ...]] = {url: () for url in self.urls}
-        self.up: dict[str, bool] = {}
+        self.up = dict.fromkeys(self.urls, BackendState.UNKNOWN)
         self.polls: dict[str, tuple[float, str]] = {}  # url -> (when, problem or "")
         self._loops: list[task.LoopingCall] = []
         self._inFlight: dict[str, defer.Deferred[None]] = {}
@@ -75,7 +93,7 @@ class FleetPoller(Service):
 
     def startService(self) -> None:
         """Publish the fleet with empty inventories, then poll every engine now and later."""
-        _Service.startService(self)
+        super().startService()
         self._publish()
         for url in self.urls:
             loop = task.LoopingCall(self.poll, url)
@@ -87,7 +105,7 @@ class FleetPoller(Service):
 
     def stopService(self) -> None:
         """Stop polling and abandon the polls in flight."""
-        _Service.stopService(self)
+        super().stopService()
         loops, self._loops = self._loops, []
         for loop in loops:
             if loop.running:
@@ -110,7 +128,7 @@ class FleetPoller(Service):
         )
         path = self.engine.inventoryRoute.decode("latin-1")
 
-        def answered(answer: Any) -> tuple[tuple[str, ...] | None, str]:
+        def answered(answer: NodeAnswer) -> tuple[tuple[str, ...] | None, str]:
             if not 200 <= answer.status < 300:
                 return None, f"status {answer.status}"
             try:
@@ -118,7 +136,7 @@ class FleetPoller(Service):
             except inventory.InvalidList as e:
                 return None, str(e)
 
-        def failed(failure: Any) -> tuple[tuple[str, ...] | None, str]:
+        def failed(failure: Failure) -> tuple[tuple[str, ...] | None, str]:
             return None, type(failure.value).__name__
 
         d = asked.addCallbacks(answered, failed).addCallback(self._record, url)
@@ -134,16 +152,14 @@ class FleetPoller(Service):
         if not self.running:
             return
         models, problem = outcome
-        up = models is not None
+        state = BackendState.DOWN if models is None else BackendState.UP
         self.polls[url] = (self.clock.seconds(), problem)
-        if self.up.get(url) is not up:
-            if up:
-                self.log.info(
-                    "backend-up", engine=self.engine.id, url=url, models=len(models or ())
-                )
+        if self.up[url] is not state:
+            if models is not None:
+                self.log.info("backend-up", engine=self.engine.id, url=url, models=len(models))
             else:
                 self.log.warn("backend-down", engine=self.engine.id, url=url, problem=problem)
-            self.up[url] = up
+            self.up[url] = state
         self.inventories[url] = models or ()
         self._publish()
 
@@ -157,27 +173,28 @@ class FleetPoller(Service):
         self.facade.setSnapshot(Snapshot(nodes, self.engine.normalize))
 
 
-def startStandalone(service: Any) -> None:
+def startStandalone(process: IStandaloneProcess) -> None:
     """Enable the facades named by ``--engines`` and give each its polled static fleet."""
-    settings = service.settings
+    context = process.context
+    settings = context.settings
     timeout = settings.dialTimeout + NODE_GRACE
     if settings.affinity == "prefix":
         # The proxy orders the candidates itself: keep conversations where their cache is.
-        service.affinity = Affinity(service.clock)
+        context.affinity = Affinity(context.clock)
     order: list[str] = []
     for engineId in settings.engines:
         engine = ENGINES[engineId]
         try:
-            facade = service.enableFacade(engine, engine.standalonePort, [], False)
+            facade = process.enableFacade(engine, engine.standalonePort, [], False)
         except BindError as e:
             log.error("bind-failed", engine=engineId, port=e.port, reason=e.reason)
             continue
         urls = fleetUrls(engine, settings.backends)
         order.extend(urls)
         log.info("standalone-fleet", engine=engineId, backends=urls)
-        poller: Any = FleetPoller(facade, urls, service.upstream, service.clock, timeout)
-        poller.setServiceParent(service)
+        poller = FleetPoller(facade, urls, context.upstream, context.clock, timeout)
+        poller.setServiceParent(process)
     # No scheduler runs here: the order the backends were given stands in for its priority
     # list (with no load of its own), so an idle fleet is tried in that order and
     # reservations still spread concurrent requests over it.
-    service.reservations.applyPriority(0, list(dict.fromkeys(order)), {})
+    context.reservations.applyPriority(0, list(dict.fromkeys(order)), {})

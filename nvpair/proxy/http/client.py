@@ -1,13 +1,14 @@
 """A lean HTTP/1.1 client for the request path: one write per request, responses parsed by
 llhttp (``httptools``), strict.
 
-``httppool.ConnectionPool.request`` sends one serialized request over a pooled keep-alive
-connection (or a new one from an endpoint) and fires with a ``Response`` (``httpresponse``)
-that has the ``IResponse`` surface the proxy uses (``code``, ``phrase``, ``headers``,
-``length``, ``deliverBody``).  The body protocol's transport pauses, resumes and stops the
-upstream read (llhttp cannot pause: the connection's *transport* is paused, and what one
-read already held is passed on).  The payload of one socket read reaches the body protocol
-as one ``dataReceived``; a read that breaks the framing passes nothing on.
+``pool.ConnectionPool.request`` sends one serialized request over a pooled keep-alive
+connection (or a new one from an endpoint) and fires with a ``Response`` (``response``),
+an ``IResponse`` (``code``, ``phrase``, ``headers``, ``length``, ``deliverBody``).  The
+connection knows its pool only as an ``IConnectionPool`` (``interfaces``).  The body
+protocol's transport pauses, resumes and stops the upstream read (llhttp cannot pause: the
+connection's *transport* is paused, and what one read already held is passed on).  The
+payload of one socket read reaches the body protocol as one ``dataReceived``; a read that
+breaks the framing passes nothing on.
 
 Ends: ``ResponseDone`` for a body that ended as framed, ``PotentialDataLoss`` for a
 close-delimited body ended by a clean close, ``ResponseFailed`` for everything else
@@ -16,12 +17,13 @@ after a response that ended as framed, that llhttp says may be kept alive, with 
 after it and not to HEAD; any parse error aborts it.  What llhttp leaves to us: interim 1xx
 answers are skipped, a HEAD response ends at its head, a close-delimited body ends at the
 close, ``101`` (never asked for) and a transfer coding other than ``chunked`` are errors, and
-the head and the framing bytes between payload bytes are bounded (``httpframing``).
+the head and the framing bytes between payload bytes are bounded (``framing``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Hashable
+from enum import Enum
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 from twisted.internet import defer
@@ -30,7 +32,8 @@ from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone, ResponseFailed, ResponseNeverReceived
 from twisted.web.http import PotentialDataLoss
-from twisted.web.iweb import UNKNOWN_LENGTH
+from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
+from zope.interface import implementer
 
 from nvpair.proxy.http.fastwrite import sendNow
 from nvpair.proxy.http.framing import (
@@ -40,29 +43,51 @@ from nvpair.proxy.http.framing import (
     responseHead,
     serializeRequest,
 )
+from nvpair.proxy.http.interfaces import (
+    ConnectionState,
+    IBodyConnection,
+    IConnectionPool,
+    IPooledConnection,
+    IStreamTransport,
+)
 from nvpair.proxy.http.response import Response
-
-if TYPE_CHECKING:
-    from nvpair.proxy.http.pool import ConnectionPool
 
 __all__ = ["BadResponse", "HTTPClientConnection", "Response", "serializeRequest"]
 
 _DONE = Failure(ResponseDone())
 
-# Connection states.
-IDLE, WAITING, BODY, DEAD = range(4)
+IDLE = ConnectionState.IDLE
+WAITING = ConnectionState.WAITING
+BODY = ConnectionState.BODY
+DEAD = ConnectionState.DEAD
 
 
+class Answer(Enum):
+    """How far llhttp got in the answer to the current request."""
+
+    OPEN = "open"  # its head or body is being read
+    INTERIM = "interim"  # inside an interim (1xx) answer: the final one follows
+    ENDED = "ended"  # the final answer's message ended
+
+
+OPEN = Answer.OPEN
+INTERIM = Answer.INTERIM
+ENDED = Answer.ENDED
+
+
+@implementer(IPooledConnection, IBodyConnection)
 class HTTPClientConnection(Protocol):
     """One keep-alive connection to an upstream: one request at a time."""
 
-    def __init__(self, pool: ConnectionPool, key: Any) -> None:
+    transport: IStreamTransport | None
+
+    def __init__(self, pool: IConnectionPool, key: Hashable) -> None:
         self._pool = pool
         self.key = key
         self.state = IDLE
         self.idleSince = 0.0
         self._parser = HttpResponseParser(self)
-        self._d: defer.Deferred[Response] | None = None
+        self._d: defer.Deferred[IResponse] | None = None
         self._isHead = False
         self._response: Response | None = None
         # What llhttp reported during the current read / response.
@@ -70,10 +95,9 @@ class HTTPClientConnection(Protocol):
         self._fields: list[tuple[bytes, bytes]] = []
         self._headCode = 0  # the final status once its head is complete, else 0
         self._parts: list[bytes] = []
-        self._complete = False  # the final response's message ended
-        self._keepAlive = False  # and llhttp said the connection may be kept alive
-        self._extra = False  # bytes came after it
-        self._interim = False  # inside a 1xx answer
+        self._answer = OPEN
+        self._keepAlive = False  # the answer ended, and llhttp said the connection may be kept
+        self._extra = False  # bytes came after the answer
         self._closeDelimited = False
         self._headBytes = 0
         self._overhead = 0  # bytes read since the last payload byte
@@ -83,7 +107,7 @@ class HTTPClientConnection(Protocol):
         self._readPaused = False  # whether the transport's reading is paused by us
         self._closed: list[defer.Deferred[None]] = []
         self._lost = False
-        # A direct dial (``httppool.DirectTCP``) fires this with the connection once made.
+        # A direct dial (``pool.DirectTCP``) fires this with the connection once made.
         self.whenMade: defer.Deferred[HTTPClientConnection] | None = None
 
     def connectionMade(self) -> None:
@@ -99,7 +123,7 @@ class HTTPClientConnection(Protocol):
 
     # -- sending --------------------------------------------------------------------------
 
-    def send(self, data: bytes, method: bytes, d: defer.Deferred[Response]) -> None:
+    def send(self, data: bytes, method: bytes, d: defer.Deferred[IResponse]) -> None:
         """Write one request; ``d`` fires with its response (or fails)."""
         self.state = WAITING
         self._d = d
@@ -107,22 +131,25 @@ class HTTPClientConnection(Protocol):
         self._phrase = b""
         self._fields = []
         self._headCode = 0
-        self._complete = self._keepAlive = self._extra = self._interim = False
+        self._answer = OPEN
+        self._keepAlive = self._extra = False
         self._stopped = False
         self._closeDelimited = False
         self._headBytes = self._overhead = 0
-        sendNow(self.transport, data)
+        transport = self.transport
+        assert transport is not None  # requests are sent once the connection is made
+        sendNow(transport, data)
 
     def abort(self) -> None:
         """Drop the connection at once (a cancelled request)."""
         self._d = None
         if self.transport is not None:
-            self.transport.abortConnection()  # type: ignore[attr-defined]
+            self.transport.abortConnection()
 
     # -- llhttp's callbacks (during ``feed_data``) -----------------------------------------
 
     def on_message_begin(self) -> None:
-        if self._complete:
+        if self._answer is ENDED:
             self._extra = True  # a message after the answer: nobody asked for it
 
     def on_status(self, status: bytes) -> None:
@@ -135,47 +162,48 @@ class HTTPClientConnection(Protocol):
     def on_headers_complete(self) -> None:
         code = self._parser.get_status_code()
         if code < 200:  # an interim answer: the final one follows
-            self._interim = True
+            if self._answer is OPEN:
+                self._answer = INTERIM
             self._phrase = b""
             self._fields = []
             return
         self._headCode = code
         if self._isHead:
-            self._complete = True  # llhttp would wait for a body a HEAD answer never has
+            self._answer = ENDED  # llhttp would wait for a body a HEAD answer never has
 
     def on_body(self, body: bytes) -> None:
-        if not self._complete:
+        if self._answer is not ENDED:
             self._parts.append(body)
 
     def on_message_complete(self) -> None:
-        if self._interim:
-            self._interim = False
+        if self._answer is INTERIM:
+            self._answer = OPEN
         else:
-            self._complete = True
+            self._answer = ENDED
             self._keepAlive = self._parser.should_keep_alive()  # only known until it ends
 
     # -- receiving ------------------------------------------------------------------------
 
     def dataReceived(self, data: bytes) -> None:
         state = self.state
-        if state == BODY:
+        if state is BODY:
             if self._stopped:
                 return
-        elif state == WAITING:
+        elif state is WAITING:
             self._headBytes += len(data)
         else:
-            if state == IDLE:
+            if state is IDLE:
                 self.abort()  # bytes nobody asked for: the connection cannot be trusted
             return
         try:
             self._parser.feed_data(data)
         except (HttpParserError, HttpParserUpgrade) as e:
-            if not self._complete:
+            if self._answer is not ENDED:
                 self._parts = []  # the read that broke the framing passes nothing on
                 self._protocolError(str(e) or type(e).__name__)
                 return
             self._extra = True  # garbage after a complete answer: that answer stands
-        if state == WAITING and not self._headReceived():
+        if state is WAITING and not self._headReceived():
             return
         parts = self._parts
         if parts:
@@ -184,12 +212,12 @@ class HTTPClientConnection(Protocol):
             response = self._response
             if response is not None and not self._stopped:
                 response.bodyData(parts[0] if len(parts) == 1 else b"".join(parts))
-        elif state == BODY and not self._complete:
+        elif state is BODY and self._answer is not ENDED:
             self._overhead += len(data)
-            if self._overhead > MAX_BODY_OVERHEAD and self.state == BODY:
+            if self._overhead > MAX_BODY_OVERHEAD and self.state is BODY:
                 self._protocolError("too many framing bytes without payload")
                 return
-        if self._complete and self.state == BODY and not self._stopped:
+        if self._answer is ENDED and self.state is BODY and not self._stopped:
             self._finish()
 
     def _headReceived(self) -> bool:
@@ -202,7 +230,7 @@ class HTTPClientConnection(Protocol):
             return False
         head = responseHead(code, self._phrase, self._fields)
         self._fields = []
-        length: Any = UNKNOWN_LENGTH
+        length: int | str = UNKNOWN_LENGTH
         noBody = self._isHead or code == 204 or code == 304
         if noBody:
             if code != 204 and head.contentLength is not None:
@@ -231,7 +259,7 @@ class HTTPClientConnection(Protocol):
             if self._readPaused:
                 self._readPaused = False
                 assert self.transport is not None
-                self.transport.resumeProducing()  # type: ignore[attr-defined]
+                self.transport.resumeProducing()
             self._pool.release(self)
         else:
             self.state = DEAD
@@ -246,7 +274,7 @@ class HTTPClientConnection(Protocol):
         response, self._response = self._response, None
         self.state = DEAD
         if self.transport is not None:
-            self.transport.abortConnection()  # type: ignore[attr-defined]
+            self.transport.abortConnection()
         if d is not None:
             d.errback(ResponseFailed([error]))
         if response is not None:
@@ -265,8 +293,8 @@ class HTTPClientConnection(Protocol):
         self._applyPause()
 
     def _applyPause(self) -> None:
-        transport: Any = self.transport
-        if transport is None or self.state != BODY:
+        transport = self.transport
+        if transport is None or self.state is not BODY:
             return
         paused = self._pausedByBody or self._held
         if paused != self._readPaused:  # the transport is told only of changes
@@ -278,11 +306,11 @@ class HTTPClientConnection(Protocol):
 
     def stopBody(self) -> None:
         """The body protocol does not want the rest: the connection is dropped."""
-        if self.state != BODY:
+        if self.state is not BODY:
             return
         self._stopped = True
         if self.transport is not None:
-            self.transport.abortConnection()  # type: ignore[attr-defined]
+            self.transport.abortConnection()
 
     # -- the end --------------------------------------------------------------------------
 
@@ -294,7 +322,7 @@ class HTTPClientConnection(Protocol):
         if d is not None and not d.called:
             d.errback(ResponseNeverReceived([reason]))
         response, self._response = self._response, None
-        if state == BODY and response is not None:
+        if state is BODY and response is not None:
             if self._closeDelimited and not self._stopped and reason.check(ConnectionDone):
                 response.bodyEnded(Failure(PotentialDataLoss()))
             else:

@@ -1,7 +1,7 @@
 """HTTP/1.1 rules of the upstream client that are not the parser's: the request's bytes,
 and which fields of an engine's response head reach the client (RFC 9110 §7.6.1).
 
-The response head itself is parsed by llhttp (``httpclient``); this module turns the fields
+The response head itself is parsed by llhttp (``client``); this module turns the fields
 it reported into the response's ``Headers`` and framing facts.  Connection-control fields
 (``Connection`` and every field it names, ``Keep-Alive``, ``Proxy-Connection``, ``TE``,
 ``Trailer``, ``Transfer-Encoding``, ``Upgrade``) are removed; ``Content-Length`` is kept

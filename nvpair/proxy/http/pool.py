@@ -1,4 +1,4 @@
-"""The keep-alive pool of the lean upstream client (``httpclient``).
+"""The keep-alive pool of the lean upstream client (``client``).
 
 Idle connections are kept per key (scheme, host, port), at most ``maxPersistentPerHost``
 per key, and closed after ``idleTimeout`` seconds unused by one sweep timer for the whole
@@ -7,17 +7,26 @@ pool.  A request takes the most recently used idle connection or dials a new one
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import cast
 
 from twisted.internet import defer
 from twisted.internet.error import NotConnectingError
-from twisted.internet.interfaces import IDelayedCall, IStreamClientEndpoint
+from twisted.internet.interfaces import (
+    IAddress,
+    IConnector,
+    IDelayedCall,
+    IReactorTCP,
+    IReactorTime,
+    IStreamClientEndpoint,
+)
 from twisted.internet.protocol import ClientFactory, Factory
 from twisted.python.failure import Failure
+from twisted.web.iweb import IResponse
+from zope.interface import implementer
 
 from nvpair.proxy.http.client import DEAD, IDLE, HTTPClientConnection
-from nvpair.proxy.http.response import Response
+from nvpair.proxy.http.interfaces import IConnectionPool, IPooledConnection
 
 
 class _ConnectionFactory(Factory):
@@ -25,11 +34,11 @@ class _ConnectionFactory(Factory):
 
     noisy = False
 
-    def __init__(self, pool: ConnectionPool, key: Any) -> None:
+    def __init__(self, pool: IConnectionPool, key: Hashable) -> None:
         self._pool = pool
         self._key = key
 
-    def buildProtocol(self, addr: Any) -> HTTPClientConnection:
+    def buildProtocol(self, addr: IAddress | None) -> HTTPClientConnection:
         return HTTPClientConnection(self._pool, self._key)
 
 
@@ -43,16 +52,17 @@ class DirectTCP:
 
     __slots__ = ("reactor", "host", "port", "timeout")
 
-    def __init__(self, reactor: Any, host: str, port: int, timeout: float) -> None:
+    def __init__(self, reactor: IReactorTCP, host: str, port: int, timeout: float) -> None:
         self.reactor = reactor
         self.host = host
         self.port = port
         self.timeout = timeout
 
-    def dial(self, pool: ConnectionPool, key: Any) -> defer.Deferred[HTTPClientConnection]:
+    def dial(self, pool: IConnectionPool, key: Hashable) -> defer.Deferred[HTTPClientConnection]:
         """Connect; fires with the connection once made, or fails with the dial's error."""
         factory = _DirectFactory(pool, key)
         d = factory.deferred
+        assert d is not None  # handed on only once the dial ends
         factory.connector = self.reactor.connectTCP(
             self.host, self.port, factory, timeout=self.timeout
         )
@@ -64,21 +74,22 @@ class _DirectFactory(ClientFactory):
 
     noisy = False
 
-    def __init__(self, pool: ConnectionPool, key: Any) -> None:
+    def __init__(self, pool: IConnectionPool, key: Hashable) -> None:
         self._pool = pool
         self._key = key
-        self.deferred: defer.Deferred[HTTPClientConnection] = defer.Deferred(self._cancel)
-        self.connector: Any = None
+        # The dial's Deferred; None once handed on (to the connection, or failed).
+        self.deferred: defer.Deferred[HTTPClientConnection] | None = defer.Deferred(self._cancel)
+        self.connector: IConnector | None = None
 
-    def buildProtocol(self, addr: Any) -> HTTPClientConnection:
+    def buildProtocol(self, addr: IAddress | None) -> HTTPClientConnection:
         conn = HTTPClientConnection(self._pool, self._key)
-        conn.whenMade, self.deferred = self.deferred, _FIRED
+        conn.whenMade, self.deferred = self.deferred, None
         return conn
 
-    def clientConnectionFailed(self, connector: Any, reason: Failure) -> None:
-        d, self.deferred = self.deferred, _FIRED
+    def clientConnectionFailed(self, connector: IConnector, reason: Failure) -> None:
+        d, self.deferred = self.deferred, None
         self.connector = None
-        if not d.called:
+        if d is not None and not d.called:
             d.errback(reason)
 
     def _cancel(self, d: defer.Deferred[HTTPClientConnection]) -> None:
@@ -90,37 +101,35 @@ class _DirectFactory(ClientFactory):
                 pass  # connected meanwhile: the pool releases or aborts the connection
 
 
-_FIRED: defer.Deferred[Any] = defer.succeed(None)  # a factory's dial has been handed on
-
-
+@implementer(IConnectionPool)
 class ConnectionPool:
     """Keep-alive connections per key, at most ``maxPersistentPerHost`` idle per key, each
     closed after ``idleTimeout`` seconds unused (one sweep timer for the whole pool)."""
 
     def __init__(
-        self, reactor: Any, maxPersistentPerHost: int = 64, idleTimeout: float = 90
+        self, reactor: IReactorTime, maxPersistentPerHost: int = 64, idleTimeout: float = 90
     ) -> None:
         self._reactor = reactor
         self.maxPersistentPerHost = maxPersistentPerHost
         self.idleTimeout = idleTimeout
-        self._connections: dict[Any, list[HTTPClientConnection]] = {}
+        self._connections: dict[Hashable, list[IPooledConnection]] = {}
         self._sweep: IDelayedCall | None = None
 
     def request(
         self,
-        key: Any,
+        key: Hashable,
         endpoint: Callable[[], IStreamClientEndpoint | DirectTCP],
         data: bytes,
         method: bytes,
         connected: Callable[[], None] | None = None,
-    ) -> defer.Deferred[Response]:
+    ) -> defer.Deferred[IResponse]:
         """Send ``data`` over an idle connection for ``key`` or a new one from ``endpoint()``."""
         idle = self._connections.get(key)
         if idle:
             conn = idle.pop()
             if not idle:
                 del self._connections[key]
-            d: defer.Deferred[Response] = defer.Deferred(_cancelSent(conn))
+            d: defer.Deferred[IResponse] = defer.Deferred(_cancelSent(conn))
             if connected is not None:
                 connected()
             conn.send(data, method, d)
@@ -129,26 +138,31 @@ class ConnectionPool:
 
     def _dial(
         self,
-        key: Any,
+        key: Hashable,
         endpoint: IStreamClientEndpoint | DirectTCP,
         data: bytes,
         method: bytes,
         connected: Callable[[], None] | None,
-    ) -> defer.Deferred[Response]:
+    ) -> defer.Deferred[IResponse]:
         sent: list[HTTPClientConnection] = []
 
-        def cancel(d: defer.Deferred[Response]) -> None:
+        def cancel(d: defer.Deferred[IResponse]) -> None:
             if sent:
                 sent[0].abort()
             else:
                 dialling.cancel()
 
-        d: defer.Deferred[Response] = defer.Deferred(cancel)
-        dialling: defer.Deferred[Any]
+        d: defer.Deferred[IResponse] = defer.Deferred(cancel)
+        dialling: defer.Deferred[HTTPClientConnection]
         if isinstance(endpoint, DirectTCP):
             dialling = endpoint.dial(self, key)
         else:
-            dialling = endpoint.connect(_ConnectionFactory(self, key))
+            # The endpoint fires with the protocol our factory built (a TLS endpoint with
+            # the protocol it wraps).
+            dialling = cast(
+                "defer.Deferred[HTTPClientConnection]",
+                endpoint.connect(_ConnectionFactory(self, key)),
+            )
 
         def dialled(conn: HTTPClientConnection) -> None:
             if d.called:
@@ -169,9 +183,9 @@ class ConnectionPool:
         dialling.addCallbacks(dialled, failed)
         return d
 
-    def release(self, conn: HTTPClientConnection) -> None:
+    def release(self, conn: IPooledConnection) -> None:
         """A connection finished a response and can be reused (or is one too many)."""
-        if conn.state == DEAD:
+        if conn.state is DEAD:
             return
         conn.state = IDLE
         idle = self._connections.setdefault(conn.key, [])
@@ -192,7 +206,7 @@ class ConnectionPool:
         idle = self._connections
         return sum(len(conns) for conns in idle.values()), len(idle)
 
-    def lost(self, conn: HTTPClientConnection) -> None:
+    def lost(self, conn: IPooledConnection) -> None:
         """A connection closed; forget it if it was idle."""
         idle = self._connections.get(conn.key)
         if idle and conn in idle:
@@ -231,12 +245,12 @@ class ConnectionPool:
         if self._sweep is not None and self._sweep.active():
             self._sweep.cancel()
         self._sweep = None
-        done: defer.Deferred[Any] = defer.gatherResults(waiting)
+        done: defer.Deferred[list[None]] = defer.gatherResults(waiting)
         return done.addCallback(lambda _: None)
 
 
-def _cancelSent(conn: HTTPClientConnection) -> Callable[[defer.Deferred[Response]], None]:
-    def cancel(d: defer.Deferred[Response]) -> None:
+def _cancelSent(conn: IPooledConnection) -> Callable[[defer.Deferred[IResponse]], None]:
+    def cancel(d: defer.Deferred[IResponse]) -> None:
         conn.abort()
 
     return cancel

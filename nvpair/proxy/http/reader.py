@@ -2,7 +2,7 @@
 
 ``RequestReader`` feeds a connection's bytes to an ``httptools`` ``HttpRequestParser``
 (llhttp, strict: no leniency is switched on).  Its callbacks gather each head, apply
-``requestrules``, keep the body up to ``maxBody`` (beyond it the body is read and dropped
+``rules``, keep the body up to ``maxBody`` (beyond it the body is read and dropped
 in constant memory and the request is flagged ``tooLarge``) and hand each complete request
 to the channel's queue.  llhttp has no limits of its own, so the callbacks count: a head
 over ``maxHeaderBytes`` or with more than ``MAX_HEADERS`` fields is refused 431, and so is a
@@ -16,7 +16,8 @@ stops at one, and reading goes on with a fresh parser (the body it skipped inclu
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING, NoReturn
+from enum import Enum
+from typing import NoReturn
 
 from httptools import (
     HttpParserCallbackError,
@@ -27,12 +28,9 @@ from httptools import (
 from twisted.logger import Logger
 from twisted.web.http_headers import Headers
 
+from nvpair.proxy.http.interfaces import IServerChannel, ISite
 from nvpair.proxy.http.request import HTTP11, ServerRequest
 from nvpair.proxy.http.rules import Refusal, checkHead, clientProtocol, headersOf, pathOf
-
-if TYPE_CHECKING:
-    from nvpair.proxy.http.server import ServerChannel
-    from nvpair.proxy.http.site import FacadeSite
 
 MAX_HEADERS = 500
 REQUEST_LINE = 16  # the method, version, spaces and line ends around the target
@@ -44,22 +42,36 @@ class _Stop(Exception):
     """Raised from a callback to stop llhttp: nothing after this point is parsed."""
 
 
+class Reading(Enum):
+    """Where the reader is in the connection's bytes."""
+
+    BETWEEN = "between"  # before a message (or between two)
+    HEAD = "head"  # in a request's head
+    RESUMING = "resuming"  # in the head framing an upgrade request's body (``_notUpgraded``)
+    BODY = "body"  # past a head: in its body, or awaiting the rest of it
+    STOPPED = "stopped"  # nothing more is parsed: the connection ends
+
+
+BETWEEN = Reading.BETWEEN
+HEAD = Reading.HEAD
+RESUMING = Reading.RESUMING
+BODY = Reading.BODY
+STOPPED = Reading.STOPPED
+
+
 class RequestReader:
     """Parses one connection's requests and queues each on its channel."""
 
     log = Logger()
 
-    def __init__(self, channel: ServerChannel, site: FacadeSite) -> None:
+    def __init__(self, channel: IServerChannel, site: ISite) -> None:
         self.channel = channel
         self._site = site  # its limits are read anew for each request
         self._maxHead = site.maxHeaderBytes
         self._maxBody = site.maxBody
         self._parser = HttpRequestParser(self)
-        self.stopped = False
+        self.reading = BETWEEN
         # The message being parsed: its head, then its body.
-        self._inMessage = False
-        self._inHead = False
-        self._resuming = False  # a synthetic head that frames an upgrade request's body
         self._url = b""
         self._fields: list[tuple[bytes, bytes]] = []
         self._headBytes = 0  # the request line and target as reported so far
@@ -83,14 +95,14 @@ class RequestReader:
 
     def stop(self) -> None:
         """Parse nothing more (the connection ends)."""
-        self.stopped = True
+        self.reading = STOPPED
         self.incoming = None
         self.wantsContinue = False
         self._parts = []
 
     def pending(self) -> int:
         """Bytes of the request being read (not yet queued)."""
-        return self._incomingBytes + (self._headBytes if self._inHead else 0) + self._stale
+        return self._incomingBytes + (self._headBytes if self.reading is HEAD else 0) + self._stale
 
     def feed(self, data: bytes) -> None:
         """Parse ``data``: complete requests, and any refusal, go to the channel's queue."""
@@ -98,10 +110,12 @@ class RequestReader:
         fields = len(self._fields)
         # Whether this read starts in a head (or before one): then, while the head lasts,
         # all of it is head bytes.
-        whole = self._inHead or not self._inMessage
+        reading = self.reading
+        whole = reading is HEAD or reading is BETWEEN
         done = self._done
         self._feed(data)
-        if self._inMessage and not self.stopped:
+        reading = self.reading
+        if reading is not BETWEEN and reading is not STOPPED:
             self._limitPending(
                 data,
                 ticks != self._ticks or fields != len(self._fields),
@@ -116,7 +130,7 @@ class RequestReader:
         fields reported plus the bytes of reads that completed no field."""
         self._stale = 0 if progressed else self._stale + len(data)
         limit = self._maxHead
-        if self._inHead:
+        if self.reading is HEAD:
             self._headRaw = self._headRaw + len(data) if whole else 0
             if max(self._headRaw, self._headSize() + self._stale) > limit or (
                 len(self._fields) > MAX_HEADERS
@@ -135,7 +149,7 @@ class RequestReader:
             except HttpParserUpgrade as upgrade:
                 data = self._notUpgraded(data[upgrade.args[0] :])
             except HttpParserError as error:
-                if not self.stopped:  # else stopped on purpose from a callback
+                if self.reading is not STOPPED:  # else stopped on purpose from a callback
                     self._refused(self._refusalFor(error))
                 return
 
@@ -147,7 +161,7 @@ class RequestReader:
         length, self._awaitBody = self._awaitBody, 0
         if not length:
             return rest
-        self._resuming = True
+        self.reading = RESUMING
         framing = b"Transfer-Encoding: chunked" if length < 0 else b"Content-Length: %d" % length
         return b"POST / HTTP/1.1\r\n%s\r\n\r\n%s" % (framing, rest)
 
@@ -167,13 +181,12 @@ class RequestReader:
 
     def on_message_begin(self) -> None:
         self._ticks += 1
-        self._inMessage = True
         self._headBytes = REQUEST_LINE
-        if self._resuming:
+        if self.reading is RESUMING:
             return
         self._maxHead = self._site.maxHeaderBytes
         self._maxBody = self._site.maxBody
-        self._inHead = True
+        self.reading = HEAD
         self._headRaw = 0
         self._url = b""
         self._fields = []
@@ -182,7 +195,7 @@ class RequestReader:
 
     def on_url(self, url: bytes) -> None:
         self._ticks += 1
-        if self._resuming:
+        if self.reading is RESUMING:
             return
         self._url += url
         self._headBytes += len(url)
@@ -190,7 +203,7 @@ class RequestReader:
             self._fail(Refusal(431, _HEAD_TOO_LARGE))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self._inHead:
+        if self.reading is HEAD:
             self._fields.append((name, value))  # counted by ``_headSize``
             return
         self._ticks += 1
@@ -216,9 +229,9 @@ class RequestReader:
 
     def on_headers_complete(self) -> None:
         self._ticks += 1
-        self._inHead = False
-        if self._resuming:
-            self._resuming = False
+        resuming = self.reading is RESUMING
+        self.reading = BODY
+        if resuming:
             self._upgrade = False
             self._trailerBytes = 0
             return
@@ -264,7 +277,7 @@ class RequestReader:
                 # never sends it.
                 request.persistent = False
                 self._complete()
-                self.stopped = True
+                self.reading = STOPPED
                 raise _Stop()
             self.wantsContinue = True
 
@@ -294,10 +307,10 @@ class RequestReader:
             # llhttp skips the body of an upgrade request; ``_notUpgraded`` reads it.
             self._awaitBody = self._bodyLength
             return
-        self._inMessage = False
+        self.reading = BETWEEN
         request = self._complete()
         if not request.persistent:
-            self.stopped = True
+            self.reading = STOPPED
             raise _Stop()
 
     def _complete(self) -> ServerRequest:
@@ -315,7 +328,6 @@ class RequestReader:
     def _refused(self, refusal: Refusal) -> None:
         """Stop reading; the error answer follows the answers queued before it."""
         self.stop()
-        self._inMessage = self._inHead = False
         self.channel.queue(0, refusal)
 
 

@@ -12,19 +12,34 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from enum import Enum
 
 from twisted.internet import defer
+from twisted.internet.interfaces import IProducer
 from twisted.python.failure import Failure
 from twisted.web.http import NO_BODY_CODES, RESPONSES
 from twisted.web.http_headers import Headers
+from zope.interface import implementer
 
-if TYPE_CHECKING:
-    from nvpair.proxy.http.server import ServerChannel
+from nvpair.proxy.http.interfaces import IServerChannel, IServerRequest
 
 HTTP11 = b"HTTP/1.1"
 
 
+class BodyFraming(Enum):
+    """How the response body goes on the wire, decided with its head."""
+
+    PLAIN = "plain"  # as it is: a Content-Length body, or one that ends with the connection
+    CHUNKED = "chunked"  # in chunks (HTTP/1.1 without a Content-Length)
+    NONE = "none"  # no body at all (HEAD, 1xx, 204, 304): written bytes are dropped
+
+
+PLAIN = BodyFraming.PLAIN
+CHUNKED = BodyFraming.CHUNKED
+NO_BODY = BodyFraming.NONE
+
+
+@implementer(IServerRequest)
 class ServerRequest:
     """A request on a facade connection and its response (a lean twisted.web ``Request``)."""
 
@@ -44,8 +59,7 @@ class ServerRequest:
         "startedWriting",
         "finished",
         "disconnected",
-        "_chunked",
-        "_noBody",
+        "_framing",
         "_notifications",
         "_onLost",
         "producer",
@@ -53,14 +67,14 @@ class ServerRequest:
 
     def __init__(
         self,
-        channel: ServerChannel,
+        channel: IServerChannel,
         method: bytes,
         uri: bytes,
         clientproto: bytes,
         headers: Headers,
         persistent: bool,
     ) -> None:
-        self.channel: ServerChannel | None = channel
+        self.channel: IServerChannel | None = channel
         self.method = method
         self.uri = uri
         query = uri.find(b"?")
@@ -76,11 +90,10 @@ class ServerRequest:
         self.startedWriting = False
         self.finished = False
         self.disconnected = False
-        self._chunked = False
-        self._noBody = False
+        self._framing = PLAIN
         self._notifications: list[defer.Deferred[None]] | None = None
         self._onLost: Callable[[Failure], object] | None = None
-        self.producer: Any = None
+        self.producer: IProducer | None = None
 
     # -- the request ----------------------------------------------------------------------
 
@@ -110,15 +123,15 @@ class ServerRequest:
         if not self.startedWriting:
             self.startedWriting = True
             head = self._head()
-            if data and not self._noBody:
+            if data and self._framing is not NO_BODY:
                 head += self._frame(data)
             channel.send(head)
             return
-        if data and not self._noBody:
+        if data and self._framing is not NO_BODY:
             channel.send(self._frame(data))
 
     def _frame(self, data: bytes) -> bytes:
-        if self._chunked:
+        if self._framing is CHUNKED:
             return b"%x\r\n%s\r\n" % (len(data), data)
         return data
 
@@ -136,11 +149,11 @@ class ServerRequest:
             for value in values:
                 parts.append(b"%s: %s\r\n" % (name, value))
         if self.method == b"HEAD" or code in NO_BODY_CODES or code < 200:
-            self._noBody = True
+            self._framing = NO_BODY
         elif not hasLength:
             if self.clientproto == HTTP11:
                 parts.append(b"Transfer-Encoding: chunked\r\n")
-                self._chunked = True
+                self._framing = CHUNKED
             else:
                 self.persistent = False
         if connection is not None and b"close" in connection.lower():
@@ -159,7 +172,7 @@ class ServerRequest:
         if not self.startedWriting:
             self.write(b"")
         channel = self.channel
-        if self._chunked and channel is not None:
+        if self._framing is CHUNKED and channel is not None:
             channel.send(b"0\r\n\r\n")
         self.finished = True
         self._onLost = None
@@ -180,19 +193,17 @@ class ServerRequest:
 
     # -- flow control and endings ----------------------------------------------------------
 
-    def registerProducer(self, producer: Any, streaming: bool) -> None:
+    def registerProducer(self, producer: IProducer, streaming: bool) -> None:
         """Register the producer of this response's body with the client connection."""
         self.producer = producer
         if self.channel is not None and self.channel.transport is not None:
-            self.channel.transport.registerProducer(  # type: ignore[attr-defined]
-                producer, streaming
-            )
+            self.channel.transport.registerProducer(producer, streaming)
 
     def unregisterProducer(self) -> None:
         """Unregister the body's producer."""
         self.producer = None
         if self.channel is not None and self.channel.transport is not None:
-            self.channel.transport.unregisterProducer()  # type: ignore[attr-defined]
+            self.channel.transport.unregisterProducer()
 
     def notifyFinish(self) -> defer.Deferred[None]:
         """A Deferred firing when the response is finished, or failing if the client leaves."""

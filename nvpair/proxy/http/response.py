@@ -1,29 +1,31 @@
-"""The response object of the upstream client (``httpclient``) and its body's delivery.
+"""The response object of the upstream client (``client``) and its body's delivery.
 
-``Response`` has the ``IResponse`` surface the proxy uses (``code``, ``phrase``,
-``headers``, ``length``, ``deliverBody``).  Body bytes that arrive before ``deliverBody``
-are held (and the connection's read paused) until a protocol is connected; the protocol's
-transport pauses, resumes and stops the upstream read, and goes inert once the body ended.
+``Response`` provides ``IResponse`` (``code``, ``phrase``, ``headers``, ``length``,
+``deliverBody``).  Body bytes that arrive before ``deliverBody`` are held (and the
+connection's read paused) until a protocol is connected; the protocol's transport pauses,
+resumes and stops the upstream read, and goes inert once the body ended.  The response
+knows its connection only as an ``IBodyConnection``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
+from twisted.internet.interfaces import IProtocol, IPushProducer
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
+from twisted.web.iweb import IResponse
+from zope.interface import implementer
 
-if TYPE_CHECKING:
-    from nvpair.proxy.http.client import HTTPClientConnection
+from nvpair.proxy.http.interfaces import IBodyConnection
 
 
+@implementer(IPushProducer)
 class _BodyTransport:
     """The body protocol's transport: flow control of one response, inert once it ended."""
 
     __slots__ = ("conn",)
 
-    def __init__(self, conn: HTTPClientConnection) -> None:
-        self.conn: HTTPClientConnection | None = conn  # None once the body ended
+    def __init__(self, conn: IBodyConnection) -> None:
+        self.conn: IBodyConnection | None = conn  # None once the body ended
 
     def pauseProducing(self) -> None:
         if self.conn is not None:
@@ -39,6 +41,7 @@ class _BodyTransport:
             conn.stopBody()
 
 
+@implementer(IResponse)
 class Response:
     """One upstream response: status, headers, length, and its body on ``deliverBody``."""
 
@@ -60,32 +63,34 @@ class Response:
 
     def __init__(
         self,
-        conn: HTTPClientConnection,
+        conn: IBodyConnection,
         code: int,
         phrase: bytes,
         headers: Headers,
-        length: Any,
+        length: int | str,
     ) -> None:
         self.code = code
         self.phrase = phrase
         self.headers = headers
-        self.length = length
-        self.previousResponse: Any = None
+        self.length = length  # a byte count, or ``UNKNOWN_LENGTH``
+        self.previousResponse: IResponse | None = None
         self._conn = conn
         self.transport = _BodyTransport(conn)
-        self._protocol: Any = None
+        self._protocol: IProtocol | None = None
         self._buffer: list[bytes] | None = None  # body bytes before deliverBody, if any
         self._ended: Failure | None = None
 
-    def setPreviousResponse(self, response: Any) -> None:
+    def setPreviousResponse(self, response: IResponse) -> None:
         self.previousResponse = response
 
-    def deliverBody(self, protocol: Any) -> None:
+    def deliverBody(self, protocol: IProtocol) -> None:
         """Connect ``protocol`` to the body: buffered bytes first, then the rest as it comes."""
         if self._protocol is not None:
             raise RuntimeError("the body was already delivered")
         self._protocol = protocol
-        protocol.makeConnection(self.transport)
+        # A body protocol's transport is a producer (as in twisted.web.client), not a
+        # transport to write to: ``IProtocol.makeConnection`` is typed for the latter.
+        protocol.makeConnection(self.transport)  # type: ignore[arg-type]
         buffered, self._buffer = self._buffer or (), None
         for data in buffered:
             if self.transport.conn is None and self._ended is None:

@@ -16,36 +16,37 @@ deadline runs while a request is being answered.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
 
 from twisted.internet.error import ConnectionDone
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
+from zope.interface import implementer
 
 from nvpair.proxy.http.fastwrite import sendNow
-from nvpair.proxy.http.reader import RequestReader
+from nvpair.proxy.http.interfaces import IServerChannel, IServerRequest, ISite, IStreamTransport
+from nvpair.proxy.http.reader import STOPPED, RequestReader
 from nvpair.proxy.http.request import HTTP11, ServerRequest
 from nvpair.proxy.http.rules import Refusal
-
-if TYPE_CHECKING:
-    from nvpair.proxy.http.site import FacadeSite
 
 _CLOSED = Failure(ConnectionDone())
 PIPELINE_HOLD = 1 << 16
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
+@implementer(IServerChannel)
 class ServerChannel(Protocol):
     """One facade client connection: parses requests and serves them one at a time."""
 
-    def __init__(self, site: FacadeSite) -> None:
+    transport: IStreamTransport | None
+
+    def __init__(self, site: ISite) -> None:
         self.site = site
         self._reader = RequestReader(self, site)
         # Complete requests waiting (with the bytes each holds), and the one answered.
-        self._queue: deque[tuple[int, ServerRequest | Refusal]] = deque()
-        self._current: ServerRequest | None = None
+        self._queue: deque[tuple[int, IServerRequest | Refusal]] = deque()
+        self._current: IServerRequest | None = None
         self._ahead = 0
         self._serving = False
         self._answered = False
@@ -94,13 +95,13 @@ class ServerChannel(Protocol):
         self._deadline = None
         self.site.slowClients += 1
         if self.transport is not None:
-            self.transport.abortConnection()  # type: ignore[attr-defined]
+            self.transport.abortConnection()
 
     # -- reading ----------------------------------------------------------------------------
 
     def dataReceived(self, data: bytes) -> None:
         reader = self._reader
-        if reader.stopped:
+        if reader.reading is STOPPED:
             return  # after a refusal or a last request: read and dropped
         reader.feed(data)
         self._serve()
@@ -109,9 +110,10 @@ class ServerChannel(Protocol):
                 self._arm()  # a body that keeps arriving is not idle
         elif not self._paused and self._held() > PIPELINE_HOLD:
             self._paused = True
-            self.transport.pauseProducing()  # type: ignore[union-attr]
+            assert self.transport is not None
+            self.transport.pauseProducing()
 
-    def queue(self, size: int, item: ServerRequest | Refusal) -> None:
+    def queue(self, size: int, item: IServerRequest | Refusal) -> None:
         """A complete request (holding ``size`` bytes), or a refusal, joins the queue."""
         self._ahead += size
         self._queue.append((size, item))
@@ -143,9 +145,10 @@ class ServerChannel(Protocol):
                 self.send(_CONTINUE)
         if self._paused and (self._current is None or self._held() <= PIPELINE_HOLD):
             self._paused = False
-            self.transport.resumeProducing()  # type: ignore[union-attr]
+            assert self.transport is not None
+            self.transport.resumeProducing()
 
-    def _dispatch(self, item: ServerRequest | Refusal) -> None:
+    def _dispatch(self, item: IServerRequest | Refusal) -> None:
         self._deadline = None
         if isinstance(item, Refusal):
             request = self._current = ServerRequest(
@@ -166,7 +169,7 @@ class ServerChannel(Protocol):
         if transport is not None:
             sendNow(transport, data)
 
-    def requestDone(self, request: ServerRequest) -> None:
+    def requestDone(self, request: IServerRequest) -> None:
         """The answer to ``request`` is complete: serve the next request, or close."""
         if request is not self._current:
             return

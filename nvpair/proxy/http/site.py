@@ -1,6 +1,6 @@
 """The HTTP surface of a facade: its connection factory and the errors the proxy generates.
 
-``FacadeSite`` builds one ``httpserver.ServerChannel`` per connection, sharing the facade's
+``FacadeSite`` builds one ``server.ServerChannel`` per connection, sharing the facade's
 door (``FrontDoor``, or ``PeerDoor`` on the cluster personality) and its limits:
 ``--max-body`` (413 beyond, the body read and dropped in constant memory),
 ``--max-header-bytes`` (431) and ``--header-read-timeout`` (a client slower than that to
@@ -11,13 +11,14 @@ for requests the HTTP layer refuses (reason ``bad_request``, ``internal`` for a 
 
 from __future__ import annotations
 
-from typing import Any
+import json
 
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.internet.protocol import Factory
 from twisted.web import http
+from zope.interface import implementer
 
-from nvpair.proxy.facade.engines import LLAMACPP, Engine
+from nvpair.proxy.http.interfaces import IDoor, IErrorShape, IServerRequest, ISite
 from nvpair.proxy.http.server import ServerChannel
 
 _PHRASES = {
@@ -35,8 +36,8 @@ _PHRASES = {
 
 
 def sendError(
-    request: Any,
-    engine: Engine,
+    request: IServerRequest,
+    engine: IErrorShape,
     status: int,
     reason: str,
     message: str,
@@ -58,6 +59,21 @@ def sendError(
     request.finish()
 
 
+@implementer(IErrorShape)
+class _OpenAIShape:
+    """The OpenAI error shape (llama.cpp's, the one every engine uses off Ollama's native
+    routes), for a door that names no engine.  The facade's engine table has the same
+    shape; ``tests/test_strictrequests.py`` holds the two to it."""
+
+    def errorBody(self, path: bytes, reason: str, message: str) -> bytes:
+        doc = {"error": {"message": message, "type": "proxy_error", "code": reason}}
+        return json.dumps(doc).encode("utf-8")
+
+
+OPENAI_SHAPE = _OpenAIShape()
+
+
+@implementer(ISite)
 class FacadeSite(Factory):
     """Builds the ``ServerChannel`` of each connection to one facade personality (plaintext
     or peer TLS) and holds what they share: the door, the clock and the limits."""
@@ -66,12 +82,12 @@ class FacadeSite(Factory):
 
     def __init__(
         self,
-        door: Any,
+        door: IDoor,
         clock: IReactorTime,
         maxBody: int,
         headerReadTimeout: float,
         maxHeaderBytes: int,
-        engine: Engine | None = None,
+        engine: IErrorShape | None = None,
     ) -> None:
         self.door = door
         self.engine = engine if engine is not None else _doorEngine(door)
@@ -81,22 +97,22 @@ class FacadeSite(Factory):
         self.maxHeaderBytes = maxHeaderBytes
         self.slowClients = 0
 
-    def refuse(self, request: Any, status: int, message: str) -> None:
+    def refuse(self, request: IServerRequest, status: int, message: str) -> None:
         """Answer a request the HTTP layer refuses, in the engine's shape, and close."""
         request.setHeader(b"connection", b"close")
         reason = "internal" if status == 500 else "bad_request"
         sendError(request, self.engine, status, reason, message)
 
-    def buildProtocol(self, addr: Any) -> ServerChannel:
+    def buildProtocol(self, addr: IAddress | None) -> ServerChannel:
         channel = ServerChannel(self)
         channel.factory = self
         return channel
 
 
-def _doorEngine(door: Any) -> Engine:
+def _doorEngine(door: IDoor) -> IErrorShape:
     """The engine whose error shape a door's refusals use: ``FrontDoor.engine``, or
     ``PeerDoor.facade.engine``; the OpenAI shape (llama.cpp's) for any other door."""
     engine = getattr(door, "engine", None)
     if engine is None:
         engine = getattr(getattr(door, "facade", None), "engine", None)
-    return engine if isinstance(engine, Engine) else LLAMACPP
+    return engine if IErrorShape.providedBy(engine) else OPENAI_SHAPE

@@ -16,10 +16,12 @@ allocated only for a new series or error reason, and cleared only when a bucket 
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Mapping
 from operator import add
-from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
+
+from nvpair.proxy.ops.documents import FacadeHistory, HistoryDocument, Series
 
 BUCKET_SECONDS = 10
 BUCKETS = 90  # 15 minutes
@@ -76,14 +78,16 @@ def median(counts: list[int]) -> float | None:
     return None  # pragma: no cover (the loop always reaches the rank)
 
 
-def measures(stats: dict[str, Any] | None) -> tuple[int, int]:
+def measures(stats: Mapping[str, object] | None) -> tuple[int, int]:
     """(TTFT bin or -1, completion tokens) of a workload's statistics; a value that is not a
     number (or is a bool, or a negative count) is left out."""
     if not stats:
         return -1, 0
     ttft = stats.get("ttftMs")
     tokens = stats.get("completionTokens")
-    ttftBin = bisect_left(TTFT_BOUNDS_MS, ttft) if type(ttft) is int or type(ttft) is float else -1
+    ttftBin = -1
+    if type(ttft) is int or type(ttft) is float:
+        ttftBin = bisect_left(TTFT_BOUNDS_MS, ttft)
     return ttftBin, tokens if type(tokens) is int and tokens > 0 else 0
 
 
@@ -167,7 +171,7 @@ class Window:
         if tokens:
             self.tokens[index] += tokens
 
-    def document(self, current: int) -> dict[str, Any]:
+    def document(self, current: int) -> Series:
         """The series over the buckets ``current - BUCKETS + 1`` to ``current``, oldest first."""
         live = [
             (b % BUCKETS if self.stamps[b % BUCKETS] == b else -1)
@@ -254,7 +258,7 @@ class History:
         served: bool,
         state: str,
         error: str | None,
-        stats: dict[str, Any] | None,
+        stats: Mapping[str, object] | None,
     ) -> None:
         """One workload ended: count it for its facade, and for its node if it served it."""
         bucket = int(self.clock.seconds() // BUCKET_SECONDS)
@@ -279,11 +283,11 @@ class History:
             window = self._nodeWindow(key)
             window.error(window.slot(int(now // BUCKET_SECONDS)), f"attempt {kind}")
 
-    def document(self) -> dict[str, Any]:
+    def document(self) -> HistoryDocument:
         """The ``/status/history`` JSON: every series over the last ``BUCKETS`` buckets."""
         now = self.clock.seconds()
         current = int(now // BUCKET_SECONDS)
-        facades: dict[str, Any] = {}
+        facades: dict[str, FacadeHistory] = {}
         for engine, window in sorted(self.facades.items()):
             facades[engine] = {"series": window.document(current), "nodes": {}}
         for (engine, node), window in sorted(self.nodes.items()):

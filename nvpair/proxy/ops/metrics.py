@@ -1,30 +1,32 @@
-"""Prometheus metrics: request-path event counters and scrape-time views of the live state.
+"""Prometheus metrics: the request-path event counters.
 
 ``Metrics`` holds the counters and the commit-latency histogram the request path feeds,
 in a ``CollectorRegistry`` of its own (never the process-global one).  Its hooks run on
 the request path, so each is a dict lookup of a pre-bound label child plus one increment;
 every label set is bounded (engine ids, route classes, fixed outcome and reason words,
-JSON-RPC names the service knows).  ``StateCollector`` reads in-flight counts,
-reservations, workloads and the upstream pool when ``/metrics`` is scraped, so keeping
-them costs the request path nothing.
+JSON-RPC names the service knows).  The live state is read when ``/metrics`` is scraped
+(``ops.gauges``), so keeping it costs the request path nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
-from nvpair.proxy.facade.engines import ENGINES
-from nvpair.proxy.routing.affinity import RESULTS as AFFINITY_RESULTS
+from nvpair.proxy.engines import ENGINES
+
+if TYPE_CHECKING:
+    from nvpair.proxy.dispatch.attempt import Failed
+    from nvpair.proxy.dispatch.exchange import Exchange
+
+# A label child's bound ``inc`` (or a histogram child's ``observe``).
+_Count = Callable[[float], None]
 
 ROUTES = {True: "inference", False: "verbatim"}
 OUTCOMES = ("2xx", "3xx", "4xx", "5xx", "error", "cancelled")
 ATTEMPT_REASONS = ("committed", "transport", "status", "no_content", "left")
-WORKLOAD_STATES = ("completed", "failed", "cancelled")
 TTFT_BUCKETS = (
     0.005,
     0.01,
@@ -47,7 +49,7 @@ METHOD_NOT_FOUND = -32601
 _STATUS_CLASS = {1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
 
 
-def requestOutcome(exchange: Any) -> str:
+def requestOutcome(exchange: Exchange) -> str:
     """How an exchange ended: committed status class, ``error`` (proxy answer) or ``cancelled``."""
     status = exchange.committedStatus
     if exchange.clientGone or (status is None and not exchange.answered):
@@ -130,11 +132,11 @@ class Metrics:
             ["engine"],
             registry=registry,
         )
-        self._requestChildren: dict[tuple[str, bool, str], Any] = {}
-        self._attemptChildren: dict[tuple[str, str], Any] = {}
-        self._ttftChildren: dict[tuple[str, bool], Any] = {}
-        self._errorChildren: dict[tuple[str, str], Any] = {}
-        self._rpcChildren: dict[str, Any] = {}
+        self._requestChildren: dict[tuple[str, bool, str], _Count] = {}
+        self._attemptChildren: dict[tuple[str, str], _Count] = {}
+        self._ttftChildren: dict[tuple[str, bool], _Count] = {}
+        self._errorChildren: dict[tuple[str, str], Counter] = {}
+        self._rpcChildren: dict[str, Counter] = {}
         self._internalChild = self._internal
         # The request-path hooks keep each label child's bound ``inc`` (or ``observe``).
         for engine in ENGINES:
@@ -176,7 +178,7 @@ class Metrics:
         """A request on ``listener`` (an engine id or ``ops``) was refused for its ``Host``."""
         self._hostDenied.labels(listener).inc()
 
-    def attemptFailed(self, exchange: Any, outcome: Any) -> None:
+    def attemptFailed(self, exchange: Exchange, outcome: Failed) -> None:
         """An attempt ended uncommitted (``outcome.kind`` is the reason)."""
         key = (exchange.engine.id, outcome.kind)
         inc = self._attemptChildren.get(key)
@@ -184,13 +186,13 @@ class Metrics:
             inc = self._attemptChildren[key] = self._attempts.labels(*key).inc
         inc(1)
 
-    def committed(self, exchange: Any, nodeId: str, ttftSeconds: float) -> None:
+    def committed(self, exchange: Exchange, nodeId: str, ttftSeconds: float) -> None:
         """An attempt committed ``ttftSeconds`` after admission."""
         engineId = exchange.engine.id
         self._attemptChildren[engineId, "committed"](1)
         self._ttftChildren[engineId, exchange.inference](ttftSeconds)
 
-    def requestEnded(self, exchange: Any) -> None:
+    def requestEnded(self, exchange: Exchange) -> None:
         """An exchange ended: count it by engine, route class and outcome."""
         key = (exchange.engine.id, exchange.inference, requestOutcome(exchange))
         inc = self._requestChildren.get(key)
@@ -211,115 +213,3 @@ class Metrics:
             self._fleetSources.labels(engineId, "answered").inc(answered)
         if failed:
             self._fleetSources.labels(engineId, "failed").inc(failed)
-
-
-class StateCollector(Collector):
-    """Scrape-time gauges read straight from the service's live state."""
-
-    def __init__(self, service: Any) -> None:
-        self.service = service
-
-    def describe(self) -> list[Metric]:
-        """Nothing to check at registration: the names are fixed and unique to this module."""
-        return []
-
-    def collect(self) -> Iterator[Metric]:
-        """Yield the live-state families."""
-        service = self.service
-        inFlight = GaugeMetricFamily(
-            "nvpair_proxy_in_flight", "Dispatches in flight per node.", labels=["node"]
-        )
-        for nodeId, count in sorted(service.activity.inFlight.items()):
-            inFlight.add_metric([nodeId], count)
-        yield inFlight
-        reservations = service.reservations
-        reserved = GaugeMetricFamily(
-            "nvpair_proxy_reservations",
-            "Live reservations per node against the current scheduler generation.",
-            labels=["node"],
-        )
-        byNode = reservations.byNode()
-        for nodeId, count in sorted(byNode.items()):
-            reserved.add_metric([nodeId], count)
-        yield reserved
-        load = GaugeMetricFamily(
-            "nvpair_proxy_estimated_load",
-            "Scheduler pending + gpuPressure + live reservations, per node.",
-            labels=["node"],
-        )
-        for nodeId in sorted(set(reservations.order) | set(byNode)):
-            load.add_metric([nodeId], reservations.estimatedLoad(nodeId))
-        yield load
-        if reservations.generation is not None:
-            yield GaugeMetricFamily(
-                "nvpair_proxy_scheduler_generation",
-                "The applied scheduler snapshot generation.",
-                value=reservations.generation,
-            )
-        yield GaugeMetricFamily(
-            "nvpair_proxy_requests_in_progress",
-            "Requests being dispatched or streamed now.",
-            value=len(service.exchanges),
-        )
-        reporter = service.reporter
-        terminals = CounterMetricFamily(
-            "nvpair_proxy_workloads", "Workloads ended, by terminal state.", labels=["state"]
-        )
-        states = dict.fromkeys(WORKLOAD_STATES, 0)
-        states.update(reporter.terminals)
-        for state, count in sorted(states.items()):
-            terminals.add_metric([state], count)
-        yield terminals
-        yield GaugeMetricFamily(
-            "nvpair_proxy_workloads_live",
-            "Workloads admitted and not yet ended.",
-            value=reporter.live,
-        )
-        idle, hosts = service.upstream.pool.connectionCounts()
-        yield GaugeMetricFamily(
-            "nvpair_proxy_upstream_pool_connections",
-            "Idle persistent upstream connections held by the shared pool.",
-            value=idle,
-        )
-        yield GaugeMetricFamily(
-            "nvpair_proxy_upstream_pool_hosts",
-            "Upstream addresses with idle pooled connections.",
-            value=hosts,
-        )
-        nodes = GaugeMetricFamily(
-            "nvpair_proxy_discovery_nodes",
-            "Nodes in each facade's discovery snapshot.",
-            labels=["engine"],
-        )
-        updates = CounterMetricFamily(
-            "nvpair_proxy_discovery_updates",
-            "Discovery snapshots applied, per facade.",
-            labels=["engine"],
-        )
-        for engineId, facade in sorted(service.facades.items()):
-            nodes.add_metric([engineId], len(facade.snapshot.nodes))
-            updates.add_metric([engineId], facade.snapshotCount)
-        yield nodes
-        yield updates
-        affinity = getattr(service, "affinity", None)
-        if affinity is not None:
-            yield from _affinityFamilies(affinity)
-
-
-def _affinityFamilies(affinity: Any) -> Iterator[Metric]:
-    """Conversation affinity: placements by outcome per engine, and the table's size."""
-    placements = CounterMetricFamily(
-        "nvpair_proxy_affinity_placements",
-        "Standalone placements by conversation affinity: hit (home first), miss (no home "
-        "known or home not an owner), overridden (home overloaded).",
-        labels=["engine", "result"],
-    )
-    for engineId, counts in sorted(affinity.counts.items()):
-        for result, count in zip(AFFINITY_RESULTS, counts, strict=True):
-            placements.add_metric([engineId, result], count)
-    yield placements
-    yield GaugeMetricFamily(
-        "nvpair_proxy_affinity_entries",
-        "Conversation digests held by the affinity table.",
-        value=len(affinity.table),
-    )

@@ -9,13 +9,25 @@ no longer counts: the node is then ``unknown`` again.
 
 from __future__ import annotations
 
-from typing import Any
+from enum import Enum
 
+from nvpair.proxy.facade.standalone import FleetPoller
 from nvpair.proxy.ops.history import BUCKET_SECONDS, BUCKETS
+from nvpair.proxy.ops.interfaces import IOpsView
+from nvpair.proxy.routing.candidates import Node
 
-UP = "up"
-DOWN = "down"
-UNKNOWN = "unknown"
+
+class NodeState(Enum):
+    """How a node looks to this process; the value is what ``/status`` shows."""
+
+    UP = "up"
+    DOWN = "down"
+    UNKNOWN = "unknown"
+
+
+# (state, reason in words, when the evidence was gathered or None)
+Health = tuple[NodeState, str, float | None]
+
 STALE_AFTER = BUCKET_SECONDS * BUCKETS
 
 _ATTEMPT_DOWN = {
@@ -34,56 +46,52 @@ _POLL_PROBLEMS = {
 }
 
 
-def pollHealth(poll: tuple[float, str] | None, models: int) -> tuple[str, str, float | None]:
+def pollHealth(poll: tuple[float, str] | None, models: int) -> Health:
     """(state, reason, when) from the last inventory poll of a standalone engine."""
     if poll is None:
-        return UNKNOWN, "inventory poll pending", None
+        return NodeState.UNKNOWN, "inventory poll pending", None
     when, problem = poll
     if problem:
-        return DOWN, f"inventory poll failed: {_POLL_PROBLEMS.get(problem, problem)}", when
+        return (
+            NodeState.DOWN,
+            f"inventory poll failed: {_POLL_PROBLEMS.get(problem, problem)}",
+            when,
+        )
     plural = "" if models == 1 else "s"
-    return UP, f"inventory poll answered: {models} model{plural}", when
+    return NodeState.UP, f"inventory poll answered: {models} model{plural}", when
 
 
-def attemptHealth(
-    attempt: tuple[float, str | None, int | None] | None, now: float
-) -> tuple[str, str, float | None]:
+def attemptHealth(attempt: tuple[float, str | None, int | None] | None, now: float) -> Health:
     """(state, reason, when) from this process's last attempt on a discovered node."""
     if attempt is None:
-        return UNKNOWN, "listed by discovery, not tried yet", None
+        return NodeState.UNKNOWN, "listed by discovery, not tried yet", None
     when, kind, status = attempt
     if kind is None:
-        state, reason = UP, "last attempt served"
+        state, reason = NodeState.UP, "last attempt served"
     elif kind in _ATTEMPT_DOWN:
-        state, reason = DOWN, _ATTEMPT_DOWN[kind]
+        state, reason = NodeState.DOWN, _ATTEMPT_DOWN[kind]
     else:
-        state, reason = UP, f"last attempt answered status {status}"
+        state, reason = NodeState.UP, f"last attempt answered status {status}"
     if now - when > STALE_AFTER:
-        return UNKNOWN, f"no attempt in the last 15 min ({reason})", when
+        return NodeState.UNKNOWN, f"no attempt in the last 15 min ({reason})", when
     return state, reason, when
 
 
-def nodeHealth(service: Any, engineId: str, node: Any, now: float) -> dict[str, Any]:
-    """The ``state``, ``stateReason`` and ``checkedAt`` (ms or None) of one facade node."""
-    poller = _poller(service, engineId)
+def nodeHealth(view: IOpsView, engineId: str, node: Node, now: float) -> Health:
+    """The state of one facade node: by its inventory poll where a standalone poller polls
+    it, else by this process's last attempt on it."""
+    poller = _poller(view, engineId)
     if poller is not None and node.id in poller.urls:
-        state, reason, when = pollHealth(poller.polls.get(node.id), len(node.models))
-    else:
-        state, reason, when = attemptHealth(
-            service.reporter.history.attempts.get((engineId, node.id)), now
-        )
-    return {
-        "state": state,
-        "stateReason": reason,
-        "checkedAt": None if when is None else int(when * 1000),
-    }
+        return pollHealth(poller.polls.get(node.id), len(node.models))
+    return attemptHealth(view.reporter.history.attempts.get((engineId, node.id)), now)
 
 
-def _poller(service: Any, engineId: str) -> Any:
+def _poller(view: IOpsView, engineId: str) -> FleetPoller | None:
     """The standalone inventory poller of a facade, if the process runs one."""
-    if not service.settings.standalone:
+    if not view.settings.standalone:
         return None
     try:
-        return service.getServiceNamed(f"standalone-{engineId}")
+        poller = view.getServiceNamed(f"standalone-{engineId}")
     except KeyError:
         return None
+    return poller if isinstance(poller, FleetPoller) else None

@@ -9,8 +9,15 @@ string is escaped (:func:`nvpair.proxy.ops.format.esc`).
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Mapping, Sequence
 
+from nvpair.proxy.ops.documents import (
+    HistoryDocument,
+    NodeStatus,
+    Series,
+    StatusDocument,
+    WorkloadEntry,
+)
 from nvpair.proxy.ops.format import ago, bar, esc, fixed, millis, number, reasonText, sparkline
 
 MAX_MODELS_SHOWN = 6
@@ -42,17 +49,22 @@ _WORKLOAD_HEADINGS = (
 )
 
 
-def lastMinute(values: list[float], bucketSeconds: int) -> float:
+def _number(value: object) -> float | None:
+    """A statistic as a number, or None (drawn as a dash) when absent or not a number."""
+    return value if isinstance(value, int | float) else None
+
+
+def lastMinute(values: Sequence[float], bucketSeconds: int) -> float:
     """The mean per second of a per-bucket count over the last minute's buckets."""
     return sum(values[-_MINUTE_BUCKETS:]) / (_MINUTE_BUCKETS * bucketSeconds)
 
 
-def _errorReasons(series: dict[str, Any]) -> str:
+def _errorReasons(series: Series) -> str:
     totals = series["totals"]["errorsByReason"]
     return ", ".join(f"{reasonText(code)} ×{count}" for code, count in totals.items())
 
 
-def charts(series: dict[str, Any], bucketSeconds: int) -> list[tuple[str, str, str, str, str]]:
+def charts(series: Series, bucketSeconds: int) -> list[tuple[str, str, str, str, str]]:
     """(metric, title, headline value, SVG, 15-minute summary) of one series' four charts."""
     totals = series["totals"]
     rps = lastMinute(series["requests"], bucketSeconds)
@@ -103,7 +115,7 @@ def charts(series: dict[str, Any], bucketSeconds: int) -> list[tuple[str, str, s
     ]
 
 
-def _tiles(series: dict[str, Any], bucketSeconds: int, affinity: dict[str, Any] | None) -> str:
+def _tiles(series: Series, bucketSeconds: int, affinity: Mapping[str, object] | None) -> str:
     tiles = [
         f'<div class="tile {metric}"><div class="tlabel">{title}</div>'
         f'<div class="tval">{esc(value)}</div>{svg}<div class="tsub">{esc(sub)}</div></div>'
@@ -114,7 +126,7 @@ def _tiles(series: dict[str, Any], bucketSeconds: int, affinity: dict[str, Any] 
     return f'<div class="tiles">{"".join(tiles)}</div>'
 
 
-def affinityCounts(status: dict[str, Any], engineId: str) -> dict[str, Any] | None:
+def affinityCounts(status: StatusDocument, engineId: str) -> Mapping[str, object] | None:
     """A facade's conversation-affinity counters, or None where affinity does not apply.
 
     Either the facade's own ``affinity`` object, or the process-wide ``affinity`` object's
@@ -131,7 +143,7 @@ def affinityCounts(status: dict[str, Any], engineId: str) -> dict[str, Any] | No
     return found if isinstance(found, dict) else {}
 
 
-def _affinityTile(affinity: dict[str, Any]) -> str:
+def _affinityTile(affinity: Mapping[str, object]) -> str:
     """The hit rate (``hit`` or ``hits`` over every counted placement) and the counters."""
     numbers = {
         k: v for k, v in affinity.items() if isinstance(v, int | float) and not isinstance(v, bool)
@@ -156,7 +168,7 @@ def _models(names: list[str], count: int) -> str:
     return shown or '<span class="none">none</span>'
 
 
-def _addresses(node: dict[str, Any]) -> str:
+def _addresses(node: NodeStatus) -> str:
     """The node's addresses under its id (the one last reached first), unless it is its id."""
     confirmed = node["confirmed"]
     addresses = [confirmed] if confirmed else []
@@ -167,9 +179,9 @@ def _addresses(node: dict[str, Any]) -> str:
 
 
 def _nodeRow(
-    node: dict[str, Any],
-    series: dict[str, Any] | None,
-    empty: dict[str, Any],
+    node: NodeStatus,
+    series: Series | None,
+    empty: Series,
     bucketSeconds: int,
     scale: float,
     now: int,
@@ -197,7 +209,7 @@ def _nodeRow(
 
 
 def _facade(
-    engineId: str, status: dict[str, Any], history: dict[str, Any], empty: dict[str, Any], now: int
+    engineId: str, status: StatusDocument, history: HistoryDocument, empty: Series, now: int
 ) -> str:
     facade = status["facades"][engineId]
     seconds = history["bucketSeconds"]
@@ -230,15 +242,15 @@ def _facade(
     )
 
 
-def _workloadRow(w: dict[str, Any], now: int) -> str:
+def _workloadRow(w: WorkloadEntry, now: int) -> str:
     stats = w["stats"] or {}
     tokens = "–"
     if "promptTokens" in stats or "completionTokens" in stats:
-        out = number(stats.get("completionTokens"))
-        tokens = f"{number(stats.get('promptTokens'))} / {out}"
+        out = number(_number(stats.get("completionTokens")))
+        tokens = f"{number(_number(stats.get('promptTokens')))} / {out}"
         if stats.get("estimated"):
             tokens += " (est.)"
-    tps = stats.get("tokensPerSecond")
+    tps = _number(stats.get("tokensPerSecond"))
     ended = ago((now - w["completedAt"]) / 1000) if w["completedAt"] is not None else "–"
     error = ""
     if w["error"]:
@@ -250,7 +262,7 @@ def _workloadRow(w: dict[str, Any], now: int) -> str:
         esc(w["model"]),
         esc(w["node"] or "–"),
         str(w["attempts"]),
-        millis(stats.get("ttftMs")),
+        millis(_number(stats.get("ttftMs"))),
         tokens,
         "–" if tps is None else f"{number(tps)}/s",
         millis(w["durationMs"]),
@@ -263,7 +275,7 @@ def _workloadRow(w: dict[str, Any], now: int) -> str:
     )
 
 
-def summary(status: dict[str, Any]) -> str:
+def summary(status: StatusDocument) -> str:
     """The chips under the title: mode, run, requests in progress, workload counts."""
     terminals = status["workloads"]["terminals"]
     chips = [
@@ -275,7 +287,7 @@ def summary(status: dict[str, Any]) -> str:
     return "".join(f'<span class="chip">{c}</span>' for c in chips)
 
 
-def renderPage(status: dict[str, Any], history: dict[str, Any], empty: dict[str, Any]) -> str:
+def renderPage(status: StatusDocument, history: HistoryDocument, empty: Series) -> str:
     """The whole page; ``empty`` is the document of a series with no data."""
     now = status["now"]
     facades = "".join(_facade(e, status, history, empty, now) for e in status["facades"])

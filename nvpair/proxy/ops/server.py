@@ -14,30 +14,39 @@ and stops with it.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from importlib.resources import files
-from typing import Any
 
 from klein import Klein
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from twisted.application.service import Service
 from twisted.internet import defer
+from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.error import CannotListenError
-from twisted.internet.interfaces import IListeningPort
+from twisted.internet.interfaces import IListeningPort, IReactorTCP
 from twisted.logger import Logger
-from twisted.web import server
+from twisted.web import http, server
+from twisted.web.iweb import IRequest
 from twisted.web.resource import Resource
 
 from nvpair.proxy.facade.hostcheck import HostGate
 from nvpair.proxy.facade.listener import PersonalityFactory
+from nvpair.proxy.ops.documents import (
+    FacadeStatus,
+    HistoryDocument,
+    NodeStatus,
+    StatusDocument,
+    WorkloadEntry,
+)
 from nvpair.proxy.ops.format import reasonText
+from nvpair.proxy.ops.gauges import StateCollector
 from nvpair.proxy.ops.history import Window
-from nvpair.proxy.ops.metrics import StateCollector
+from nvpair.proxy.ops.interfaces import IOpsView
 from nvpair.proxy.ops.nodestate import nodeHealth
 from nvpair.proxy.ops.page import renderPage
 from nvpair.proxy.routing.affinity import affinityStatus
 
-_WORKLOAD_FIELDS = ("id", "engine", "model", "state", "node", "attempts", "error", "stats")
 MAX_MODEL_NAMES = 64
 _STATIC = files("nvpair.proxy.ops") / "static"
 OPS_JS = (_STATIC / "ops.js").read_bytes()
@@ -50,16 +59,17 @@ PAGE_CSP = (
 )
 
 
-def statusDocument(service: Any) -> dict[str, Any]:
+def statusDocument(view: IOpsView) -> StatusDocument:
     """The ``/status`` JSON: facades, discovery, scheduler view, last workloads (no content)."""
-    reservations = service.reservations
-    inFlight = dict(service.activity.inFlight)
+    reservations = view.reservations
+    inFlight = dict(view.activity.inFlight)
     reserved = reservations.byNode()
-    now = service.clock.seconds()
-    facades: dict[str, Any] = {}
-    for engineId, facade in sorted(service.facades.items()):
-        nodes = []
+    now = view.clock.seconds()
+    facades: dict[str, FacadeStatus] = {}
+    for engineId, facade in sorted(view.facades.items()):
+        nodes: list[NodeStatus] = []
         for node in facade.snapshot.nodes:
+            state, reason, checked = nodeHealth(view, engineId, node, now)
             nodes.append(
                 {
                     "id": node.id,
@@ -71,7 +81,9 @@ def statusDocument(service: Any) -> dict[str, Any]:
                     "inFlight": inFlight.get(node.id, 0),
                     "reserved": reserved.get(node.id, 0),
                     "estimatedLoad": reservations.estimatedLoad(node.id),
-                    **nodeHealth(service, engineId, node, now),
+                    "state": state.value,
+                    "stateReason": reason,
+                    "checkedAt": _ms(checked),
                 }
             )
         facades[engineId] = {
@@ -83,14 +95,14 @@ def statusDocument(service: Any) -> dict[str, Any]:
             "discoveryUpdates": facade.snapshotCount,
             "nodes": nodes,
         }
-    reporter = service.reporter
+    reporter = view.reporter
     recent = [_workload(w) for w in reversed(reporter.recent)]
     listed = list(reservations.order) + sorted(set(reserved) - set(reservations.order))
     return {
         "runId": reporter.runId,
         "now": int(now * 1000),
-        "standalone": service.settings.standalone,
-        "requestsInProgress": len(service.exchanges),
+        "standalone": view.settings.standalone,
+        "requestsInProgress": len(view.exchanges),
         "facades": facades,
         "scheduler": {
             "generation": reservations.generation,
@@ -99,7 +111,7 @@ def statusDocument(service: Any) -> dict[str, Any]:
         },
         "inFlight": inFlight,
         "reservations": reserved,
-        "affinity": affinityStatus(service),
+        "affinity": affinityStatus(view),
         "workloads": {
             "live": reporter.live,
             "terminals": dict(reporter.terminals),
@@ -112,22 +124,39 @@ def _ms(seconds: float | None) -> int | None:
     return None if seconds is None else int(seconds * 1000)
 
 
-def _workload(entry: dict[str, Any]) -> dict[str, Any]:
-    """One recent workload: its listed fields, times in ms, duration and error in words."""
-    out = {k: entry.get(k) for k in _WORKLOAD_FIELDS}
-    createdAt, completedAt = entry.get("createdAt"), entry.get("completedAt")
-    out["createdAt"] = _ms(createdAt)
-    out["completedAt"] = _ms(completedAt)
-    out["durationMs"] = None
+def _seconds(value: object) -> float | None:
+    """A recorded time (seconds), or None when absent or not a number."""
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _workload(entry: Mapping[str, object]) -> WorkloadEntry:
+    """One recent workload: only these fields (nothing else its record may hold), times in
+    ms, duration and error in words."""
+    createdAt, completedAt = _seconds(entry.get("createdAt")), _seconds(entry.get("completedAt"))
+    error, stats = entry.get("error"), entry.get("stats")
+    error = error if isinstance(error, str) else None
+    durationMs = None
     if createdAt is not None and completedAt is not None:
-        out["durationMs"] = max(0, round((completedAt - createdAt) * 1000))
-    out["errorText"] = reasonText(out["error"])
-    return out
+        durationMs = max(0, round((completedAt - createdAt) * 1000))
+    return {
+        "id": entry.get("id"),
+        "engine": entry.get("engine"),
+        "model": entry.get("model"),
+        "state": entry.get("state"),
+        "node": entry.get("node"),
+        "attempts": entry.get("attempts"),
+        "error": error,
+        "stats": stats if isinstance(stats, dict) else None,
+        "createdAt": _ms(createdAt),
+        "completedAt": _ms(completedAt),
+        "durationMs": durationMs,
+        "errorText": reasonText(error),
+    }
 
 
-def historyDocument(service: Any) -> dict[str, Any]:
+def historyDocument(view: IOpsView) -> HistoryDocument:
     """The ``/status/history`` JSON (see ``History.document``) with error reasons in words."""
-    doc: dict[str, Any] = service.reporter.history.document()
+    doc = view.reporter.history.document()
     codes: set[str] = set()
     for facade in doc["facades"].values():
         codes.update(facade["series"]["errorsByReason"])
@@ -137,61 +166,61 @@ def historyDocument(service: Any) -> dict[str, Any]:
     return doc
 
 
-def _common(request: Any, contentType: bytes) -> None:
+def _common(request: IRequest, contentType: bytes) -> None:
     request.setHeader(b"content-type", contentType)
     request.setHeader(b"cache-control", b"no-store")
     request.setHeader(b"x-content-type-options", b"nosniff")
 
 
 class OpsApp:
-    """The klein app of the operations listener, bound to one service."""
+    """The klein app of the operations listener, bound to one process."""
 
     app = Klein()
 
-    def __init__(self, service: Any) -> None:
-        self.service = service
+    def __init__(self, view: IOpsView) -> None:
+        self.view = view
         self.state = CollectorRegistry()
-        self.state.register(StateCollector(service))
+        self.state.register(StateCollector(view))
 
     @app.route("/", methods=["GET"])
-    def page(self, request: Any) -> bytes:
+    def page(self, request: IRequest) -> bytes:
         """The operations page, rendered here; ``/ops.js`` keeps it live from the JSON."""
         _common(request, b"text/html; charset=utf-8")
         request.setHeader(b"content-security-policy", PAGE_CSP)
         html = renderPage(
-            statusDocument(self.service), historyDocument(self.service), Window().document(0)
+            statusDocument(self.view), historyDocument(self.view), Window().document(0)
         )
         return html.encode("utf-8")
 
     @app.route("/ops.js", methods=["GET"])
-    def script(self, request: Any) -> bytes:
+    def script(self, request: IRequest) -> bytes:
         """The page's script (served here: the page loads nothing from elsewhere)."""
         _common(request, b"text/javascript; charset=utf-8")
         return OPS_JS
 
     @app.route("/ops.css", methods=["GET"])
-    def style(self, request: Any) -> bytes:
+    def style(self, request: IRequest) -> bytes:
         """The page's style sheet."""
         _common(request, b"text/css; charset=utf-8")
         return OPS_CSS
 
     @app.route("/status", methods=["GET"])
-    def status(self, request: Any) -> bytes:
+    def status(self, request: IRequest) -> bytes:
         """The status document as JSON."""
         _common(request, b"application/json")
-        return json.dumps(statusDocument(self.service), separators=(",", ":")).encode()
+        return json.dumps(statusDocument(self.view), separators=(",", ":")).encode()
 
     @app.route("/status/history", methods=["GET"])
-    def history(self, request: Any) -> bytes:
+    def history(self, request: IRequest) -> bytes:
         """The last 15 minutes per facade and node as JSON."""
         _common(request, b"application/json")
-        return json.dumps(historyDocument(self.service), separators=(",", ":")).encode()
+        return json.dumps(historyDocument(self.view), separators=(",", ":")).encode()
 
     @app.route("/metrics", methods=["GET"])
-    def metrics(self, request: Any) -> bytes:
+    def metrics(self, request: IRequest) -> bytes:
         """Prometheus text exposition: event metrics then live-state gauges."""
         _common(request, CONTENT_TYPE_PLAIN_0_0_4.encode())
-        return generate_latest(self.service.metrics.registry) + generate_latest(self.state)
+        return generate_latest(self.view.metrics.registry) + generate_latest(self.state)
 
 
 class LoopbackHostGuard(Resource):
@@ -204,19 +233,20 @@ class LoopbackHostGuard(Resource):
         self._inner = inner
         self._hosts = hosts
 
-    def render(self, request: Any) -> Any:
+    def render(self, request: IRequest) -> bytes | int:
         host = request.getHeader(b"host")
         if self._hosts.allows(host):
-            return self._inner.render(request)
+            rendered: bytes | int = self._inner.render(request)
+            return rendered
         self._hosts.refused(host, "ops")
         request.setResponseCode(403)
         _common(request, b"text/plain; charset=utf-8")
         return b"the operations listener answers loopback host names only\n"
 
 
-def opsResource(service: Any) -> Resource:
-    """The root resource of the ops listener for ``service``."""
-    return LoopbackHostGuard(OpsApp(service).app.resource(), service.hosts)
+def opsResource(view: IOpsView) -> Resource:
+    """The root resource of the ops listener for the process ``view``."""
+    return LoopbackHostGuard(OpsApp(view).app.resource(), view.hosts)
 
 
 class OpsSite(server.Site):
@@ -224,16 +254,16 @@ class OpsSite(server.Site):
 
     noisy = False
 
-    def log(self, request: Any) -> None:
+    def log(self, request: http.Request) -> None:
         """No access log for scrapes."""
 
 
-def opsFactory(service: Any) -> PersonalityFactory:
-    """The loopback-only factory serving the ops app of ``service``."""
-    settings = service.settings
-    site: Any = OpsSite(opsResource(service), timeout=60, reactor=service.reactor)
+def opsFactory(view: IOpsView) -> PersonalityFactory:
+    """The loopback-only factory serving the ops app of the process ``view``."""
+    settings = view.settings
+    site = OpsSite(opsResource(view), timeout=60, reactor=view.clock)
     return PersonalityFactory(
-        service.clock,
+        view.clock,
         site,
         None,
         loopbackOnly=True,
@@ -248,7 +278,7 @@ class OpsListener(Service):
     log = Logger()
     name = "ops"
 
-    def __init__(self, reactor: Any, port: int, factory: PersonalityFactory) -> None:
+    def __init__(self, reactor: IReactorTCP, port: int, factory: PersonalityFactory) -> None:
         self._reactor = reactor
         self.port = port
         self.factory = factory
@@ -263,8 +293,9 @@ class OpsListener(Service):
             reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
             self.log.warn("ops-bind-failed", port=self.port, reason=reason)
             return
-        host: Any = self.listening.getHost()
-        self.log.info("ops-listening", port=host.port)
+        host = self.listening.getHost()
+        port = host.port if isinstance(host, IPv4Address | IPv6Address) else self.port
+        self.log.info("ops-listening", port=port)
 
     def stopService(self) -> defer.Deferred[None]:
         super().stopService()
@@ -274,8 +305,8 @@ class OpsListener(Service):
         return defer.maybeDeferred(listening.stopListening).addCallback(lambda _: None)
 
 
-def startOps(service: Any, port: int) -> OpsListener:
-    """Start the operations listener on 127.0.0.1:``port`` as a child of ``service``."""
-    listener = OpsListener(service.reactor, port, opsFactory(service))
-    listener.setServiceParent(service)
+def startOps(view: IOpsView, port: int) -> OpsListener:
+    """Start the operations listener on 127.0.0.1:``port`` as a child of the process."""
+    listener = OpsListener(view.reactor, port, opsFactory(view))
+    listener.setServiceParent(view)
     return listener

@@ -12,7 +12,7 @@ import json
 
 import attrs
 
-from nvpair.proxy.facade.engines import Engine, RouteClass
+from nvpair.proxy.engines import Engine, RouteClass
 
 
 @attrs.frozen

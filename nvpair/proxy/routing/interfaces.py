@@ -13,11 +13,11 @@ if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
     from twisted.internet.interfaces import IReactorTime
 
-    from nvpair.proxy.facade.engines import Engine
+    from nvpair.proxy.engines import Engine
     from nvpair.proxy.interfaces import IRequestContext
-    from nvpair.proxy.options import Settings
     from nvpair.proxy.routing.candidates import Snapshot
     from nvpair.proxy.routing.nodes import Node
+    from nvpair.proxy.settings import Settings
 
 
 class IFleetView(Interface):

@@ -3,7 +3,7 @@
 Twisted's ``doPoll`` wraps every ready descriptor's callback in the legacy logging context
 (four Python frames and two dict copies per event) so that ``twisted.python.log`` messages
 carry the connection's ``system`` prefix.  The proxy's log records never show that prefix
-(``logs`` drops it), so ``ProxyReactor`` hands plain read events straight to the
+(``runtime.logs`` drops it), so ``ProxyReactor`` hands plain read events straight to the
 descriptor and everything else to Twisted's own ``_doReadOrWrite``.  Errors are handled
 the same way: logged, and the descriptor disconnected.
 
@@ -25,23 +25,29 @@ import errno
 import select
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import cast
 
 from twisted.internet.epollreactor import EPollReactor
+from twisted.internet.interfaces import IReadDescriptor
+from twisted.internet.posixbase import PosixReactorBase
 from twisted.python import log
+from twisted.python.failure import Failure
 
 _READ = select.EPOLLIN
 
 # The epoll reactor's own parts ``ProxyReactor.doPoll`` uses.
 _RELIED_ON = ("_poller", "_selectables", "_doReadOrWrite", "_disconnectSelectable")
 
-Handler = Callable[[Any, int, int], None]
-Disconnect = Callable[[Any, BaseException, bool], None]
+# A registered descriptor.  Only one polled for reading gets a plain read event, so the
+# direct path may call ``doRead``; any other event goes to the reactor's own handling.
+Selectable = IReadDescriptor
+Handler = Callable[[Selectable, int, int], None]
+Disconnect = Callable[[Selectable, Failure | BaseException, bool], None]
 
 
 def dispatchEvents(
     events: Iterable[tuple[int, int]],
-    selectables: Mapping[int, Any],
+    selectables: Mapping[int, Selectable],
     handle: Handler,
     disconnect: Disconnect,
 ) -> None:
@@ -55,6 +61,7 @@ def dispatchEvents(
         if event != _READ:
             handle(selectable, fd, event)
             continue
+        why: Failure | BaseException | None
         try:
             why = selectable.doRead()
         except BaseException as e:
@@ -80,8 +87,12 @@ class ProxyReactor(EPollReactor):
     doIteration = doPoll
 
 
-def install() -> Any:
-    """Install ``ProxyReactor`` unless a reactor is installed already; return the reactor."""
+def install() -> PosixReactorBase:
+    """Install ``ProxyReactor`` unless a reactor is installed already; return the reactor.
+
+    Every reactor Twisted installs on Linux (epoll, poll, select, asyncio) is a
+    ``PosixReactorBase``: that is the type the process uses it as (TCP, time, processes).
+    """
     if "twisted.internet.reactor" not in sys.modules:
         from twisted.internet.main import installReactor
 
@@ -91,4 +102,4 @@ def install() -> Any:
         installReactor(chosen)
     from twisted.internet import reactor
 
-    return reactor
+    return cast(PosixReactorBase, reactor)

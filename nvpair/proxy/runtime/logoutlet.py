@@ -15,12 +15,22 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from enum import Enum
 from typing import IO
 
 DEFAULT_LIMIT = 1 << 20  # bytes of lines waiting for the writer
 CLOSE_WAIT = 2.0  # seconds ``close`` waits for the writer (the exit deadline is 5 s)
 
 Starter = Callable[[Callable[[], None]], None]
+
+
+class OutletState(Enum):
+    """Whether the outlet takes lines: open, closing (the process exits), or broken (the
+    stream failed; nothing more can be logged)."""
+
+    OPEN = "open"
+    CLOSING = "closing"
+    BROKEN = "broken"
 
 
 def _daemonThread(run: Callable[[], None]) -> None:
@@ -46,8 +56,7 @@ class LineOutlet:
         self._lines: list[str] = []
         self._bytes = 0
         self._dropped = 0
-        self._closing = False
-        self._broken = False
+        self._state = OutletState.OPEN
         self._done = threading.Event()
         start(self._run)
 
@@ -56,7 +65,7 @@ class LineOutlet:
     def write(self, text: str) -> None:
         """Queue ``text`` for the writer; drop it (counted) if the queue is full."""
         with self._ready:
-            if self._broken or self._closing:
+            if self._state is not OutletState.OPEN:
                 return
             if self._bytes + len(text) > self._limit:
                 self._dropped += 1
@@ -71,7 +80,8 @@ class LineOutlet:
     def close(self, wait: float = CLOSE_WAIT) -> None:
         """Let the writer finish what is queued, waiting at most ``wait`` seconds for it."""
         with self._ready:
-            self._closing = True
+            if self._state is OutletState.OPEN:
+                self._state = OutletState.CLOSING
             self._ready.notify()
         self._done.wait(wait)
 
@@ -81,12 +91,16 @@ class LineOutlet:
         """Write everything queued (after waiting for something, when ``block``) plus the
         dropped-lines record if lines were dropped; False once closed and empty or broken."""
         with self._ready:
-            while block and not self._lines and not self._dropped and not self._closing:
+            while (
+                block and not self._lines and not self._dropped and self._state is OutletState.OPEN
+            ):
                 self._ready.wait()
             lines, self._lines, self._bytes = self._lines, [], 0
             dropped, self._dropped = self._dropped, 0
-            finished = self._closing and not lines and not dropped
-        if finished or self._broken:
+            state = self._state
+        if state is OutletState.BROKEN or (
+            state is OutletState.CLOSING and not lines and not dropped
+        ):
             return False
         if dropped:
             lines.append(self._droppedRecord(dropped))
@@ -97,7 +111,7 @@ class LineOutlet:
             except (OSError, ValueError):
                 # stderr closed or broken: nothing more can be logged; stop queueing.
                 with self._ready:
-                    self._broken = True
+                    self._state = OutletState.BROKEN
                     self._lines, self._bytes = [], 0
                 return False
         return True

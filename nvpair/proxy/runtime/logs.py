@@ -8,7 +8,7 @@ logs operational metadata only; nothing here inspects or adds request content.
 from __future__ import annotations
 
 import json
-from typing import Any, Protocol
+from typing import Protocol
 
 from twisted.logger import (
     FilteringLogObserver,
@@ -68,10 +68,10 @@ class LogControl:
         return _ORDER[level] >= _ORDER[self.level]
 
 
-def toRecord(event: LogEvent) -> dict[str, Any]:
+def toRecord(event: LogEvent) -> dict[str, object]:
     """Turn a Twisted log event into the protocol's JSON record."""
     level = event.get("log_level", LogLevel.info)
-    record: dict[str, Any] = {
+    record: dict[str, object] = {
         "time": event.get("log_time"),
         "level": _FROM_TWISTED.get(level, "info"),
         "component": COMPONENT,

@@ -10,6 +10,9 @@ from collections.abc import Callable, Mapping
 from enum import Enum
 
 import attrs
+from zope.interface import implementer
+
+from nvpair.proxy.http.interfaces import IErrorShape
 
 
 class RouteClass(Enum):
@@ -29,6 +32,7 @@ def ollamaModel(model: str) -> str:
     return model if ":" in model.rsplit("/", 1)[-1] else model + ":latest"
 
 
+@implementer(IErrorShape)
 @attrs.frozen
 class Engine:
     """One engine's identity, ports, routes, model normalization and error shapes."""

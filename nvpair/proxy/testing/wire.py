@@ -1,19 +1,27 @@
-"""In-memory wire helpers: HTTP exchanges with a facade site, lines to and from a broker channel."""
+"""In-memory wire helpers: HTTP exchanges with a facade site, lines to and from a broker channel.
+
+No sockets: the site's protocol runs on a ``StringTransport``, so a test sees the exact bytes
+the proxy would put on the wire.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionDone
+from twisted.internet.interfaces import IProtocol, IProtocolFactory
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
 
-def siteExchange(site: Any, raw: bytes, host: str = "127.0.0.1") -> bytes:
+def siteExchange(site: IProtocolFactory, raw: bytes, host: str = "127.0.0.1") -> bytes:
     """Feed ``raw`` to a new connection of ``site`` from ``host``; return what it wrote."""
     channel = site.buildProtocol(IPv4Address("TCP", host, 5555))
+    if channel is None:
+        raise ValueError("the site refused the connection")
     transport = StringTransport()
     channel.makeConnection(transport)
     channel.dataReceived(raw)
@@ -33,15 +41,18 @@ def splitAnswer(answer: bytes) -> tuple[int, dict[bytes, bytes], bytes]:
     return int(lines[0].split(b" ")[1]), headers, body
 
 
-def sendLine(channel: Any, data: bytes | dict[str, Any]) -> None:
+def sendLine(channel: IProtocol, data: bytes | Mapping[str, object]) -> None:
     """Feed a broker channel raw bytes, or one message as a JSON line."""
-    if isinstance(data, dict):
+    if isinstance(data, Mapping):
         data = json.dumps(data).encode() + b"\n"
     channel.dataReceived(data)
 
 
 def drainLines(transport: StringTransport) -> tuple[bytes, list[dict[str, Any]]]:
-    """Everything written since the last drain: the raw bytes and each line parsed."""
+    """Everything written since the last drain: the raw bytes and each line parsed.
+
+    The messages are ``dict[str, Any]`` on purpose: tests reach straight into them.
+    """
     raw: bytes = transport.value()
     transport.clear()
     return raw, [json.loads(line) for line in raw.splitlines()]

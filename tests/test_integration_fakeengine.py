@@ -1,26 +1,24 @@
-"""Tests for the scriptable fake inference engine, over real loopback sockets."""
+"""The kit's fake inference engine over real loopback sockets, driven by treq and raw clients."""
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 from typing import Any
 
 import treq
 from treq.client import HTTPClient
 from twisted.internet import reactor as _reactor
 from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.error import ConnectionRefusedError, ProcessDone, ProcessTerminated
-from twisted.internet.protocol import ClientFactory, ProcessProtocol, Protocol
+from twisted.internet.error import ConnectionRefusedError
+from twisted.internet.interfaces import IAddress, IConnector
+from twisted.internet.protocol import ClientFactory, Protocol
 from twisted.internet.task import deferLater
-from twisted.internet.threads import deferToThread
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseFailed, ResponseNeverReceived
 from twisted.web.iweb import IResponse
 
-from tests.fakeengine import (
+from nvpair.proxy.testing.fakeengine import (
     Answer,
     DieMidStream,
     Drop,
@@ -30,7 +28,6 @@ from tests.fakeengine import (
     HangAfterHeaders,
     SlowFirstByte,
     Status,
-    engineFromArgs,
 )
 
 reactor: Any = _reactor
@@ -66,10 +63,10 @@ class _RawFactory(ClientFactory):
     def __init__(self, proto: _Raw) -> None:
         self.proto = proto
 
-    def buildProtocol(self, addr: Any) -> _Raw:
+    def buildProtocol(self, addr: IAddress | None) -> _Raw:
         return self.proto
 
-    def clientConnectionFailed(self, connector: Any, reason: Failure) -> None:
+    def clientConnectionFailed(self, connector: IConnector, reason: Failure) -> None:
         self.proto.ready.errback(reason)
 
 
@@ -104,11 +101,11 @@ class EngineTestCase(TestCase):
         proto.transport.write(data)  # type: ignore[union-attr]
         return proto
 
-    async def post(self, path: str, body: Any) -> IResponse:
+    async def post(self, path: str, body: object) -> IResponse:
         """POST a JSON body to the engine."""
         return await self.http.post(self.engine.url + path, json=body)
 
-    async def postJSON(self, path: str, body: Any) -> Any:
+    async def postJSON(self, path: str, body: object) -> Any:
         """POST a JSON body and return the decoded 200 answer."""
         response = await self.post(path, body)
         self.assertEqual(response.code, 200)
@@ -263,7 +260,8 @@ class ListAndCorsTests(EngineTestCase):
     async def test_cors(self) -> None:
         """corsHeaders go on every answer; OPTIONS answers 204 with them."""
         self.engine.corsHeaders = {"Access-Control-Allow-Origin": "*"}
-        response = await self.http.request("OPTIONS", self.engine.url + "/v1/chat/completions")
+        url = self.engine.url + "/v1/chat/completions"
+        response: IResponse = await self.http.request("OPTIONS", url)
         self.assertEqual(response.code, 204)
         self.assertEqual(response.headers.getRawHeaders("access-control-allow-origin"), ["*"])
         await treq.content(response)
@@ -360,7 +358,8 @@ class BehaviourTests(EngineTestCase):
         waiting = self.engine.waitForRequest(2)
         await self.postJSON("/v1/models?a=b", {"model": "m1"})
         self.assertNoResult(waiting)
-        await self.http.post(self.engine.url + "/x", b"abc", headers={"Authorization": "Bearer k"})
+        headers: dict[bytes | str, bytes | str] = {"Authorization": "Bearer k"}
+        await self.http.post(self.engine.url + "/x", data=b"abc", headers=headers)
         rec = await waiting
         self.assertEqual((rec.method, rec.path, rec.body), ("POST", "/x", b"abc"))
         self.assertEqual(rec.headers["authorization"], ["Bearer k"])
@@ -397,120 +396,3 @@ class ConnectionTests(EngineTestCase):
         await proto.lost
         self.assertEqual(self.engine.requests[0].body, b"abcde")
         self.assertIn(b'"bodyLength":5', proto.data)
-
-
-class OfficialClientTests(EngineTestCase):
-    """The official openai and ollama clients accept the fake's answers."""
-
-    async def test_openaiClient(self) -> None:
-        """openai: chat non-streaming and streaming with usage."""
-        import openai
-
-        url = self.engine.url + "/v1"
-
-        def run() -> tuple[Any, list[Any]]:
-            with openai.OpenAI(base_url=url, api_key="x", max_retries=0) as client:
-                plain = client.chat.completions.create(
-                    model="m1", messages=[{"role": "user", "content": "hi"}]
-                )
-                chunks = list(
-                    client.chat.completions.create(
-                        model="m2",
-                        messages=[{"role": "user", "content": "hi"}],
-                        stream=True,
-                        stream_options={"include_usage": True},
-                    )
-                )
-            return plain, chunks
-
-        plain, chunks = await deferToThread(run)
-        self.assertEqual(plain.choices[0].message.content, "tok0tok1tok2")
-        self.assertEqual(plain.usage.total_tokens, 10)
-        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        self.assertEqual(text, "tok0tok1tok2")
-        self.assertEqual(chunks[-1].usage.completion_tokens, 3)
-        self.assertEqual(chunks[0].model, "m2")
-
-    async def test_ollamaClient(self) -> None:
-        """ollama: chat streaming and not, generate, embed and list."""
-        import ollama
-
-        engine = self.makeEngine("ollama")
-
-        def run() -> tuple[Any, ...]:
-            with ollama.Client(host=engine.url) as client:
-                msgs = [{"role": "user", "content": "hi"}]
-                plain = client.chat(model="m1", messages=msgs)
-                streamed = list(client.chat(model="m1", messages=msgs, stream=True))
-                gen = client.generate(model="m1", prompt="x")
-                emb = client.embed(model="m1", input=["a", "b"])
-                listed = client.list()
-            return plain, streamed, gen, emb, listed
-
-        plain, streamed, gen, emb, listed = await deferToThread(run)
-        self.assertEqual(plain.message.content, "tok0tok1tok2")
-        self.assertEqual(plain.eval_count, 3)
-        self.assertEqual("".join(p.message.content for p in streamed), "tok0tok1tok2")
-        self.assertTrue(streamed[-1].done)
-        self.assertEqual(gen.response, "tok0tok1tok2")
-        self.assertEqual(len(emb.embeddings), 2)
-        self.assertEqual([m.model for m in listed.models], ["m1", "m2"])
-
-
-class _LineReader(ProcessProtocol):
-    """Collects a child's stdout and reports the first line."""
-
-    def __init__(self) -> None:
-        self.out = b""
-        self.firstLine: Deferred[bytes] = Deferred()
-        self.ended: Deferred[None] = Deferred()
-
-    def outReceived(self, data: bytes) -> None:
-        self.out += data
-        if b"\n" in self.out and not self.firstLine.called:
-            self.firstLine.callback(self.out.split(b"\n", 1)[0])
-
-    def processEnded(self, reason: Failure) -> None:
-        reason.trap(ProcessDone, ProcessTerminated)
-        if not self.firstLine.called:
-            self.firstLine.errback(reason)
-        self.ended.callback(None)
-
-
-class CLITests(EngineTestCase):
-    """The standalone entry point."""
-
-    def test_engineFromArgs(self) -> None:
-        """engineFromArgs listens with the given dialect, models and default answer."""
-        engine = engineFromArgs(
-            reactor,
-            ["--dialect", "ollama", "--models", "a,b", "--chunks", "50", "--chunk-delay", "0.01"],
-        )
-        self.addCleanup(engine.close)
-        self.assertEqual((engine.dialect, engine.models), ("ollama", ["a", "b"]))
-        self.assertEqual(engine.default, Answer(chunks=50, chunkDelay=0.01))
-        self.assertFalse(engine.record)
-        self.assertGreater(engine.port, 0)
-
-    async def test_processPrintsPort(self) -> None:
-        """python -m tests.fakeengine prints {"port": N} and serves on it."""
-        proto = _LineReader()
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        process = reactor.spawnProcess(
-            proto,
-            sys.executable,
-            [sys.executable, "-m", "tests.fakeengine", "--port", "0", "--models", "x"],
-            env=os.environ,
-            path=root,
-        )
-
-        async def stop() -> None:
-            if process.pid is not None:
-                process.signalProcess("KILL")
-            await proto.ended
-
-        self.addCleanup(stop)
-        port = json.loads(await proto.firstLine)["port"]
-        response = await self.http.get(f"http://127.0.0.1:{port}/v1/models")
-        doc = json.loads(await treq.content(response))
-        self.assertEqual(doc["data"][0]["id"], "x")

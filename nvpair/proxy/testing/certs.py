@@ -1,4 +1,4 @@
-"""Test helpers: self-signed node certificates and cluster directories (protocol §6).
+"""Self-signed node certificates and cluster directories (protocol §6).
 
 Reusable by every test that needs a cluster member: ``makeNodeCert`` mints a self-signed
 EC P-256 certificate, ``writeClusterDir`` lays out ``member.json``, ``tls/node.crt``,
@@ -13,7 +13,6 @@ import json
 import os
 import tempfile
 from collections.abc import Mapping
-from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -69,7 +68,7 @@ def writeFileAtomic(path: StrPath, data: bytes) -> None:
         raise
 
 
-def writeJSONAtomic(path: StrPath, value: Any) -> None:
+def writeJSONAtomic(path: StrPath, value: object) -> None:
     """Write ``value`` as JSON to ``path`` atomically."""
     writeFileAtomic(path, json.dumps(value).encode("utf-8"))
 

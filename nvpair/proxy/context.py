@@ -1,0 +1,108 @@
+"""The request context: the process-wide state every request draws on and reports to.
+
+Front doors, exchanges, peer requests and fleet views hold this object (typed by
+``interfaces.IRequestContext``), never the process: the reservation map, in-flight counts
+and workload events they update, the upstream pool and stall watches they use, and the
+hooks that turn their outcomes into metrics, history and broker reports.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from nvpair.proxy.broker.activity import Activity
+from nvpair.proxy.broker.workloads import WorkloadReporter
+from nvpair.proxy.cluster.membership import ClusterTrust
+from nvpair.proxy.dispatch.relay import forwardHeaders
+from nvpair.proxy.dispatch.stallwatch import StallWatches
+from nvpair.proxy.engines import Engine
+from nvpair.proxy.http.interfaces import IServerRequest
+from nvpair.proxy.http.site import sendError
+from nvpair.proxy.interfaces import IBrokerSink, InFlight, IRequestContext, IUpstream
+from nvpair.proxy.ops.metrics import Metrics
+from nvpair.proxy.routing.affinity import Affinity
+from nvpair.proxy.routing.reservations import ReservationMap
+from nvpair.proxy.runtime.logs import LogControl
+from nvpair.proxy.settings import Settings
+
+
+@implementer(IRequestContext)
+class RequestContext:
+    """The one request context of a process."""
+
+    log = Logger()
+
+    def __init__(
+        self,
+        settings: Settings,
+        clock: IReactorTime,
+        upstream: IUpstream,
+        sink: IBrokerSink,
+        metrics: Metrics,
+        logControl: LogControl,
+        trust: ClusterTrust | None = None,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.upstream = upstream
+        self.sink = sink
+        self.metrics = metrics
+        self.logControl = logControl
+        self.trust = trust
+        self.reservations = ReservationMap()
+        self.activity = Activity(sink)
+        self.reporter = WorkloadReporter(sink, clock)
+        self.stalls = StallWatches(clock, settings.streamIdleTimeout)
+        # Standalone with ``--affinity prefix`` sets this (the proxy then orders candidates).
+        self.affinity: Affinity | None = None
+        self.exchanges: set[InFlight] = set()
+
+    forwardHeaders = staticmethod(forwardHeaders)
+
+    def sendError(
+        self,
+        request: IServerRequest,
+        engine: Engine,
+        status: int,
+        reason: str,
+        message: str,
+        retryAfter: int | None = None,
+    ) -> None:
+        """Answer with a proxy-generated error (``site.sendError``), counting it by reason."""
+        self.metrics.proxyError(engine.id, reason)
+        sendError(request, engine, status, reason, message, retryAfter)
+
+    def reportInternal(self, exceptionType: str) -> None:
+        """An unexpected exception handling a request (names the type only)."""
+        self.metrics.internalError()
+        self.sink.notify(
+            "errors:report", {"kind": "internal", "message": f"unexpected {exceptionType}"}
+        )
+
+    def attemptFailed(self, exchange: Any, outcome: Any) -> None:
+        """An attempt ended uncommitted."""
+        self.metrics.attemptFailed(exchange, outcome)
+        self.reporter.history.attempt(
+            exchange.engine.id, outcome.node.id, outcome.kind, outcome.status
+        )
+        if self.logControl.enabled("debug"):
+            self.log.debug(
+                "attempt-failed",
+                engine=exchange.engine.id,
+                node=outcome.node.id,
+                kind=outcome.kind,
+                status=outcome.status,
+            )
+
+    def committed(self, exchange: Any, nodeId: str) -> None:
+        """A response committed on ``nodeId``."""
+        self.metrics.committed(exchange, nodeId, self.clock.seconds() - exchange.createdAt)
+        self.reporter.history.attempt(exchange.engine.id, nodeId, None, None)
+
+    def requestEnded(self, exchange: Any) -> None:
+        """An exchange ended (its terminal bookkeeping has run)."""
+        self.metrics.requestEnded(exchange)

@@ -1,0 +1,214 @@
+"""The fake engine: listens, records the requests, and answers each by its script."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from twisted.internet.address import IPv4Address, IPv6Address
+from twisted.internet.defer import Deferred, DeferredList, fail, succeed
+from twisted.internet.interfaces import IListeningPort, IReactorTCP, IReactorTime
+from zope.interface import implementer
+
+from nvpair.proxy.testing.fakeengine.answers import JSON, Responder
+from nvpair.proxy.testing.fakeengine.behaviours import Answer, Behaviour, Echo, Recorded
+from nvpair.proxy.testing.fakeengine.connection import (
+    EngineConnection,
+    EngineFactory,
+    IRequestHandler,
+)
+from nvpair.proxy.testing.fakeengine.dialects import (
+    LISTS,
+    OLLAMA_STREAMS,
+    ROUTES,
+    STREAMABLE,
+    Listing,
+    Route,
+)
+
+_NO_MODEL = b'{"error":"fake engine: body must be a JSON object with a model"}'
+
+
+@implementer(IRequestHandler)
+class FakeEngine:
+    """A scriptable fake inference engine speaking the Ollama or OpenAI-style dialect.
+
+    ``reactor`` must also provide ``IReactorTime`` (for delays); any reactor does, and so
+    does ``MemoryReactorClock``.
+
+    Scripting: ``script(...)`` queues behaviours for the next inference requests, ``default``
+    answers when the queue is empty, ``listBehaviour`` replaces the model list answer (an
+    ``Answer`` or ``Echo`` there means the normal list). ``models`` is the live model list.
+    Observing: ``requests`` (when ``record``), ``waitForRequest(n)``, ``requestCount``,
+    ``openConnections``.
+
+    Extending: a subclass may override ``requestReceived`` (say, to script each request from
+    its headers) and call up; ``routes`` and ``lists`` tell what the dialect serves, ``clock``
+    schedules.
+    """
+
+    def __init__(
+        self,
+        reactor: IReactorTCP,
+        dialect: str = "openai",
+        models: Sequence[str] = ("m1",),
+        name: str = "engine",
+        record: bool = True,
+    ) -> None:
+        if dialect not in ROUTES:
+            raise ValueError(f"dialect must be 'openai' or 'ollama', not {dialect!r}")
+        self.reactor = reactor
+        self.clock = IReactorTime(reactor)
+        self.dialect = dialect
+        self.models: list[str] = list(models)
+        self.name = name
+        self.record = record
+        self.behaviours: list[Behaviour] = []
+        self.default: Behaviour = Answer()
+        self.listBehaviour: Behaviour | None = None
+        self.requests: list[Recorded] = []
+        self.requestCount = 0
+        self.openConnections = 0
+        self.port = 0
+        self.url = ""
+        self.routes: dict[bytes, Route] = ROUTES[dialect]
+        """POST path -> the inference route it asks for, in this dialect."""
+        self.lists: dict[bytes, Listing] = LISTS[dialect]
+        """GET path -> the model list it answers, in this dialect."""
+        self._responder = Responder(name)
+        self._listening: IListeningPort | None = None
+        self._connections: set[EngineConnection] = set()
+        self._waiters: dict[int, list[Deferred[Recorded]]] = {}
+        self._closeWaiters: list[Deferred[None]] = []
+
+    @property
+    def corsHeaders(self) -> dict[str, str]:
+        """Headers added to every answer (CORS headers, typically); OPTIONS answers 204."""
+        return self._responder.corsHeaders
+
+    @corsHeaders.setter
+    def corsHeaders(self, headers: dict[str, str]) -> None:
+        self._responder.corsHeaders = headers
+
+    # -- lifecycle --
+
+    def listen(self, port: int = 0, interface: str = "127.0.0.1") -> int:
+        """Start listening and return the bound port."""
+        factory = EngineFactory(self, self.clock)
+        self._listening = self.reactor.listenTCP(port, factory, interface=interface)
+        address = self._listening.getHost()
+        if not isinstance(address, IPv4Address | IPv6Address):
+            raise TypeError(f"not a TCP address: {address!r}")
+        self.port = address.port
+        self.url = f"http://{interface}:{self.port}"
+        return self.port
+
+    def stopListening(self) -> Deferred[None]:
+        """Stop accepting connections (new ones are refused); open ones stay."""
+        listening, self._listening = self._listening, None
+        if listening is None:
+            return succeed(None)
+        try:
+            stopped = listening.stopListening()
+        except Exception:
+            return fail()
+        return succeed(None) if stopped is None else stopped
+
+    def close(self) -> Deferred[None]:
+        """Stop listening and abort every open connection; fires when all are gone."""
+        waits = [self.stopListening()]
+        if self._connections:
+            d: Deferred[None] = Deferred()
+            self._closeWaiters.append(d)
+            waits.append(d)
+            for connection in list(self._connections):
+                connection.abort()
+        return DeferredList(waits, fireOnOneErrback=True, consumeErrors=True).addCallback(
+            lambda _: None
+        )
+
+    def script(self, *behaviours: Behaviour) -> None:
+        """Append behaviours for the next requests."""
+        self.behaviours.extend(behaviours)
+
+    def waitForRequest(self, n: int) -> Deferred[Recorded]:
+        """Return a Deferred firing with the n-th (1-based) recorded request once it arrives."""
+        if len(self.requests) >= n:
+            return succeed(self.requests[n - 1])
+        d: Deferred[Recorded] = Deferred()
+        self._waiters.setdefault(n, []).append(d)
+        return d
+
+    # -- IRequestHandler: called by the engine's connections --
+
+    def connectionOpened(self, connection: EngineConnection) -> None:
+        """Count the new connection."""
+        self._connections.add(connection)
+        self.openConnections += 1
+
+    def connectionClosed(self, connection: EngineConnection) -> None:
+        """Forget the connection; the last one gone fires ``close()``."""
+        self._connections.discard(connection)
+        self.openConnections -= 1
+        if not self._connections:
+            waiters, self._closeWaiters = self._closeWaiters, []
+            for d in waiters:
+                d.callback(None)
+
+    def requestReceived(
+        self,
+        connection: EngineConnection,
+        method: bytes,
+        target: bytes,
+        headers: dict[str, list[str]],
+        body: bytes,
+    ) -> None:
+        """Record the request, pick its behaviour and route, and answer."""
+        self.requestCount += 1
+        rec = Recorded(method.decode("latin-1"), target.decode("latin-1"), headers, body)
+        if self.record:
+            connection.notifyLost(rec.connectionLost)
+            self.requests.append(rec)
+            for d in self._waiters.pop(len(self.requests), ()):
+                d.callback(rec)
+        responder = self._responder
+        path = target.split(b"?", 1)[0]
+        if method == b"OPTIONS":
+            responder.sendDocument(connection, 204, None, None, None)
+            return
+        listing = self.lists.get(path) if method == b"GET" else None
+        if listing is not None:
+            behaviour = self.listBehaviour
+            if behaviour is None or isinstance(behaviour, Answer | Echo):
+                responder.sendList(connection, listing, self.models)
+                return
+            responder.apply(connection, behaviour, Route.OTHER, rec, "", False, 1)
+            return
+        behaviour = self.behaviours.pop(0) if self.behaviours else self.default
+        route = self.routes.get(path, Route.OTHER) if method == b"POST" else Route.OTHER
+        model = ""
+        stream = False
+        inputs = 1
+        if route is not Route.OTHER:
+            try:
+                doc: object = json.loads(body)
+            except ValueError:
+                doc = None
+            found = doc.get("model") if isinstance(doc, dict) else None
+            if isinstance(doc, dict) and isinstance(found, str):
+                model = found
+                if route in STREAMABLE:
+                    s = doc.get("stream")
+                    stream = s is not False if route in OLLAMA_STREAMS else s is True
+                elif route is Route.OLLAMA_EMBED or route is Route.EMBEDDING:
+                    inp = doc.get("input")
+                    inputs = len(inp) if isinstance(inp, list) else 1
+                elif route is Route.RERANK:
+                    docs = doc.get("documents")
+                    inputs = len(docs) if isinstance(docs, list) else 1
+            elif isinstance(behaviour, Answer):
+                responder.sendDocument(connection, 400, None, _NO_MODEL, JSON)
+                return
+            else:
+                route = Route.OTHER
+        responder.apply(connection, behaviour, route, rec, model, stream, inputs)
