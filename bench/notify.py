@@ -31,6 +31,7 @@ from twisted.internet.task import Clock
 from nvpair.proxy.broker.activity import Activity
 from nvpair.proxy.broker.channel import BrokerChannel, SinkSwitch
 from nvpair.proxy.broker.workloads import COMPLETED, WorkloadReporter
+from nvpair.proxy.ops.history import History
 from nvpair.proxy.routing.stats import StatsMeter
 from nvpair.proxy.testing.fakeengine import Answer, Route, document, streamPieces
 
@@ -70,7 +71,7 @@ def notifyRun(requests: int, null: bool = False) -> tuple[float, CountingTranspo
     channel.transport = transport  # type: ignore[assignment]
     target: Any = _NullSink() if null else channel
     sink = SinkSwitch(target)
-    reporter = WorkloadReporter(sink, clock)
+    reporter = WorkloadReporter(sink, clock, ends=History(clock))
     activity = Activity(sink)
     stats = {"promptTokens": 12, "completionTokens": 50, "tokensPerSecond": 1234.56, "ttftMs": 3}
     flush = getattr(channel, "flush", None)

@@ -19,7 +19,7 @@ from nvpair.proxy.broker.workloads import WorkloadReporter
 from nvpair.proxy.dispatch.relay import forwardHeaders
 from nvpair.proxy.dispatch.stallwatch import StallWatches
 from nvpair.proxy.engines import Engine
-from nvpair.proxy.http.request import ServerRequest
+from nvpair.proxy.http.interfaces import IServerRequest
 from nvpair.proxy.http.site import sendError
 from nvpair.proxy.interfaces import InFlight, IRequestContext
 from nvpair.proxy.routing.affinity import Affinity
@@ -106,7 +106,7 @@ class FakeContext(Generic[UpstreamT]):
 
     def sendError(
         self,
-        request: ServerRequest,
+        request: IServerRequest,
         engine: Engine,
         status: int,
         reason: str,

@@ -119,7 +119,7 @@ class RequestContextTests(SynchronousTestCase):
             ),
             1.0,
         )
-        self.assertIn(("llamacpp", "A"), self.context.reporter.history.attempts)
+        self.assertIn(("llamacpp", "A"), self.context.history.attempts)
 
     def test_forwardHeaders(self) -> None:
         """Upstream headers drop the hop-by-hop ones and Host."""

@@ -353,7 +353,8 @@ class ReporterHookTests(SynchronousTestCase):
         """A committed workload counts for its facade and node; an unplaced one for its facade;
         a second finish changes nothing."""
         clock = Clock()
-        reporter = WorkloadReporter(NullSink(), clock)
+        history = History(clock)
+        reporter = WorkloadReporter(NullSink(), clock, ends=history)
         done = reporter.admit("ollama", "m")
         done.submitted("N")
         done.started("N")
@@ -362,7 +363,7 @@ class ReporterHookTests(SynchronousTestCase):
         placed = reporter.admit("ollama", "m")
         placed.submitted("N")
         placed.finish("failed", "upstream_unreachable")
-        doc = reporter.history.document()["facades"]["ollama"]
+        doc = history.document()["facades"]["ollama"]
         self.assertEqual(doc["series"]["totals"]["requests"], 2)
         self.assertEqual(doc["series"]["totals"]["errorsByReason"], {"upstream_unreachable": 1})
         self.assertEqual(doc["nodes"]["N"]["totals"]["requests"], 1)

@@ -456,7 +456,7 @@ class ScriptParityTests(TestCase):
                 error,
                 {"ttftMs": ttft, "completionTokens": 42, "tokensPerSecond": 31.5},
             )
-        service.reporter.history.attempt("llamacpp", HOSTILE, "transport", None)
+        service.history.attempt("llamacpp", HOSTILE, "transport", None)
         site: ServerFactory[Any] = Site(_WithAffinity(service))
         port = reactor.listenTCP(0, site, interface="127.0.0.1")
         self.addCleanup(port.stopListening)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from typing import Any
+from typing import Any, cast
 
 from prometheus_client.parser import text_string_to_metric_families
 from treq import content
@@ -25,6 +25,7 @@ from zope.interface.verify import verifyObject
 from nvpair.proxy.broker.channel import RPCError
 from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.http.client import HTTPClientConnection
+from nvpair.proxy.http.interfaces import IServerRequest
 from nvpair.proxy.ops.interfaces import IOpsView
 from nvpair.proxy.ops.server import OpsListener, opsFactory, opsResource, startOps
 from nvpair.proxy.options import Options
@@ -510,7 +511,9 @@ class ServiceHookTests(SynchronousTestCase):
     def test_sendErrorCounts(self) -> None:
         """An error the proxy generates is answered as before and counted by reason."""
         request = _ChatRequest([b"v1", b"chat", b"completions"])
-        self.service.context.sendError(request, ENGINE, 502, "no_owner", "no node advertises it")
+        # twisted.web's DummyRequest has every part of a request that sendError touches
+        answered = cast(IServerRequest, request)
+        self.service.context.sendError(answered, ENGINE, 502, "no_owner", "no node advertises it")
         self.assertEqual(request.responseCode, 502)
         self.assertEqual(json.loads(b"".join(request.written))["error"]["code"], "no_owner")
         self.assertEqual(

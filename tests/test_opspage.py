@@ -200,7 +200,7 @@ class PageTests(SynchronousTestCase):
 
     def test_states(self) -> None:
         """Each node row carries its state as a coloured badge and says why."""
-        self.service.reporter.history.attempt("llamacpp", "A", "transport", None)
+        self.service.history.attempt("llamacpp", "A", "transport", None)
         rows = self.rows(self.page())
         self.assertEqual(
             {k: r.attrs["data-state"] for k, r in rows.items()}, {"A": "down", "me": "unknown"}
@@ -321,7 +321,7 @@ class PageTests(SynchronousTestCase):
         w.submitted(HOSTILE_NODE)
         w.started(HOSTILE_NODE)
         w.finish("failed", HOSTILE_ERROR)
-        self.service.reporter.history.attempt("llamacpp", HOSTILE_NODE, "transport", None)
+        self.service.history.attempt("llamacpp", HOSTILE_NODE, "transport", None)
         dom = self.page()
         self.assertEqual([s.attrs.get("src") for s in dom.all("script")], ["/ops.js"])
         self.assertEqual(dom.all("img"), [])
@@ -376,7 +376,7 @@ class HistoryEndpointTests(SynchronousTestCase):
         reactor = MemoryReactorClock()
         service = makeService(reactor)
         scripted(service)
-        service.reporter.history.attempt("llamacpp", "A", "transport", None)
+        service.history.attempt("llamacpp", "A", "transport", None)
         response = self.successResultOf(
             memoryClient(opsResource(service)).get("http://localhost/status/history")
         )

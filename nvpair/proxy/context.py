@@ -23,6 +23,7 @@ from nvpair.proxy.engines import Engine
 from nvpair.proxy.http.interfaces import IServerRequest
 from nvpair.proxy.http.site import sendError
 from nvpair.proxy.interfaces import IBrokerSink, InFlight, IRequestContext, IUpstream
+from nvpair.proxy.ops.history import History
 from nvpair.proxy.ops.metrics import Metrics
 from nvpair.proxy.routing.affinity import Affinity
 from nvpair.proxy.routing.reservations import ReservationMap
@@ -55,7 +56,8 @@ class RequestContext:
         self.trust = trust
         self.reservations = ReservationMap()
         self.activity = Activity(sink)
-        self.reporter = WorkloadReporter(sink, clock)
+        self.history = History(clock)
+        self.reporter = WorkloadReporter(sink, clock, ends=self.history)
         self.stalls = StallWatches(clock, settings.streamIdleTimeout)
         # Standalone with ``--affinity prefix`` sets this (the proxy then orders candidates).
         self.affinity: Affinity | None = None
@@ -86,9 +88,7 @@ class RequestContext:
     def attemptFailed(self, exchange: Any, outcome: Any) -> None:
         """An attempt ended uncommitted."""
         self.metrics.attemptFailed(exchange, outcome)
-        self.reporter.history.attempt(
-            exchange.engine.id, outcome.node.id, outcome.kind, outcome.status
-        )
+        self.history.attempt(exchange.engine.id, outcome.node.id, outcome.kind, outcome.status)
         if self.logControl.enabled("debug"):
             self.log.debug(
                 "attempt-failed",
@@ -101,7 +101,7 @@ class RequestContext:
     def committed(self, exchange: Any, nodeId: str) -> None:
         """A response committed on ``nodeId``."""
         self.metrics.committed(exchange, nodeId, self.clock.seconds() - exchange.createdAt)
-        self.reporter.history.attempt(exchange.engine.id, nodeId, None, None)
+        self.history.attempt(exchange.engine.id, nodeId, None, None)
 
     def requestEnded(self, exchange: Any) -> None:
         """An exchange ended (its terminal bookkeeping has run)."""

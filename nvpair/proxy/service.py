@@ -38,6 +38,7 @@ from nvpair.proxy.facade.standalone import IStandaloneProcess
 from nvpair.proxy.handlers import BrokerHandlers
 from nvpair.proxy.http.site import FacadeSite
 from nvpair.proxy.interfaces import IBrokerSink, InFlight
+from nvpair.proxy.ops.history import History
 from nvpair.proxy.ops.interfaces import IOpsView
 from nvpair.proxy.ops.metrics import Metrics
 from nvpair.proxy.routing.affinity import Affinity
@@ -118,6 +119,10 @@ class ProxyService(MultiService):
     @property
     def reporter(self) -> WorkloadReporter:
         return self.context.reporter
+
+    @property
+    def history(self) -> History:
+        return self.context.history
 
     @property
     def exchanges(self) -> set[InFlight]:

@@ -17,10 +17,10 @@ from collections import deque
 from json.encoder import encode_basestring
 
 from twisted.internet.interfaces import IReactorTime
+from zope.interface import Interface
 
 from nvpair.proxy.broker.jsonrpc import Prepared, encodeValue
 from nvpair.proxy.interfaces import IBrokerSink
-from nvpair.proxy.ops.history import History
 
 QUEUED = "queued"
 RUNNING = "running"
@@ -37,11 +37,31 @@ def _string(value: object) -> str:
     return encode_basestring(value) if type(value) is str else encodeValue(value)
 
 
+class IWorkloadEnds(Interface):
+    """Where each workload's end is counted besides its event (the operations history)."""
+
+    def ended(
+        engine: str,
+        node: str | None,
+        served: bool,
+        state: str,
+        error: str | None,
+        stats: dict[str, object] | None,
+    ) -> None:
+        """One workload ended in ``state``; ``served`` if a node started answering it."""
+
+
 class WorkloadReporter:
-    """Numbers workloads and events, and keeps the last ones and their 15-minute history."""
+    """Numbers workloads and events, keeps the last ones, and tells ``ends`` (if given)
+    of every workload's end."""
 
     def __init__(
-        self, sink: IBrokerSink, clock: IReactorTime, runId: str | None = None, recent: int = 50
+        self,
+        sink: IBrokerSink,
+        clock: IReactorTime,
+        runId: str | None = None,
+        recent: int = 50,
+        ends: IWorkloadEnds | None = None,
     ) -> None:
         self.sink = sink
         self.clock = clock
@@ -51,7 +71,7 @@ class WorkloadReporter:
         self.recent: deque[dict[str, object]] = deque(maxlen=recent)
         self.terminals: dict[str, int] = {}
         self.live = 0
-        self.history = History(clock)
+        self.ends = ends
 
     def admit(self, engine: str, model: str) -> Workload:
         """Create a workload at admission and emit its first ``submitted`` (queued, unplaced)."""
@@ -234,7 +254,8 @@ class Workload:
                 "completedAt": self.completedAt,
             }
         )
-        reporter.history.ended(
-            self.engine, self.scheduledOn, self.startedAt is not None, state, error, stats
-        )
+        if reporter.ends is not None:
+            reporter.ends.ended(
+                self.engine, self.scheduledOn, self.startedAt is not None, state, error, stats
+            )
         return True

@@ -20,7 +20,9 @@ from collections.abc import Mapping
 from operator import add
 
 from twisted.internet.interfaces import IReactorTime
+from zope.interface import implementer
 
+from nvpair.proxy.broker.workloads import IWorkloadEnds
 from nvpair.proxy.ops.documents import FacadeHistory, HistoryDocument, Series
 
 BUCKET_SECONDS = 10
@@ -232,6 +234,7 @@ class Window:
 _ZEROS = [0] * _BINS
 
 
+@implementer(IWorkloadEnds)
 class History:
     """Every series of the process: one per facade, one per (facade, node), bounded."""
 
@@ -258,7 +261,7 @@ class History:
         served: bool,
         state: str,
         error: str | None,
-        stats: Mapping[str, object] | None,
+        stats: dict[str, object] | None,
     ) -> None:
         """One workload ended: count it for its facade, and for its node if it served it."""
         bucket = int(self.clock.seconds() // BUCKET_SECONDS)

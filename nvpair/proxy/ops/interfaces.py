@@ -19,6 +19,7 @@ from nvpair.proxy.broker.workloads import WorkloadReporter
 from nvpair.proxy.dispatch.upstream import Upstream
 from nvpair.proxy.facade.facade import Facade
 from nvpair.proxy.facade.hostcheck import HostGate
+from nvpair.proxy.ops.history import History
 from nvpair.proxy.ops.metrics import Metrics
 from nvpair.proxy.options import Settings
 from nvpair.proxy.routing.affinity import Affinity
@@ -37,7 +38,8 @@ class IOpsView(IServiceCollection):
     clock: IReactorTime = Attribute("The reactor's clock.")
     reservations: ReservationMap = Attribute("The reservation map and scheduler view.")
     activity: Activity = Attribute("In-flight dispatch counts per node.")
-    reporter: WorkloadReporter = Attribute("Workload counts, recent ends and their history.")
+    reporter: WorkloadReporter = Attribute("Workload counts and recent ends.")
+    history: History = Attribute("The last 15 minutes of traffic per facade and node.")
     facades: Mapping[str, Facade] = Attribute("The enabled facades by engine id.")
     exchanges: Collection[object] = Attribute("The requests being dispatched or streamed.")
     metrics: Metrics = Attribute("The event metrics the request path feeds.")

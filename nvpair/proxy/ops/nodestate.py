@@ -83,7 +83,7 @@ def nodeHealth(view: IOpsView, engineId: str, node: Node, now: float) -> Health:
     poller = _poller(view, engineId)
     if poller is not None and node.id in poller.urls:
         return pollHealth(poller.polls.get(node.id), len(node.models))
-    return attemptHealth(view.reporter.history.attempts.get((engineId, node.id)), now)
+    return attemptHealth(view.history.attempts.get((engineId, node.id)), now)
 
 
 def _poller(view: IOpsView, engineId: str) -> FleetPoller | None:

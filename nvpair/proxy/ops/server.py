@@ -156,7 +156,7 @@ def _workload(entry: Mapping[str, object]) -> WorkloadEntry:
 
 def historyDocument(view: IOpsView) -> HistoryDocument:
     """The ``/status/history`` JSON (see ``History.document``) with error reasons in words."""
-    doc = view.reporter.history.document()
+    doc = view.history.document()
     codes: set[str] = set()
     for facade in doc["facades"].values():
         codes.update(facade["series"]["errorsByReason"])
