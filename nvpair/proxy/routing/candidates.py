@@ -93,8 +93,8 @@ class _Owners(tuple[Node, ...]):
 
 
 class CandidateOrder(Sequence[Node]):
-    """The candidates of one round in dispatch order, read from the plan's shared ranked
-    tuple without copying it.
+    """The candidates of one round in the order they are tried, read from the plan's shared
+    ranked tuple without copying it.
 
     At most one candidate (the pin, or the one a reservation chose) is moved to the front
     in place; a further move copies the order once.  So building an order and walking its
@@ -274,7 +274,7 @@ def _planFor(owners: Sequence[Node], rank: Mapping[str, int]) -> _Plan:
 def orderCandidates(
     owners: Sequence[Node], pin: str | None, rank: Mapping[str, int]
 ) -> tuple[CandidateOrder, bool]:
-    """Order ``owners`` for dispatch and report whether the pin applied.
+    """Order ``owners`` for trying them and report whether the pin applied.
 
     An eligible pin (an owner's id) comes first; then owners the scheduler lists, by
     ``rank`` (node id to its position in ``node/set-priority`` order); then the rest in
