@@ -9,6 +9,7 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.iweb import IResponse
+from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from nvpair.proxy.dispatch.attempt import Attempt
@@ -40,6 +41,14 @@ from tests.fakeupstream import (
     makeFacade,
     node,
 )
+
+
+@implementer(ICommittedBody)
+class _Body:
+    """A committed body that is never stopped."""
+
+    def stopBody(self) -> None:
+        raise AssertionError("not stopped in these tests")
 
 
 class FakeTests(SynchronousTestCase):
@@ -107,7 +116,10 @@ class ProviderTests(LoopCase):
         failed = Failed(FailureKind.LEFT, a)
         self.assertTrue(verifyObject(IOutcome, failed))
         self.assertEqual((failed.committed, failed.kind), (False, "left"))
-        committed = Committed(a, 200, Attempt.__new__(Attempt))
+        body = _Body()
+        self.assertTrue(verifyObject(ICommittedBody, body))
+        committed = Committed(a, 200, body)
+        self.assertTrue(verifyObject(IOutcome, committed))
         self.assertEqual((committed.committed, committed.kind), (True, None))
 
     def test_facade(self) -> None:
