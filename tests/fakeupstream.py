@@ -1,34 +1,38 @@
 """In-memory fakes for unit tests of the request path: upstream, responses, client, context.
 
 ``FakeUpstream`` records every request as a ``Call`` whose Deferred the test fires by hand;
-``FakeResponse`` delivers body bytes, EOF and failures when told; ``FakeRequest`` is the
-client side (a twisted.web request with a transport that can pause, abort and lose); the
-context an ``Exchange`` reports to is ``tests.fakecontext.FakeContext``.
+``FakeResponse`` delivers body bytes, EOF and failures when told; the client side is
+``tests.fakerequest.FakeRequest``, and the context an ``Exchange`` reports to is
+``tests.fakecontext.FakeContext``.
 Everything runs on a ``Clock``: no sockets, no real time.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import defer
 from twisted.internet.error import ConnectionLost, ConnectionRefusedError
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import IProtocol, IPushProducer
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import UNKNOWN_LENGTH
+from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 from zope.interface import implementer
 
 from nvpair.proxy.dispatch.exchange import Exchange
+from nvpair.proxy.dispatch.interfaces import IFacadeView
 from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.facade.facade import Facade
 from nvpair.proxy.http.client import HTTPClientConnection
+from nvpair.proxy.http.interfaces import IConnectionPool, IPooledConnection
 from nvpair.proxy.interfaces import IBrokerSink, IRequestContext, IUpstream
 from nvpair.proxy.options import Settings
 from nvpair.proxy.routing.candidates import Node, Snapshot
+from tests.fakerequest import FakeRequest
 
 RUN_ID = "0123456789abcdef"
 
@@ -107,6 +111,7 @@ class BodyTransport:
         self.response.clock.callLater(0, self.response.fail)
 
 
+@implementer(IResponse)
 class FakeResponse:
     """An ``IResponse`` whose body the test delivers by hand."""
 
@@ -126,16 +131,17 @@ class FakeResponse:
         self.code = code
         self.phrase = phrase
         self.headers = Headers(headers or {b"content-type": [b"text/event-stream"]})
-        self.length: Any = UNKNOWN_LENGTH if length is None else length
-        self.protocol: Any = None
+        self.length: int | object = UNKNOWN_LENGTH if length is None else length
+        self.protocol: IProtocol | None = None
         self.transport = BodyTransport(self)
         self.ended = False
 
-    def deliverBody(self, protocol: Any) -> None:
+    def deliverBody(self, protocol: IProtocol) -> None:
         self.protocol = protocol
-        protocol.makeConnection(self.transport)
+        # A body protocol's transport is the response's producer, not an ``ITransport``.
+        protocol.makeConnection(self.transport)  # type: ignore[arg-type]
 
-    def setPreviousResponse(self, response: Any) -> None:
+    def setPreviousResponse(self, response: IResponse) -> None:
         pass
 
     def send(self, *chunks: bytes) -> None:
@@ -148,6 +154,7 @@ class FakeResponse:
         """The body ended cleanly."""
         if not self.ended:
             self.ended = True
+            assert self.protocol is not None, "the body was never delivered"
             self.protocol.connectionLost(Failure(ResponseDone()))
 
     def fail(self) -> None:
@@ -163,13 +170,13 @@ class Call:
     def __init__(
         self,
         upstream: FakeUpstream,
-        node: Any,
+        node: Node | None,
         address: str | None,
         method: bytes,
         path: bytes,
         headers: Headers,
         body: bytes,
-        connected: Any,
+        connected: Callable[[], None] | None,
     ) -> None:
         self.upstream = upstream
         self.node = node
@@ -181,14 +188,16 @@ class Call:
         self._connected = connected
         self.cancelled = False
         self.response: FakeResponse | None = None
-        self.deferred: defer.Deferred[Any] = defer.Deferred(self._cancel)
+        # Fires with a ``FakeResponse``, or (``respondRaw``) the real upstream client's.
+        self.deferred: defer.Deferred[IResponse] = defer.Deferred(self._cancel)
 
     def _cancel(self, _: object) -> None:
         self.cancelled = True
 
     @property
     def nodeId(self) -> str:
-        return str(self.node.id)
+        assert self.node is not None
+        return self.node.id
 
     def connect(self) -> Call:
         """The dial succeeded."""
@@ -219,9 +228,9 @@ class Call:
         """The engine answers with these raw bytes (one read each), parsed by the real
         upstream client on an in-memory transport; more reads go to the connection."""
         self.connect()
-        conn = HTTPClientConnection(_NoPool(), ("http", b"e", 1))  # type: ignore[arg-type]
+        conn = HTTPClientConnection(NoPool(), ("http", b"e", 1))
         conn.makeConnection(StringTransport())
-        sent: defer.Deferred[Any] = defer.Deferred()
+        sent: defer.Deferred[IResponse] = defer.Deferred()
         sent.addCallbacks(self.deferred.callback, self.deferred.errback)
         conn.send(b"", self.method, sent)
         for data in reads:
@@ -238,13 +247,15 @@ class Call:
         self.deferred.errback(ResponseFailed([Failure(ConnectionLost())]))
 
 
-class _NoPool:
+@implementer(IConnectionPool)
+class NoPool:
     """The pool of a ``respondRaw`` connection: keeps nothing."""
 
-    def release(self, conn: Any) -> None:
-        conn.transport.loseConnection()
+    def release(self, conn: IPooledConnection) -> None:
+        if conn.transport is not None:
+            conn.transport.loseConnection()
 
-    def lost(self, conn: Any) -> None:
+    def lost(self, conn: IPooledConnection) -> None:
         pass
 
 
@@ -255,18 +266,18 @@ class FakeUpstream:
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self.calls: list[Call] = []
-        self.auto: Any = None
+        self.auto: Callable[[Call], object] | None = None
 
     def request(
         self,
-        node: Any,
+        node: Node | None,
         address: str | None,
         method: bytes,
         path: bytes,
-        headers: Any,
+        headers: Headers,
         body: bytes,
-        connected: Any = None,
-    ) -> defer.Deferred[Any]:
+        connected: Callable[[], None] | None = None,
+    ) -> defer.Deferred[IResponse]:
         call = Call(self, node, address, method, path, headers, body, connected)
         self.calls.append(call)
         if self.auto is not None:
@@ -282,105 +293,6 @@ class FakeUpstream:
 
     def nodesCalled(self) -> list[str]:
         return [c.nodeId for c in self.calls]
-
-
-class FakeRequest:
-    """The client's side of one request, as ``Exchange`` uses a twisted.web request."""
-
-    def __init__(
-        self,
-        method: bytes = b"POST",
-        path: bytes = b"/v1/chat/completions",
-        headers: dict[bytes, list[bytes]] | None = None,
-    ) -> None:
-        self.method = method
-        self.uri = path
-        self.path = path.split(b"?", 1)[0]
-        self.requestHeaders = Headers(headers or {b"content-type": [b"application/json"]})
-        self.responseHeaders = Headers()
-        self.code: int | None = None
-        self.phrase: bytes | None = None
-        self.written: list[bytes] = []
-        self.finished = False
-        self.aborted = False
-        self.closed = False
-        self._disconnected = False
-        self._notify: list[defer.Deferred[None]] = []
-        self.producer: Any = None
-        self.channel = self
-        self.transport = self
-
-    # request API
-    def notifyFinish(self) -> defer.Deferred[None]:
-        d: defer.Deferred[None] = defer.Deferred()
-        self._notify.append(d)
-        return d
-
-    def setResponseCode(self, code: int, phrase: bytes | None = None) -> None:
-        self.code = code
-        self.phrase = phrase
-
-    def write(self, data: bytes) -> None:
-        if not self._disconnected:
-            self.written.append(data)
-
-    def finish(self) -> None:
-        if self._disconnected:
-            raise RuntimeError("finish after the connection was lost")
-        assert not self.finished, "finished twice"
-        self.finished = True
-        for d in self._notify:
-            d.callback(None)
-        self._notify = []
-
-    def registerProducer(self, producer: Any, streaming: bool) -> None:
-        assert self.producer is None, "a producer is already registered"
-        assert streaming
-        self.producer = producer
-
-    def unregisterProducer(self) -> None:
-        self.producer = None
-
-    # transport API (request.channel.transport)
-    def abortConnection(self) -> None:
-        self.aborted = True
-        self.lose()
-
-    def loseConnection(self) -> None:
-        """A graceful close: what was written is flushed first (kept in ``written``)."""
-        self.closed = True
-        self.lose()
-
-    @property
-    def disconnected(self) -> bool:
-        return self._disconnected
-
-    # test controls
-    @property
-    def body(self) -> bytes:
-        return b"".join(self.written)
-
-    def header(self, name: bytes) -> list[bytes] | None:
-        return self.responseHeaders.getRawHeaders(name)
-
-    def lose(self) -> None:
-        """The client connection went away (as the channel reports it)."""
-        if self._disconnected:
-            return
-        self._disconnected = True
-        if self.producer is not None:
-            self.producer.stopProducing()
-        if not self.finished:
-            for d in self._notify:
-                d.errback(Failure(ConnectionLost()))
-        self._notify = []
-
-    def pause(self) -> None:
-        """The client's socket buffer filled up."""
-        self.producer.pauseProducing()
-
-    def resume(self) -> None:
-        self.producer.resumeProducing()
 
 
 def node(
@@ -413,7 +325,7 @@ CHAT = b'{"model":"m1","stream":true,"messages":[{"role":"user","content":"hi"}]
 
 def startExchange(
     context: IRequestContext,
-    facade: Facade,
+    facade: IFacadeView,
     request: FakeRequest | None = None,
     inference: bool = True,
     model: str | None = "m1",

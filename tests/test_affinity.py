@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
 
 from twisted.internet.task import Clock
@@ -24,7 +25,8 @@ from nvpair.proxy.routing.affinity import (
 from nvpair.proxy.routing.candidates import Snapshot, orderCandidates
 from nvpair.proxy.routing.reservations import ReservationMap
 from tests.fakecontext import FakeContext
-from tests.fakeupstream import FakeRequest, makeFacade, node, startExchange
+from tests.fakerequest import FakeRequest
+from tests.fakeupstream import makeFacade, node, startExchange
 from tests.test_options import assertExitsNaming, parse
 from tests.test_standalone import FakeService
 
@@ -245,8 +247,8 @@ class PlaceTests(SynchronousTestCase):
         """The status view names the limits and the counts, never a digest."""
         self.affinity.served(chatKey(turn(1)), "A")
         self.place(chatKey(turn(2)))
-        service = type(
-            "S", (), {"affinity": self.affinity, "settings": type("T", (), {"affinity": "prefix"})}
+        service = SimpleNamespace(
+            affinity=self.affinity, settings=SimpleNamespace(affinity="prefix")
         )
         status = affinityStatus(service)
         self.assertEqual(status["mode"], "prefix")
@@ -287,7 +289,9 @@ class LoopTests(SynchronousTestCase):
             self.context.upstream.last().answer(status, b"{}")
         self.context.upstream.last().answer(200, b"data: [DONE]\n\n")
         self.assertEqual(request.code, 200)
-        return str(request.header(b"x-nvpair-node")[0].decode())
+        served = request.header(b"x-nvpair-node")
+        assert served is not None
+        return served[0].decode()
 
     def test_turnsStayAndFailoverMoves(self) -> None:
         """Later turns go to the node of the first; a 503 there moves the conversation to the

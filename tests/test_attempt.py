@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from twisted.internet.error import ConnectError, TimeoutError
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
@@ -20,6 +18,7 @@ from nvpair.proxy.dispatch.relay import (
 from nvpair.proxy.dispatch.upstream import Upstream, addressesFor, splitHostPort
 from nvpair.proxy.interfaces import IUpstream
 from tests.fakecontext import FakeContext
+from tests.fakerequest import FakeRequest
 from tests.fakeupstream import (
     BodyTransport,
     FakeResponse,
@@ -195,7 +194,8 @@ class HeadersTests(SynchronousTestCase):
         copied = target()
         copyResponseHeaders(source(), copied, 12)
         engine = source()
-        request = SimpleNamespace(responseHeaders=target())
+        request = FakeRequest()
+        request.responseHeaders = target()
         adoptResponseHeaders(engine, request, 12)
         self.assertIs(request.responseHeaders, engine)
         self.assertEqual(sorted(engine.getAllRawHeaders()), sorted(copied.getAllRawHeaders()))

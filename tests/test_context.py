@@ -18,7 +18,8 @@ from nvpair.proxy.ops.metrics import Metrics
 from nvpair.proxy.routing.candidates import Node
 from nvpair.proxy.runtime.logs import LogControl
 from tests.fakecontext import FakeContext
-from tests.fakeupstream import FakeRequest, FakeUpstream, ListSink, makeSettings
+from tests.fakerequest import FakeRequest
+from tests.fakeupstream import FakeUpstream, ListSink, makeSettings
 
 
 class FakeContextTests(SynchronousTestCase):
@@ -38,7 +39,7 @@ class FakeContextTests(SynchronousTestCase):
         """Generated errors are answered and recorded; reports are recorded."""
         context = FakeContext()
         request = FakeRequest()
-        context.sendError(request, LLAMACPP, 502, "no_owner", "nobody")  # type: ignore[arg-type]
+        context.sendError(request, LLAMACPP, 502, "no_owner", "nobody")
         self.assertEqual(request.code, 502)
         self.assertEqual(context.errors, [(502, "no_owner")])
         context.reportInternal("KeyError")
@@ -74,7 +75,7 @@ class RequestContextTests(SynchronousTestCase):
     def test_sendErrorCounts(self) -> None:
         """A generated error is answered in the engine's shape and counted by reason."""
         request = FakeRequest()
-        self.context.sendError(request, LLAMACPP, 503, "no_capacity", "busy", 7)  # type: ignore[arg-type]
+        self.context.sendError(request, LLAMACPP, 503, "no_capacity", "busy", 7)
         self.assertEqual(request.code, 503)
         self.assertEqual(request.header(b"retry-after"), [b"7"])
         self.assertEqual(json.loads(request.body)["error"]["code"], "no_capacity")

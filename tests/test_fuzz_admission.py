@@ -23,8 +23,9 @@ from nvpair.proxy.http.site import FacadeSite
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
 from nvpair.proxy.testing.wire import siteExchange
+from tests.fakeupstream import ListSink
 from tests.harness import CANARY
-from tests.test_facade import BusyReactor, ListSink
+from tests.test_facade import BusyReactor
 
 MAX_BODY = 2000
 MAX_HEADER_BYTES = 2048

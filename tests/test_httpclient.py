@@ -45,6 +45,7 @@ from nvpair.proxy.http.framing import MAX_BODY_OVERHEAD, MAX_HEAD
 from nvpair.proxy.http.interfaces import IBodyConnection, IConnectionPool, IPooledConnection
 from nvpair.proxy.http.pool import ConnectionPool, DirectTCP
 from nvpair.proxy.http.response import Response
+from nvpair.proxy.routing.nodes import Node
 
 
 @implementer(IHostResolution)
@@ -600,7 +601,12 @@ class UpstreamTests(SynchronousTestCase):
         )
         upstream = Upstream(reactor, 7.0, trust)
         d = upstream.request(
-            SimpleNamespace(id="node-b"), "127.0.0.1:4000", b"GET", b"/v1/models", Headers(), b""
+            Node("node-b", False, (), frozenset()),
+            "127.0.0.1:4000",
+            b"GET",
+            b"/v1/models",
+            Headers(),
+            b"",
         )
         self.assertNoResult(d)
         host, port, factory, timeout, _ = reactor.tcpClients[0]

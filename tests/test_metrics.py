@@ -8,7 +8,7 @@ from typing import Any
 from prometheus_client import REGISTRY
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.dispatch.attempt import Failed
+from nvpair.proxy.dispatch.outcome import Failed, FailureKind
 from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.ops import metrics
 from nvpair.proxy.ops.metrics import Metrics, requestOutcome
@@ -48,7 +48,7 @@ def exchange(
 
 def failure(kind: str, status: int | None = None) -> Failed:
     """An uncommitted attempt's outcome on node ``A``."""
-    return Failed(kind, Node("A", False, ("http://a:1",), frozenset()), status)
+    return Failed(FailureKind(kind), Node("A", False, ("http://a:1",), frozenset()), status)
 
 
 class OutcomeTests(SynchronousTestCase):

@@ -10,7 +10,7 @@ from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.dispatch.attempt import Failed
+from nvpair.proxy.dispatch.outcome import Failed, FailureKind
 from nvpair.proxy.facade.standalone import POLL_INTERVAL, FleetPoller
 from nvpair.proxy.ops.nodestate import STALE_AFTER, NodeState, attemptHealth, pollHealth
 from nvpair.proxy.ops.server import opsResource
@@ -89,7 +89,7 @@ class StatusStateTests(SynchronousTestCase):
         scripted(service)
         exchange = SimpleNamespace(engine=ENGINE, inference=True, createdAt=reactor.seconds())
         node = Node("A", False, ("http://10.0.0.1:8081",), frozenset())
-        service.context.attemptFailed(exchange, Failed("transport", node))
+        service.context.attemptFailed(exchange, Failed(FailureKind.TRANSPORT, node))
         a, me = self.nodes(service)["A"], self.nodes(service)["me"]
         self.assertEqual(
             (a["state"], a["stateReason"], a["checkedAt"]),

@@ -34,6 +34,7 @@ from nvpair.proxy.dispatch.upstream import Upstream
 from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.http.site import FacadeSite
 from nvpair.proxy.interfaces import IUpstream
+from nvpair.proxy.routing.nodes import Node
 from nvpair.proxy.testing.certs import makeNodeCert, writeClusterDir, writePins
 from tests.fakecontext import FakeContext
 
@@ -340,7 +341,7 @@ class PeerUpstreamTests(SynchronousTestCase):
         self.reactor = MemoryReactorClock()
         self.trust = ClusterTrust(self.dir, self.reactor, lambda m: None)
         self.upstream = Upstream(self.reactor, 10.0, self.trust)
-        self.node = SimpleNamespace(id="node-b")
+        self.node = Node("node-b", False, (), frozenset())
 
     def request(self) -> defer.Deferred[IResponse]:
         return self.upstream.request(

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.logger import Logger
+from twisted.internet.base import DelayedCall
+from twisted.logger import ILogObserver, LogEvent, Logger
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
 
 from nvpair.proxy.dispatch.stallwatch import StallWatch
 from tests.fakecontext import FakeContext
+from tests.fakerequest import FakeRequest
 from tests.fakeupstream import (
-    FakeRequest,
     FakeResponse,
     makeFacade,
     node,
@@ -19,6 +21,14 @@ from tests.fakeupstream import (
 from tests.test_options import assertExitsNaming, parse
 
 SSE = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+
+
+@implementer(ILogObserver)
+class LogEvents(list[LogEvent]):
+    """A log observer keeping every event."""
+
+    def __call__(self, event: LogEvent) -> None:
+        self.append(event)
 
 
 class CountingMetrics:
@@ -42,8 +52,8 @@ class StallCase(SynchronousTestCase):
         self.context.metrics = self.metrics  # type: ignore[attr-defined]
         self.clock = self.context.clock
         self.facade = makeFacade(self.clock, [node("A")])
-        self.logged: list[dict[str, Any]] = []
-        self.patch(StallWatch, "log", Logger(observer=self.logged.append))
+        self.logged = LogEvents()
+        self.patch(StallWatch, "log", Logger(observer=self.logged))
 
     def commit(self, request: FakeRequest | None = None) -> tuple[Any, FakeRequest, FakeResponse]:
         """Start a streamed chat and commit it with one chunk."""
@@ -63,7 +73,9 @@ class StallCase(SynchronousTestCase):
     def ticks(self) -> list[Any]:
         """The pending calls of the watches' timer."""
         return [
-            c for c in self.clock.getDelayedCalls() if getattr(c.func, "__name__", "") == "_tick"
+            c
+            for c in self.clock.getDelayedCalls()
+            if isinstance(c, DelayedCall) and getattr(c.func, "__name__", "") == "_tick"
         ]
 
     def terminals(self) -> list[dict[str, Any]]:

@@ -9,39 +9,47 @@ cancellation are one claim on ``state``: whichever comes first wins, the other i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from enum import Enum
+from typing import Final
 
 from twisted.internet import defer
 from twisted.internet.error import ConnectError
-from twisted.internet.interfaces import IDelayedCall, IPushProducer
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
+from zope.interface import implementer
 
+from nvpair.proxy.dispatch.interfaces import IAttemptExchange, IBodyGate, IDiscoveryWatcher
+from nvpair.proxy.dispatch.outcome import (
+    Committed,
+    Failed,
+    FailureKind,
+    ICommittedBody,
+)
+from nvpair.proxy.dispatch.relay import Relay, stopReceiving
 from nvpair.proxy.dispatch.stallwatch import StallWatch
 from nvpair.proxy.dispatch.upstream import addressesFor
+from nvpair.proxy.routing.interfaces import IOutcome
+from nvpair.proxy.routing.nodes import Node
 
-if TYPE_CHECKING:
-    from nvpair.proxy.dispatch.exchange import Exchange
+# ``Committed`` and ``Failed`` live in ``outcome``; importers that name them here still work.
+__all__ = ["Attempt", "AttemptState", "Committed", "Failed", "discard", "retryableStatus"]
 
-PENDING = 0
-COMMITTED = 1
-ABANDONED = 2
 
-# Outcome kinds of an uncommitted attempt.  On the final permitted attempt ``NO_CONTENT``
-# (headers, then no first byte in time) answers 504; every other kind answers 502.
-TRANSPORT = "transport"  # dial failure, connection lost before the first body byte
-HEADER_TIMEOUT = "header_timeout"  # connected, but no headers within the header cap
-STATUS = "status"  # a retryable status on a non-final attempt
-NO_CONTENT = "no_content"  # headers arrived, the first body byte did not (first-content cap)
-LEFT = "left"  # the target left discovery before commit
+class AttemptState(Enum):
+    """Who claimed the attempt: nobody yet, the commit, or its abandonment."""
 
-# How the body of a committed response ended.
-COMPLETE = "complete"
-TRUNCATED = "truncated"
-CLIENT_GONE = "client_gone"
+    PENDING = "pending"
+    COMMITTED = "committed"
+    ABANDONED = "abandoned"
+
+
+PENDING: Final = AttemptState.PENDING
+COMMITTED: Final = AttemptState.COMMITTED
+ABANDONED: Final = AttemptState.ABANDONED
 
 
 def retryableStatus(status: int, inference: bool) -> bool:
@@ -52,65 +60,27 @@ def retryableStatus(status: int, inference: bool) -> bool:
 # How an upstream body ends cleanly (a close-delimited body ends with PotentialDataLoss).
 _CLEAN_ENDS = (ResponseDone, PotentialDataLoss)
 
-
-class Committed:
-    """The attempt's response is the client's answer.
-
-    ``ending`` is how its body ended (None while it streams); ``over`` is set once the
-    body ended or the exchange cancelled it, after which the attempt reports nothing more.
-    """
-
-    __slots__ = ("node", "status", "attempt", "ending", "over")
-
-    def __init__(self, node: Any, status: int, attempt: Attempt) -> None:
-        self.node = node
-        self.status = status
-        self.attempt = attempt
-        self.ending: str | None = None
-        self.over = False
-
-
-class Failed:
-    """The attempt ended without committing."""
-
-    __slots__ = ("kind", "status", "node")
-
-    def __init__(self, kind: str, node: Any, status: int | None = None) -> None:
-        self.kind = kind
-        self.node = node
-        self.status = status
-
-
-Outcome = Committed | Failed
-
 _DONE = Failure(ResponseDone())
-
-
-def _stop(protocol: Protocol) -> None:
-    """Stop the body a protocol is receiving (its transport is the body's producer)."""
-    transport: Any = protocol.transport
-    if transport is not None:
-        transport.stopProducing()
 
 
 class _Discard(Protocol):
     """Reads and drops a body we will not forward; stops it if it is large or endless."""
 
-    def __init__(self, limit: int, clock: Any) -> None:
+    def __init__(self, limit: int, clock: IReactorTime) -> None:
         self._left = limit
         self._timer: IDelayedCall | None = None
         self._clock = clock
 
     def connectionMade(self) -> None:
         if self._left <= 0:
-            _stop(self)
+            stopReceiving(self)
             return
-        self._timer = self._clock.callLater(10.0, _stop, self)
+        self._timer = self._clock.callLater(10.0, stopReceiving, self)
 
     def dataReceived(self, data: bytes) -> None:
         self._left -= len(data)
         if self._left < 0:
-            _stop(self)
+            stopReceiving(self)
 
     def connectionLost(self, reason: Failure = _DONE) -> None:
         if self._timer is not None and self._timer.active():
@@ -118,39 +88,14 @@ class _Discard(Protocol):
         self._timer = None
 
 
-def discard(response: IResponse, clock: Any, limit: int = 1 << 20) -> None:
+def discard(response: IResponse, clock: IReactorTime, limit: int = 1 << 20) -> None:
     """Drain an unwanted response so its connection can be reused, within bounds."""
     response.deliverBody(_Discard(limit, clock))
 
 
-class Relay(Protocol):
-    """Receives the response body: gate until the first byte, then stream to the client."""
-
-    __slots__ = ("attempt", "committed")
-
-    def __init__(self, attempt: Attempt) -> None:
-        self.attempt = attempt
-        self.committed = False
-
-    def connectionMade(self) -> None:
-        self.attempt.headersArrived(self)
-
-    def dataReceived(self, data: bytes) -> None:
-        if self.committed:
-            self.attempt.exchange.write(data)
-            return
-        if self.attempt.commit(self):
-            self.committed = True
-            self.attempt.exchange.write(data)
-        else:
-            _stop(self)
-
-    def connectionLost(self, reason: Failure = _DONE) -> None:
-        self.attempt.bodyLost(self, reason)
-
-
+@implementer(IBodyGate, ICommittedBody, IDiscoveryWatcher)
 class Attempt:
-    """One dispatch to one node."""
+    """One try of one node."""
 
     __slots__ = (
         "exchange",
@@ -169,13 +114,13 @@ class Attempt:
         "_watch",
     )
 
-    def __init__(self, exchange: Exchange, node: Any, final: bool, gated: bool) -> None:
+    def __init__(self, exchange: IAttemptExchange, node: Node, final: bool, gated: bool) -> None:
         self.exchange = exchange
         self.node = node
         self.final = final
         self.gated = gated
-        self.state = PENDING
-        self._result: defer.Deferred[Outcome] = defer.Deferred(self._cancel)
+        self.state: AttemptState = PENDING
+        self._result: defer.Deferred[IOutcome] = defer.Deferred(self._cancel)
         self._pending: defer.Deferred[IResponse] | None = None
         self._relay: Relay | None = None
         self._timer: IDelayedCall | None = None
@@ -187,7 +132,7 @@ class Attempt:
         facade.watch(node.id, self)
         self._addresses = addressesFor(node, facade.localBackend, facade.confirmed.get(node.id))
 
-    def start(self) -> defer.Deferred[Outcome]:
+    def start(self) -> defer.Deferred[IOutcome]:
         """Begin the attempt; the Deferred fires with ``Committed`` or ``Failed``."""
         self._dial(0)
         return self._result
@@ -196,10 +141,11 @@ class Attempt:
 
     def _dial(self, index: int) -> None:
         if index >= len(self._addresses):
-            self._fail(TRANSPORT)
+            self._fail(FailureKind.TRANSPORT)
             return
         ex = self.exchange
         address = self._addresses[index]
+        d: defer.Deferred[IResponse]
         try:
             d = ex.upstream.request(
                 self.node,
@@ -213,11 +159,13 @@ class Attempt:
         except Exception:
             d = defer.fail()
         self._pending = d
-        d.addCallbacks(self._gotResponse, self._requestFailed, (address,), None, (index,))
+        d.addCallbacks(
+            self._gotResponse, self._requestFailed, callbackArgs=(address,), errbackArgs=(index,)
+        )
 
     def _connected(self) -> None:
         """The dial is done: the header cap starts now (the budgets run in sequence, §5.1)."""
-        if self.state != PENDING or self._timer is not None:
+        if self.state is not PENDING or self._timer is not None:
             return
         timeout = self.exchange.settings.responseHeaderTimeout
         if timeout > 0:
@@ -233,7 +181,7 @@ class Attempt:
     def _noHeaders(self) -> None:
         self._timer = None
         pending = self._pending
-        if self.state != PENDING or pending is None:
+        if self.state is not PENDING or pending is None:
             return
         self._headerTimedOut = True
         pending.cancel()
@@ -241,20 +189,20 @@ class Attempt:
     def _requestFailed(self, failure: Failure, index: int) -> None:
         self._pending = None
         self._stopTimer()
-        if self.state != PENDING:
+        if self.state is not PENDING:
             return
         if self._headerTimedOut:
-            self._fail(HEADER_TIMEOUT)
+            self._fail(FailureKind.HEADER_TIMEOUT)
             return
         if failure.check(ConnectError) and index + 1 < len(self._addresses):
             self._dial(index + 1)
             return
         self.exchange.facade.confirmed.pop(self.node.id, None)
-        self._fail(TRANSPORT)
+        self._fail(FailureKind.TRANSPORT)
 
     def _gotResponse(self, response: IResponse, address: str) -> None:
         self._pending = None
-        if self.state != PENDING:
+        if self.state is not PENDING:
             self._stopTimer()
             discard(response, self.exchange.clock, 0)
             return
@@ -264,7 +212,7 @@ class Attempt:
         if not self.final and retryableStatus(status, self.exchange.inference):
             self._stopTimer()
             discard(response, self.exchange.clock)
-            self._fail(STATUS, status)
+            self._fail(FailureKind.STATUS, status)
             return
         # The header timer keeps running: ``headersArrived`` (synchronous, from
         # ``deliverBody``) turns it into the first-content timer or stops it.
@@ -274,14 +222,16 @@ class Attempt:
 
     # -- the gate -------------------------------------------------------------------------
 
-    def headersArrived(self, relay: Relay) -> None:
+    def headersArrived(self) -> None:
         """Headers are in: start the first-content timer, or commit at once when ungated."""
-        if self.state != PENDING:
+        relay = self._relay
+        assert relay is not None
+        if self.state is not PENDING:
             self._stopTimer()
-            _stop(relay)
+            stopReceiving(relay)
             return
         if not self.gated:
-            if self.commit(relay):
+            if self.commit():
                 relay.committed = True
             else:
                 self._stopTimer()
@@ -297,16 +247,16 @@ class Attempt:
 
     def _noContent(self) -> None:
         self._timer = None
-        if self.state != PENDING:
+        if self.state is not PENDING:
             return
         self.state = ABANDONED
         if self._relay is not None:
-            _stop(self._relay)
-        self._fail(NO_CONTENT, abandoned=True)
+            stopReceiving(self._relay)
+        self._fail(FailureKind.NO_CONTENT, abandoned=True)
 
-    def commit(self, relay: Relay) -> bool:
+    def commit(self) -> bool:
         """Claim the attempt for commit; False when cancellation claimed it first."""
-        if self.state != PENDING:
+        if self.state is not PENDING:
             return False
         self.state = COMMITTED
         self._stopTimer()
@@ -314,43 +264,46 @@ class Attempt:
         response = self._response
         assert response is not None
         length = None if response.length is UNKNOWN_LENGTH else int(response.length)
+        relay = self._relay
+        assert relay is not None
+        # A body protocol's transport is the response's producer (see ``stopReceiving``).
         transport: IPushProducer = relay.transport  # type: ignore[assignment]
         self._watch = self.exchange.context.stalls.watch(transport, self.exchange, self.node.id)
         if self._watch is not None:
             transport = self._watch
+        committed = Committed(self.node, response.code, self)
         try:
-            self.exchange.writeHead(
-                self, response.code, response.phrase, response.headers, length, transport
-            )
+            self.exchange.writeHead(committed, response.phrase, response.headers, length, transport)
         except Exception:
             # Nothing sensible can be streamed: stop the body, let the loop report it.
             transport.stopProducing()
             self._result.errback()
             return False
-        committed = self._committed = Committed(self.node, response.code, self)
+        self._committed = committed
         self._result.callback(committed)
         if self._watch is not None:
             self._watch.start()
         return True
 
-    def bodyLost(self, relay: Relay, reason: Failure) -> None:
+    def bodyLost(self, reason: Failure) -> None:
         """The upstream body ended: finish the stream, or end the attempt if nothing committed."""
         clean = isinstance(reason.value, _CLEAN_ENDS)
         if self._watch is not None:
             self._watch.stop()
-        if self.state == PENDING:
-            if clean and self.commit(relay):
+        if self.state is PENDING:
+            relay = self._relay
+            assert relay is not None
+            if clean and self.commit():
                 relay.committed = True
             else:
                 self.exchange.facade.confirmed.pop(self.node.id, None)
-                self._fail(TRANSPORT, abandoned=True)
+                self._fail(FailureKind.TRANSPORT, abandoned=True)
                 return
         committed = self._committed
-        if self.state != COMMITTED or committed is None or committed.over:
+        if self.state is not COMMITTED or committed is None or committed.ending is not None:
             return
         ending = self.exchange.endBody(clean)
-        if not committed.over:
-            committed.over = True
+        if committed.ending is None:
             committed.ending = ending
             self.exchange.bodyEnded(committed)
 
@@ -359,7 +312,7 @@ class Attempt:
         if self._watch is not None:
             self._watch.stop()
         if self._relay is not None:
-            _stop(self._relay)
+            stopReceiving(self._relay)
 
     # -- endings --------------------------------------------------------------------------
 
@@ -369,8 +322,8 @@ class Attempt:
                 self._timer.cancel()
             self._timer = None
 
-    def _fail(self, kind: str, status: int | None = None, abandoned: bool = False) -> None:
-        if self.state == PENDING:
+    def _fail(self, kind: FailureKind, status: int | None = None, abandoned: bool = False) -> None:
+        if self.state is PENDING:
             self.state = ABANDONED
         elif not abandoned:
             return
@@ -393,25 +346,25 @@ class Attempt:
 
     def left(self) -> None:
         """The target left discovery: abandon unless already committed."""
-        if self.state != PENDING:
+        if self.state is not PENDING:
             return
         self.state = ABANDONED
         self._abort()
         self._stopTimer()
         self._unwatch()
         if not self._result.called:
-            self._failed(Failed(LEFT, self.node))
+            self._failed(Failed(FailureKind.LEFT, self.node))
 
     def _abort(self) -> None:
         if self._pending is not None:
             pending, self._pending = self._pending, None
             pending.cancel()
         if self._relay is not None:
-            _stop(self._relay)
+            stopReceiving(self._relay)
 
-    def _cancel(self, d: defer.Deferred[Outcome]) -> None:
+    def _cancel(self, d: defer.Deferred[IOutcome]) -> None:
         """The request's scope was cancelled (client gone, shutdown) before commit."""
-        if self.state != PENDING:
+        if self.state is not PENDING:
             return
         self.state = ABANDONED
         self._stopTimer()

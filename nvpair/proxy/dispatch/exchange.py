@@ -1,4 +1,4 @@
-"""The dispatch loop (spec §5, §5.1, §5.4): candidates, attempts, backoff, and the one ending.
+"""One client request through the fleet (spec §5, §5.1, §5.4): attempts, backoff, the one ending.
 
 ``Exchange`` is one client request on its way through the fleet.  It drives the route
 class's placement policy (``placement``) and owns the one terminal bookkeeping step
@@ -7,66 +7,55 @@ class's placement policy (``placement``) and owns the one terminal bookkeeping s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from twisted.internet import defer, task
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet import defer
+from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
+from zope.interface import implementer
 
 from nvpair.proxy.broker.workloads import CANCELLED, COMPLETED, FAILED, Workload
-from nvpair.proxy.dispatch import attempt as att
-from nvpair.proxy.dispatch.attempt import Attempt, Committed, Failed, Outcome
+from nvpair.proxy.dispatch.answering import MESSAGES, nodeHeader, statsDialect
+from nvpair.proxy.dispatch.attempt import Attempt
+from nvpair.proxy.dispatch.driver import WAITING, Early, PolicyDriver
+from nvpair.proxy.dispatch.interfaces import IAttemptExchange, IFacadeView
+from nvpair.proxy.dispatch.outcome import (
+    CLIENT_GONE,
+    COMPLETE,
+    CUT,
+    GONE,
+    OPEN,
+    STOPPED,
+    TRUNCATED,
+    BodyEnding,
+    ClientState,
+    Committed,
+    Failed,
+)
 from nvpair.proxy.dispatch.relay import (
     ClientFlow,
     abortClient,
     adoptResponseHeaders,
     truncateClient,
 )
+from nvpair.proxy.http.interfaces import IServerRequest
+from nvpair.proxy.interfaces import IRequestContext, IUpstream
+from nvpair.proxy.routing.interfaces import IOutcome, IPlacementExchange
 from nvpair.proxy.routing.placement import Policy, placeInference, placeVerbatim
+from nvpair.proxy.routing.reservations import Reservation
 from nvpair.proxy.routing.stats import StatsMeter
 
-_MESSAGES = {
-    "no_owner": "no node advertises this model",
-    "upstream_unreachable": "the last permitted attempt failed at the transport",
-    "no_content": "the last permitted attempt produced no content in time",
-    "deadline_exceeded": "the job deadline passed while attempts were failing",
-    "owner_unavailable": "no owner of this model became available before the deadline",
-    "attempts_exhausted": "every permitted dispatch attempt failed",
-    "internal": "internal proxy error",
-}
-
+if TYPE_CHECKING:
+    from nvpair.proxy.routing.nodes import Node
+    from nvpair.proxy.settings import Settings
 
 _NO_HEADERS = Headers()
-_WAITING = object()  # no result yet for what the policy waits for
-
-# Per-request values that depend only on a bounded key, computed once.
-_NODE_HEADERS: dict[str, tuple[bytes]] = {}  # node id -> the x-nvpair-node values
-_DIALECTS: dict[tuple[str, bytes], str] = {}  # (engine id, inference path) -> stats dialect
-_CACHE_CAP = 4096
 
 
-def _nodeHeader(nodeId: str) -> tuple[bytes]:
-    value = _NODE_HEADERS.get(nodeId)
-    if value is None:
-        value = (nodeId.encode(),)
-        if len(_NODE_HEADERS) < _CACHE_CAP:
-            _NODE_HEADERS[nodeId] = value
-    return value
-
-
-def _statsDialect(engine: Any, path: bytes) -> str:
-    key = (engine.id, path)
-    dialect = _DIALECTS.get(key)
-    if dialect is None:
-        dialect = engine.statsDialect(path)
-        if len(_DIALECTS) < _CACHE_CAP:
-            _DIALECTS[key] = dialect
-    return dialect
-
-
-class Exchange:
+@implementer(IPlacementExchange, IAttemptExchange)
+class Exchange(PolicyDriver):
     """One client request on its way through the fleet, and everything its ending touches."""
 
     log = Logger()
@@ -90,30 +79,25 @@ class Exchange:
         "model",
         "createdAt",
         "workload",
-        "reservation",
         "activeNode",
         "attempts",
         "meter",
         "flow",
         "committedStatus",
+        "committed",
         "expectedLength",
         "written",
-        "clientGone",
-        "truncated",
+        "client",
         "stopping",
         "answered",
-        "loop",
         "serving",
-        "policy",
-        "stepping",
-        "early",
     )
 
     def __init__(
         self,
-        context: Any,
-        facade: Any,
-        request: Any,
+        context: IRequestContext,
+        facade: IFacadeView,
+        request: IServerRequest,
         inference: bool,
         model: str | None,
         body: bytes,
@@ -122,9 +106,9 @@ class Exchange:
         self.context = context
         self.facade = facade
         self.engine = facade.engine
-        self.settings = context.settings
-        self.clock = context.clock
-        self.upstream = context.upstream
+        self.settings: Settings = context.settings
+        self.clock: IReactorTime = context.clock
+        self.upstream: IUpstream = context.upstream
         self.request = request
         self.method: bytes = request.method
         self.uri: bytes = request.uri
@@ -136,23 +120,28 @@ class Exchange:
         self.model = model
         self.createdAt: float = self.clock.seconds()
         self.workload: Workload | None = None
-        self.reservation: Any = None
         self.activeNode: str | None = None
         self.attempts = 0
         self.meter: StatsMeter | None = None
         self.flow: ClientFlow | None = None
         self.committedStatus: int | None = None
+        self.committed: Committed | None = None  # the attempt that committed, once one did
         self.expectedLength: int | None = None
         self.written = 0
-        self.clientGone = False
-        self.truncated = False
-        self.stopping = False
+        self.client: ClientState = OPEN
+        self.stopping = False  # the process is stopping: the request is cancelled
         self.answered = False
-        self.loop: defer.Deferred[Any] | None = None  # what the policy waits for now
         self.serving: Committed | None = None
-        self.policy: Policy | None = None
+        self.policy: Policy | None = None  # the placement loop (``PolicyDriver``)
+        self.reservation: Reservation | None = None
+        self.loop: defer.Deferred[IOutcome] | defer.Deferred[None] | None = None
         self.stepping = False
-        self.early: object = _WAITING
+        self.early: IOutcome | Failure | Early | None = WAITING
+
+    @property
+    def clientGone(self) -> bool:
+        """Whether the client left (or was cut off) before its answer ended (for metrics)."""
+        return self.client is GONE
 
     # -- life of the exchange -------------------------------------------------------------
 
@@ -162,80 +151,19 @@ class Exchange:
             self.workload = self.context.reporter.admit(self.engine.id, self.model)
         self.context.exchanges.add(self)
         request = self.request
-        whenLost = getattr(request, "whenLost", None)
-        if whenLost is not None:
-            whenLost(self._clientLost)  # the facade's own request: no Deferred needed
-        else:
-            request.notifyFinish().addErrback(self._clientLost)
+        request.whenLost(self._clientLost)
         if request.disconnected:
-            self.clientGone = True  # gone before we started: notifyFinish will never fire
+            self.client = GONE  # gone before we started: ``whenLost`` will never call
             self._terminal()
             return
         self.policy = (placeInference if self.inference else placeVerbatim)(self)
         self._advance(None)
 
-    # -- driving the policy ---------------------------------------------------------------
-
-    # The policy generator is driven here rather than by ``Deferred.fromCoroutine``: most
-    # requests commit on their first attempt, and a coroutine costs several Deferred and
-    # frame hops per step.  The loop is a trampoline: a wait that is already over when it
-    # is yielded continues the loop instead of nesting a call.
-
-    def _advance(self, result: object) -> None:
-        """Send ``result`` to the policy and run it up to its next unfinished wait."""
-        policy = self.policy
-        assert policy is not None
-        while True:
-            try:
-                waiting = policy.send(result)
-            except StopIteration as done:
-                self.policy = None
-                self._placed(done.value)
-                return
-            except Exception as e:
-                self.policy = None
-                self._internal(e)
-                self._terminal()
-                return
-            self.loop = waiting
-            if self.clientGone or self.stopping:
-                waiting.cancel()  # cancelled while the policy ran between two waits
-            self.early = _WAITING
-            self.stepping = True
-            waiting.addCallbacks(self._resumed, self._interrupted)
-            self.stepping = False
-            early, self.early = self.early, _WAITING
-            if early is _WAITING:
-                return  # the wait is still on: ``_resumed`` continues
-            if isinstance(early, Failure):
-                self._interrupted(early)
-                return
-            result = early
-
-    def _resumed(self, result: object) -> None:
-        if self.stepping:
-            self.early = result  # finished inside ``addCallbacks``: the loop goes on
-            return
-        if self.policy is not None:
-            self._advance(result)
-
-    def _interrupted(self, failure: Failure) -> None:
-        """The wait failed: cancelled (client gone, shutdown) or a crash in the attempt."""
-        if self.stepping:
-            self.early = failure
-            return
-        policy, self.policy = self.policy, None
-        if policy is None:
-            return
-        policy.close()
-        if not failure.check(defer.CancelledError):
-            self._internal(failure.value)  # type: ignore[arg-type]
-        self._terminal()
-
-    def _placed(self, committed: Committed | None) -> None:
+    def _placed(self) -> None:
         """The policy ended: serve what committed, or end now if it answered itself."""
         streaming = False
         try:
+            committed = self.committed
             if committed is not None:
                 streaming = self.serve(committed)
         except Exception as e:
@@ -244,12 +172,12 @@ class Exchange:
             if not streaming:
                 self._terminal()
 
-    def _internal(self, e: Exception) -> None:
+    def _internal(self, e: BaseException) -> None:
         self.log.failure("request-crashed", engine=self.engine.id, path=self.path.decode("latin-1"))
         self.context.reportInternal(type(e).__name__)
         if self.committedStatus is None:
             self.answerError(500, "internal")
-        elif not self.clientGone:
+        elif self.client is not GONE:
             abortClient(self.request)
         if self.workload is not None:
             self.workload.finish(FAILED, "internal")
@@ -262,14 +190,15 @@ class Exchange:
             self.flow.cancel()
         self.context.exchanges.discard(self)
         if self.workload is not None and not self.workload.ended:
-            if self.clientGone and not self.stopping and self._answerDelivered():
+            gone = self.client is GONE
+            if gone and not self.stopping and self._answerDelivered():
                 # The client read the whole answer and hung up before the engine closed the
                 # body (the openai client stops at ``data: [DONE]``): that is a completion.
                 stats = self.meter.result(self.clock.seconds()) if self.meter else None
                 self.workload.finish(COMPLETED, None, stats)
                 self.context.requestEnded(self)
                 return
-            cancelled = self.clientGone or self.stopping
+            cancelled = gone or self.stopping
             self.workload.finish(
                 CANCELLED if cancelled else FAILED, "cancelled" if cancelled else "internal"
             )
@@ -286,26 +215,27 @@ class Exchange:
         return self.meter is not None and self.meter.sawEnd()
 
     def _clientLost(self, _: object) -> None:
-        if self.clientGone or self.truncated:
+        if self.client is not OPEN:
             return  # already handled, or the loss is our own abort of a truncated stream
-        self.clientGone = True
+        self.client = GONE
         self._cancel()
 
     def _cancel(self) -> None:
         """Cancel the placement loop, or the committed body being served."""
-        if self.loop is not None and not self.loop.called:
-            self.loop.cancel()
+        loop = self.loop
+        if loop is not None and not loop.called:
+            loop.cancel()
             return
         committed = self.serving
         if committed is not None:
             self.serving = None
-            committed.over = True
+            committed.ending = STOPPED
             committed.attempt.stopBody()
             self._terminal()
 
     def deadClient(self) -> None:
         """The client stopped reading for longer than the write deadline: cut it off."""
-        if self.clientGone:
+        if self.client is GONE:
             return
         abortClient(self.request)
         self._clientLost(None)
@@ -313,22 +243,11 @@ class Exchange:
     def shutdown(self) -> None:
         """The process is stopping: cancel this request (reported cancelled)."""
         self.stopping = True
-        if not self.clientGone:
+        if self.client is not GONE:
             abortClient(self.request)
         self._cancel()
 
-    # -- reservations and in-flight counts -----------------------------------------------
-
-    def reserve(self, nodeId: str) -> None:
-        """Take this round's reservation on ``nodeId``."""
-        self.releaseReservation()
-        self.reservation = self.context.reservations.reserve(nodeId)
-
-    def releaseReservation(self) -> None:
-        """Release the reservation, if any (before a backoff and at the end)."""
-        if self.reservation is not None:
-            self.reservation.release()
-            self.reservation = None
+    # -- in-flight counts -----------------------------------------------------------------
 
     def _setActive(self, nodeId: str | None) -> None:
         if self.activeNode is not None:
@@ -339,14 +258,15 @@ class Exchange:
 
     # -- attempts -------------------------------------------------------------------------
 
-    # ``dispatch`` and ``serve`` hand back the Deferred they end with rather than being
+    # ``attemptOn`` and ``pause`` hand back the Deferred they end with rather than being
     # coroutines themselves: each coroutine level is resumed on every step of the loop.
 
-    def dispatch(self, node: Any, final: bool, gated: bool) -> defer.Deferred[Outcome]:
+    def attemptOn(self, node: Node, final: bool, gated: bool) -> defer.Deferred[IOutcome]:
         """One attempt on ``node``: move the reservation, report the placement, run it."""
         self.attempts += 1
-        if self.reservation is not None:
-            self.reservation.moveTo(node.id)
+        reservation = self.reservation
+        if reservation is not None:
+            reservation.moveTo(node.id)
         if self.workload is not None:
             self.workload.submitted(node.id)
         self._setActive(node.id)
@@ -383,10 +303,10 @@ class Exchange:
         finally:
             self._terminal()
 
-    def _served(self, ending: str, committed: Committed) -> None:
+    def _served(self, ending: BodyEnding, committed: Committed) -> None:
         if self.workload is None:
             return
-        if ending == att.CLIENT_GONE or self.clientGone:
+        if ending is CLIENT_GONE or self.client is GONE:
             self.workload.finish(CANCELLED, "client disconnected")
             return
         stats = None
@@ -401,15 +321,15 @@ class Exchange:
 
     def writeHead(
         self,
-        attempt: Attempt,
-        code: int,
+        committed: Committed,
         phrase: bytes,
         headers: Headers,
         length: int | None,
         upstream: IPushProducer,
     ) -> None:
         """Commit: status and headers to the client, upstream registered as its producer."""
-        self.committedStatus = code
+        code = self.committedStatus = committed.status
+        self.committed = committed
         self.expectedLength = length
         self.answered = True
         request = self.request
@@ -417,19 +337,20 @@ class Exchange:
         # rather than when the (possibly long) stream ends.
         self.body = b""
         self.forwardHeaders = _NO_HEADERS
-        content = getattr(request, "content", None)
+        content = request.content
         if content is not None:
             content.close()
         request.setResponseCode(code, phrase)
         adoptResponseHeaders(headers, request, length)
         responseHeaders = request.responseHeaders
-        responseHeaders.setRawHeaders(b"X-Nvpair-Node", _nodeHeader(attempt.node.id))
+        nodeId = committed.node.id
+        responseHeaders.setRawHeaders(b"X-Nvpair-Node", nodeHeader(nodeId))
         responseHeaders.setRawHeaders(b"X-Nvpair-Attempts", (b"%d" % self.attempts,))
         if self.inference and code < 400:
-            meter = self.meter = StatsMeter(_statsDialect(self.engine, self.path), self.createdAt)
+            meter = self.meter = StatsMeter(statsDialect(self.engine, self.path), self.createdAt)
             meter.firstByte(self.clock.seconds())
-        self.context.committed(self, attempt.node.id)
-        if self.clientGone:
+        self.context.committed(self, nodeId)
+        if self.client is GONE:
             upstream.stopProducing()
             return
         self.flow = ClientFlow(
@@ -441,50 +362,32 @@ class Exchange:
         """Forward one body chunk, exactly as received."""
         if self.meter is not None:
             self.meter.feed(data)
-        if not self.clientGone:
+        if self.client is not GONE:
             self.written += len(data)
             self.request.write(data)
 
-    def endBody(self, clean: bool) -> str:
+    def endBody(self, clean: bool) -> BodyEnding:
         """The upstream body ended; finish or cut the client's response."""
         if self.flow is not None:
             self.flow.cancel()
-        if self.clientGone:
-            return att.CLIENT_GONE
+        if self.client is GONE:
+            return CLIENT_GONE
         request = self.request
         request.unregisterProducer()
         if clean:
             request.finish()
-            return att.COMPLETE
-        self.truncated = True
+            return COMPLETE
+        self.client = CUT
         truncateClient(request, self.clock, self.settings.clientWriteTimeout or 60.0)
-        return att.TRUNCATED
+        return TRUNCATED
 
     def answerError(self, status: int, reason: str, retryAfter: int | None = None) -> None:
         """Send a response the proxy generates itself, in the engine's error shape."""
         self.answered = True
         if self.workload is not None:
             self.workload.finish(FAILED, reason)
-        if self.clientGone:
+        if self.client is GONE:
             return
         self.context.sendError(
-            self.request, self.engine, status, reason, _MESSAGES.get(reason, reason), retryAfter
+            self.request, self.engine, status, reason, MESSAGES.get(reason, reason), retryAfter
         )
-
-    def unavailable(self, reason: str) -> None:
-        """The loop ended between attempts: 503 with Retry-After naming why."""
-        self.answerError(503, reason, self.settings.retryAfter)
-
-    def answerFinal(self, outcome: Failed) -> None:
-        """The final permitted attempt failed uncommitted: it answers for itself."""
-        if outcome.kind == att.NO_CONTENT:
-            self.answerError(504, "no_content")
-        else:
-            self.answerError(502, "upstream_unreachable")
-
-    def pause(self, seconds: float, wakeOnDiscovery: bool) -> defer.Deferred[Any]:
-        """Wait ``seconds`` (or until discovery changes, when asked), cancellably."""
-        sleep: defer.Deferred[Any] = task.deferLater(self.clock, max(seconds, 0.0), lambda: None)
-        if not wakeOnDiscovery:
-            return sleep
-        return defer.race([sleep, self.facade.nextSnapshot()])

@@ -1,4 +1,5 @@
-"""Writing a committed response to the client, with backpressure and a dead-client deadline.
+"""Relaying a response between engine and client: headers both ways, the body protocol at
+the commit gate (``Relay``), and the client's flow control and ending.
 
 The upstream body transport is registered as the client's producer through ``ClientFlow``:
 when the client's socket buffer fills, the upstream read pauses (memory stays bounded);
@@ -8,11 +9,16 @@ when the client stays paused longer than the write deadline, the client is cut o
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.protocol import Protocol
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseDone
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
+
+from nvpair.proxy.dispatch.interfaces import IBodyGate
+from nvpair.proxy.http.interfaces import IServerRequest, IStreamTransport
 
 # Connection-scoped headers that never cross a proxy (RFC 9110 §7.6.1), plus the ones the
 # client library recomputes for the other side.
@@ -84,7 +90,7 @@ def copyResponseHeaders(source: Headers, target: Headers, length: int | None) ->
 _ENGINE_OWNED = (b"server", b"date")  # the engine's replace the proxy's
 
 
-def adoptResponseHeaders(source: Headers, request: Any, length: int | None) -> None:
+def adoptResponseHeaders(source: Headers, request: IServerRequest, length: int | None) -> None:
     """Make an upstream response's headers the client response's, without copying them.
 
     The same result as ``copyResponseHeaders`` onto ``request.responseHeaders`` (hop-by-hop
@@ -154,11 +160,50 @@ class ClientFlow:
         self._cancelTimer()
 
 
-def _clientTransport(request: Any) -> Any:
-    return getattr(request.channel, "transport", None) if request.channel else None
+_DONE = Failure(ResponseDone())
 
 
-def abortClient(request: Any) -> None:
+def stopReceiving(protocol: Protocol) -> None:
+    """Stop the body a protocol is receiving (its transport is the body's producer)."""
+    # A body protocol's transport is the response's producer, not the ``ITransport`` that
+    # Twisted's ``Protocol`` declares.
+    transport: IPushProducer | None = protocol.transport  # type: ignore[assignment]
+    if transport is not None:
+        transport.stopProducing()
+
+
+class Relay(Protocol):
+    """Receives the response body: gate until the first byte, then stream to the client."""
+
+    __slots__ = ("attempt", "committed")
+
+    def __init__(self, attempt: IBodyGate) -> None:
+        self.attempt = attempt
+        self.committed = False
+
+    def connectionMade(self) -> None:
+        self.attempt.headersArrived()
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.committed:
+            self.attempt.exchange.write(data)
+            return
+        if self.attempt.commit():
+            self.committed = True
+            self.attempt.exchange.write(data)
+        else:
+            stopReceiving(self)
+
+    def connectionLost(self, reason: Failure = _DONE) -> None:
+        self.attempt.bodyLost(reason)
+
+
+def _clientTransport(request: IServerRequest) -> IStreamTransport | None:
+    channel = request.channel
+    return channel.transport if channel else None
+
+
+def abortClient(request: IServerRequest) -> None:
     """Close the client connection at once, dropping anything still buffered for it."""
     transport = _clientTransport(request)
     if transport is None:
@@ -170,7 +215,7 @@ def abortClient(request: Any) -> None:
         transport.loseConnection()
 
 
-def truncateClient(request: Any, clock: IReactorTime, grace: float) -> None:
+def truncateClient(request: IServerRequest, clock: IReactorTime, grace: float) -> None:
     """End a committed response that the upstream cut short, so the client sees it cut.
 
     The bytes already relayed are flushed first and the connection then closed without the
@@ -185,7 +230,7 @@ def truncateClient(request: Any, clock: IReactorTime, grace: float) -> None:
         clock.callLater(grace, _abortIfOpen, transport)
 
 
-def _abortIfOpen(transport: Any) -> None:
+def _abortIfOpen(transport: IStreamTransport) -> None:
     if not getattr(transport, "disconnected", False):
         abort = getattr(transport, "abortConnection", None)
         if abort is not None:

@@ -16,13 +16,29 @@ late the reactor runs the timer), never sooner.
 
 from __future__ import annotations
 
-from typing import Any
+from enum import Enum
+from typing import Final
 
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from nvpair.proxy.dispatch.interfaces import IAttemptExchange
+
 CHECKS_PER_TIMEOUT = 8
+
+
+class Flow(Enum):
+    """The client's flow control of a watched body, as far as the idle clock cares."""
+
+    FLOWING = "flowing"  # the engine may send; silence counts
+    PAUSED = "paused"  # the proxy holds the engine back for a slow client; silence is ours
+    RESUMED = "resumed"  # let go again since the last check: the clock restarts there
+
+
+FLOWING: Final = Flow.FLOWING
+PAUSED: Final = Flow.PAUSED
+RESUMED: Final = Flow.RESUMED
 
 
 class StallWatches:
@@ -36,7 +52,9 @@ class StallWatches:
         self._timer: IDelayedCall | None = None
         self._due = 0.0  # when the running timer was meant to fire
 
-    def watch(self, upstream: IPushProducer, exchange: Any, nodeId: str) -> StallWatch | None:
+    def watch(
+        self, upstream: IPushProducer, exchange: IAttemptExchange, nodeId: str
+    ) -> StallWatch | None:
         """A watch for one committed body (not yet started), or None when the timeout is 0."""
         if self.timeout <= 0:
             return None
@@ -78,15 +96,18 @@ class StallWatch:
         "_nodeId",
         "_seen",
         "_quietSince",
-        "_paused",
-        "_resumed",
+        "_flow",
         "_over",
     )
 
     log = Logger()
 
     def __init__(
-        self, watches: StallWatches, upstream: IPushProducer, exchange: Any, nodeId: str
+        self,
+        watches: StallWatches,
+        upstream: IPushProducer,
+        exchange: IAttemptExchange,
+        nodeId: str,
     ) -> None:
         self._watches = watches
         self._upstream = upstream
@@ -94,8 +115,7 @@ class StallWatch:
         self._nodeId = nodeId
         self._seen = -1  # the first check counts as progress: the clock starts there
         self._quietSince = 0.0
-        self._paused = False
-        self._resumed = False
+        self._flow: Flow = FLOWING
         self._over = False
 
     def start(self) -> None:
@@ -112,10 +132,12 @@ class StallWatch:
         """One tick: note progress (bytes relayed, or a pause of ours), or cut when the
         engine has been silent for the whole timeout."""
         written = self._exchange.written
-        if written != self._seen or self._paused or self._resumed:
+        flow = self._flow
+        if written != self._seen or flow is not FLOWING:
             self._seen = written
             self._quietSince = now
-            self._resumed = False
+            if flow is RESUMED:
+                self._flow = FLOWING
             return
         idle = now - self._quietSince
         timeout = self._watches.timeout
@@ -141,13 +163,12 @@ class StallWatch:
 
     def pauseProducing(self) -> None:
         """The client is slow: hold the engine back (its idle clock stops)."""
-        self._paused = True
+        self._flow = PAUSED
         self._upstream.pauseProducing()
 
     def resumeProducing(self) -> None:
         """The client caught up: read the engine again (its idle clock restarts)."""
-        self._paused = False
-        self._resumed = True
+        self._flow = RESUMED
         self._upstream.resumeProducing()
 
     def stopProducing(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
 from twisted.internet.abstract import isIPAddress, isIPv6Address
@@ -26,6 +26,9 @@ from nvpair.proxy.http.framing import isToken, serializeRequest
 from nvpair.proxy.http.pool import ConnectionPool, DirectTCP
 from nvpair.proxy.interfaces import IUpstream
 
+if TYPE_CHECKING:
+    from nvpair.proxy.routing.nodes import Node
+
 _BODY_METHODS = (b"POST", b"PUT", b"PATCH")
 _VALID_METHODS: set[bytes] = set()  # methods found to be tokens (a few)
 _VALID_TARGET = re.compile(rb"[\x21-\x7e]+")  # visible ASCII: no space, no control
@@ -38,7 +41,7 @@ class _Target:
 
     def __init__(
         self,
-        key: Any,
+        key: tuple[object, ...],
         host: bytes,
         prefix: bytes,
         endpoint: Callable[[], IStreamClientEndpoint | DirectTCP],
@@ -68,6 +71,7 @@ def splitHostPort(address: str) -> tuple[str, int]:
 class Upstream:
     """Opens requests to nodes over the shared pool."""
 
+    # ``reactor`` must provide both IReactorTCP and IReactorTime, which no one type can say.
     def __init__(
         self,
         reactor: Any,
@@ -84,7 +88,7 @@ class Upstream:
 
     def request(
         self,
-        node: Any,
+        node: Node | None,
         address: str | None,
         method: bytes,
         path: bytes,
@@ -104,6 +108,7 @@ class Upstream:
                 if target is None:
                     target = self._target(address)
             else:
+                assert node is not None  # a peer address belongs to a node
                 target = self._peer(node.id, address)
             if method not in _VALID_METHODS:
                 if not isToken(method):
@@ -116,10 +121,7 @@ class Upstream:
             return defer.fail()
         sendBody = body if body or method in _BODY_METHODS else None
         data = serializeRequest(method, target.prefix + path, target.host, headers, sendBody)
-        sent: defer.Deferred[Any] = self.pool.request(
-            target.key, target.endpoint, data, method, connected
-        )
-        return sent
+        return self.pool.request(target.key, target.endpoint, data, method, connected)
 
     def _peer(self, nodeId: str, address: str) -> _Target:
         """A peer facade at ``host:port`` over mutual TLS pinned to ``nodeId``; pooled under
@@ -191,7 +193,7 @@ class Upstream:
 _NONE: tuple[str, ...] = ()
 
 
-def addressesFor(node: Any, localBackend: str | None, confirmed: str | None) -> tuple[str, ...]:
+def addressesFor(node: Node, localBackend: str | None, confirmed: str | None) -> tuple[str, ...]:
     """The addresses to try for ``node``, the confirmed one first; the local backend for self.
 
     The node's own tuple is returned when it is already in that order (no copy).

@@ -18,8 +18,9 @@ from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IListeningPort, IReactorTCP
 from twisted.internet.protocol import ServerFactory
 from twisted.logger import Logger
-from zope.interface import Attribute, Interface
+from zope.interface import Attribute, Interface, implementer
 
+from nvpair.proxy.dispatch.interfaces import IFacadeView
 from nvpair.proxy.engines import Engine
 from nvpair.proxy.routing.candidates import Snapshot
 
@@ -78,6 +79,7 @@ class FacadeState(Enum):
     """Every listener is closed; discovery waiters were cancelled."""
 
 
+@implementer(IFacadeView)
 class Facade(Service):
     """An engine's facade: listeners plus the discovery, pin and local-backend state."""
 

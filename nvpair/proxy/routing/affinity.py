@@ -23,7 +23,8 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from typing import Any
+from enum import IntEnum
+from typing import Protocol
 
 from twisted.internet.interfaces import IReactorTime
 
@@ -178,8 +179,15 @@ class AffinityTable:
         return len(self._entries)
 
 
-HIT, MISS, OVERRIDDEN = 0, 1, 2
-RESULTS = ("hit", "miss", "overridden")
+class Placed(IntEnum):
+    """How ``Affinity.place`` placed a conversation's request; each indexes its count."""
+
+    HIT = 0  # on its home
+    MISS = 1  # no home known: the least-loaded owner
+    OVERRIDDEN = 2  # its home was overloaded: the least-loaded owner
+
+
+RESULTS = ("hit", "miss", "overridden")  # the counts' names, in ``Placed`` order
 
 
 class Affinity:
@@ -196,7 +204,7 @@ class Affinity:
         self.maxImbalance = maxImbalance
         self.counts: dict[str, list[int]] = {}  # engine id -> [hits, misses, overridden]
 
-    def _count(self, engineId: str, result: int) -> None:
+    def _count(self, engineId: str, result: Placed) -> None:
         counts = self.counts.get(engineId)
         if counts is None:
             counts = self.counts[engineId] = [0, 0, 0]
@@ -218,16 +226,16 @@ class Affinity:
         loads = [load(node.id) for node in ordered]
         least = min(loads)
         home = self.table.lookup(key.lookups)
-        result = MISS
+        result = Placed.MISS
         if home is not None:
             for position, node in enumerate(ordered):
                 if node.id == home:
                     if loads[position] <= least + self.maxImbalance:
                         if engineId is not None:
-                            self._count(engineId, HIT)
+                            self._count(engineId, Placed.HIT)
                         toFront(ordered, position)
                         return node
-                    result = OVERRIDDEN
+                    result = Placed.OVERRIDDEN
                     break
         if engineId is not None:
             self._count(engineId, result)
@@ -253,7 +261,7 @@ class Affinity:
         for digest in key.records:
             self.table.record(digest, nodeId)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         """The ``/status`` view: table size and limits, counts per engine."""
         return {
             "entries": len(self.table),
@@ -267,10 +275,29 @@ class Affinity:
         }
 
 
-def affinityStatus(service: Any) -> dict[str, Any]:
+class _Mode(Protocol):
+    @property
+    def affinity(self) -> str: ...
+
+
+class AffinityOwner(Protocol):
+    """What ``affinityStatus`` reads of the process (or any view of it): the ``--affinity``
+    setting, and the conversation affinity when it orders candidates."""
+
+    @property
+    def settings(self) -> _Mode: ...
+
+    @property
+    def affinity(self) -> Affinity | None: ...
+
+
+def affinityStatus(service: AffinityOwner) -> dict[str, object]:
     """The ``affinity`` object of ``/status``: the mode, whether it orders, and its table."""
     affinity = service.affinity
-    document: dict[str, Any] = {"mode": service.settings.affinity, "active": affinity is not None}
+    document: dict[str, object] = {
+        "mode": service.settings.affinity,
+        "active": affinity is not None,
+    }
     if affinity is not None:
         document.update(affinity.status())
     return document

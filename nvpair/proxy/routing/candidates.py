@@ -23,10 +23,9 @@ a plain list (scanned linearly and reordered in place).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import overload
 
-import attrs
-
+from nvpair.proxy.routing.nodes import Node, parseNodes
 from nvpair.proxy.routing.reservations import ReservationMap
 
 __all__ = [
@@ -37,64 +36,6 @@ __all__ = [
     "parseNodes",
     "placeReservation",
 ]
-
-
-@attrs.frozen(slots=True)
-class Node:
-    """One node of a facade's discovery snapshot, as the broker announced it."""
-
-    id: str
-    isSelf: bool
-    addresses: tuple[str, ...]
-    models: frozenset[str]  # as advertised (not normalized)
-
-
-def _stringList(value: object, field: str) -> tuple[str, ...]:
-    if not isinstance(value, list):
-        raise ValueError(f"{field}: expected a list of strings")
-    for item in value:
-        if not isinstance(item, str):
-            raise ValueError(f"{field}: expected a list of strings")
-    return tuple(value)
-
-
-def parseNodes(raw: object) -> tuple[Node, ...]:
-    """Validate the ``nodes`` list of ``<engine>:discovery:nodes`` into ``Node`` values.
-
-    ``raw`` is the list itself, or the whole params object ``{nodes: [...]}``.  Each entry
-    is ``{id: string, self?: bool, addresses?: [string], models: [string]}``; unknown fields
-    are ignored, an absent ``self`` is false and absent ``addresses`` empty.  The id must be
-    non-empty.  When an id repeats, the first entry with that id is kept and later ones are
-    ignored.  A wrong shape raises ``ValueError`` naming the field, never echoing a value.
-    Returned in announcement order (``Snapshot`` applies the routing order).
-    """
-    if isinstance(raw, Mapping):
-        if "nodes" not in raw:
-            raise ValueError("nodes: missing")
-        raw = raw["nodes"]
-    if not isinstance(raw, list):
-        raise ValueError("nodes: expected a list")
-    result: list[Node] = []
-    seen: set[str] = set()
-    for i, entry in enumerate(raw):
-        where = f"nodes[{i}]"
-        if not isinstance(entry, Mapping):
-            raise ValueError(f"{where}: expected an object")
-        nodeId = entry.get("id")
-        if not isinstance(nodeId, str) or not nodeId:
-            raise ValueError(f"{where}.id: expected a non-empty string")
-        isSelf = entry.get("self", False)
-        if not isinstance(isSelf, bool):
-            raise ValueError(f"{where}.self: expected a boolean")
-        addresses = _stringList(entry.get("addresses", []), f"{where}.addresses")
-        if "models" not in entry:
-            raise ValueError(f"{where}.models: missing")
-        models = _stringList(entry["models"], f"{where}.models")
-        if nodeId in seen:
-            continue
-        seen.add(nodeId)
-        result.append(Node(nodeId, isSelf, addresses, frozenset(models)))
-    return tuple(result)
 
 
 def _defaultKey(node: Node) -> tuple[bool, str]:
@@ -152,8 +93,8 @@ class _Owners(tuple[Node, ...]):
 
 
 class CandidateOrder(Sequence[Node]):
-    """The candidates of one round in dispatch order, read from the plan's shared ranked
-    tuple without copying it.
+    """The candidates of one round in the order they are tried, read from the plan's shared
+    ranked tuple without copying it.
 
     At most one candidate (the pin, or the one a reservation chose) is moved to the front
     in place; a further move copies the order once.  So building an order and walking its
@@ -170,7 +111,13 @@ class CandidateOrder(Sequence[Node]):
     def __len__(self) -> int:
         return len(self._ranked)
 
-    def __getitem__(self, index: Any) -> Any:
+    @overload
+    def __getitem__(self, index: int) -> Node: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Node]: ...
+
+    def __getitem__(self, index: int | slice) -> Node | list[Node]:
         if isinstance(index, slice):
             return list(self)[index]
         ranked = self._ranked
@@ -327,7 +274,7 @@ def _planFor(owners: Sequence[Node], rank: Mapping[str, int]) -> _Plan:
 def orderCandidates(
     owners: Sequence[Node], pin: str | None, rank: Mapping[str, int]
 ) -> tuple[CandidateOrder, bool]:
-    """Order ``owners`` for dispatch and report whether the pin applied.
+    """Order ``owners`` for trying them and report whether the pin applied.
 
     An eligible pin (an owner's id) comes first; then owners the scheduler lists, by
     ``rank`` (node id to its position in ``node/set-priority`` order); then the rest in

@@ -1,10 +1,10 @@
 """The two placement policies (spec §5, §5.4): where a request is tried, how often, and
 what it is answered when no attempt commits.
 
-A policy is a generator driven by ``Exchange``: it yields the Deferred it waits for (an
-attempt's outcome, or a pause) and is sent its result.  It returns the ``Committed`` attempt,
-or ``None`` once it has answered the request itself.  A cancelled wait (client gone,
-shutdown) closes the generator where it waits.
+A policy is a generator driven by the exchange (``IPlacementExchange``): it yields the
+Deferred it waits for (an attempt's outcome, or a pause) and is sent its result.  It ends
+once an attempt committed (the exchange then serves it) or once it has answered the request
+itself.  A cancelled wait (client gone, shutdown) closes the generator where it waits.
 
 In standalone mode with ``--affinity prefix`` the inference policy orders each round with
 ``affinity.Affinity.place`` instead of ``placeReservation`` (a pin still wins), and the
@@ -14,24 +14,25 @@ node that commits becomes the conversation's home.
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from twisted.internet import defer
-
-from nvpair.proxy.dispatch.attempt import Committed
 from nvpair.proxy.routing.admission import bodyDocument
-from nvpair.proxy.routing.affinity import keyFor
-from nvpair.proxy.routing.candidates import orderCandidates, placeReservation
+from nvpair.proxy.routing.affinity import Affinity, AffinityKey, keyFor
+from nvpair.proxy.routing.candidates import Node, orderCandidates, placeReservation
+from nvpair.proxy.routing.interfaces import IOutcome, IPlacementExchange
+from nvpair.proxy.routing.reservations import ReservationMap
 
 if TYPE_CHECKING:
-    from nvpair.proxy.dispatch.exchange import Exchange
+    from twisted.internet.defer import Deferred
 
-Policy = Generator["defer.Deferred[Any]", Any, "Committed | None"]
+# What a policy yields (an attempt, or a pause), is sent back (the attempt's outcome, or
+# None after a pause, and None to start it), and returns.
+Policy = Generator["Deferred[IOutcome] | Deferred[None]", "IOutcome | None", None]
 
 
 def _backOff(
-    ex: Exchange, deadline: float, backoff: float, reason: str, wakeOnDiscovery: bool
-) -> Generator[defer.Deferred[Any], Any, float | None]:
+    ex: IPlacementExchange, deadline: float, backoff: float, reason: str, wakeOnDiscovery: bool
+) -> Generator[Deferred[None], IOutcome | None, float | None]:
     """Wait out ``backoff`` within the job deadline (answering 503 ``reason`` when none is
     left); the next, doubled backoff, or None once answered."""
     remaining = deadline - ex.clock.seconds()
@@ -42,29 +43,32 @@ def _backOff(
     return float(min(backoff * 2, ex.settings.backoffMax))
 
 
-def placeInference(ex: Exchange) -> Policy:
+def placeInference(ex: IPlacementExchange) -> Policy:
     """Inference policy: rounds over the owners, bounded by attempts and the job deadline,
-    up to a commit (returned) or a final answer."""
+    up to a commit or a final answer."""
+    model = ex.model
+    if model is None:  # admission refuses an inference request that names no model
+        ex.answerError(502, "no_owner")
+        return None
     settings = ex.settings
     clock = ex.clock
     facade = ex.facade
-    reservations = ex.context.reservations
-    model = ex.model
+    reservations: ReservationMap = ex.context.reservations
     deadline = ex.createdAt + settings.jobDeadline
     backoff = settings.backoffBase
     maxAttempts = settings.maxDispatchAttempts
-    dispatched = 0
-    affinity: Any = ex.context.affinity  # standalone with --affinity prefix, else None
-    doc: Any = None
+    tried = 0
+    affinity: Affinity | None = ex.context.affinity  # standalone with --affinity prefix
+    doc: dict[str, object] | None = None
     if affinity is not None:
         doc = ex.document if ex.document is not None else bodyDocument(ex.body)
-    key = None
+    key: AffinityKey | None = None
     counted: str | None = facade.engine.id  # affinity outcomes count once per request
     while True:
         snapshot = facade.snapshot
         owners = snapshot.owners(model, facade.hasLocalBackend)
         if not owners:
-            if not dispatched:
+            if not tried:
                 ex.answerError(502, "no_owner")
                 return None
             waited = yield from _backOff(ex, deadline, backoff, "owner_unavailable", True)
@@ -77,7 +81,7 @@ def placeInference(ex: Exchange) -> Policy:
             # Computed once, and only in a fleet of several nodes: one has no choice to make.
             key = keyFor(facade.engine.id, model, ex.path, doc)
             doc = None
-        if key is not None and not pinApplied:
+        if key is not None and affinity is not None and not pinApplied:
             target = affinity.place(ordered, key, reservations, counted)
             counted = None
         else:
@@ -85,32 +89,32 @@ def placeInference(ex: Exchange) -> Policy:
         if target is not None:
             ex.reserve(target.id)
         for node in ordered:
-            if dispatched >= maxAttempts:
+            if tried >= maxAttempts:
                 ex.unavailable("attempts_exhausted")
                 return None
             if clock.seconds() >= deadline:
                 ex.unavailable("deadline_exceeded")
                 return None
             if facade.snapshot is not snapshot:
-                # Discovery changed during this round: never dispatch to a node that has
+                # Discovery changed during this round: never try a node that has
                 # left or stopped advertising the model (failover never broadens).
                 current = facade.snapshot
                 live = current.get(node.id)
                 if live is None or live not in current.owners(model, facade.hasLocalBackend):
                     continue
                 node = live
-            dispatched += 1
-            final = dispatched == maxAttempts
-            outcome = yield ex.dispatch(node, final, gated=True)
-            if isinstance(outcome, Committed):
-                if key is not None:
+            tried += 1
+            final = tried == maxAttempts
+            outcome = yield ex.attemptOn(node, final, gated=True)
+            assert outcome is not None  # an attempt fires with its outcome
+            if outcome.committed:
+                if key is not None and affinity is not None:
                     affinity.served(key, node.id)  # a failover moves the conversation
-                return outcome
+                return None
             if final:
                 ex.answerFinal(outcome)
                 return None
-            if ex.workload is not None:
-                ex.workload.submitted(None)
+            ex.retrying()
         ex.releaseReservation()
         waited = yield from _backOff(ex, deadline, backoff, "deadline_exceeded", False)
         if waited is None:
@@ -118,12 +122,12 @@ def placeInference(ex: Exchange) -> Policy:
         backoff = waited
 
 
-def placeVerbatim(ex: Exchange) -> Policy:
+def placeVerbatim(ex: IPlacementExchange) -> Policy:
     """Non-inference policy: candidates resolved once, each tried at most once, no backoff,
-    up to a commit (returned) or a final answer."""
+    up to a commit or a final answer."""
     facade = ex.facade
     snapshot = facade.snapshot
-    owners = ()
+    owners: tuple[Node, ...] = ()
     if ex.model is not None:
         owners = snapshot.owners(ex.model, facade.hasLocalBackend)
     if not owners:
@@ -139,9 +143,10 @@ def placeVerbatim(ex: Exchange) -> Policy:
                 ex.answerError(502, "upstream_unreachable")
                 return None
             continue  # it left discovery meanwhile
-        outcome = yield ex.dispatch(node, index == last, gated=False)
-        if isinstance(outcome, Committed):
-            return outcome
+        outcome = yield ex.attemptOn(node, index == last, gated=False)
+        assert outcome is not None  # an attempt fires with its outcome
+        if outcome.committed:
+            return None
         if index == last:
             ex.answerFinal(outcome)
             return None

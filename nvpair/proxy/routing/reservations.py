@@ -1,6 +1,6 @@
 """The process-wide reservation map (spec §6, §3.1).
 
-A reservation is one in-flight dispatch this process made since the last scheduler snapshot
+A reservation is one in-flight attempt this process made since the last scheduler snapshot
 (``node/set-priority``).  A node's estimated load is the scheduler's ``pending`` plus its
 ``gpuPressure`` plus the live reservations counted against the current snapshot generation.
 Applying a newer snapshot supersedes every earlier reservation (the scheduler's ``pending``

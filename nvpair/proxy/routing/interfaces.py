@@ -1,0 +1,77 @@
+"""What the placement policies need from the rest of the proxy, declared here so that routing
+imports nothing of ``dispatch`` (nor of the network): the exchange they drive provides
+``IPlacementExchange``, a facade provides ``IFleetView``, an attempt's ending ``IOutcome``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from zope.interface import Attribute, Interface
+
+if TYPE_CHECKING:
+    from twisted.internet.defer import Deferred
+    from twisted.internet.interfaces import IReactorTime
+
+    from nvpair.proxy.engines import Engine
+    from nvpair.proxy.interfaces import IRequestContext
+    from nvpair.proxy.routing.candidates import Snapshot
+    from nvpair.proxy.routing.nodes import Node
+    from nvpair.proxy.settings import Settings
+
+
+class IFleetView(Interface):
+    """What placement reads of a facade: its engine, discovery and pin."""
+
+    engine: Engine = Attribute("The engine this facade speaks for.")
+    snapshot: Snapshot = Attribute("The current discovery snapshot (replaced, never mutated).")
+    pin: str | None = Attribute("The node id requests go to first when it owns the model.")
+    hasLocalBackend: bool = Attribute("Whether a self node can be reached (a local backend).")
+
+
+class IOutcome(Interface):
+    """How one attempt ended, as a placement policy sees it."""
+
+    committed: bool = Attribute("Whether the attempt's response became the client's answer.")
+    node: Node = Attribute("The node the attempt went to.")
+    kind: str | None = Attribute("Why an uncommitted attempt ended (None when committed).")
+
+
+class IPlacementExchange(Interface):
+    """One client request as a placement policy drives it: what the policy reads of it, and
+    what it may do with it (try a node, wait, reserve, answer)."""
+
+    context: IRequestContext = Attribute("The process's request context (reservations...).")
+    facade: IFleetView = Attribute("The facade the request arrived on.")
+    settings: Settings = Attribute("The process's settings (budget, deadline, backoff).")
+    clock: IReactorTime = Attribute("The reactor's clock.")
+    model: str | None = Attribute("The normalized model the request names, if any.")
+    path: bytes = Attribute("The request's path, without the query.")
+    body: bytes = Attribute("The request body.")
+    document: dict[str, object] | None = Attribute("The body as admission parsed it, if it did.")
+    createdAt: float = Attribute("When the request was admitted (clock seconds).")
+
+    def attemptOn(node: Node, final: bool, gated: bool) -> Deferred[IOutcome]:
+        """Try ``node`` once (``final``: no other attempt follows; ``gated``: commit on the
+        first body byte rather than on headers); fires with the attempt's outcome."""
+
+    def retrying() -> None:
+        """An uncommitted attempt was not the last: the request is queued again."""
+
+    def pause(seconds: float, wakeOnDiscovery: bool) -> Deferred[None]:
+        """Wait ``seconds``, or until discovery changes when ``wakeOnDiscovery``."""
+
+    def reserve(nodeId: str) -> None:
+        """Take this round's reservation on ``nodeId``."""
+
+    def releaseReservation() -> None:
+        """Release the reservation, if any."""
+
+    def answerError(status: int, reason: str, retryAfter: int | None = None) -> None:
+        """Answer the request with an error the proxy generates itself."""
+
+    def unavailable(reason: str) -> None:
+        """Answer 503 with Retry-After: no attempt may follow, for ``reason``."""
+
+    def answerFinal(outcome: IOutcome) -> None:
+        """The final permitted attempt failed uncommitted: answer for it."""
