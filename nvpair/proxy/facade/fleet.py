@@ -79,7 +79,7 @@ class _Collector(Protocol):
 
     def _stop(self) -> None:
         # A response body's transport is its connection's producer (``IResponse``).
-        producer = cast(IPushProducer | None, self.transport)
+        producer = cast("IPushProducer | None", self.transport)
         if producer is not None:
             producer.stopProducing()
 
