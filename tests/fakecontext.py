@@ -39,6 +39,7 @@ class Recorder:
     failedAttempts: list[Any] = attrs.Factory(list)
     commits: list[str] = attrs.Factory(list)
     ended: list[Any] = attrs.Factory(list)
+    stalled: list[str] = attrs.Factory(list)
 
 
 @implementer(IRequestContext)
@@ -127,3 +128,6 @@ class FakeContext(Generic[UpstreamT]):
 
     def requestEnded(self, exchange: Any) -> None:
         self.record.ended.append(exchange)
+
+    def streamStalled(self, engineId: str) -> None:
+        self.record.stalled.append(engineId)

@@ -31,16 +31,6 @@ class LogEvents(list[LogEvent]):
         self.append(event)
 
 
-class CountingMetrics:
-    """The one metrics hook the watch calls, recorded."""
-
-    def __init__(self) -> None:
-        self.stalled: list[str] = []
-
-    def streamStalled(self, engineId: str) -> None:
-        self.stalled.append(engineId)
-
-
 class StallCase(SynchronousTestCase):
     """A context on a Clock with a 10 s idle timeout, one owner, and the watch's log kept."""
 
@@ -48,8 +38,6 @@ class StallCase(SynchronousTestCase):
 
     def setUp(self) -> None:
         self.context = FakeContext(streamIdleTimeout=self.idleTimeout)
-        self.metrics = CountingMetrics()
-        self.context.metrics = self.metrics  # type: ignore[attr-defined]
         self.clock = self.context.clock
         self.facade = makeFacade(self.clock, [node("A")])
         self.logged = LogEvents()
@@ -116,7 +104,7 @@ class CutTests(StallCase):
         self.assertLessEqual(event["idle"], 12.5)
         self.assertEqual(event["log_level"].name, "warn")
         self.assertNotIn(SSE.decode(), repr(event))
-        self.assertEqual(self.metrics.stalled, ["llamacpp"])
+        self.assertEqual(self.context.record.stalled, ["llamacpp"])
         self.clock.advance(1000)
         self.assertEqual(len(self.terminals()), 1, "exactly one workload ending")
         self.assertEqual(len(self.stalls()), 1)
@@ -147,7 +135,7 @@ class CutTests(StallCase):
         self.assertEqual(request.body, SSE * 31)
         self.assertFalse(response.transport.stopped)
         self.assertEqual(self.stalls(), [])
-        self.assertEqual(self.metrics.stalled, [])
+        self.assertEqual(self.context.record.stalled, [])
         self.assertEqual(len(self.context.stalls), 0, "no longer watched")
         self.elapse(self.idleTimeout / 8)
         self.assertEqual(self.clock.getDelayedCalls(), [], "the timer stops once idle")
@@ -193,7 +181,6 @@ class BackpressureTests(StallCase):
         """While the client is paused the idle clock does not run; after resuming, the
         engine gets the whole timeout again."""
         self.context = FakeContext(streamIdleTimeout=self.idleTimeout, clientWriteTimeout=0.0)
-        self.context.metrics = self.metrics  # type: ignore[attr-defined]
         self.clock = self.context.clock
         self.facade = makeFacade(self.clock, [node("A")])
         ex, request, response = self.commit()

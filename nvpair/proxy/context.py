@@ -106,3 +106,7 @@ class RequestContext:
     def requestEnded(self, exchange: Any) -> None:
         """An exchange ended (its terminal bookkeeping has run)."""
         self.metrics.requestEnded(exchange)
+
+    def streamStalled(self, engineId: str) -> None:
+        """A committed stream was cut by its stall watch."""
+        self.metrics.streamStalled(engineId)

@@ -112,3 +112,6 @@ class IRequestContext(Interface):
 
     def requestEnded(exchange: Any) -> None:
         """``exchange`` ended; its terminal bookkeeping has run."""
+
+    def streamStalled(engineId: str) -> None:
+        """A committed stream of ``engineId`` was cut: its engine went silent too long."""

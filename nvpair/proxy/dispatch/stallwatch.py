@@ -154,9 +154,7 @@ class StallWatch:
             workload=workload.id if workload is not None else None,
             idle=round(idle, 3),
         )
-        metrics = getattr(exchange.context, "metrics", None)
-        if metrics is not None:
-            metrics.streamStalled(engineId)
+        exchange.context.streamStalled(engineId)
         self._upstream.stopProducing()
 
     # -- IPushProducer: what the client's flow control asks of the engine ---------------
