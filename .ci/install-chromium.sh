@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install headless Chromium (Debian package "chromium") for tests/test_integration_opspage.py
+# Install headless Chromium (Debian package "chromium") for tests/integration/test_opspage.py
 # when it is missing. Never fatal: without Chromium that test skips and says why.
 set -u
 if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then

@@ -35,7 +35,7 @@ import urllib.request
 from typing import Any
 
 from bench.procs import ROOT, freePort, spawn, stop, waitForPort
-from tests.test_real_engine import CHECK, INSTALL_HINT, llamaPython
+from tests.fleet.test_real_engine import CHECK, INSTALL_HINT, llamaPython
 
 MODEL = "gemma3-270m"
 WORDS = (

@@ -2,9 +2,9 @@
 
     .venv/bin/python -m bench.soak [--requests 20000] [--concurrency 24] [--seed N]
 
-The same engine as the CI test (``tests/chaos.py``): a faulty fleet of fake engines, discovery
-and scheduler churn, an oracle for every answer, and end-of-run leak checks.  Exits 1 when a
-violation was found.
+The same engine as the CI test (``tests/support/chaos.py``): a faulty fleet of fake engines,
+discovery and scheduler churn, an oracle for every answer, and end-of-run leak checks.  Exits 1
+when a violation was found.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from twisted.internet import defer, task
 
-from tests.chaos import ChaosConfig, Soak
+from tests.support.chaos import ChaosConfig, Soak
 
 
 class Cleanups:

