@@ -14,7 +14,7 @@ from nvpair.proxy.engines import LLAMACPP, OLLAMA
 from nvpair.proxy.http import reader as requestreader
 from nvpair.proxy.http.interfaces import IErrorShape, IServerRequest
 from nvpair.proxy.http.site import FacadeSite
-from tests.http.test_httpserver import (
+from tests.http.httpkit import (
     GET,
     Connection,
     Door,

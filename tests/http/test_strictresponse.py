@@ -22,7 +22,7 @@ from twisted.web.iweb import IResponse
 from nvpair.proxy.http.client import serializeRequest
 from nvpair.proxy.http.framing import BadResponse
 from nvpair.proxy.http.pool import ConnectionPool
-from tests.http.test_httpclient import KEY, Body, FakeEndpoint
+from tests.http.httpkit import KEY, Body, FakeEndpoint
 
 OK = b"HTTP/1.1 200 OK\r\n"
 CHUNKED = OK + b"Transfer-Encoding: chunked\r\n\r\n"
