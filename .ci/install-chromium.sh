@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Install headless Chromium (Debian package "chromium") for tests/integration/test_opspage.py
-# when it is missing. Never fatal: without Chromium that test skips and says why.
+# Install headless Chromium (Debian package "chromium") for the browser tests
+# (tests/browser/) when it is missing. Never fatal: without Chromium they skip and say why.
 set -u
 if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then
     exit 0

@@ -1,4 +1,8 @@
-"""The real process under a scripted broker (issue 2): channel, facades, admission, lifecycle."""
+"""The real process under a scripted broker (issue 2): channel, facades, admission, lifecycle.
+
+Starting without a broker and stopping with work in flight: ``test_lifecycle``; the listener's
+first-byte switch: ``tests/fleet/test_ingress.py``.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +10,18 @@ import json
 import os
 import signal
 import socket
-import sys
 import tempfile
 from typing import Any
 
 import treq
 from twisted.internet import defer, reactor, utils
-from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
-from twisted.internet.protocol import ProcessProtocol, Protocol, connectionDone
-from twisted.python.failure import Failure
-from twisted.trial.unittest import SkipTest, TestCase
+from twisted.trial.unittest import TestCase
 from twisted.web.http_headers import Headers
 
 from nvpair.supervisor.process import JSONRPCError
+from tests.integration.processkit import TWISTD
 from tests.support.harness import ProxyFixture, directNode, freePort, startEngine
 
-TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 OPTIONS = [
     "--state-dir",
     "--cluster-dir",
@@ -358,210 +358,3 @@ class FoundationTests(TestCase):
         text = out.decode()
         for option in OPTIONS:
             self.assertIn(option, text)
-
-
-class _Standalone(ProcessProtocol):
-    """Collects a standalone process's output and tells when a log event appears."""
-
-    def __init__(self) -> None:
-        self.stdout = b""
-        self.stderr = b""
-        self.ended: defer.Deferred[BaseException] = defer.Deferred()
-        self.waiting: list[tuple[str, defer.Deferred[dict[str, Any]]]] = []
-        self.records: list[dict[str, Any]] = []
-
-    def connectionMade(self) -> None:
-        assert self.transport is not None
-        self.transport.closeStdin()
-
-    def outReceived(self, data: bytes) -> None:
-        self.stdout += data
-
-    def errReceived(self, data: bytes) -> None:
-        self.stderr += data
-        *lines, rest = self.stderr.split(b"\n")
-        for line in lines[len(self.records) :]:
-            record = json.loads(line)
-            self.records.append(record)
-            for event, d in list(self.waiting):
-                if record.get("event") == event:
-                    self.waiting.remove((event, d))
-                    d.callback(record)
-
-    def waitFor(self, event: str) -> defer.Deferred[dict[str, Any]]:
-        for record in self.records:
-            if record.get("event") == event:
-                return defer.succeed(record)
-        d: defer.Deferred[dict[str, Any]] = defer.Deferred()
-        self.waiting.append((event, d))
-        return d.addTimeout(30, reactor)
-
-    def processEnded(self, reason: Failure) -> None:
-        value = reason.value
-        assert value is not None
-        self.ended.callback(value)
-
-
-class StandaloneTests(TestCase):
-    """``--standalone``: no broker, facades on their standalone (or persisted) ports."""
-
-    timeout = 60
-
-    async def test_standalone(self) -> None:
-        """Runs with stdin closed, writes nothing on stdout, answers 502 no_owner."""
-        engine = startEngine(self, reactor, "openai", ["m1"], name="L")
-        stateDir = tempfile.mkdtemp(prefix="nvpair-state-")
-        port = freePort()
-        with open(os.path.join(stateDir, "llamacpp-proxy-port.json"), "w") as f:
-            json.dump({"port": port}, f)
-        proto = _Standalone()
-        process = reactor.spawnProcess(
-            proto,
-            TWISTD,
-            [
-                TWISTD,
-                "-n",
-                "--pidfile=",
-                "nvpair-proxy",
-                "--standalone",
-                "--engines",
-                "llamacpp",
-                "--ops-port",
-                "0",
-                "--state-dir",
-                stateDir,
-                "--backend",
-                f"llamacpp={engine.url}",
-            ],
-            env=dict(os.environ),
-            path=tempfile.mkdtemp(prefix="nvpair-cwd-"),
-        )
-
-        def kill() -> defer.Deferred[BaseException]:
-            if not proto.ended.called:
-                process.signalProcess("KILL")
-            return proto.ended
-
-        self.addCleanup(kill)
-        enabled = await proto.waitFor("facade-enabled")
-        self.assertEqual((enabled["engine"], enabled["port"]), ("llamacpp", port))
-        response = await treq.post(
-            f"http://127.0.0.1:{port}/v1/chat/completions",
-            json={"model": "unknown-model"},
-            persistent=False,
-        )
-        self.assertEqual(response.code, 502)
-        doc = await response.json()
-        self.assertEqual(doc["error"]["code"], "no_owner")
-        self.assertFalse([r for r in engine.requests if r.method == "POST"])
-        process.signalProcess("TERM")
-        ended = await proto.ended
-        self.assertEqual(getattr(ended, "exitCode", None), 0)
-        self.assertEqual(proto.stdout, b"")
-        for line in proto.stderr.splitlines():
-            record = json.loads(line)
-            self.assertEqual(record["component"], "nvpair-proxy")
-
-
-class ShutdownTests(TestCase):
-    """Stopping with work in flight."""
-
-    timeout = 60
-
-    async def test_inFlightCancelledOnEOF(self) -> None:
-        """Stdin EOF with a request in flight: its workload ends cancelled and the exit is 0."""
-        from nvpair.proxy.testing.fakeengine import Hang
-
-        engine = startEngine(self, reactor, "openai", ["m1"], name="H")
-        engine.script(Hang())
-        proxy = ProxyFixture(self, reactor)
-        await proxy.start()
-        port = await proxy.enable("llamacpp")
-        await proxy.nodes("llamacpp", [directNode("H", engine)])
-        pending = treq.post(
-            f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "m1"}, persistent=False
-        )
-        pending.addErrback(lambda f: None)
-        await engine.waitForRequest(1)
-        self.assertEqual(await proxy.process.stop(5.0), 0)
-        await pending
-        terminal = [
-            (m, i)
-            for m, i in proxy.workloadEvents()
-            if m in ("workload:completed", "workload:errored")
-        ]
-        self.assertEqual(len(terminal), 1, proxy.workloadEvents())
-        self.assertEqual(
-            (terminal[0][0], terminal[0][1]["state"]), ("workload:errored", "cancelled")
-        )
-        self.assertEqual(proxy.protocolErrors, [])
-
-
-class _Raw(Protocol):
-    """Sends bytes on connect and records what comes back until the connection closes."""
-
-    def __init__(self, payload: bytes) -> None:
-        self.payload = payload
-        self.received = b""
-        self.closed: defer.Deferred[None] = defer.Deferred()
-
-    def connectionMade(self) -> None:
-        assert self.transport is not None
-        self.transport.write(self.payload)
-
-    def dataReceived(self, data: bytes) -> None:
-        self.received += data
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self.closed.callback(None)
-
-
-def lanAddress() -> str | None:
-    """This host's non-loopback IPv4 address, if it has one (no packet is sent)."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        s.connect(("192.0.2.1", 9))
-        host = str(s.getsockname()[0])
-    except OSError:
-        return None
-    finally:
-        s.close()
-    return None if host.startswith("127.") or host == "0.0.0.0" else host
-
-
-class IngressTests(TestCase):
-    """The first-byte switch of the real listener (protocol §8)."""
-
-    timeout = 60
-
-    async def rawExchange(self, host: str, port: int, payload: bytes) -> bytes:
-        proto = _Raw(payload)
-        endpoint = TCP4ClientEndpoint(reactor, host, port, timeout=10)
-        await connectProtocol(endpoint, proto)
-        await proto.closed.addTimeout(30, reactor)
-        return proto.received
-
-    async def test_tlsRefusedWhenNotMember(self) -> None:
-        """Without a cluster directory a TLS first byte is closed without an answer."""
-        proxy = ProxyFixture(self, reactor)
-        await proxy.start()
-        port = await proxy.enable("ollama")
-        hello = b"\x16\x03\x01\x00\x05\x01\x00\x00\x01\x00"
-        self.assertEqual(await self.rawExchange("127.0.0.1", port, hello), b"")
-        answer = await self.rawExchange(
-            "127.0.0.1",
-            port,
-            b"GET /api/tags HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
-        )
-        self.assertTrue(answer.startswith(b"HTTP/1.1 200 "), answer[:40])
-
-    async def test_plaintextFromLanClosed(self) -> None:
-        """A plaintext connection from a non-loopback address is closed without an answer."""
-        host = lanAddress()
-        if host is None:
-            raise SkipTest("no non-loopback IPv4 address on this host")
-        proxy = ProxyFixture(self, reactor)
-        await proxy.start()
-        port = await proxy.enable("llamacpp")
-        answer = await self.rawExchange(host, port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
-        self.assertEqual(answer, b"")

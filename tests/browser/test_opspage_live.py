@@ -1,135 +1,29 @@
-"""The operations page in a real browser: headless Chromium against the real standalone process.
+"""The operations page in a real browser: headless Chromium against the real process.
 
-Two backends, one a fake engine and one a port nobody listens on, a few requests served (and
-one refused), then Chromium loads ``/`` from the ops listener, runs the page's script (which
-fetches the JSON and redraws) and hands back the DOM and a screenshot.  The test reads what
-was rendered: node states, charts with data points, formatted statistics.
+Standalone: two backends, one a fake engine and one a port nobody listens on, a few requests
+served (and one refused), then Chromium loads ``/`` from the ops listener, runs the page's
+script (which fetches the JSON and redraws) and hands back the DOM and a screenshot.  The test
+reads what was rendered: node states, charts with data points, formatted statistics.  Under a
+broker: discovered nodes are judged by the last attempt on them, on the page and in the history.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
-from typing import Any
 
 import treq
 from twisted.internet import defer, reactor
-from twisted.internet.address import IPv4Address
-from twisted.internet.error import ProcessExitedAlready
-from twisted.internet.protocol import ProcessProtocol, ServerFactory
-from twisted.internet.testing import MemoryReactorClock
-from twisted.python.failure import Failure
 from twisted.trial.unittest import SkipTest, TestCase
-from twisted.web.resource import Resource
-from twisted.web.server import Request, Site
 
-from nvpair.proxy.ops.documents import StatusDocument
-from nvpair.proxy.ops.history import Window
-from nvpair.proxy.ops.page import renderPage
-from nvpair.proxy.ops.server import PAGE_CSP, historyDocument, opsResource, statusDocument
-from nvpair.proxy.routing.candidates import Snapshot, parseNodes
-from nvpair.proxy.service import ProxyService
 from nvpair.proxy.testing.fakeengine import Status
-from tests.ops.test_ops import ENGINE, makeService, scripted
+from tests.browser.chromium import NO_CHROMIUM, chromiumPath, runChromium
 from tests.support.dom import Element, parseDom
 from tests.support.harness import ProxyFixture, directNode, freePort, startEngine
 from tests.support.standaloneharness import StandaloneProxy
 
-# Flags from TWISTED-NOTES: headless as root, loopback only, nothing fetched from the internet.
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--hide-scrollbars",
-    "--window-size=1400,1000",
-)
-CHROMIUM_TIMEOUT = 60.0
-NO_CHROMIUM = (
-    "Chromium is not installed (Debian package 'chromium'; .ci/install-chromium.sh installs it)"
-)
 BASELINE = 26.0  # the y of a zero in a sparkline (height 28, padding 2)
-
-
-def chromiumPath() -> str | None:
-    """The Chromium binary to use: ``NVPAIR_CHROMIUM`` or the first one on ``PATH``."""
-    configured = os.environ.get("NVPAIR_CHROMIUM")
-    if configured:
-        return configured if os.access(configured, os.X_OK) else None
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
-
-
-class _Browser(ProcessProtocol):
-    """Collects Chromium's stdout (the DOM), the page's console lines from its log on stderr
-    (script errors and Content-Security-Policy violations land there), and the end of the
-    rest of stderr."""
-
-    def __init__(self) -> None:
-        self.out = bytearray()
-        self.err = bytearray()
-        self.console: list[str] = []
-        self._line = bytearray()
-        self.ended: defer.Deferred[int | None] = defer.Deferred()
-
-    def outReceived(self, data: bytes) -> None:
-        self.out += data
-
-    def errReceived(self, data: bytes) -> None:
-        self.err = (self.err + data)[-4096:]
-        self._line += data
-        *lines, rest = self._line.split(b"\n")
-        self._line = bytearray(rest[-65536:])
-        for line in lines:
-            if b":CONSOLE" in line and len(self.console) < 100:
-                self.console.append(line.decode("utf-8", "replace"))
-
-    def processEnded(self, reason: Failure) -> None:
-        self.ended.callback(getattr(reason.value, "exitCode", None))
-
-
-async def runChromium(binary: str, url: str, profile: str, *extra: str) -> Element:
-    """Load ``url`` in headless Chromium, let its scripts run (virtual time), and return the
-    DOM; fails if the page logged anything to its console.  Bounded in time."""
-    browser = _Browser()
-    argv = [
-        binary,
-        *CHROMIUM_FLAGS,
-        f"--user-data-dir={profile}",
-        "--enable-logging=stderr",
-        "--v=0",
-        "--virtual-time-budget=5000",
-        "--dump-dom",
-        *extra,
-        url,
-    ]
-    transport = reactor.spawnProcess(browser, binary, argv, env=dict(os.environ))
-
-    def kill() -> None:
-        try:
-            transport.signalProcess("KILL")
-        except ProcessExitedAlready:
-            pass
-
-    killer = reactor.callLater(CHROMIUM_TIMEOUT, kill)
-    code = await browser.ended
-    if killer.active():
-        killer.cancel()
-    else:
-        raise AssertionError(f"Chromium did not finish within {CHROMIUM_TIMEOUT:.0f} s")
-    if code != 0:
-        raise AssertionError(f"Chromium exited {code}: {bytes(browser.err[-800:])!r}")
-    if browser.console:
-        raise AssertionError("the page logged to its console:\n" + "\n".join(browser.console))
-    return parseDom(browser.out.decode("utf-8"))
 
 
 def yValues(svg: Element) -> list[float]:
@@ -360,119 +254,3 @@ class OpsPageBrokerTests(TestCase):
             addresses,
             {"A": deadAddress, "B": answering.url, "C": serving.url, "D": idle.url},
         )
-
-
-HOSTILE = "<img src=x onerror=alert(1)>"
-AFFINITY: dict[str, object] = {
-    "mode": "prefix",
-    "active": True,
-    "counts": {"llamacpp": {"hit": 3, "miss": 1}},
-}
-
-
-class _WithAffinity(Resource):
-    """The ops resource of a scripted service, its page and /status given an ``affinity``
-    object (as the affinity feature adds) so that both renderers draw that tile too."""
-
-    isLeaf = True
-
-    def __init__(self, service: ProxyService) -> None:
-        super().__init__()
-        self.service = service
-        self.ops = opsResource(service)
-
-    def status(self) -> StatusDocument:
-        status = statusDocument(self.service)
-        status["affinity"] = AFFINITY
-        return status
-
-    def render(self, request: Request) -> bytes | int:
-        if request.path == b"/status":
-            request.setHeader(b"content-type", b"application/json")
-            return json.dumps(self.status()).encode()
-        if request.path == b"/":
-            request.setHeader(b"content-type", b"text/html; charset=utf-8")
-            request.setHeader(b"content-security-policy", PAGE_CSP)
-            return renderPage(
-                self.status(), historyDocument(self.service), Window().document(0)
-            ).encode()
-        rendered: bytes | int = self.ops.render(request)
-        return rendered
-
-
-def drawn(page: Element) -> list[Any]:
-    """What a reader sees of the facades and workloads: texts, states, chart geometry."""
-    shapes: list[Any] = []
-    for root in page.all(id="facades") + page.all(id="workloads"):
-        shapes.append(root.textContent())
-        for element in root.all():
-            if element.tag in ("polyline", "rect") or "data-state" in element.attrs:
-                shapes.append((element.tag, sorted(element.attrs.items())))
-    return shapes
-
-
-class ScriptParityTests(TestCase):
-    """On a frozen clock the script redraws exactly the page the server rendered."""
-
-    timeout = 90
-
-    def test_scriptDrawsWhatServerDraws(self) -> defer.Deferred[None]:
-        """Same texts, states, charts and affinity tile; engine-provided markup stays text in
-        the browser too (no element injected, nothing logged to the console)."""
-        return defer.Deferred.fromCoroutine(self._parity())
-
-    async def _parity(self) -> None:
-        binary = chromiumPath()
-        if binary is None:
-            raise SkipTest(NO_CHROMIUM)
-        clock = MemoryReactorClock()
-        clock.advance(1_764_000_000)
-        service = makeService(clock)
-        scripted(service)
-        service.facades["llamacpp"].setSnapshot(
-            Snapshot(
-                parseNodes(
-                    {
-                        "nodes": [
-                            {
-                                "id": "A",
-                                "addresses": ["http://10.0.0.1:8081"],
-                                "models": [f"m{i}" for i in range(8)] + [HOSTILE],
-                            },
-                            {"id": HOSTILE, "models": ["m1"]},
-                        ]
-                    }
-                ),
-                ENGINE.normalize,
-            )
-        )
-        for ttft, error in ((120, None), (480, HOSTILE), (60, None)):
-            clock.advance(7)
-            w = service.reporter.admit("llamacpp", HOSTILE if error else "m1")
-            w.submitted("A")
-            w.started("A")
-            w.finish(
-                "failed" if error else "completed",
-                error,
-                {"ttftMs": ttft, "completionTokens": 42, "tokensPerSecond": 31.5},
-            )
-        service.history.attempt("llamacpp", HOSTILE, "transport", None)
-        site: ServerFactory[Any] = Site(_WithAffinity(service))
-        port = reactor.listenTCP(0, site, interface="127.0.0.1")
-        self.addCleanup(port.stopListening)
-        host = port.getHost()
-        assert isinstance(host, IPv4Address)
-        url = f"http://127.0.0.1:{host.port}/"
-        profile = tempfile.mkdtemp(prefix="nvpair-chromium-")
-        self.addCleanup(shutil.rmtree, profile, True)
-        dom = await runChromium(binary, url, profile)
-        served = parseDom(await (await treq.get(url, persistent=False)).text("utf-8"))
-        self.assertEqual(dom.all(id="live")[0].attrs["data-source"], "js")
-        self.assertEqual(dom.all("img"), [])
-        self.assertEqual([s.attrs.get("src") for s in dom.all("script")], ["/ops.js"])
-        self.assertEqual(drawn(dom), drawn(served))
-        (tile,) = dom.all("div", class_="affinity")
-        self.assertEqual(tile.textContent(), "affinity hit rate 75% hit 3 · miss 1")
-        hostile = dom.all("tr", class_="wl")[1]
-        self.assertEqual(hostile.all("td")[3].textContent(), HOSTILE)
-        self.assertEqual(hostile.all("td")[-1].textContent(), f"{HOSTILE} {HOSTILE}")

@@ -1,0 +1,148 @@
+"""The script redraws the server's page: headless Chromium against a scripted ops service.
+
+On a frozen clock, a scripted service (engine-provided markup in model names, node ids and
+errors, an ``affinity`` object added to /status) is served from an in-process site; Chromium
+runs the page's script, and what it drew must equal what the server rendered, with the
+hostile markup kept as text.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from typing import Any
+
+import treq
+from twisted.internet import defer, reactor
+from twisted.internet.address import IPv4Address
+from twisted.internet.protocol import ServerFactory
+from twisted.internet.testing import MemoryReactorClock
+from twisted.trial.unittest import SkipTest, TestCase
+from twisted.web.resource import Resource
+from twisted.web.server import Request, Site
+
+from nvpair.proxy.ops.documents import StatusDocument
+from nvpair.proxy.ops.history import Window
+from nvpair.proxy.ops.page import renderPage
+from nvpair.proxy.ops.server import PAGE_CSP, historyDocument, opsResource, statusDocument
+from nvpair.proxy.routing.candidates import Snapshot, parseNodes
+from nvpair.proxy.service import ProxyService
+from tests.browser.chromium import NO_CHROMIUM, chromiumPath, runChromium
+from tests.ops.test_ops import ENGINE, makeService, scripted
+from tests.support.dom import Element, parseDom
+
+HOSTILE = "<img src=x onerror=alert(1)>"
+AFFINITY: dict[str, object] = {
+    "mode": "prefix",
+    "active": True,
+    "counts": {"llamacpp": {"hit": 3, "miss": 1}},
+}
+
+
+class _WithAffinity(Resource):
+    """The ops resource of a scripted service, its page and /status given an ``affinity``
+    object (as the affinity feature adds) so that both renderers draw that tile too."""
+
+    isLeaf = True
+
+    def __init__(self, service: ProxyService) -> None:
+        super().__init__()
+        self.service = service
+        self.ops = opsResource(service)
+
+    def status(self) -> StatusDocument:
+        status = statusDocument(self.service)
+        status["affinity"] = AFFINITY
+        return status
+
+    def render(self, request: Request) -> bytes | int:
+        if request.path == b"/status":
+            request.setHeader(b"content-type", b"application/json")
+            return json.dumps(self.status()).encode()
+        if request.path == b"/":
+            request.setHeader(b"content-type", b"text/html; charset=utf-8")
+            request.setHeader(b"content-security-policy", PAGE_CSP)
+            return renderPage(
+                self.status(), historyDocument(self.service), Window().document(0)
+            ).encode()
+        rendered: bytes | int = self.ops.render(request)
+        return rendered
+
+
+def drawn(page: Element) -> list[Any]:
+    """What a reader sees of the facades and workloads: texts, states, chart geometry."""
+    shapes: list[Any] = []
+    for root in page.all(id="facades") + page.all(id="workloads"):
+        shapes.append(root.textContent())
+        for element in root.all():
+            if element.tag in ("polyline", "rect") or "data-state" in element.attrs:
+                shapes.append((element.tag, sorted(element.attrs.items())))
+    return shapes
+
+
+class ScriptParityTests(TestCase):
+    """On a frozen clock the script redraws exactly the page the server rendered."""
+
+    timeout = 90
+
+    def test_scriptDrawsWhatServerDraws(self) -> defer.Deferred[None]:
+        """Same texts, states, charts and affinity tile; engine-provided markup stays text in
+        the browser too (no element injected, nothing logged to the console)."""
+        return defer.Deferred.fromCoroutine(self._parity())
+
+    async def _parity(self) -> None:
+        binary = chromiumPath()
+        if binary is None:
+            raise SkipTest(NO_CHROMIUM)
+        clock = MemoryReactorClock()
+        clock.advance(1_764_000_000)
+        service = makeService(clock)
+        scripted(service)
+        service.facades["llamacpp"].setSnapshot(
+            Snapshot(
+                parseNodes(
+                    {
+                        "nodes": [
+                            {
+                                "id": "A",
+                                "addresses": ["http://10.0.0.1:8081"],
+                                "models": [f"m{i}" for i in range(8)] + [HOSTILE],
+                            },
+                            {"id": HOSTILE, "models": ["m1"]},
+                        ]
+                    }
+                ),
+                ENGINE.normalize,
+            )
+        )
+        for ttft, error in ((120, None), (480, HOSTILE), (60, None)):
+            clock.advance(7)
+            w = service.reporter.admit("llamacpp", HOSTILE if error else "m1")
+            w.submitted("A")
+            w.started("A")
+            w.finish(
+                "failed" if error else "completed",
+                error,
+                {"ttftMs": ttft, "completionTokens": 42, "tokensPerSecond": 31.5},
+            )
+        service.history.attempt("llamacpp", HOSTILE, "transport", None)
+        site: ServerFactory[Any] = Site(_WithAffinity(service))
+        port = reactor.listenTCP(0, site, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        host = port.getHost()
+        assert isinstance(host, IPv4Address)
+        url = f"http://127.0.0.1:{host.port}/"
+        profile = tempfile.mkdtemp(prefix="nvpair-chromium-")
+        self.addCleanup(shutil.rmtree, profile, True)
+        dom = await runChromium(binary, url, profile)
+        served = parseDom(await (await treq.get(url, persistent=False)).text("utf-8"))
+        self.assertEqual(dom.all(id="live")[0].attrs["data-source"], "js")
+        self.assertEqual(dom.all("img"), [])
+        self.assertEqual([s.attrs.get("src") for s in dom.all("script")], ["/ops.js"])
+        self.assertEqual(drawn(dom), drawn(served))
+        (tile,) = dom.all("div", class_="affinity")
+        self.assertEqual(tile.textContent(), "affinity hit rate 75% hit 3 · miss 1")
+        hostile = dom.all("tr", class_="wl")[1]
+        self.assertEqual(hostile.all("td")[3].textContent(), HOSTILE)
+        self.assertEqual(hostile.all("td")[-1].textContent(), f"{HOSTILE} {HOSTILE}")
