@@ -21,7 +21,7 @@ from nvpair.proxy.broker.channel import BrokerChannel
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
 from nvpair.proxy.testing.wire import drainLines, sendLine
-from tests.facade.test_facade import BusyReactor
+from tests.facade.facadekit import BusyReactor
 
 DOCUMENTED = {-32600, -32601, -32602, -32004, -32010}
 # Notifications the process may send while handling broker messages.

@@ -26,7 +26,7 @@ from nvpair.proxy.routing.affinity import Affinity
 from nvpair.proxy.routing.candidates import Snapshot
 from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.settings import Settings
-from tests.facade.test_fleet import FakeResponse, FakeUpstream, openaiList
+from tests.facade.fleetkit import FakeResponse, FakeUpstream, openaiList
 from tests.facade.test_hostcheck import Events
 from tests.support.fakecontext import FakeContext
 

@@ -15,8 +15,8 @@ from nvpair.proxy.facade.standalone import POLL_INTERVAL, FleetPoller
 from nvpair.proxy.ops.nodestate import STALE_AFTER, NodeState, attemptHealth, pollHealth
 from nvpair.proxy.ops.server import opsResource
 from nvpair.proxy.routing.candidates import Node
-from tests.facade.test_fleet import FakeResponse, FakeUpstream, openaiList
-from tests.ops.test_ops import ENGINE, makeService, memoryClient, scripted
+from tests.facade.fleetkit import FakeResponse, FakeUpstream, openaiList
+from tests.ops.opskit import ENGINE, makeService, memoryClient, scripted
 
 
 class PollHealthTests(SynchronousTestCase):

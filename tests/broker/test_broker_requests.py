@@ -1,4 +1,5 @@
-"""The broker channel (protocol §2-§4): framing, addressing, error codes, survival of bad input."""
+"""The broker channel (protocol §2-§4): requests and notifications, addressing, error
+codes and deferred answers, with a fake handler and in front of the real service."""
 
 from __future__ import annotations
 
@@ -9,18 +10,13 @@ from typing import Any
 from twisted.internet import defer
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.trial.unittest import SynchronousTestCase
-from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from nvpair.proxy.broker import jsonrpc
 from nvpair.proxy.broker.channel import (
     BrokerChannel,
-    ChannelState,
-    NullSink,
-    OutputFlow,
     Reply,
     RPCError,
-    SinkSwitch,
     isFacadeScoped,
     resolveAddress,
 )
@@ -28,58 +24,11 @@ from nvpair.proxy.interfaces import IBrokerSink, IMessageHandler
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
 from nvpair.proxy.testing.wire import drainLines, sendLine
+from tests.broker.channelkit import ChannelCase
 
 
-@implementer(IMessageHandler)
-class FakeHandler:
-    """Records calls; answers from a script keyed by name."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str | None, str, dict[str, Any]]] = []
-        self.answers: dict[str, Any] = {}
-
-    def handle(self, engine: str | None, name: str, params: dict[str, Any]) -> object:
-        self.calls.append((engine, name, params))
-        answer = self.answers.get(name, {"ok": True})
-        if isinstance(answer, Exception):
-            raise answer
-        if callable(answer):
-            return answer()
-        return answer
-
-
-class ChannelTests(SynchronousTestCase):
-    """A ``BrokerChannel`` over a ``StringTransport`` with a fake handler."""
-
-    def setUp(self) -> None:
-        self.handler = FakeHandler()
-        self.closed = 0
-        self.channel = BrokerChannel(self.handler, self._closed)
-        self.transport = StringTransport()
-        self.channel.makeConnection(self.transport)
-
-    def _closed(self) -> None:
-        self.closed += 1
-
-    def send(self, data: bytes | dict[str, Any]) -> None:
-        sendLine(self.channel, data)
-
-    def output(self) -> list[dict[str, Any]]:
-        raw, messages = drainLines(self.transport)
-        self.assertTrue(raw == b"" or raw.endswith(b"\n"))
-        return messages
-
-    def reports(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [m["params"] for m in messages if m.get("method") == "errors:report"]
-
-    def assertOnlyProtocolReport(self) -> dict[str, Any]:
-        out = self.output()
-        self.assertEqual(len(out), 1, out)
-        self.assertEqual(out[0]["method"], "errors:report")
-        self.assertNotIn("id", out[0])
-        params: dict[str, Any] = out[0]["params"]
-        self.assertEqual(params["kind"], "protocol")
-        return params
+class ChannelTests(ChannelCase):
+    """Requests, notifications, addressing and error answers."""
 
     def test_interfaces(self) -> None:
         """The channel is a broker sink and the fake a message handler."""
@@ -265,193 +214,6 @@ class ChannelTests(SynchronousTestCase):
         self.handler.answers["slow"] = lambda: defer.fail(RPCError(-32602, "bad"))
         self.send({"jsonrpc": "2.0", "id": 1, "method": "slow", "params": {}})
         self.assertEqual(self.output()[0]["error"], {"code": -32602, "message": "bad"})
-
-    def test_notJSON(self) -> None:
-        """A line that is not JSON is dropped and reported; the channel goes on."""
-        self.send(b"this is not json\n")
-        self.assertOnlyProtocolReport()
-        self.send(b"\xff\xfe{\n")
-        self.assertOnlyProtocolReport()
-        self.send({"jsonrpc": "2.0", "id": 1, "method": "x", "params": {}})
-        self.assertEqual(self.output()[0]["id"], 1)
-
-    def test_notObject(self) -> None:
-        """A JSON value that is not an object is dropped and reported."""
-        for line in (b"[1,2]\n", b"42\n", b'"s"\n', b"null\n"):
-            self.send(line)
-            self.assertOnlyProtocolReport()
-        self.assertEqual(self.handler.calls, [])
-
-    def test_blankLinesIgnored(self) -> None:
-        """Empty lines are neither handled nor reported."""
-        self.send(b"\n  \n")
-        self.assertEqual(self.output(), [])
-
-    def test_responseFromBroker(self) -> None:
-        """A response object from the broker is reported, never handled or answered."""
-        self.send({"jsonrpc": "2.0", "id": 5, "result": {}})
-        self.send({"jsonrpc": "2.0", "id": 6, "error": {"code": 1, "message": "x"}})
-        self.assertEqual(len(self.reports(self.output())), 2)
-        self.assertEqual(self.handler.calls, [])
-
-    def test_noMethod(self) -> None:
-        """A request without a method is answered -32600 and reported."""
-        self.send({"jsonrpc": "2.0", "id": 5})
-        out = self.output()
-        self.assertEqual(self.reports(out)[0]["kind"], "protocol")
-        answers = [m for m in out if "id" in m]
-        self.assertEqual(answers[0]["error"]["code"], jsonrpc.INVALID_REQUEST)
-
-    def test_badId(self) -> None:
-        """A request whose id is not a string, number or null is dropped and reported."""
-        self.send({"jsonrpc": "2.0", "id": {"a": 1}, "method": "x", "params": {}})
-        self.assertOnlyProtocolReport()
-        self.assertEqual(self.handler.calls, [])
-
-    def test_overlongLine(self) -> None:
-        """A line over 1 MiB is dropped whole and reported once; the next line is handled."""
-        big = b"x" * (jsonrpc.MAX_LINE + 10)
-        for i in range(0, len(big), 65536):
-            self.send(big[i : i + 65536])
-        self.send(b'garbage-tail"}\n')
-        self.assertOnlyProtocolReport()
-        self.send({"jsonrpc": "2.0", "id": 1, "method": "x", "params": {}})
-        self.assertEqual(self.output(), [{"jsonrpc": "2.0", "id": 1, "result": {"ok": True}}])
-
-    def test_overlongLineInOneChunk(self) -> None:
-        """An over-long line arriving with its newline in one write is dropped and reported."""
-        self.send(
-            b"{"
-            + b" " * (jsonrpc.MAX_LINE + 1)
-            + b"}\n"
-            + json.dumps({"jsonrpc": "2.0", "id": 2, "method": "x"}).encode()
-            + b"\n"
-        )
-        out = self.output()
-        self.assertEqual(self.reports(out)[0]["kind"], "protocol")
-        self.assertEqual(out[-1]["id"], 2)
-
-    def test_lineAtLimit(self) -> None:
-        """A line of exactly 1 MiB is accepted."""
-        message = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "x", "params": {"p": ""}})
-        pad = jsonrpc.MAX_LINE - len(message)
-        line = message[:-2] + " " * pad + "}}"
-        self.assertEqual(len(line), jsonrpc.MAX_LINE)
-        self.send(line.encode() + b"\n")
-        self.assertEqual(self.output()[0]["result"], {"ok": True})
-
-    def test_splitAcrossWrites(self) -> None:
-        """A message split across several writes is handled once complete."""
-        data = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "x"}).encode() + b"\n"
-        for byte in data:
-            self.send(bytes([byte]))
-        self.assertEqual(len(self.output()), 1)
-
-    def test_notifyAfterClose(self) -> None:
-        """Stdin EOF calls ``onClosed`` once; after connection loss nothing more is written."""
-        self.assertIs(self.channel.state, ChannelState.OPEN)
-        self.channel.readConnectionLost()
-        self.channel.readConnectionLost()
-        self.assertEqual(self.closed, 1)
-        self.assertIs(self.channel.state, ChannelState.ENDED)
-        self.channel.connectionLost(None)
-        self.assertIs(self.channel.state, ChannelState.CLOSED)
-        self.assertEqual(self.closed, 1)
-        self.channel.notify("ollama:ready", {})
-        self.assertEqual(self.transport.value(), b"")
-
-    def test_lostWithoutEOF(self) -> None:
-        """A connection lost without an EOF first still tells the process, once."""
-        self.channel.connectionLost(None)
-        self.channel.writeConnectionLost()
-        self.assertEqual(self.closed, 1)
-        self.assertIs(self.channel.state, ChannelState.CLOSED)
-
-    def test_sinkSwitch(self) -> None:
-        """The switch forwards to its current target and says whether anyone listens."""
-        switch = SinkSwitch(NullSink())
-        self.assertTrue(verifyObject(IBrokerSink, switch))
-        self.assertFalse(switch.listening)
-        switch.notify("ollama:ready", {})
-        switch.target = self.channel
-        self.assertTrue(switch.listening)
-        switch.notify("ollama:ready", {"port": 1})
-        self.assertEqual(self.output()[0]["params"], {"port": 1})
-
-
-class BacklogTests(SynchronousTestCase):
-    """A broker that stops reading stdout: notifications bounded, dropped ones reported."""
-
-    def setUp(self) -> None:
-        self.channel = BrokerChannel(FakeHandler(), lambda: None, backlogLimit=1000)
-        self.transport = StringTransport()
-        self.channel.makeConnection(self.transport)
-
-    def lines(self) -> list[dict[str, Any]]:
-        return drainLines(self.transport)[1]
-
-    def stdout(self) -> Any:
-        """The producer the channel registered (what the stdout transport pauses)."""
-        return self.transport.producer
-
-    def test_registeredAsStreamingProducer(self) -> None:
-        """The channel learns from stdout's own buffer when the broker stops reading."""
-        self.assertIsNotNone(self.transport.producer)
-        self.assertTrue(self.transport.streaming)
-
-    def test_flowingNothingDropped(self) -> None:
-        """While the broker reads, every notification is written, however many."""
-        for i in range(200):
-            self.channel.notify("discovery:node-activity", {"nodeId": "A", "inFlight": i})
-        self.assertEqual(len(self.lines()), 200)
-
-    def test_stalledBoundedThenReported(self) -> None:
-        """Once stdout stalls, notifications fill the backlog allowance and the rest are
-        dropped; when the broker has read everything, one overflow report says how many."""
-        self.assertIs(self.channel.flow, OutputFlow.FLOWING)
-        self.stdout().pauseProducing()
-        self.assertIs(self.channel.flow, OutputFlow.STALLED)
-        for i in range(100):
-            self.channel.notify("discovery:node-activity", {"nodeId": "A", "inFlight": i})
-        raw, written = drainLines(self.transport)
-        self.assertLessEqual(len(raw), 1000)
-        kept = len(written)
-        self.assertGreater(kept, 0)
-        self.assertEqual([m["params"]["inFlight"] for m in written], list(range(kept)))
-        self.stdout().resumeProducing()
-        out = self.lines()
-        self.assertEqual(
-            out,
-            [
-                {
-                    "jsonrpc": "2.0",
-                    "method": "errors:report",
-                    "params": {
-                        "kind": "overflow",
-                        "message": f"{100 - kept} notifications dropped while stdout was not read",
-                    },
-                }
-            ],
-        )
-        self.channel.notify("discovery:node-activity", {"nodeId": "A", "inFlight": 0})
-        self.assertEqual(len(self.lines()), 1, "flowing again")
-        self.assertEqual(len(self.flushLoggedErrors()), 0)
-
-    def test_responsesNeverDropped(self) -> None:
-        """Answers to broker requests are written even past the backlog allowance."""
-        self.stdout().pauseProducing()
-        for i in range(100):
-            self.channel.notify("discovery:node-activity", {"nodeId": "A", "inFlight": i})
-        self.lines()
-        sendLine(self.channel, {"jsonrpc": "2.0", "id": 7, "method": "ping"})
-        self.assertEqual(self.lines(), [{"jsonrpc": "2.0", "id": 7, "result": {"ok": True}}])
-
-    def test_resumeWithoutDropsReportsNothing(self) -> None:
-        """A short stall that stayed within the allowance leaves no report."""
-        self.stdout().pauseProducing()
-        self.channel.notify("discovery:node-activity", {"nodeId": "A", "inFlight": 1})
-        self.stdout().resumeProducing()
-        self.assertEqual([m["method"] for m in self.lines()], ["discovery:node-activity"])
 
 
 class UnknownNameTests(SynchronousTestCase):
