@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.soak [--requests 20000] [--concurrency 24] [--seed N]
 
-The same engine as the CI test (``tests/support/chaos.py``): a faulty fleet of fake engines,
+The same engine as the CI test (``tests/support/chaos/``): a faulty fleet of fake engines,
 discovery and scheduler churn, an oracle for every answer, and end-of-run leak checks.  Exits 1
 when a violation was found.
 """

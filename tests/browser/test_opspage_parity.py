@@ -29,7 +29,7 @@ from nvpair.proxy.ops.server import PAGE_CSP, historyDocument, opsResource, stat
 from nvpair.proxy.routing.candidates import Snapshot, parseNodes
 from nvpair.proxy.service import ProxyService
 from tests.browser.chromium import NO_CHROMIUM, chromiumPath, runChromium
-from tests.ops.test_ops import ENGINE, makeService, scripted
+from tests.ops.opskit import ENGINE, makeService, scripted
 from tests.support.dom import Element, parseDom
 
 HOSTILE = "<img src=x onerror=alert(1)>"

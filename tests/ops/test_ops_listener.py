@@ -19,7 +19,8 @@ from tests.ops.opskit import EndpointTestCase, makeService, memoryClient, sample
 
 
 class PageTests(EndpointTestCase):
-    """What the listener refuses (the page itself: tests/browser/)."""
+    """What the listener refuses (the page itself: tests/ops/test_opspage.py; in a browser:
+    tests/browser/)."""
 
     def test_unknownPath(self) -> None:
         """Other paths are 404."""

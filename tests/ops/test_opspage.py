@@ -23,7 +23,7 @@ from nvpair.proxy.ops.history import Window
 from nvpair.proxy.ops.page import renderPage
 from nvpair.proxy.ops.server import historyDocument, opsResource, statusDocument
 from nvpair.proxy.routing.candidates import Snapshot, parseNodes
-from tests.ops.test_ops import ENGINE, EndpointTestCase, makeService, memoryClient, scripted
+from tests.ops.opskit import ENGINE, EndpointTestCase, makeService, memoryClient, scripted
 from tests.support.dom import Element, parseDom
 
 HOSTILE_MODEL = "<script>alert('model')</script>"

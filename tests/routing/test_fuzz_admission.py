@@ -23,7 +23,7 @@ from nvpair.proxy.http.site import FacadeSite
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
 from nvpair.proxy.testing.wire import siteExchange
-from tests.facade.test_facade import BusyReactor
+from tests.facade.facadekit import BusyReactor
 from tests.support.fakeupstream import ListSink
 from tests.support.harness import CANARY
 
