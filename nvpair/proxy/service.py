@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from functools import partial
 from typing import IO
 
 from twisted.application.service import MultiService
@@ -189,12 +190,17 @@ class ProxyService(MultiService):
     def _makeFactory(self, facade: Facade, aliasOnly: bool) -> PersonalityFactory:
         s = self.settings
         context = self.context
+        # The HTTP layer's refusals are answered in the facade's shape and counted as its
+        # generated errors, on both personalities.
+        refused = partial(context.metrics.proxyError, facade.engine.id)
         site = FacadeSite(
             FrontDoor(context, facade, self.fleet, self.hosts),
             context.clock,
             s.maxBody,
             s.headerReadTimeout,
             s.maxHeaderBytes,
+            facade.engine,
+            refused,
         )
         tls: Callable[[IAddress], IProtocol | None] | None = None
         trust = context.trust
@@ -205,6 +211,8 @@ class ProxyService(MultiService):
                 s.maxBody,
                 s.headerReadTimeout,
                 s.maxHeaderBytes,
+                facade.engine,
+                refused,
             )
 
             def tls(addr: IAddress) -> IProtocol | None:

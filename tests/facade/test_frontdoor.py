@@ -66,8 +66,9 @@ def request(
     return head + extra + b"\r\n" + body
 
 
-class HostRuleAtTheDoorTests(SynchronousTestCase):
-    """Every facade route on the primary port and on an alias refuses a foreign ``Host``."""
+class DoorCase(SynchronousTestCase):
+    """A real service with an Ollama and a llama.cpp facade (each on a primary port and an
+    alias) on a memory reactor; requests are fed to new loopback connections."""
 
     def setUp(self) -> None:
         options = Options({})
@@ -113,6 +114,10 @@ class HostRuleAtTheDoorTests(SynchronousTestCase):
                 if sample.name == name and sample.labels == labels:
                     return float(sample.value)
         raise AssertionError(f"no sample {name} {labels}")
+
+
+class HostRuleAtTheDoorTests(DoorCase):
+    """Every facade route on the primary port and on an alias refuses a foreign ``Host``."""
 
     def test_everyRouteRefused(self) -> None:
         """Inference, fleet lists, preflights and verbatim routes, primary and alias: 403
@@ -232,6 +237,34 @@ class HostRuleAtTheDoorTests(SynchronousTestCase):
             status, _, content = split(transport.value())
             self.assertEqual((status, json.loads(content)), (200, {"models": []}), argv)
             protocol.connectionLost(Failure(ConnectionDone()))
+
+
+class HttpRefusalTests(DoorCase):
+    """What the HTTP layer refuses before the door is answered in the facade's own shape
+    and counted among its generated errors, on the primary port and on an alias."""
+
+    def test_malformedCounted(self) -> None:
+        cases = [
+            (b"GET /api/tags HTTP/1.1\r\n\r\n", 400),  # no Host
+            (b"GET /api/tags HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
+            (b"GET /api/tags HTTP/1.1\r\nHost: a\r\nContent-Length: +5\r\n\r\n", 400),
+            (b"GET /api/tags HTTP/1.1\r\nHost: a\r\nX: " + b"x" * 70000 + b"\r\n\r\n", 431),
+        ]
+        for engineId, ports in PORTS.items():
+            for port in ports:
+                for raw, expected in cases:
+                    status, _, content = split(self.exchange(port, raw))
+                    self.assertEqual(status, expected, (engineId, port, raw[:40]))
+                    doc = json.loads(content)
+                    if engineId == "ollama":
+                        self.assertEqual(doc["reason"], "bad_request")
+                    else:
+                        self.assertEqual(doc["error"]["code"], "bad_request")
+            self.assertEqual(
+                self.metric("nvpair_proxy_errors_total", engine=engineId, reason="bad_request"),
+                2.0 * len(cases),
+            )
+        self.assertNothingPastTheDoor()
 
 
 class ClusterPersonalityTests(SynchronousTestCase):

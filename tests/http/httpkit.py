@@ -97,7 +97,10 @@ class Connection:
         self, door: Door, maxBody: int = 1000, timeout: float = 30.0, maxHeaderBytes: int = 4096
     ) -> None:
         self.clock = Clock()
-        self.site = FacadeSite(door, self.clock, maxBody, timeout, maxHeaderBytes)
+        self.refusals: list[str] = []
+        self.site = FacadeSite(
+            door, self.clock, maxBody, timeout, maxHeaderBytes, door.engine, self.refusals.append
+        )
         self.channel = self.site.buildProtocol(None)
         self.transport = StringTransport()
         self.channel.makeConnection(self.transport)

@@ -289,25 +289,30 @@ class RfcRuleTests(SynchronousTestCase):
         _, _, doc = errorOf(conn.send(b"B@D /api/chat HTTP/1.1\r\n\r\n"))
         self.assertEqual(doc["error"]["code"], "bad_request")
 
-    def test_errorShapeOfPeerDoor(self) -> None:
-        """A door holding its facade (the peer personality's) gives that facade's engine;
-        an engine passed to the site wins over the door's."""
-
-        class Facade:
-            engine = OLLAMA
-
-        class PeerLikeDoor(Door):
-            facade = Facade()
-
-        site = FacadeSite(PeerLikeDoor(), Clock(), 10, 1.0, 100)
+    def test_errorShapeGiven(self) -> None:
+        """The site answers its refusals in the shape of the engine it is given, whatever
+        the door behind it."""
+        site = FacadeSite(Door(), Clock(), 10, 1.0, 100, engine=OLLAMA)
         self.assertIs(site.engine, OLLAMA)
         site = FacadeSite(OllamaDoor(), Clock(), 10, 1.0, 100, engine=LLAMACPP)
         self.assertIs(site.engine, LLAMACPP)
 
-    def test_errorShapeOfAnyOtherDoor(self) -> None:
-        """A door naming no engine gets the OpenAI shape: byte for byte llama.cpp's, on
-        every path (the HTTP layer has its own copy, as it does not import the facade)."""
-        shape = FacadeSite(Door(), Clock(), 10, 1.0, 100).engine
+    def test_refusalsCounted(self) -> None:
+        """Each refusal of the HTTP layer is reported with its reason, once; a request it
+        serves is not."""
+        conn = Connection(Door(), maxHeaderBytes=200)
+        conn.send(b"GET /ok HTTP/1.1\r\nHost: a\r\n\r\n")
+        self.assertEqual(conn.refusals, [])
+        conn.send(b"GET /x HTTP/1.1\r\n\r\n")
+        self.assertEqual(conn.refusals, ["bad_request"])
+        conn = Connection(Door(), maxHeaderBytes=200)
+        conn.send(b"GET /x HTTP/1.1\r\nHost: a\r\nX-Big: " + b"b" * 300 + b"\r\n\r\n")
+        self.assertEqual(conn.refusals, ["bad_request"])
+
+    def test_errorShapeWithoutEngine(self) -> None:
+        """A site given no engine uses the OpenAI shape: byte for byte llama.cpp's, on every
+        path (the HTTP layer has its own copy, as it does not import the facade)."""
+        shape = FacadeSite(OllamaDoor(), Clock(), 10, 1.0, 100).engine
         verifyObject(IErrorShape, shape)
         verifyObject(IErrorShape, LLAMACPP)
         for path in (b"/", b"/v1/chat/completions", b"/api/chat", b"/models"):

@@ -125,7 +125,7 @@ class FrontDoorTests(SynchronousTestCase):
             _CrashingFleet(),
             HostGate(HostRule(["*"]), lambda listener: None),
         )
-        self.site = FacadeSite(door, self.clock, 100, 30.0, 65536)
+        self.site = FacadeSite(door, self.clock, 100, 30.0, 65536, OLLAMA)
 
     def exchange(self, raw: bytes) -> bytes:
         return siteExchange(self.site, raw)

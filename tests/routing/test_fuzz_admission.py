@@ -163,6 +163,7 @@ class AdmissionFuzzTests(SynchronousTestCase):
                 MAX_BODY,
                 30.0,
                 MAX_HEADER_BYTES,
+                facade.engine,
             )
 
     def exchange(self, engineId: str, raw: bytes) -> bytes:

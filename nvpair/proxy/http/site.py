@@ -6,12 +6,14 @@ door (``FrontDoor``, or ``PeerDoor`` on the cluster personality) and its limits:
 ``--max-header-bytes`` (431) and ``--header-read-timeout`` (a client slower than that to
 send a head, or idle that long in a body or between requests, is cut).  ``sendError``
 writes a proxy-generated answer in the engine's error shape; ``FacadeSite.refuse`` uses it
-for requests the HTTP layer refuses (reason ``bad_request``, ``internal`` for a 500).
+for requests the HTTP layer refuses (reason ``bad_request``, ``internal`` for a 500) and
+reports each refusal's reason to whoever counts them.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.internet.protocol import Factory
@@ -76,7 +78,10 @@ OPENAI_SHAPE = _OpenAIShape()
 @implementer(ISite)
 class FacadeSite(Factory):
     """Builds the ``ServerChannel`` of each connection to one facade personality (plaintext
-    or peer TLS) and holds what they share: the door, the clock and the limits."""
+    or peer TLS) and holds what they share: the door, the clock and the limits.
+
+    ``engine`` gives the shape of the HTTP layer's refusals (the OpenAI shape, llama.cpp's,
+    when none is given); ``refused`` is told the reason of each one (to count it)."""
 
     noisy = False
 
@@ -88,9 +93,11 @@ class FacadeSite(Factory):
         headerReadTimeout: float,
         maxHeaderBytes: int,
         engine: IErrorShape | None = None,
+        refused: Callable[[str], object] | None = None,
     ) -> None:
         self.door = door
-        self.engine = engine if engine is not None else _doorEngine(door)
+        self.engine = engine if engine is not None else OPENAI_SHAPE
+        self.refused = refused
         self.clock = clock
         self.maxBody = maxBody
         self.headerReadTimeout = headerReadTimeout
@@ -101,18 +108,11 @@ class FacadeSite(Factory):
         """Answer a request the HTTP layer refuses, in the engine's shape, and close."""
         request.setHeader(b"connection", b"close")
         reason = "internal" if status == 500 else "bad_request"
+        if self.refused is not None:
+            self.refused(reason)
         sendError(request, self.engine, status, reason, message)
 
     def buildProtocol(self, addr: IAddress | None) -> ServerChannel:
         channel = ServerChannel(self)
         channel.factory = self
         return channel
-
-
-def _doorEngine(door: IDoor) -> IErrorShape:
-    """The engine whose error shape a door's refusals use: ``FrontDoor.engine``, or
-    ``PeerDoor.facade.engine``; the OpenAI shape (llama.cpp's) for any other door."""
-    engine = getattr(door, "engine", None)
-    if engine is None:
-        engine = getattr(getattr(door, "facade", None), "engine", None)
-    return engine if IErrorShape.providedBy(engine) else OPENAI_SHAPE
