@@ -28,6 +28,11 @@ from nvpair.proxy.settings import Settings
 class IBrokerSink(Interface):
     """Where notifications to the broker go (stdout in production, a list in tests)."""
 
+    listening: bool = Attribute(
+        "Whether anything receives notifications (not in standalone mode): when not, "
+        "producers may skip building what would be sent."
+    )
+
     def notify(method: str, params: dict[str, object]) -> None:
         """Emit one JSON-RPC notification."""
 

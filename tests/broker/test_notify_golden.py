@@ -38,6 +38,8 @@ class _NoHandler:
 class _Both:
     """A sink that writes through a real channel and keeps the params it was given."""
 
+    listening = True
+
     def __init__(self, channel: BrokerChannel) -> None:
         self.channel = channel
         self.sent: list[tuple[str, dict[str, Any]]] = []

@@ -69,6 +69,8 @@ def makeSettings(**overrides: Any) -> Settings:
 class ListSink:
     """Records notifications."""
 
+    listening = True
+
     def __init__(self) -> None:
         self.sent: list[tuple[str, dict[str, Any]]] = []
 

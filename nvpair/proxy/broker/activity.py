@@ -32,7 +32,7 @@ class Activity:
             count = 0
         else:
             self.inFlight[nodeId] = count
-        if not getattr(self._sink, "listening", True):
+        if not self._sink.listening:
             return  # nobody receives notifications (standalone)
         if type(nodeId) is str and type(count) is int:
             params = _Change()

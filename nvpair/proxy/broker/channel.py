@@ -82,7 +82,7 @@ class SinkSwitch:
     @property
     def listening(self) -> bool:
         """Whether anything receives notifications now (not in standalone mode)."""
-        return getattr(self.target, "listening", True)
+        return self.target.listening
 
     def notify(self, method: str, params: dict[str, object]) -> None:
         self.target.notify(method, params)
@@ -146,6 +146,7 @@ class BrokerChannel(jsonrpc.LineFramer):
     """
 
     log = Logger()
+    listening = True  # the broker reads every notification (backlog limits aside)
 
     def __init__(
         self,

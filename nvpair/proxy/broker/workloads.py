@@ -198,7 +198,7 @@ class Workload:
     def _emit(self, method: str) -> None:
         """Send one event: ``info()`` stamped with the next ``seq``."""
         reporter = self._reporter
-        if not getattr(reporter.sink, "listening", True):
+        if not reporter.sink.listening:
             reporter.seq += 1  # nobody receives events (standalone): count, build nothing
             return
         info = self.info()
