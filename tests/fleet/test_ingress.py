@@ -8,32 +8,10 @@ from __future__ import annotations
 
 import socket
 
-from twisted.internet import defer, reactor
-from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
-from twisted.internet.protocol import Protocol, connectionDone
-from twisted.python.failure import Failure
+from twisted.internet import reactor
 from twisted.trial.unittest import SkipTest, TestCase
 
-from tests.support.harness import ProxyFixture
-
-
-class _Raw(Protocol):
-    """Sends bytes on connect and records what comes back until the connection closes."""
-
-    def __init__(self, payload: bytes) -> None:
-        self.payload = payload
-        self.received = b""
-        self.closed: defer.Deferred[None] = defer.Deferred()
-
-    def connectionMade(self) -> None:
-        assert self.transport is not None
-        self.transport.write(self.payload)
-
-    def dataReceived(self, data: bytes) -> None:
-        self.received += data
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self.closed.callback(None)
+from tests.support.harness import ProxyFixture, rawExchange
 
 
 def lanAddress() -> str | None:
@@ -54,22 +32,14 @@ class IngressTests(TestCase):
 
     timeout = 60
 
-    async def rawExchange(self, host: str, port: int, payload: bytes) -> bytes:
-        proto = _Raw(payload)
-        endpoint = TCP4ClientEndpoint(reactor, host, port, timeout=10)
-        await connectProtocol(endpoint, proto)
-        await proto.closed.addTimeout(30, reactor)
-        return proto.received
-
     async def test_tlsRefusedWhenNotMember(self) -> None:
         """Without a cluster directory a TLS first byte is closed without an answer."""
         proxy = ProxyFixture(self, reactor)
         await proxy.start()
         port = await proxy.enable("ollama")
         hello = b"\x16\x03\x01\x00\x05\x01\x00\x00\x01\x00"
-        self.assertEqual(await self.rawExchange("127.0.0.1", port, hello), b"")
-        answer = await self.rawExchange(
-            "127.0.0.1",
+        self.assertEqual(await rawExchange(port, hello), b"")
+        answer = await rawExchange(
             port,
             b"GET /api/tags HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
         )
@@ -83,5 +53,5 @@ class IngressTests(TestCase):
         proxy = ProxyFixture(self, reactor)
         await proxy.start()
         port = await proxy.enable("llamacpp")
-        answer = await self.rawExchange(host, port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = await rawExchange(port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", host)
         self.assertEqual(answer, b"")

@@ -18,17 +18,21 @@ import ollama
 import openai
 import treq
 from openai.types.chat import ChatCompletionMessageParam
-from twisted.internet import defer, reactor
-from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
-from twisted.internet.protocol import Protocol
+from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
-from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 
 from nvpair.proxy.testing.wire import splitAnswer
 from tests.integration.test_ops import labels, parse
 from tests.integration.test_requests import asyncTest
-from tests.support.harness import CANARY, ProxyFixture, directNode, freePort, startEngine
+from tests.support.harness import (
+    CANARY,
+    ProxyFixture,
+    directNode,
+    freePort,
+    rawExchange,
+    startEngine,
+)
 from tests.support.standaloneharness import StandaloneProxy
 
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
@@ -37,32 +41,6 @@ PULL = json.dumps({"model": "m1", "insecure": CANARY}).encode()
 PREFLIGHT = (
     b"Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: content-type\r\n"
 )
-
-
-class _RawClient(Protocol):
-    """Sends one request and keeps everything until the server closes."""
-
-    def __init__(self, payload: bytes) -> None:
-        self.payload = payload
-        self.received = b""
-        self.closed: defer.Deferred[bytes] = defer.Deferred()
-
-    def connectionMade(self) -> None:
-        assert self.transport is not None
-        self.transport.write(self.payload)
-
-    def dataReceived(self, data: bytes) -> None:
-        self.received += data
-
-    def connectionLost(self, reason: Failure | None = None) -> None:
-        self.closed.callback(self.received)
-
-
-async def rawExchange(port: int, payload: bytes) -> bytes:
-    """One request over a fresh loopback connection; the whole answer (bounded in time)."""
-    client = _RawClient(payload)
-    await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), client)
-    return await client.closed.addTimeout(20, reactor)
 
 
 def rebinding(
@@ -137,10 +115,14 @@ class RebindingTests(TestCase):
             ("llamacpp", llamaPort, llamaRoutes),
         ):
             for method, path, body, extra, native in routes:
-                raw = await rawExchange(port, rebinding(port, method, path, body, extra))
+                raw = await rawExchange(
+                    port, rebinding(port, method, path, body, extra), timeout=20
+                )
                 self.assertHostDenied(raw, native, (port, method, path))
                 counts[engineId] += 1
-        opsAnswer = splitAnswer(await rawExchange(opsPort, rebinding(opsPort, b"GET", b"/status")))
+        opsAnswer = splitAnswer(
+            await rawExchange(opsPort, rebinding(opsPort, b"GET", b"/status"), timeout=20)
+        )
         self.assertEqual(opsAnswer[0], 403)
         self.assertNotIn(b"runId", opsAnswer[2])
         await proxy.sync()
@@ -205,10 +187,12 @@ class RebindingTests(TestCase):
             (b"GET", b"/api/tags", b""),
             (b"POST", b"/api/pull", PULL),
         ):
-            raw = await rawExchange(port, rebinding(port, method, path, body))
+            raw = await rawExchange(port, rebinding(port, method, path, body), timeout=20)
             self.assertHostDenied(raw, True, path)
         allowed = splitAnswer(
-            await rawExchange(port, rebinding(port, b"GET", b"/api/version", host=b"LLM.example"))
+            await rawExchange(
+                port, rebinding(port, b"GET", b"/api/version", host=b"LLM.example"), timeout=20
+            )
         )
         self.assertEqual(allowed[0], 200)
         client = ollama.Client(host=proxy.url("ollama"), timeout=30.0)

@@ -10,6 +10,19 @@ from twisted.trial.unittest import SynchronousTestCase
 from tests.http.httpkit import GET, Connection, Door, answer, chunkedPost, errorOf
 
 
+def trickle(start: bytes, piece: bytes) -> bytes:
+    """Send ``start``, then ``piece`` at most 200 times to a connection whose head limit is
+    1,000 bytes, until it answers; what it answered (nothing if it never did)."""
+    conn = Connection(Door(), maxHeaderBytes=1000)
+    conn.send(start)
+    sent = b""
+    for _ in range(200):
+        sent += conn.send(piece)
+        if sent:
+            break
+    return sent
+
+
 class LimitTests(SynchronousTestCase):
     """Bodies over ``maxBody``, heads over ``maxHeaderBytes``, and Expect."""
 
@@ -95,24 +108,12 @@ class LimitTests(SynchronousTestCase):
     def test_longLineTrickled(self) -> None:
         """A header line that never ends is 431 once it passes the limit, however it is
         sent (httptools would otherwise hold it all)."""
-        conn = Connection(Door(), maxHeaderBytes=1000)
-        conn.send(b"GET / HTTP/1.1\r\nHost: h\r\nX: ")
-        sent = b""
-        for _ in range(200):
-            sent += conn.send(b"v" * 10)
-            if sent:
-                break
+        sent = trickle(b"GET / HTTP/1.1\r\nHost: h\r\nX: ", b"v" * 10)
         self.assertTrue(sent.startswith(b"HTTP/1.1 431 "), sent)
 
     def test_longTargetTrickled(self) -> None:
         """A request target that never ends is 431 too."""
-        conn = Connection(Door(), maxHeaderBytes=1000)
-        conn.send(b"GET /")
-        sent = b""
-        for _ in range(200):
-            sent += conn.send(b"a" * 10)
-            if sent:
-                break
+        sent = trickle(b"GET /", b"a" * 10)
         self.assertTrue(sent.startswith(b"HTTP/1.1 431 "), sent)
 
     def test_tooManyHeaders(self) -> None:

@@ -13,7 +13,10 @@ import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from twisted.internet import defer
+from twisted.internet import defer, reactor
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.protocol import Protocol
+from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 
 from nvpair.proxy.testing.fakeengine import FakeEngine
@@ -174,3 +177,32 @@ def directNode(
         "addresses": [engine.url],
         "models": list(models if models is not None else engine.models),
     }
+
+
+class _RawClient(Protocol):
+    """Sends bytes on connect and keeps everything that comes back until the server closes."""
+
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+        self.received = b""
+        self.closed: defer.Deferred[bytes] = defer.Deferred()
+
+    def connectionMade(self) -> None:
+        assert self.transport is not None
+        self.transport.write(self.payload)
+
+    def dataReceived(self, data: bytes) -> None:
+        self.received += data
+
+    def connectionLost(self, reason: Failure | None = None) -> None:
+        self.closed.callback(self.received)
+
+
+async def rawExchange(
+    port: int, payload: bytes, host: str = "127.0.0.1", timeout: float = 30.0
+) -> bytes:
+    """Bytes sent over a fresh TCP connection to ``host:port``; everything answered until
+    the server closes (connecting bounded at 10 s, the answer at ``timeout``)."""
+    client = _RawClient(payload)
+    await connectProtocol(TCP4ClientEndpoint(reactor, host, port, timeout=10), client)
+    return await client.closed.addTimeout(timeout, reactor)
