@@ -37,3 +37,5 @@ class Settings:
     allowedHosts: tuple[str, ...] = ()
     streamIdleTimeout: float = 300.0
     affinity: str = "prefix"
+    fleetFile: str | None = None
+    """Standalone: the fleet file's absolute path (validated at start; reloaded live)."""

@@ -12,6 +12,7 @@ from twisted.application.service import IService
 from twisted.internet.error import ReactorNotRunning
 from twisted.internet.interfaces import IReactorCore, IReactorFromThreads
 
+from nvpair.proxy.facade.reload import reloadFrom, reloadOnSighup
 from nvpair.proxy.options import Options
 from nvpair.proxy.runtime import eventloop
 from nvpair.proxy.runtime.logoutlet import LineOutlet
@@ -86,5 +87,7 @@ def makeService(options: Options) -> IService:
         )
         proxy = ProxyService(settings, reactor, logOutlet(), trust)
         service.append(proxy)
-        return proxy
-    return ProxyService(settings, reactor, logOutlet())
+    else:
+        proxy = ProxyService(settings, reactor, logOutlet())
+    reloadOnSighup(reactor, lambda: reloadFrom(proxy))  # systemctl reload (the fleet file)
+    return proxy

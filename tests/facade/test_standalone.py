@@ -22,6 +22,7 @@ from nvpair.proxy.facade.standalone import (
     fleetUrls,
     startStandalone,
 )
+from nvpair.proxy.ops.metrics import Metrics
 from nvpair.proxy.routing.affinity import Affinity
 from nvpair.proxy.routing.candidates import Snapshot
 from nvpair.proxy.routing.reservations import ReservationMap
@@ -216,6 +217,7 @@ class FakeService(MultiService):
         backends: tuple[tuple[str, str], ...],
         refuse: frozenset[str] = frozenset(),
         affinity: str = "off",
+        fleetFile: str | None = None,
     ) -> None:
         super().__init__()
         self.context = FakeContext(
@@ -224,7 +226,9 @@ class FakeService(MultiService):
             backends=backends,
             dialTimeout=1.0,
             affinity=affinity,
+            fleetFile=fleetFile,
         )
+        self.metrics = Metrics()
         self.refuse = refuse
         self.enabled: list[tuple[str, int]] = []
         self.problems: list[tuple[str, str, str]] = []

@@ -132,6 +132,14 @@ class Metrics:
             ["engine"],
             registry=registry,
         )
+        self._fleetReloads = Counter(
+            "nvpair_proxy_fleet_reloads",
+            "Fleet file loads after the first (standalone --fleet), by result.",
+            ["result"],
+            registry=registry,
+        )
+        for result in ("applied", "unchanged", "invalid"):
+            self._fleetReloads.labels(result)
         self._requestChildren: dict[tuple[str, bool, str], _Count] = {}
         self._attemptChildren: dict[tuple[str, str], _Count] = {}
         self._ttftChildren: dict[tuple[str, bool], _Count] = {}
@@ -201,6 +209,10 @@ class Metrics:
                 key[0], ROUTES[key[1]], key[2]
             ).inc
         inc(1)
+
+    def fleetReload(self, result: str) -> None:
+        """One fleet file reload: ``applied``, ``unchanged`` or ``invalid``."""
+        self._fleetReloads.labels(result).inc()
 
     def streamStalled(self, engineId: str) -> None:
         """A committed stream was cut for engine silence."""
