@@ -194,31 +194,6 @@ class FleetReloader(Service):
             backends=sum(len(b) for b in self.serving.values()),
         )
 
-    def status(self) -> dict[str, object]:
-        """The ``fleet`` object of ``/status`` (no secrets: addresses and names only)."""
-        error = self.error
-        return {
-            "file": self.path,
-            "generation": self.generation,
-            "loadedAt": None if self.loadedAt is None else int(self.loadedAt * 1000),
-            "engines": list(self.serving),
-            "keptEngines": [e for e in self.serving if self.spec and e not in self.spec.engines],
-            "backends": [
-                {
-                    "engine": b.engine,
-                    "url": b.url,
-                    "name": b.name,
-                    "maxConcurrency": b.maxConcurrency,
-                    "enabled": b.enabled,
-                }
-                for b in (self.spec.backends if self.spec else ())
-            ],
-            "error": None
-            if error is None
-            else {"message": error.message, "line": error.line, "at": int(error.at * 1000)},
-            "reloads": dict(self.results),
-        }
-
     def names(self) -> dict[str, str]:
         """The backends' names by URL (node id), for the page and ``/status``."""
         if self.spec is None:

@@ -83,6 +83,8 @@ def nodeHealth(view: IOpsView, engineId: str, node: Node, now: float) -> Health:
     poller = _poller(view, engineId)
     if poller is not None and node.id in poller.urls:
         return pollHealth(poller.polls.get(node.id), len(node.models))
+    if poller is not None and node.id in poller.draining:
+        return NodeState.UNKNOWN, "removed from the fleet file: finishing its requests", None
     return attemptHealth(view.history.attempts.get((engineId, node.id)), now)
 
 

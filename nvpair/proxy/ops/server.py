@@ -32,8 +32,10 @@ from twisted.web.resource import Resource
 
 from nvpair.proxy.facade.hostcheck import HostGate
 from nvpair.proxy.facade.listener import PersonalityFactory
+from nvpair.proxy.facade.reload import FleetReloader, findReloader
 from nvpair.proxy.ops.documents import (
     FacadeStatus,
+    FleetStatus,
     HistoryDocument,
     NodeStatus,
     StatusDocument,
@@ -66,6 +68,8 @@ def statusDocument(view: IOpsView) -> StatusDocument:
     reserved = reservations.byNode()
     now = view.clock.seconds()
     facades: dict[str, FacadeStatus] = {}
+    reloader = findReloader(view)
+    names = reloader.names() if reloader is not None else {}
     for engineId, facade in sorted(view.facades.items()):
         nodes: list[NodeStatus] = []
         for node in facade.snapshot.nodes:
@@ -84,6 +88,7 @@ def statusDocument(view: IOpsView) -> StatusDocument:
                     "state": state.value,
                     "stateReason": reason,
                     "checkedAt": _ms(checked),
+                    "name": names.get(node.id),
                 }
             )
         facades[engineId] = {
@@ -117,6 +122,33 @@ def statusDocument(view: IOpsView) -> StatusDocument:
             "terminals": dict(reporter.terminals),
             "recent": recent,
         },
+        "fleet": None if reloader is None else fleetStatus(reloader),
+    }
+
+
+def fleetStatus(reloader: FleetReloader) -> FleetStatus:
+    """The fleet file in force (``/status`` ``fleet``): addresses and names, no secrets."""
+    error, spec = reloader.error, reloader.spec
+    return {
+        "file": reloader.path,
+        "generation": reloader.generation,
+        "loadedAt": _ms(reloader.loadedAt),
+        "engines": list(reloader.serving),
+        "keptEngines": [e for e in reloader.serving if spec is None or e not in spec.engines],
+        "backends": [
+            {
+                "engine": b.engine,
+                "url": b.url,
+                "name": b.name,
+                "maxConcurrency": b.maxConcurrency,
+                "enabled": b.enabled,
+            }
+            for b in (spec.backends if spec is not None else ())
+        ],
+        "error": None
+        if error is None
+        else {"message": error.message, "line": error.line, "at": int(error.at * 1000)},
+        "reloads": dict(reloader.results),
     }
 
 
