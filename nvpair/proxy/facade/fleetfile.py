@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TypeVar
 from urllib.parse import urlsplit
 
@@ -35,10 +35,12 @@ _ANY_HEADER = re.compile(r"^\s*\[")
 
 
 class FleetError(ValueError):
-    """A fleet file that cannot be used; ``str()`` is the one line ``FILE:LINE: problem``."""
+    """A fleet file that cannot be used; ``str()`` is the one line ``FILE:LINE: problem``
+    (``FILE: problem`` when it could not be read at all, ``line`` 0)."""
 
     def __init__(self, path: str, line: int, problem: str) -> None:
-        super().__init__(f"{path}:{line}: {problem}")
+        # line 0: the file as a whole (it could not be read)
+        super().__init__(f"{path}:{line}: {problem}" if line else f"{path}: {problem}")
         self.path = path
         self.line = line
         self.problem = problem
@@ -113,7 +115,7 @@ class _Lines:
     """Finds the line of a key or of the n-th ``[[backend]]`` table in the file's text."""
 
     def __init__(self, text: str) -> None:
-        self.lines = text.splitlines()
+        self.lines = [line.rstrip("\r") for line in text.split("\n")]  # TOML's newlines
         self.headers = [i + 1 for i, line in enumerate(self.lines) if _HEADER.match(line)]
 
     def _key(self, key: str, start: int, end: int) -> int | None:
@@ -302,8 +304,3 @@ def loadFleet(path: str) -> FleetSpec:
     except OSError as e:
         raise FleetError(path, 0, f"cannot read: {e.strerror or e}") from None
     return parseFleet(data, path)
-
-
-def fleetBackends(spec: FleetSpec) -> Sequence[tuple[str, str]]:
-    """The ``(engine, url)`` pairs the fleet serves, as ``--backend`` would give them."""
-    return [(b.engine, b.url) for e in spec.engines for b in spec.serving(e)]
