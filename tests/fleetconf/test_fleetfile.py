@@ -101,7 +101,7 @@ class ValidFleetTests(SynchronousTestCase):
 class BadFleetTests(SynchronousTestCase):
     """Every kind of bad file is one ``FleetError``: file, line and problem."""
 
-    def refused(self, text: str, line: int, words: str) -> FleetError:
+    def refused(self, text: str, line: int, words: str) -> None:
         """Assert ``text`` is refused at ``line`` with ``words`` in the problem."""
         with self.assertRaises(FleetError) as caught:
             parse(text)
@@ -110,7 +110,6 @@ class BadFleetTests(SynchronousTestCase):
         self.assertIn(words, e.problem)
         self.assertTrue(str(e).startswith(f"{PATH}:{line}: "))
         self.assertNotIn("\n", str(e))
-        return e
 
     def test_syntax(self) -> None:
         """A TOML syntax error carries tomllib's line."""
@@ -157,7 +156,8 @@ class BadFleetTests(SynchronousTestCase):
     def test_missingKeys(self) -> None:
         """A backend without engine or url names its table's header line."""
         self.refused(
-            '[[backend]]\nengine = "ollama"\nurl = "http://a:1"\n\n[[backend]]\nengine = "ollama"\n',
+            '[[backend]]\nengine = "ollama"\nurl = "http://a:1"\n\n'
+            '[[backend]]\nengine = "ollama"\n',
             5,
             "no url",
         )

@@ -1,0 +1,395 @@
+"""Unit tests for nvpair.proxy.facade.reload and the pollers following a reloaded fleet."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from twisted.internet.interfaces import IReactorFromThreads
+from twisted.logger import Logger
+from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
+
+from nvpair.proxy.facade.fleetfile import Backend
+from nvpair.proxy.facade.reload import (
+    RELOAD_POLL,
+    FleetReloader,
+    IFleetFollower,
+    findReloader,
+    reloadFrom,
+    reloadOnSighup,
+)
+from nvpair.proxy.facade.standalone import (
+    DRAIN_CHECK,
+    POLL_INTERVAL,
+    FleetPoller,
+    startStandalone,
+)
+from tests.facade.fleetkit import FakeResponse, FakeUpstream, openaiList
+from tests.facade.test_hostcheck import Events
+from tests.facade.test_standalone import TIMEOUT, FakeService, RecordingFacade
+from tests.support.fakecontext import FakeContext
+
+ONE = '[[backend]]\nengine = "llamacpp"\nurl = "http://a:1"\nname = "alpha"\n'
+TWO = ONE + '[[backend]]\nengine = "llamacpp"\nurl = "http://b:1"\nmax_concurrency = 2\n'
+BAD = ONE + "oops = \n"
+
+
+@implementer(IFleetFollower)
+class RecordingFollower:
+    """A follower that records every backend set it is told."""
+
+    def __init__(self) -> None:
+        self.sets: list[list[str]] = []
+
+    def setBackends(self, backends: Sequence[Backend]) -> None:
+        self.sets.append([b.url for b in backends])
+
+
+class FleetFile:
+    """A fleet file on disk that a test rewrites."""
+
+    def __init__(self, test: SynchronousTestCase, text: str) -> None:
+        fd, self.path = tempfile.mkstemp(suffix=".toml")
+        os.close(fd)
+        test.addCleanup(os.remove, self.path)
+        self.write(text)
+
+    def write(self, text: str) -> None:
+        """Replace the file's content in place."""
+        with open(self.path, "w") as f:
+            f.write(text)
+
+
+class ReloaderTests(SynchronousTestCase):
+    """Loading, refusing and switching the fleet, on a Clock."""
+
+    def setUp(self) -> None:
+        self.context = FakeContext()
+        self.clock = self.context.clock
+        self.events = Events()
+        self.patch(FleetReloader, "log", Logger(observer=self.events))
+        self.enabled: list[tuple[str, list[str]]] = []
+        self.orders: list[list[str]] = []
+        self.counts: list[str] = []
+        self.follower = RecordingFollower()
+
+    def reloader(self, text: str, refuse: frozenset[str] = frozenset()) -> FleetReloader:
+        self.file = FleetFile(self, text)
+
+        def enable(engineId: str, backends: Sequence[Backend]) -> bool:
+            self.enabled.append((engineId, [b.url for b in backends]))
+            if engineId in refuse:
+                return False
+            reloader.follow(engineId, self.follower)
+            return True
+
+        reloader = FleetReloader(
+            self.file.path,
+            self.clock,
+            enable,
+            lambda o: self.orders.append(list(o)),
+            self.counts.append,
+        )
+        reloader.first(("llamacpp",))
+        reloader.startService()
+        self.addCleanup(reloader.stopService)
+        return reloader
+
+    def named(self, event: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e.get("log_format") == event]
+
+    def test_follower(self) -> None:
+        """The recording follower provides the interface others register with."""
+        verifyObject(IFleetFollower, self.follower)
+
+    def test_first(self) -> None:
+        """At start the file's engines are enabled with their backends: generation 1."""
+        self.clock.advance(100)
+        reloader = self.reloader(TWO)
+        self.assertEqual(self.enabled, [("llamacpp", ["http://a:1", "http://b:1"])])
+        self.assertEqual(self.orders, [["http://a:1", "http://b:1"]])
+        self.assertEqual((reloader.generation, reloader.loadedAt), (1, 100))
+        self.assertEqual(reloader.names(), {"http://a:1": "alpha"})
+        self.assertEqual(self.counts, [])  # the first load is not a reload
+
+    def test_signalReload(self) -> None:
+        """A reload applies a changed file: followers told, order changed, counted."""
+        reloader = self.reloader(ONE)
+        self.file.write(TWO)
+        self.clock.advance(0.25)
+        self.assertEqual(reloader.reload("signal"), "applied")
+        self.assertEqual(self.follower.sets, [["http://a:1", "http://b:1"]])
+        self.assertEqual(self.orders[-1], ["http://a:1", "http://b:1"])
+        self.assertEqual((reloader.generation, reloader.loadedAt), (2, 0.25))
+        self.assertEqual(self.counts, ["applied"])
+        self.assertEqual(len(self.enabled), 1)  # the facade was not enabled again
+        self.assertEqual(self.named("fleet-loaded")[-1]["trigger"], "signal")
+
+    def test_unchanged(self) -> None:
+        """Reloading the same fleet changes nothing and says so."""
+        reloader = self.reloader(ONE)
+        self.assertEqual(reloader.reload("signal"), "unchanged")
+        self.assertEqual((self.follower.sets, reloader.generation), ([], 1))
+        self.assertEqual(self.counts, ["unchanged"])
+
+    def test_invalidKeepsFleet(self) -> None:
+        """An invalid file changes nothing; its error is logged once, counted each time,
+        and kept (with its line) until a valid file is loaded."""
+        reloader = self.reloader(ONE)
+        self.file.write(BAD)
+        self.clock.advance(3)
+        self.assertEqual(reloader.reload("signal"), "invalid")
+        self.assertEqual(reloader.reload("signal"), "invalid")
+        self.assertEqual((self.follower.sets, reloader.generation), ([], 1))
+        self.assertEqual(self.counts, ["invalid", "invalid"])
+        assert reloader.error is not None
+        self.assertEqual((reloader.error.line, reloader.error.at), (5, 3))
+        self.assertTrue(reloader.error.message.startswith(f"{self.file.path}:5: invalid TOML"))
+        self.assertEqual(len(self.named("fleet-invalid")), 1)
+        self.file.write(ONE + 'engines = ["vllm"]\n')  # another error: logged too
+        reloader.reload("signal")
+        self.assertEqual(len(self.named("fleet-invalid")), 2)
+        self.file.write(TWO)
+        self.assertEqual(reloader.reload("signal"), "applied")
+        self.assertIsNone(reloader.error)
+
+    def test_watchSettles(self) -> None:
+        """A changed file is loaded once it held still for one poll (not half-written)."""
+        reloader = self.reloader(ONE)
+        self.file.write(TWO[:-20])  # a writer part way through
+        self.clock.advance(RELOAD_POLL)
+        self.file.write(TWO)
+        self.clock.advance(RELOAD_POLL)
+        self.assertEqual(self.counts, [])  # still moving
+        self.clock.advance(RELOAD_POLL)
+        self.assertEqual(self.counts, ["applied"])
+        self.assertEqual(self.named("fleet-loaded")[-1]["trigger"], "file-changed")
+        for _ in range(5):
+            self.clock.advance(RELOAD_POLL)
+        self.assertEqual(self.counts, ["applied"])  # loaded once
+        self.assertEqual(reloader.generation, 2)
+
+    def test_watchInvalidOnce(self) -> None:
+        """A file that stays invalid is read once, not on every poll."""
+        self.reloader(ONE)
+        self.file.write(BAD)
+        for _ in range(10):
+            self.clock.advance(RELOAD_POLL)
+        self.assertEqual(self.counts, ["invalid"])
+
+    def test_removedFile(self) -> None:
+        """A file that disappears is one refusal naming it; the fleet stays."""
+        reloader = self.reloader(ONE)
+        os.rename(self.file.path, self.file.path + ".gone")
+        self.addCleanup(os.rename, self.file.path + ".gone", self.file.path)
+        for _ in range(4):
+            self.clock.advance(RELOAD_POLL)
+        self.assertEqual(self.counts, ["invalid"])
+        assert reloader.error is not None
+        self.assertIn("cannot read", reloader.error.message)
+
+    def test_newEngineEnabled(self) -> None:
+        """An engine newly listed is enabled; one no longer listed is kept until restart."""
+        reloader = self.reloader(ONE)
+        self.file.write('[[backend]]\nengine = "ollama"\nurl = "http://o:1"\n')
+        reloader.reload("signal")
+        self.assertEqual(self.enabled[-1], ("ollama", ["http://o:1"]))
+        self.assertEqual(list(reloader.serving), ["llamacpp", "ollama"])
+        self.assertEqual(self.orders[-1], ["http://a:1", "http://o:1"])
+        self.assertEqual(self.named("fleet-engine-kept")[-1]["engines"], ["llamacpp"])
+
+    def test_bindFailureRetried(self) -> None:
+        """A facade that could not bind is tried again by the next applied reload."""
+        reloader = self.reloader(ONE, refuse=frozenset({"llamacpp"}))
+        self.assertEqual(reloader.serving, {})
+        self.file.write(TWO)
+        reloader.reload("signal")
+        self.assertEqual([e for e, _ in self.enabled], ["llamacpp", "llamacpp"])
+
+    def test_turnedBadBeforeStart(self) -> None:
+        """A file that turned bad between the options' check and the start: the facades
+        run with no backend until a valid file comes."""
+        reloader = self.reloader(BAD)
+        self.assertEqual(self.enabled, [("llamacpp", [])])
+        self.assertEqual(reloader.generation, 0)
+        self.file.write(TWO)
+        reloader.reload("signal")
+        self.assertEqual(self.follower.sets, [["http://a:1", "http://b:1"]])
+
+
+class DrainTests(SynchronousTestCase):
+    """A poller following a reloaded fleet (``FleetPoller.setBackends``)."""
+
+    def setUp(self) -> None:
+        self.context = FakeContext(upstream=FakeUpstream())
+        self.up = self.context.upstream
+        self.clock = self.context.clock
+        self.facade = RecordingFacade()
+        self.busy: dict[str, int] = {}
+
+    def poller(self, *urls: str) -> FleetPoller:
+        poller = FleetPoller(
+            self.facade,
+            urls,
+            self.up,
+            self.clock,
+            TIMEOUT,
+            inFlight=lambda url: self.busy.get(url, 0),
+        )
+        poller.startService()
+        self.addCleanup(poller.stopService)
+        return poller
+
+    def test_follower(self) -> None:
+        """The poller provides ``IFleetFollower``."""
+        verifyObject(IFleetFollower, self.poller("http://a"))
+
+    def test_addedPolledAtOnce(self) -> None:
+        """A new backend is asked for its models at once and takes traffic on its answer;
+        a kept one keeps its inventory without being asked again."""
+        self.up.script["http://a"] = FakeResponse(200, openaiList("a", "m1"))
+        self.up.script["http://b"] = FakeResponse(200, openaiList("b", "m1"))
+        poller = self.poller("http://a")
+        calls = len(self.up.calls)
+        poller.setBackends(
+            [Backend("llamacpp", "http://a"), Backend("llamacpp", "http://b", "B", 3)]
+        )
+        self.assertEqual([c[1] for c in self.up.calls[calls:]], ["http://b"])
+        self.assertEqual(self.facade.inventories(), {"http://a": ["m1"], "http://b": ["m1"]})
+        self.assertEqual(poller.backends[1].maxConcurrency, 3)
+        self.assertEqual(poller.backends[1].name, "B")
+
+    def test_removedIdleLeaves(self) -> None:
+        """A removed backend with nothing in flight leaves at once and is polled no more."""
+        self.up.script["http://a"] = FakeResponse(200, openaiList("a", "m1"))
+        self.up.script["http://b"] = "hang"
+        poller = self.poller("http://a", "http://b")
+        poller.setBackends([Backend("llamacpp", "http://a")])
+        self.assertEqual(self.up.cancelled, ["http://b"])  # its hung poll abandoned
+        self.assertEqual(self.facade.inventories(), {"http://a": ["m1"]})
+        calls = len(self.up.calls)
+        self.clock.advance(POLL_INTERVAL * 2)
+        self.assertEqual({c[1] for c in self.up.calls[calls:]}, {"http://a"})
+        self.assertNotIn("http://b", poller.up)
+
+    def test_removedBusyDrains(self) -> None:
+        """A removed backend with work in flight stays listed owning nothing (no new
+        request, its pending attempts not abandoned) until its work is done."""
+        self.up.script["http://a"] = FakeResponse(200, openaiList("a", "m1"))
+        self.up.script["http://b"] = FakeResponse(200, openaiList("b", "m1"))
+        poller = self.poller("http://a", "http://b")
+        self.busy["http://b"] = 2
+        poller.setBackends([Backend("llamacpp", "http://a")])
+        self.assertEqual(self.facade.inventories(), {"http://a": ["m1"], "http://b": []})
+        self.assertEqual(
+            [n.id for n in self.facade.snapshots[-1].owners("m1", False)], ["http://a"]
+        )
+        self.assertEqual(list(poller.draining), ["http://b"])
+        self.clock.advance(DRAIN_CHECK * 3)
+        self.assertIn("http://b", self.facade.inventories())
+        self.busy["http://b"] = 0
+        self.clock.advance(DRAIN_CHECK)
+        self.assertEqual(self.facade.inventories(), {"http://a": ["m1"]})
+        self.assertEqual(poller.draining, {})
+        self.assertEqual(  # only the poll loop is left: no drain timer
+            len(self.clock.getDelayedCalls()), 1
+        )
+
+    def test_readdedWhileDraining(self) -> None:
+        """A draining backend listed again is a backend again, polled at once."""
+        self.up.script["http://a"] = FakeResponse(200, openaiList("a", "m1"))
+        poller = self.poller("http://a")
+        self.busy["http://a"] = 1
+        poller.setBackends([])
+        self.assertEqual(list(poller.draining), ["http://a"])
+        poller.setBackends([Backend("llamacpp", "http://a")])
+        self.assertEqual(poller.draining, {})
+        self.assertEqual(self.facade.inventories(), {"http://a": ["m1"]})
+
+    def test_lateAnswerOfRemoved(self) -> None:
+        """A poll answering after its backend was removed changes nothing."""
+        self.up.script["http://a"] = FakeResponse(200, openaiList("a", "m1"))
+        poller = self.poller("http://a")
+        poller.setBackends([])
+        poller.poll("http://a")
+        self.assertEqual(self.facade.inventories(), {})
+
+
+class StandaloneFleetFileTests(SynchronousTestCase):
+    """``startStandalone`` with ``--fleet``: the process's facades follow the file."""
+
+    def test_fleetFile(self) -> None:
+        """Facades and pollers come from the file; a reload reaches the poller and keeps
+        the live reservations while the order changes."""
+        file = FleetFile(self, ONE)
+        process = FakeService(("llamacpp",), (), fleetFile=file.path)
+        startStandalone(process)
+        process.startService()
+        self.addCleanup(process.stopService)
+        reloader = findReloader(process)
+        assert reloader is not None
+        poller = process.getServiceNamed("standalone-llamacpp")
+        assert isinstance(poller, FleetPoller)
+        self.assertEqual(poller.backends, (Backend("llamacpp", "http://a:1", "alpha"),))
+        reservations = process.reservations
+        self.assertEqual(reservations.order, ("http://a:1",))
+        held = reservations.reserve("http://a:1")
+        file.write(TWO)
+        reloader.reload("signal")
+        self.assertEqual(poller.urls, ("http://a:1", "http://b:1"))
+        self.assertEqual(poller.backends[1].maxConcurrency, 2)
+        self.assertEqual(reservations.order, ("http://a:1", "http://b:1"))
+        self.assertEqual(reservations.estimatedLoad("http://a:1"), 1)
+        held.release()
+        self.assertEqual(reservations.estimatedLoad("http://a:1"), 0)
+        self.assertEqual(
+            process.metrics.registry.get_sample_value(
+                "nvpair_proxy_fleet_reloads_total", {"result": "applied"}
+            ),
+            1.0,
+        )
+
+
+class SighupTests(SynchronousTestCase):
+    """SIGHUP (``systemctl reload``) only schedules the reload on the reactor."""
+
+    def test_handlerQueues(self) -> None:
+        """Installed once the reactor runs; the handler queues the reload, nothing more."""
+        running: list[Callable[..., object]] = []
+        queued: list[Callable[[], object]] = []
+        installed: dict[int, Any] = {}
+
+        @implementer(IReactorFromThreads)
+        class Reactor:
+            def callWhenRunning(self, f: Callable[..., object], *args: object) -> None:
+                running.append(lambda: f(*args))
+
+            def callFromThread(
+                self, callable: Callable[..., Any], *args: object, **kwargs: object
+            ) -> None:
+                queued.append(lambda: callable(*args, **kwargs))
+
+        reloads: list[int] = []
+        reloadOnSighup(
+            Reactor(),  # type: ignore[arg-type]
+            lambda: reloads.append(1),
+            lambda signum, handler: installed.__setitem__(signum, handler),
+        )
+        self.assertEqual(installed, {})
+        running[0]()
+        installed[signal.SIGHUP](signal.SIGHUP, None)
+        self.assertEqual(reloads, [])  # nothing ran inside the handler
+        queued[0]()
+        self.assertEqual(reloads, [1])
+
+    def test_noFleetFile(self) -> None:
+        """Without a fleet file SIGHUP is logged and ignored (it does not end the process)."""
+        events = Events()
+        self.patch(FleetReloader, "log", Logger(observer=events))
+        reloadFrom(FakeService(("llamacpp",), ()))
+        self.assertEqual([e["log_format"] for e in events], ["reload-ignored"])
