@@ -121,6 +121,7 @@ class StandaloneProxy:
         backends: Sequence[tuple[str, str]] = (),
         extra: Sequence[str] = (),
         env: dict[str, str] | None = None,
+        fleet: str | None = None,
     ) -> None:
         self.test = test
         self.reactor = reactor
@@ -138,9 +139,9 @@ class StandaloneProxy:
             self.stateDir,
             "--ops-port",
             "0",
-            "--engines",
-            ",".join(self.engines),
         ]
+        # A fleet file names the facades itself (``engines`` still gets them ports).
+        argv += ["--fleet", fleet] if fleet else ["--engines", ",".join(self.engines)]
         for engineId, url in backends:
             argv += ["--backend", f"{engineId}={url}"]
         argv += list(extra)
@@ -228,6 +229,10 @@ class StandaloneProxy:
             return code
 
         return proto.ended.addCallback(disarm)
+
+    def signal(self, name: str) -> None:
+        """Send the process a signal (``"HUP"``: reload the fleet file)."""
+        self._signal(name)
 
     def holdLog(self) -> None:
         """Stop reading the process's stderr (a broker that stopped draining it)."""
