@@ -83,7 +83,8 @@ class FleetStatusTests(SynchronousTestCase):
         chips = [c.textContent() for c in parseDom(html).all("span", class_="chip")]
         self.assertIn("fleet generation 1", chips)
         self.assertIn("fleet loaded 5 s ago", chips)
-        self.assertIn(f"fleet file refused {fleet['error']['message']}", chips)
+        refused = f"fleet file refused {self.file.path}:10: unknown key 'colour'"
+        self.assertEqual([c for c in chips if c.startswith(refused)], [chips[3]])
         (name,) = parseDom(html).all("span", class_="nname")
         self.assertEqual(name.textContent(), "gpu-box")
         sample = self.service.metrics.registry.get_sample_value(
