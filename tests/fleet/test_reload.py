@@ -14,6 +14,7 @@ from twisted.trial.unittest import TestCase
 
 from nvpair.proxy.testing.fakeengine import Answer, FakeEngine
 from nvpair.proxy.testing.fakeengine.connection import EngineConnection
+from tests.integration.test_command import COMMAND, TWISTD, run
 from tests.support.harness import freePort
 from tests.support.standaloneharness import StandaloneProxy, backendUp
 
@@ -201,3 +202,50 @@ class FleetReloadTests(TestCase):
         self.assertEqual((code, node), (200, d.url))
         status = yield defer.Deferred.fromCoroutine(self.status())
         self.assertIsNone(status["fleet"]["error"])
+
+
+class FleetCommandTests(TestCase):
+    """The real command with a fleet file: ``--check-fleet`` and a bad file at start."""
+
+    timeout = 60
+
+    def badFile(self) -> str:
+        fd, path = tempfile.mkstemp(suffix=".toml")
+        os.write(fd, b'[[backend]]\nengine = "vllm"\nurl = "http://a:1"\n')
+        os.close(fd)
+        self.addCleanup(os.remove, path)
+        return path
+
+    async def test_checkFleet(self) -> None:
+        """``--check-fleet`` on the shipped example exits 0 with one summary line; on a bad
+        file 2 with one line naming the file, the line and the problem; nothing starts."""
+        example = os.path.join(os.path.dirname(__file__), "..", "..", "demo", "fleet.example.toml")
+        out, err, code, left = await run(COMMAND, ["--check-fleet", example])
+        self.assertEqual((code, err, left), (0, b"", []))
+        self.assertEqual(out.count(b"\n"), 1)
+        self.assertIn(b"fleet OK: ollama: 1 backend, llamacpp: 1 backend (1 disabled)", out)
+        bad = self.badFile()
+        out, err, code, left = await run(COMMAND, ["--check-fleet", bad])
+        self.assertEqual((code, out, left), (2, b"", []))
+        self.assertEqual(
+            err.decode().splitlines(),
+            [
+                f"nvpair-proxy: --check-fleet: {bad}:2: unknown engine 'vllm' "
+                "(one of ollama, lmstudio, llamacpp)"
+            ],
+        )
+
+    async def test_badFleetAtStart(self) -> None:
+        """A malformed fleet file at start: exit 2, one stderr line, nothing on stdout."""
+        bad = self.badFile()
+        out, err, code, _ = await run(
+            TWISTD, ["-n", "--pidfile=", "nvpair-proxy", "--standalone", "--fleet", bad]
+        )
+        self.assertEqual((code, out), (2, b""))
+        self.assertEqual(
+            err.decode().splitlines(),
+            [
+                f"nvpair-proxy: --fleet: {bad}:2: unknown engine 'vllm' "
+                "(one of ollama, lmstudio, llamacpp)"
+            ],
+        )
