@@ -19,6 +19,7 @@ from nvpair.proxy.facade.reload import (
     RELOAD_POLL,
     FleetReloader,
     IFleetFollower,
+    UrlFollower,
     findReloader,
     reloadFrom,
     reloadOnSighup,
@@ -63,6 +64,20 @@ class FleetFile:
         """Replace the file's content in place."""
         with open(self.path, "w") as f:
             f.write(text)
+
+
+class UrlFollowerTests(SynchronousTestCase):
+    """``UrlFollower``: a follower of URLs only (an engine-state poller) on the same hook."""
+
+    def test_urls(self) -> None:
+        """It provides the interface and passes the URLs in order."""
+        told: list[list[str]] = []
+        follower = UrlFollower(lambda urls: told.append(list(urls)))
+        verifyObject(IFleetFollower, follower)
+        follower.setBackends(
+            [Backend("ollama", "http://b:1", "B", 2), Backend("ollama", "http://a:1")]
+        )
+        self.assertEqual(told, [["http://b:1", "http://a:1"]])
 
 
 class ReloaderTests(SynchronousTestCase):
@@ -327,7 +342,7 @@ class StandaloneFleetFileTests(SynchronousTestCase):
         """Facades and pollers come from the file; a reload reaches the poller and keeps
         the live reservations while the order changes."""
         file = FleetFile(self, ONE)
-        process = FakeService(("llamacpp",), (), fleetFile=file.path)
+        process = FakeService(("llamacpp",), (), fleetFile=file.path, affinity="prefix")
         startStandalone(process)
         process.startService()
         self.addCleanup(process.stopService)
@@ -339,6 +354,9 @@ class StandaloneFleetFileTests(SynchronousTestCase):
         reservations = process.reservations
         self.assertEqual(reservations.order, ("http://a:1",))
         held = reservations.reserve("http://a:1")
+        affinity = process.context.affinity
+        assert affinity is not None
+        affinity.table.record(1234, "http://a:1")  # a conversation at home on A
         file.write(TWO)
         reloader.reload("signal")
         self.assertEqual(poller.urls, ("http://a:1", "http://b:1"))
@@ -347,6 +365,8 @@ class StandaloneFleetFileTests(SynchronousTestCase):
         self.assertEqual(reservations.estimatedLoad("http://a:1"), 1)
         held.release()
         self.assertEqual(reservations.estimatedLoad("http://a:1"), 0)
+        self.assertIs(process.context.affinity, affinity)
+        self.assertEqual(affinity.table.lookup([1234]), "http://a:1")  # still at home
         self.assertEqual(
             process.metrics.registry.get_sample_value(
                 "nvpair_proxy_fleet_reloads_total", {"result": "applied"}

@@ -23,7 +23,7 @@ from twisted.application.service import IServiceCollection, Service
 from twisted.internet import task
 from twisted.internet.interfaces import IReactorCore, IReactorFromThreads, IReactorTime
 from twisted.logger import Logger
-from zope.interface import Interface
+from zope.interface import Interface, implementer
 
 from nvpair.proxy.facade.fleetfile import Backend, FleetError, FleetSpec, loadFleet
 
@@ -39,6 +39,17 @@ class IFleetFollower(Interface):
 
     def setBackends(backends: Sequence[Backend]) -> None:
         """The engine's backends are now ``backends`` (enabled ones, in file order)."""
+
+
+@implementer(IFleetFollower)
+class UrlFollower:
+    """Adapts a follower that wants only the URLs (``setBackends(urls)``) to the hook."""
+
+    def __init__(self, setUrls: Callable[[Sequence[str]], object]) -> None:
+        self.setUrls = setUrls
+
+    def setBackends(self, backends: Sequence[Backend]) -> None:
+        self.setUrls([b.url for b in backends])
 
 
 @attrs.frozen
