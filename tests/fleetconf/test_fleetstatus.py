@@ -10,7 +10,7 @@ from nvpair.proxy.ops.history import Window
 from nvpair.proxy.ops.page import renderPage
 from nvpair.proxy.ops.server import historyDocument, statusDocument
 from nvpair.proxy.service import ProxyService
-from tests.fleetconf.test_reload import FleetFile
+from tests.fleetconf.filekit import FleetFile
 from tests.ops.opskit import makeService
 from tests.support.dom import parseDom
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,50 +19,13 @@ from nvpair.proxy.facade.reload import (
     FleetReloader,
     IFleetFollower,
     UrlFollower,
-    findReloader,
     reloadFrom,
     reloadOnSighup,
 )
-from nvpair.proxy.facade.standalone import (
-    DRAIN_CHECK,
-    POLL_INTERVAL,
-    FleetPoller,
-    startStandalone,
-)
-from tests.facade.fleetkit import FakeResponse, FakeUpstream, openaiList
 from tests.facade.test_hostcheck import Events
-from tests.facade.test_standalone import TIMEOUT, FakeService, RecordingFacade
+from tests.facade.test_standalone import FakeService
+from tests.fleetconf.filekit import BAD, ONE, TWO, FleetFile, RecordingFollower
 from tests.support.fakecontext import FakeContext
-
-ONE = '[[backend]]\nengine = "llamacpp"\nurl = "http://a:1"\nname = "alpha"\n'
-TWO = ONE + '[[backend]]\nengine = "llamacpp"\nurl = "http://b:1"\nmax_concurrency = 2\n'
-BAD = ONE + "oops = \n"
-
-
-@implementer(IFleetFollower)
-class RecordingFollower:
-    """A follower that records every backend set it is told."""
-
-    def __init__(self) -> None:
-        self.sets: list[list[str]] = []
-
-    def setBackends(self, backends: Sequence[Backend]) -> None:
-        self.sets.append([b.url for b in backends])
-
-
-class FleetFile:
-    """A fleet file on disk that a test rewrites."""
-
-    def __init__(self, test: SynchronousTestCase, text: str) -> None:
-        fd, self.path = tempfile.mkstemp(suffix=".toml")
-        os.close(fd)
-        test.addCleanup(os.remove, self.path)
-        self.write(text)
-
-    def write(self, text: str) -> None:
-        """Replace the file's content in place."""
-        with open(self.path, "w") as f:
-            f.write(text)
 
 
 class UrlFollowerTests(SynchronousTestCase):
@@ -235,144 +197,6 @@ class ReloaderTests(SynchronousTestCase):
         self.file.write(TWO)
         reloader.reload("signal")
         self.assertEqual(self.follower.sets, [["http://a:1", "http://b:1"]])
-
-
-class DrainTests(SynchronousTestCase):
-    """A poller following a reloaded fleet (``FleetPoller.setBackends``)."""
-
-    def setUp(self) -> None:
-        self.context = FakeContext(upstream=FakeUpstream())
-        self.up = self.context.upstream
-        self.clock = self.context.clock
-        self.facade = RecordingFacade()
-        self.busy: dict[str, int] = {}
-
-    def poller(self, *urls: str) -> FleetPoller:
-        poller = FleetPoller(
-            self.facade,
-            urls,
-            self.up,
-            self.clock,
-            TIMEOUT,
-            inFlight=lambda url: self.busy.get(url, 0),
-        )
-        poller.startService()
-        self.addCleanup(poller.stopService)
-        return poller
-
-    def test_follower(self) -> None:
-        """The poller provides ``IFleetFollower``."""
-        verifyObject(IFleetFollower, self.poller("http://a"))
-
-    def test_addedPolledAtOnce(self) -> None:
-        """A new backend is asked for its models at once and takes traffic on its answer;
-        a kept one keeps its inventory without being asked again."""
-        self.up.script["http://a"] = FakeResponse(200, openaiList("a", "m1"))
-        self.up.script["http://b"] = FakeResponse(200, openaiList("b", "m1"))
-        poller = self.poller("http://a")
-        calls = len(self.up.calls)
-        poller.setBackends(
-            [Backend("llamacpp", "http://a"), Backend("llamacpp", "http://b", "B", 3)]
-        )
-        self.assertEqual([c[1] for c in self.up.calls[calls:]], ["http://b"])
-        self.assertEqual(self.facade.inventories(), {"http://a": ["m1"], "http://b": ["m1"]})
-        self.assertEqual(poller.backends[1].maxConcurrency, 3)
-        self.assertEqual(poller.backends[1].name, "B")
-
-    def test_removedIdleLeaves(self) -> None:
-        """A removed backend with nothing in flight leaves at once and is polled no more."""
-        self.up.script["http://a"] = FakeResponse(200, openaiList("a", "m1"))
-        self.up.script["http://b"] = "hang"
-        poller = self.poller("http://a", "http://b")
-        poller.setBackends([Backend("llamacpp", "http://a")])
-        self.assertEqual(self.up.cancelled, ["http://b"])  # its hung poll abandoned
-        self.assertEqual(self.facade.inventories(), {"http://a": ["m1"]})
-        calls = len(self.up.calls)
-        self.clock.advance(POLL_INTERVAL * 2)
-        self.assertEqual({c[1] for c in self.up.calls[calls:]}, {"http://a"})
-        self.assertNotIn("http://b", poller.up)
-
-    def test_removedBusyDrains(self) -> None:
-        """A removed backend with work in flight stays listed owning nothing (no new
-        request, its pending attempts not abandoned) until its work is done."""
-        self.up.script["http://a"] = FakeResponse(200, openaiList("a", "m1"))
-        self.up.script["http://b"] = FakeResponse(200, openaiList("b", "m1"))
-        poller = self.poller("http://a", "http://b")
-        self.busy["http://b"] = 2
-        poller.setBackends([Backend("llamacpp", "http://a")])
-        self.assertEqual(self.facade.inventories(), {"http://a": ["m1"], "http://b": []})
-        self.assertEqual(
-            [n.id for n in self.facade.snapshots[-1].owners("m1", False)], ["http://a"]
-        )
-        self.assertEqual(list(poller.draining), ["http://b"])
-        self.clock.advance(DRAIN_CHECK * 3)
-        self.assertIn("http://b", self.facade.inventories())
-        self.busy["http://b"] = 0
-        self.clock.advance(DRAIN_CHECK)
-        self.assertEqual(self.facade.inventories(), {"http://a": ["m1"]})
-        self.assertEqual(poller.draining, {})
-        self.assertEqual(  # only the poll loop is left: no drain timer
-            len(self.clock.getDelayedCalls()), 1
-        )
-
-    def test_readdedWhileDraining(self) -> None:
-        """A draining backend listed again is a backend again, polled at once."""
-        self.up.script["http://a"] = FakeResponse(200, openaiList("a", "m1"))
-        poller = self.poller("http://a")
-        self.busy["http://a"] = 1
-        poller.setBackends([])
-        self.assertEqual(list(poller.draining), ["http://a"])
-        poller.setBackends([Backend("llamacpp", "http://a")])
-        self.assertEqual(poller.draining, {})
-        self.assertEqual(self.facade.inventories(), {"http://a": ["m1"]})
-
-    def test_lateAnswerOfRemoved(self) -> None:
-        """A poll answering after its backend was removed changes nothing."""
-        self.up.script["http://a"] = FakeResponse(200, openaiList("a", "m1"))
-        poller = self.poller("http://a")
-        poller.setBackends([])
-        poller.poll("http://a")
-        self.assertEqual(self.facade.inventories(), {})
-
-
-class StandaloneFleetFileTests(SynchronousTestCase):
-    """``startStandalone`` with ``--fleet``: the process's facades follow the file."""
-
-    def test_fleetFile(self) -> None:
-        """Facades and pollers come from the file; a reload reaches the poller and keeps
-        the live reservations while the order changes."""
-        file = FleetFile(self, ONE)
-        process = FakeService(("llamacpp",), (), fleetFile=file.path, affinity="prefix")
-        startStandalone(process)
-        process.startService()
-        self.addCleanup(process.stopService)
-        reloader = findReloader(process)
-        assert reloader is not None
-        poller = process.getServiceNamed("standalone-llamacpp")
-        assert isinstance(poller, FleetPoller)
-        self.assertEqual(poller.backends, (Backend("llamacpp", "http://a:1", "alpha"),))
-        reservations = process.reservations
-        self.assertEqual(reservations.order, ("http://a:1",))
-        held = reservations.reserve("http://a:1")
-        affinity = process.context.affinity
-        assert affinity is not None
-        affinity.table.record(1234, "http://a:1")  # a conversation at home on A
-        file.write(TWO)
-        reloader.reload("signal")
-        self.assertEqual(poller.urls, ("http://a:1", "http://b:1"))
-        self.assertEqual(poller.backends[1].maxConcurrency, 2)
-        self.assertEqual(reservations.order, ("http://a:1", "http://b:1"))
-        self.assertEqual(reservations.estimatedLoad("http://a:1"), 1)
-        held.release()
-        self.assertEqual(reservations.estimatedLoad("http://a:1"), 0)
-        self.assertIs(process.context.affinity, affinity)
-        self.assertEqual(affinity.table.lookup([1234]), "http://a:1")  # still at home
-        self.assertEqual(
-            process.metrics.registry.get_sample_value(
-                "nvpair_proxy_fleet_reloads_total", {"result": "applied"}
-            ),
-            1.0,
-        )
 
 
 class SighupTests(SynchronousTestCase):
