@@ -28,7 +28,9 @@ from typing import Any
 from twisted.internet import defer
 from twisted.internet.testing import StringTransport
 
-from nvpair.proxy.http.client import HTTPClientConnection, Response
+from nvpair.proxy.http.client import HTTPClientConnection
+from nvpair.proxy.http.response import Response
+from nvpair.proxy.testing.wire import TCPStringTransport
 
 REQUEST = b"POST /v1/chat/completions HTTP/1.1\r\nHost: e\r\nContent-Length: 2\r\n\r\n{}"
 JSON_HEAD = (
@@ -81,6 +83,9 @@ class _Pool:
     def lost(self, conn: HTTPClientConnection) -> None:
         pass
 
+    def bytesAfterAnswer(self, conn: HTTPClientConnection) -> None:
+        pass
+
 
 class _Body:
     """A body protocol that counts bytes and remembers the end."""
@@ -103,7 +108,7 @@ class _Body:
 
 def _connection() -> HTTPClientConnection:
     conn = HTTPClientConnection(_Pool(), "k")  # type: ignore[arg-type]
-    conn.makeConnection(StringTransport())
+    conn.makeConnection(TCPStringTransport())
     return conn
 
 
