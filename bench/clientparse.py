@@ -1,6 +1,6 @@
 """In-process micro-benchmark of the upstream client's response parsing (``httpclient`` on llhttp).
 
-No sockets: one ``HTTPClientConnection`` on a ``StringTransport`` and a stand-in pool that
+No sockets: one ``HTTPClientConnection`` on a ``TCPStringTransport`` and a stand-in pool that
 takes the connection back after each response.  Three cases, µs per response:
 
 * ``json``: a typical non-streamed answer (10 headers, a 400-byte Content-Length body) in
