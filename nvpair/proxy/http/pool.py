@@ -2,7 +2,8 @@
 
 Idle connections are kept per key (scheme, host, port), at most ``maxPersistentPerHost``
 per key, and closed after ``idleTimeout`` seconds unused by one sweep timer for the whole
-pool.  A request takes the most recently used idle connection or dials a new one.
+pool.  A request takes the most recently used idle connection or dials a new one.  The pool
+counts the answers that had bytes after them (``answersOverrun``, read by ``/metrics``).
 """
 
 from __future__ import annotations
