@@ -32,7 +32,7 @@ class SnapshotDoor(Door):
 def snapshot(request: IServerRequest) -> Seen:
     """What a request holds now."""
     content = None if request.content is None else request.content.getvalue()
-    headers = list(request.requestHeaders.getAllRawHeaders())
+    headers = [(name, list(values)) for name, values in request.requestHeaders.getAllRawHeaders()]
     return (
         request.method,
         request.uri,
