@@ -21,7 +21,7 @@ from twisted.internet.interfaces import (
 )
 from twisted.internet.ssl import optionsForClientTLS
 from twisted.internet.task import Clock
-from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
@@ -29,11 +29,13 @@ from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from nvpair.proxy.dispatch.upstream import Upstream
-from nvpair.proxy.http.client import HTTPClientConnection, serializeRequest
+from nvpair.proxy.http.client import HTTPClientConnection
+from nvpair.proxy.http.framing import serializeRequest
 from nvpair.proxy.http.interfaces import IBodyConnection, IConnectionPool, IPooledConnection
 from nvpair.proxy.http.pool import ConnectionPool
 from nvpair.proxy.http.response import Response
 from nvpair.proxy.routing.nodes import Node
+from nvpair.proxy.testing.wire import TCPStringTransport
 from tests.http.httpkit import CLOSED, KEY, PEER, Body, FakeEndpoint
 
 
@@ -118,7 +120,7 @@ class UpstreamTests(SynchronousTestCase):
         self.assertNoResult(d)
         host, port, factory, timeout, _ = reactor.tcpClients[0]
         self.assertEqual((host, port, timeout), ("127.0.0.1", 4000, 7.0))
-        wire = StringTransport()
+        wire = TCPStringTransport()
         protocol = factory.buildProtocol(PEER)
         assert protocol is not None
         protocol.makeConnection(wire)
@@ -140,12 +142,16 @@ class RecordingPool:
     def __init__(self) -> None:
         self.released: list[IPooledConnection] = []
         self.lostConns: list[IPooledConnection] = []
+        self.overrun: list[IPooledConnection] = []
 
     def release(self, conn: IPooledConnection) -> None:
         self.released.append(conn)
 
     def lost(self, conn: IPooledConnection) -> None:
         self.lostConns.append(conn)
+
+    def bytesAfterAnswer(self, conn: IPooledConnection) -> None:
+        self.overrun.append(conn)
 
 
 class SeamTests(SynchronousTestCase):
@@ -184,7 +190,7 @@ class SeamTests(SynchronousTestCase):
         as framed, and reports its loss."""
         pool = RecordingPool()
         conn = HTTPClientConnection(pool, KEY)
-        conn.makeConnection(StringTransport())
+        conn.makeConnection(TCPStringTransport())
         d: defer.Deferred[IResponse] = defer.Deferred()
         conn.send(serializeRequest(b"GET", b"/", b"e:1", Headers(), None), b"GET", d)
         conn.dataReceived(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")

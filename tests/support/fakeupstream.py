@@ -16,7 +16,6 @@ from twisted.internet import defer
 from twisted.internet.error import ConnectionLost, ConnectionRefusedError
 from twisted.internet.interfaces import IProtocol, IPushProducer
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http_headers import Headers
@@ -32,6 +31,7 @@ from nvpair.proxy.http.interfaces import IConnectionPool, IPooledConnection
 from nvpair.proxy.interfaces import IBrokerSink, IRequestContext, IUpstream
 from nvpair.proxy.options import Settings
 from nvpair.proxy.routing.candidates import Node, Snapshot
+from nvpair.proxy.testing.wire import TCPStringTransport
 from tests.support.fakerequest import FakeRequest
 
 RUN_ID = "0123456789abcdef"
@@ -231,7 +231,7 @@ class Call:
         upstream client on an in-memory transport; more reads go to the connection."""
         self.connect()
         conn = HTTPClientConnection(NoPool(), ("http", b"e", 1))
-        conn.makeConnection(StringTransport())
+        conn.makeConnection(TCPStringTransport())
         sent: defer.Deferred[IResponse] = defer.Deferred()
         sent.addCallbacks(self.deferred.callback, self.deferred.errback)
         conn.send(b"", self.method, sent)
@@ -258,6 +258,9 @@ class NoPool:
             conn.transport.loseConnection()
 
     def lost(self, conn: IPooledConnection) -> None:
+        pass
+
+    def bytesAfterAnswer(self, conn: IPooledConnection) -> None:
         pass
 
 

@@ -31,7 +31,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 from zope.interface import Attribute, Interface
 
-from nvpair.proxy.http.rules import Refusal
+from nvpair.proxy.http.refusal import Refusal
 
 
 class IStreamTransport(ITCPTransport, IConsumer, IPushProducer):
@@ -93,6 +93,9 @@ class IConnectionPool(Interface):
 
     def lost(conn: IPooledConnection) -> None:
         """``conn`` closed: forget it if it was idle."""
+
+    def bytesAfterAnswer(conn: IPooledConnection) -> None:
+        """Bytes came on ``conn`` after a complete answer: it is closing; count it."""
 
 
 # -- the server side ----------------------------------------------------------------------

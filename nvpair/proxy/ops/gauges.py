@@ -81,7 +81,14 @@ class StateCollector(Collector):
             "Workloads admitted and not yet ended.",
             value=reporter.live,
         )
-        idle, hosts = view.upstream.pool.connectionCounts()
+        pool = view.upstream.pool
+        idle, hosts = pool.connectionCounts()
+        yield CounterMetricFamily(
+            "nvpair_proxy_upstream_bytes_after_answer",
+            "Engine answers followed by bytes nobody asked for: each answer stood as framed "
+            "and its connection was closed, never pooled.",
+            value=pool.answersOverrun,
+        )
         yield GaugeMetricFamily(
             "nvpair_proxy_upstream_pool_connections",
             "Idle persistent upstream connections held by the shared pool.",

@@ -12,9 +12,34 @@ from typing import Any
 
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionDone
-from twisted.internet.interfaces import IProtocol, IProtocolFactory
+from twisted.internet.interfaces import IProtocol, IProtocolFactory, ITCPTransport
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
+from zope.interface import implementer
+
+
+@implementer(ITCPTransport)
+class TCPStringTransport(StringTransport):
+    """A ``StringTransport`` that is a TCP transport too (``ITCPTransport``'s socket
+    options, recorded), for protocols that set them on connecting."""
+
+    noDelay = False
+    keepAlive = False
+
+    def getTcpNoDelay(self) -> bool:
+        return self.noDelay
+
+    def setTcpNoDelay(self, enabled: bool) -> None:
+        self.noDelay = enabled
+
+    def getTcpKeepAlive(self) -> bool:
+        return self.keepAlive
+
+    def setTcpKeepAlive(self, enabled: bool) -> None:
+        self.keepAlive = enabled
+
+    def loseWriteConnection(self) -> None:
+        self.loseConnection()
 
 
 def siteExchange(site: IProtocolFactory, raw: bytes, host: str = "127.0.0.1") -> bytes:
