@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from nvpair.proxy.http.refusal import Refusal
 from nvpair.proxy.http.rules import (
-    Refusal,
     checkHead,
     clientProtocol,
     headersOf,
