@@ -4,7 +4,7 @@ the request context.
 This module sits below every package that uses these seams (broker, dispatch, routing,
 facade, cluster), so it imports from none of them: an attribute whose class lives there is
 an ``Attribute`` that names the class in its description instead of a type.  It may import
-the leaf modules (``settings``, ``engines``, ``runtime.logs``) and ``http.request``, none of
+the leaf modules (``settings``, ``engines``) and ``http.interfaces``, none of
 which imports this module.
 """
 
@@ -21,8 +21,15 @@ from zope.interface import Attribute, Interface
 
 from nvpair.proxy.engines import Engine
 from nvpair.proxy.http.interfaces import IServerRequest
-from nvpair.proxy.runtime.logs import LogControl
 from nvpair.proxy.settings import Settings
+
+
+class ILogControl(Interface):
+    """The process's log level switch, as code that skips debug-only work reads it
+    (``runtime.logs.LogControl``)."""
+
+    def enabled(level: str) -> bool:
+        """Whether a record at ``level`` would be written (cheap)."""
 
 
 class IBrokerSink(Interface):
@@ -77,7 +84,7 @@ class IRequestContext(Interface):
     settings: Settings = Attribute("The process's validated settings.")
     clock: IReactorTime = Attribute("The reactor's clock.")
     upstream: IUpstream = Attribute("The connector to nodes.")
-    logControl: LogControl = Attribute("The log level switch (skip debug-only work).")
+    logControl: ILogControl = Attribute("The log level switch (skip debug-only work).")
     exchanges: set[InFlight] = Attribute("Everything handling a request now.")
     reservations = Attribute("The reservation map (``routing.reservations.ReservationMap``).")
     activity = Attribute("In-flight dispatch counts per node (``broker.activity.Activity``).")

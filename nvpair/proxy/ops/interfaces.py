@@ -3,27 +3,30 @@
 The listener, its documents and its gauges read the process's live state at request (or
 scrape) time.  ``IOpsView`` names exactly what they read, so this package never imports
 the service that provides it (``ProxyService`` declares it); the types are those of the
-lower modules that own each part of the state.
+lower modules that own each part of the state, imported for the type checker only (loading
+this interface loads none of them).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING
 
 from twisted.application.service import IServiceCollection
 from twisted.internet.interfaces import IReactorTCP, IReactorTime
 from zope.interface import Attribute
 
-from nvpair.proxy.broker.activity import Activity
-from nvpair.proxy.broker.workloads import WorkloadReporter
-from nvpair.proxy.dispatch.upstream import Upstream
-from nvpair.proxy.facade.facade import Facade
-from nvpair.proxy.facade.hostcheck import HostGate
-from nvpair.proxy.ops.history import History
-from nvpair.proxy.ops.metrics import Metrics
-from nvpair.proxy.options import Settings
-from nvpair.proxy.routing.affinity import Affinity
-from nvpair.proxy.routing.reservations import ReservationMap
+if TYPE_CHECKING:
+    from nvpair.proxy.broker.activity import Activity
+    from nvpair.proxy.broker.workloads import WorkloadReporter
+    from nvpair.proxy.dispatch.upstream import Upstream
+    from nvpair.proxy.facade.facade import Facade
+    from nvpair.proxy.facade.hostcheck import HostGate
+    from nvpair.proxy.ops.history import History
+    from nvpair.proxy.ops.metrics import Metrics
+    from nvpair.proxy.routing.affinity import Affinity
+    from nvpair.proxy.routing.reservations import ReservationMap
+    from nvpair.proxy.settings import Settings
 
 
 class IOpsView(IServiceCollection):
