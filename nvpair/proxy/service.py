@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from functools import partial
-from typing import IO
+from typing import IO, cast
 
 from twisted.application.service import MultiService
 from twisted.internet import defer
@@ -38,7 +38,7 @@ from nvpair.proxy.facade.ports import PortStore
 from nvpair.proxy.facade.standalone import IStandaloneProcess
 from nvpair.proxy.handlers import BrokerHandlers
 from nvpair.proxy.http.site import FacadeSite
-from nvpair.proxy.interfaces import IBrokerSink, InFlight
+from nvpair.proxy.interfaces import IBrokerSink, IConnectingReactor, InFlight
 from nvpair.proxy.ops.history import History
 from nvpair.proxy.ops.interfaces import IOpsView
 from nvpair.proxy.ops.metrics import Metrics
@@ -73,7 +73,9 @@ class ProxyService(MultiService):
         # Notifications go nowhere until the process starts (the broker channel, or
         # nothing in standalone mode); everything that sends them holds this switch.
         self.sinks = SinkSwitch(NullSink())
-        self.upstream = Upstream(reactor, settings.dialTimeout, trust)
+        # Twisted's reactors provide both interfaces, declared one by one (Twisted's own
+        # ``disttrial`` casts its reactor the same way).
+        self.upstream = Upstream(cast(IConnectingReactor, reactor), settings.dialTimeout, trust)
         self.context = RequestContext(
             settings,
             IReactorTime(reactor),

@@ -11,7 +11,7 @@ import json
 import tempfile
 from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 from twisted.internet import defer
 from twisted.internet.address import IPv4Address
@@ -27,13 +27,12 @@ from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from nvpair.proxy.cluster.interfaces import IPeerTrust
 from nvpair.proxy.cluster.membership import ClusterTrust
 from nvpair.proxy.cluster.peer import PeerDoor
 from nvpair.proxy.dispatch.upstream import Upstream
 from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.http.site import FacadeSite
-from nvpair.proxy.interfaces import IUpstream
+from nvpair.proxy.interfaces import IClusterTrust, IConnectingReactor, IPeerTrust, IUpstream
 from nvpair.proxy.routing.nodes import Node
 from nvpair.proxy.testing.certs import makeNodeCert, writeClusterDir, writePins
 from tests.support.fakecontext import FakeContext
@@ -152,6 +151,7 @@ class FakesTests(SynchronousTestCase):
         """``ClusterTrust`` is what the peer door asks about each connection."""
         trust = ClusterTrust(None, MemoryReactorClock(), lambda m: None)
         self.assertTrue(verifyObject(IPeerTrust, trust))
+        self.assertTrue(verifyObject(IClusterTrust, trust))
 
 
 class PeerDoorTests(SynchronousTestCase):
@@ -340,7 +340,7 @@ class PeerUpstreamTests(SynchronousTestCase):
         self.addCleanup(__import__("shutil").rmtree, self.dir, True)
         self.reactor = MemoryReactorClock()
         self.trust = ClusterTrust(self.dir, self.reactor, lambda m: None)
-        self.upstream = Upstream(self.reactor, 10.0, self.trust)
+        self.upstream = Upstream(cast(IConnectingReactor, self.reactor), 10.0, self.trust)
         self.node = Node("node-b", False, (), frozenset())
 
     def request(self) -> defer.Deferred[IResponse]:

@@ -30,8 +30,8 @@ from nvpair.proxy.dispatch.outcome import (
     ICommittedBody,
 )
 from nvpair.proxy.dispatch.relay import Relay, stopReceiving
-from nvpair.proxy.dispatch.stallwatch import StallWatch
 from nvpair.proxy.dispatch.upstream import addressesFor
+from nvpair.proxy.interfaces import IStallWatch
 from nvpair.proxy.routing.interfaces import IOutcome
 from nvpair.proxy.routing.nodes import Node
 
@@ -127,7 +127,7 @@ class Attempt:
         self._response: IResponse | None = None
         self._committed: Committed | None = None
         self._headerTimedOut = False
-        self._watch: StallWatch | None = None
+        self._watch: IStallWatch | None = None
         facade = exchange.facade
         facade.watch(node.id, self)
         self._addresses = addressesFor(node, facade.localBackend, facade.confirmed.get(node.id))

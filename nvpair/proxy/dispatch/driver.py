@@ -18,13 +18,12 @@ from twisted.python.failure import Failure
 
 from nvpair.proxy.dispatch.interfaces import IFacadeView
 from nvpair.proxy.dispatch.outcome import GONE, ClientState, FailureKind
-from nvpair.proxy.interfaces import IRequestContext
+from nvpair.proxy.interfaces import IRequestContext, IWorkload
 from nvpair.proxy.routing.interfaces import IOutcome
 from nvpair.proxy.routing.placement import Policy
 from nvpair.proxy.routing.reservations import Reservation
 
 if TYPE_CHECKING:
-    from nvpair.proxy.broker.workloads import Workload
     from nvpair.proxy.settings import Settings
 
 
@@ -61,7 +60,7 @@ class PolicyDriver:
     facade: IFacadeView
     settings: Settings
     clock: IReactorTime
-    workload: Workload | None
+    workload: IWorkload | None
     policy: Policy | None
     reservation: Reservation | None
     loop: defer.Deferred[IOutcome] | defer.Deferred[None] | None

@@ -16,7 +16,7 @@ from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
-from nvpair.proxy.broker.workloads import CANCELLED, COMPLETED, FAILED, Workload
+from nvpair.proxy.broker.workloads import CANCELLED, COMPLETED, FAILED
 from nvpair.proxy.dispatch.answering import MESSAGES, nodeHeader, statsDialect
 from nvpair.proxy.dispatch.attempt import Attempt
 from nvpair.proxy.dispatch.driver import WAITING, Early, PolicyDriver
@@ -41,7 +41,7 @@ from nvpair.proxy.dispatch.relay import (
     truncateClient,
 )
 from nvpair.proxy.http.interfaces import IServerRequest
-from nvpair.proxy.interfaces import IRequestContext, IUpstream
+from nvpair.proxy.interfaces import IRequestContext, IUpstream, IWorkload
 from nvpair.proxy.routing.interfaces import IOutcome, IPlacementExchange
 from nvpair.proxy.routing.placement import Policy, placeInference, placeVerbatim
 from nvpair.proxy.routing.reservations import Reservation
@@ -119,7 +119,7 @@ class Exchange(PolicyDriver):
         self.inference = inference
         self.model = model
         self.createdAt: float = self.clock.seconds()
-        self.workload: Workload | None = None
+        self.workload: IWorkload | None = None
         self.activeNode: str | None = None
         self.attempts = 0
         self.meter: StatsMeter | None = None

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from zope.interface import Attribute, Interface
 
+from nvpair.proxy.interfaces import IExchangeReport
 from nvpair.proxy.routing.interfaces import IFleetView
 
 if TYPE_CHECKING:
@@ -18,10 +19,9 @@ if TYPE_CHECKING:
     from twisted.python.failure import Failure
     from twisted.web.http_headers import Headers
 
-    from nvpair.proxy.broker.workloads import Workload
     from nvpair.proxy.dispatch.outcome import BodyEnding, Committed, Failed
     from nvpair.proxy.engines import Engine
-    from nvpair.proxy.interfaces import IRequestContext, IUpstream
+    from nvpair.proxy.interfaces import IRequestContext, IUpstream, IWorkload
     from nvpair.proxy.settings import Settings
 
 
@@ -48,7 +48,7 @@ class IFacadeView(IFleetView):
         """Fires when discovery next changes."""
 
 
-class IAttemptExchange(Interface):
+class IAttemptExchange(IExchangeReport):
     """What an attempt, and the stall watch of its stream, need from the exchange they run for:
     the request to send, where to send it, and where its answer goes."""
 
@@ -63,7 +63,7 @@ class IAttemptExchange(Interface):
     forwardHeaders: Headers = Attribute("The request headers to send upstream.")
     body: bytes = Attribute("The request body.")
     inference: bool = Attribute("Whether this is an inference request (404 is retried).")
-    workload: Workload | None = Attribute("The request's workload, if it is one.")
+    workload: IWorkload | None = Attribute("The request's workload, if it is one.")
     written: int = Attribute("Body bytes relayed to the client so far.")
 
     def writeHead(

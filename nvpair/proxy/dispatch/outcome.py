@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Final
 
 from zope.interface import Interface, implementer
 
+from nvpair.proxy.interfaces import IAttemptReport
 from nvpair.proxy.routing.interfaces import IOutcome
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ class Committed:
         self.ending: BodyEnding | None = None
 
 
-@implementer(IOutcome)
+@implementer(IOutcome, IAttemptReport)
 class Failed:
     """The attempt ended without committing."""
 
