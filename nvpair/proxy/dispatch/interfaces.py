@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from zope.interface import Attribute, Interface
 
 from nvpair.proxy.interfaces import IExchangeReport
-from nvpair.proxy.routing.interfaces import IFleetView
+from nvpair.proxy.routing.interfaces import IFleetView, IPlacementExchange
 
 if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
@@ -86,6 +86,24 @@ class IAttemptExchange(IExchangeReport):
 
     def attemptFailed(outcome: Failed) -> None:
         """The attempt ended uncommitted (just before its Deferred fires)."""
+
+
+class IPolicyOwner(IPlacementExchange):
+    """What a placement loop's driver (``driver.PolicyDriver``) needs of the exchange it
+    places: the policy's view of it, and where the loop's end goes."""
+
+    halted: bool = Attribute(
+        "Whether a wait is cancelled as soon as it is yielded: the client left or the "
+        "process is stopping (the cancellation found nothing to cancel while the policy ran "
+        "between two waits)."
+    )
+
+    def placed() -> None:
+        """The policy ended: an attempt committed, or it answered the request itself."""
+
+    def interrupted(error: BaseException | None) -> None:
+        """The loop ended without placing: the policy or a wait raised ``error`` (report it
+        and answer for it), or a wait was cancelled (None); end the request."""
 
 
 class IBodyGate(Interface):

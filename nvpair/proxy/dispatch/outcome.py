@@ -56,6 +56,7 @@ COMPLETE: Final = BodyEnding.COMPLETE
 TRUNCATED: Final = BodyEnding.TRUNCATED
 CLIENT_GONE: Final = BodyEnding.CLIENT_GONE
 STOPPED: Final = BodyEnding.STOPPED
+NO_CONTENT: Final = FailureKind.NO_CONTENT
 
 
 class ICommittedBody(Interface):
