@@ -29,6 +29,7 @@ from nvpair.proxy.interfaces import (
     IUpstream,
 )
 from nvpair.proxy.ops.history import History
+from nvpair.proxy.ops.interfaces import IOpsContext
 from nvpair.proxy.ops.metrics import Metrics
 from nvpair.proxy.routing.affinity import Affinity
 from nvpair.proxy.routing.reservations import ReservationMap
@@ -36,7 +37,7 @@ from nvpair.proxy.runtime.logs import LogControl
 from nvpair.proxy.settings import Settings
 
 
-@implementer(IRequestContext)
+@implementer(IRequestContext, IOpsContext)
 class RequestContext:
     """The one request context of a process."""
 

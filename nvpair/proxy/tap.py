@@ -88,14 +88,4 @@ def makeService(options: Options) -> IService:
     freezeStartupObjects(reactor)
     settings = options.settings
     assert settings is not None
-    if settings.clusterDir is not None:
-        from nvpair.proxy.cluster.membership import ClusterTrust
-
-        service: list[ProxyService] = []
-        trust = ClusterTrust(
-            settings.clusterDir, reactor, lambda message: service[0].clusterProblem(message)
-        )
-        proxy = ProxyService(settings, reactor, logOutlet(), trust)
-        service.append(proxy)
-        return proxy
     return ProxyService(settings, reactor, logOutlet())

@@ -82,7 +82,7 @@ class FacadeCase(SynchronousTestCase):
         self.reactor = BusyReactor()
         self.service = ProxyService(options.settings, self.reactor)
         self.sink = ListSink()
-        self.service.sink = self.sink
+        self.service.sinks.target = self.sink
 
     def call(self, engine: str | None, name: str, params: dict[str, Any]) -> Any:
         """Handle a message the way the channel does: answer, then run ``after``."""

@@ -291,8 +291,9 @@ class StartStandaloneTests(SynchronousTestCase):
         )
         # The backends' order stands in for a scheduler's priority list.
         self.assertEqual(
-            service.reservations.order, ("http://127.0.0.1:11434", "http://x:1", "http://y:2")
+            service.context.reservations.order,
+            ("http://127.0.0.1:11434", "http://x:1", "http://y:2"),
         )
         service.stopService()
         self.assertFalse(any(p.running for p in pollers.values()))
-        self.assertEqual(service.clock.getDelayedCalls(), [])
+        self.assertEqual(service.context.clock.getDelayedCalls(), [])

@@ -13,7 +13,7 @@ from nvpair.proxy.dispatch.outcome import Failed, FailureKind
 from nvpair.proxy.facade.standalone import POLL_INTERVAL, FleetPoller
 from nvpair.proxy.ops.nodestate import STALE_AFTER, NodeState, attemptHealth, pollHealth
 from nvpair.proxy.ops.server import opsResource
-from nvpair.proxy.routing.candidates import Node
+from nvpair.proxy.routing.nodes import Node
 from nvpair.proxy.testing.fakecontext import ExchangeReport
 from tests.facade.fleetkit import FakeResponse, FakeUpstream, openaiList
 from tests.ops.opskit import ENGINE, makeService, memoryClient, scripted

@@ -30,7 +30,7 @@ from nvpair.proxy.interfaces import (
     IWorkloadReporter,
 )
 from nvpair.proxy.ops.metrics import Metrics
-from nvpair.proxy.routing.candidates import Node
+from nvpair.proxy.routing.nodes import Node
 from nvpair.proxy.runtime.logs import LogControl
 from nvpair.proxy.testing.fakecontext import ExchangeReport
 from tests.support.fakecontext import FakeContext

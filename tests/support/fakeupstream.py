@@ -30,8 +30,9 @@ from nvpair.proxy.facade.facade import Facade
 from nvpair.proxy.http.client import HTTPClientConnection
 from nvpair.proxy.http.interfaces import IConnectionPool, IPooledConnection
 from nvpair.proxy.interfaces import IBrokerSink, IRequestContext, IUpstream
-from nvpair.proxy.options import Settings
-from nvpair.proxy.routing.candidates import Node, Snapshot
+from nvpair.proxy.routing.candidates import Snapshot
+from nvpair.proxy.routing.nodes import Node
+from nvpair.proxy.settings import Settings
 from tests.support.fakerequest import FakeRequest
 
 RUN_ID = "0123456789abcdef"

@@ -19,17 +19,11 @@ from twisted.web.iweb import IPolicyForHTTPS
 from zope.interface import implementer
 
 from nvpair.proxy.cluster.directory import ClusterDirectory
-from nvpair.proxy.cluster.files import fingerprintOf
-from nvpair.proxy.cluster.tls import ClusterError, ClusterTLS, NoCredentials, NoPin, NotAMember
+from nvpair.proxy.cluster.tls import ClusterTLS
 from nvpair.proxy.interfaces import IClusterTrust
 
 __all__ = [
-    "ClusterError",
     "ClusterTrust",
-    "NoCredentials",
-    "NoPin",
-    "NotAMember",
-    "fingerprintOf",
 ]
 
 

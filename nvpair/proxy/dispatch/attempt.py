@@ -35,8 +35,7 @@ from nvpair.proxy.interfaces import IStallWatch
 from nvpair.proxy.routing.interfaces import IOutcome
 from nvpair.proxy.routing.nodes import Node
 
-# ``Committed`` and ``Failed`` live in ``outcome``; importers that name them here still work.
-__all__ = ["Attempt", "AttemptState", "Committed", "Failed", "discard", "retryableStatus"]
+__all__ = ["Attempt", "AttemptState", "discard", "retryableStatus"]
 
 
 class AttemptState(Enum):

@@ -29,7 +29,8 @@ from nvpair.proxy.facade.facade import BindError, Facade, IFacadeHost
 from nvpair.proxy.facade.fleet import NODE_GRACE, NodeAnswer, askNode
 from nvpair.proxy.interfaces import IRequestContext, IUpstream
 from nvpair.proxy.routing.affinity import Affinity
-from nvpair.proxy.routing.candidates import Node, Snapshot
+from nvpair.proxy.routing.candidates import Snapshot
+from nvpair.proxy.routing.nodes import Node
 
 POLL_INTERVAL = 5.0
 
