@@ -19,16 +19,10 @@ from nvpair.proxy.dispatch.relay import (
 )
 from nvpair.proxy.dispatch.upstream import Upstream, addressesFor, splitHostPort
 from nvpair.proxy.interfaces import IConnectingReactor, IUpstream
-from tests.support.fakecontext import FakeContext
+from nvpair.proxy.testing.fakecontext import FakeContext
+from nvpair.proxy.testing.upstreamspy import BodyTransport, FakeResponse, UpstreamSpy
 from tests.support.fakerequest import FakeRequest
-from tests.support.fakeupstream import (
-    BodyTransport,
-    FakeResponse,
-    FakeUpstream,
-    makeFacade,
-    node,
-    startExchange,
-)
+from tests.support.fakeupstream import makeFacade, node, startExchange
 
 
 class RetryableTests(SynchronousTestCase):
@@ -111,7 +105,7 @@ class AddressTests(SynchronousTestCase):
 
     def test_interfaces(self) -> None:
         """The real and the fake upstream provide IUpstream."""
-        verifyObject(IUpstream, FakeUpstream(Clock()))
+        verifyObject(IUpstream, UpstreamSpy(Clock()))
         verifyObject(IUpstream, Upstream(cast(IConnectingReactor, Clock()), 1.0))
 
 

@@ -24,7 +24,7 @@ from zope.interface import implementer
 from nvpair.proxy.broker.channel import Reply, RPCError
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
-from tests.support.fakeupstream import ListSink
+from nvpair.proxy.testing.fakecontext import ListSink
 
 
 @implementer(IListeningPort)

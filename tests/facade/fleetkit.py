@@ -32,7 +32,7 @@ from nvpair.proxy.facade.fleet import Fleet
 from nvpair.proxy.interfaces import IUpstream
 from nvpair.proxy.routing.candidates import Snapshot
 from nvpair.proxy.routing.nodes import Node
-from tests.support.fakecontext import FakeContext
+from nvpair.proxy.testing.fakecontext import FakeContext
 
 ORIGIN = "http://app.example"
 DIAL = 2.0

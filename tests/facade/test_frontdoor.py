@@ -22,10 +22,10 @@ from twisted.trial.unittest import SynchronousTestCase
 from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
+from nvpair.proxy.testing.fakecontext import ListSink
 from nvpair.proxy.testing.wire import TCPStringTransport, siteExchange
 from nvpair.proxy.testing.wire import splitAnswer as split
 from tests.facade.test_hostcheck import Events
-from tests.support.fakeupstream import ListSink
 
 PORTS = {"ollama": (6100, 6101), "llamacpp": (6200, 6201)}
 EVIL = b"evil.example"
@@ -276,8 +276,8 @@ class ClusterPersonalityTests(SynchronousTestCase):
 
         from nvpair.proxy.cluster.peer import PeerDoor
         from nvpair.proxy.http.site import FacadeSite
+        from nvpair.proxy.testing.fakecontext import FakeContext
         from tests.cluster.test_peer import FakeTrust, FakeUpstream
-        from tests.support.fakecontext import FakeContext
 
         context = FakeContext(upstream=FakeUpstream(), trust=FakeTrust())
         facade = SimpleNamespace(engine=ENGINES["llamacpp"], localBackend="http://127.0.0.1:9")

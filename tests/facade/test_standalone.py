@@ -26,9 +26,9 @@ from nvpair.proxy.routing.affinity import Affinity
 from nvpair.proxy.routing.candidates import Snapshot
 from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.settings import Settings
+from nvpair.proxy.testing.fakecontext import FakeContext
 from tests.facade.fleetkit import FakeResponse, FakeUpstream, openaiList
 from tests.facade.test_hostcheck import Events
-from tests.support.fakecontext import FakeContext
 
 TIMEOUT = 12.0
 

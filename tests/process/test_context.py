@@ -32,10 +32,9 @@ from nvpair.proxy.interfaces import (
 from nvpair.proxy.ops.metrics import Metrics
 from nvpair.proxy.routing.nodes import Node
 from nvpair.proxy.runtime.logs import LogControl
-from nvpair.proxy.testing.fakecontext import ExchangeReport
-from tests.support.fakecontext import FakeContext
+from nvpair.proxy.testing.fakecontext import ExchangeReport, FakeContext, ListSink, makeSettings
+from nvpair.proxy.testing.upstreamspy import UpstreamSpy
 from tests.support.fakerequest import FakeRequest
-from tests.support.fakeupstream import FakeUpstream, ListSink, makeSettings
 
 
 class FakeContextTests(SynchronousTestCase):
@@ -44,7 +43,7 @@ class FakeContextTests(SynchronousTestCase):
     def test_interface(self) -> None:
         """Both ways of building it provide ``IRequestContext``."""
         self.assertTrue(verifyObject(IRequestContext, FakeContext()))
-        upstream = FakeUpstream(Clock())
+        upstream = UpstreamSpy(Clock())
         context = FakeContext(upstream=upstream, logLevel="debug", dialTimeout=2.0)
         self.assertTrue(verifyObject(IRequestContext, context))
         self.assertIs(context.upstream, upstream)
@@ -72,7 +71,7 @@ class RequestContextTests(SynchronousTestCase):
         self.context = RequestContext(
             makeSettings(),
             self.clock,
-            FakeUpstream(self.clock),
+            UpstreamSpy(self.clock),
             SinkSwitch(self.sink),
             self.metrics,
             LogControl("debug"),
@@ -155,7 +154,7 @@ class SeamProviderTests(SynchronousTestCase):
         watches = StallWatches(clock, 10.0)
         self.assertTrue(verifyObject(IStallWatches, watches))
         context = RequestContext(
-            makeSettings(), clock, FakeUpstream(clock), SinkSwitch(sink), Metrics(), LogControl()
+            makeSettings(), clock, UpstreamSpy(clock), SinkSwitch(sink), Metrics(), LogControl()
         )
         watch = watches.watch(StringTransport(), ExchangeReport(context, LLAMACPP), "A")
         self.assertTrue(verifyObject(IStallWatch, watch))

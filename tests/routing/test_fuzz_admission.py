@@ -22,9 +22,9 @@ from nvpair.proxy.facade.frontdoor import FrontDoor
 from nvpair.proxy.http.site import FacadeSite
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
+from nvpair.proxy.testing.fakecontext import ListSink
 from nvpair.proxy.testing.wire import siteExchange
 from tests.facade.facadekit import BusyReactor
-from tests.support.fakeupstream import ListSink
 from tests.support.harness import CANARY
 
 MAX_BODY = 2000
