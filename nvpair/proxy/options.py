@@ -17,8 +17,7 @@ from twisted.python import usage
 from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.facade.fleetfile import FleetError, FleetSpec, loadFleet
 from nvpair.proxy.facade.hostcheck import parseAllowedHosts
-from nvpair.proxy.settings import LEVELS as LEVELS
-from nvpair.proxy.settings import Settings as Settings
+from nvpair.proxy.settings import LEVELS, Settings
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
 _UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}

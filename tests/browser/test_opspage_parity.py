@@ -26,7 +26,8 @@ from nvpair.proxy.ops.documents import StatusDocument
 from nvpair.proxy.ops.history import Window
 from nvpair.proxy.ops.page import renderPage
 from nvpair.proxy.ops.server import PAGE_CSP, historyDocument, opsResource, statusDocument
-from nvpair.proxy.routing.candidates import Snapshot, parseNodes
+from nvpair.proxy.routing.candidates import Snapshot
+from nvpair.proxy.routing.nodes import parseNodes
 from nvpair.proxy.service import ProxyService
 from tests.browser.chromium import NO_CHROMIUM, chromiumPath, runChromium
 from tests.ops.opskit import ENGINE, makeService, scripted
@@ -130,7 +131,7 @@ class ScriptParityTests(TestCase):
         )
         for ttft, error in ((120, None), (480, HOSTILE), (60, None)):
             clock.advance(7)
-            w = service.reporter.admit("llamacpp", HOSTILE if error else "m1")
+            w = service.context.reporter.admit("llamacpp", HOSTILE if error else "m1")
             w.submitted("A")
             w.started("A")
             w.finish(
@@ -138,7 +139,7 @@ class ScriptParityTests(TestCase):
                 error,
                 {"ttftMs": ttft, "completionTokens": 42, "tokensPerSecond": 31.5},
             )
-        service.history.attempt("llamacpp", HOSTILE, "transport", None)
+        service.context.history.attempt("llamacpp", HOSTILE, "transport", None)
         site: ServerFactory[Any] = Site(_WithAffinity(service))
         port = reactor.listenTCP(0, site, interface="127.0.0.1")
         self.addCleanup(port.stopListening)

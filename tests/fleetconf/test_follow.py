@@ -17,10 +17,10 @@ from nvpair.proxy.facade.standalone import (
     FleetPoller,
     startStandalone,
 )
+from nvpair.proxy.testing.fakecontext import FakeContext
 from tests.facade.fleetkit import FakeResponse, FakeUpstream, openaiList
 from tests.facade.test_standalone import TIMEOUT, FakeService, RecordingFacade
 from tests.fleetconf.filekit import ONE, TWO, FleetFile
-from tests.support.fakecontext import FakeContext
 
 
 class DrainTests(SynchronousTestCase):

@@ -22,10 +22,10 @@ from nvpair.proxy.facade.reload import (
     reloadFrom,
     reloadOnSighup,
 )
+from nvpair.proxy.testing.fakecontext import FakeContext
 from tests.facade.test_hostcheck import Events
 from tests.facade.test_standalone import FakeService
 from tests.fleetconf.filekit import BAD, ONE, TWO, FleetFile, RecordingFollower
-from tests.support.fakecontext import FakeContext
 
 
 class UrlFollowerTests(SynchronousTestCase):

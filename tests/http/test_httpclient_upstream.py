@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import SimpleNamespace
+from typing import cast
 
 from twisted.internet import defer
 from twisted.internet.address import IPv4Address
@@ -34,6 +35,7 @@ from nvpair.proxy.http.framing import serializeRequest
 from nvpair.proxy.http.interfaces import IBodyConnection, IConnectionPool, IPooledConnection
 from nvpair.proxy.http.pool import ConnectionPool
 from nvpair.proxy.http.response import Response
+from nvpair.proxy.interfaces import IClusterTrust, IConnectingReactor
 from nvpair.proxy.routing.nodes import Node
 from nvpair.proxy.testing.wire import TCPStringTransport
 from tests.http.httpkit import CLOSED, KEY, PEER, Body, FakeEndpoint
@@ -88,13 +90,13 @@ class UpstreamTests(SynchronousTestCase):
 
     def test_invalidURIRefused(self) -> None:
         """A request target with control characters fails before anything is sent."""
-        upstream = Upstream(Clock(), 1.0)
+        upstream = Upstream(cast(IConnectingReactor, Clock()), 1.0)
         d = upstream.request(None, "http://127.0.0.1:1", b"GET", b"/a\x00b", Headers(), b"")
         self.failureResultOf(d, ValueError)
 
     def test_invalidMethodRefused(self) -> None:
         """A method that is not an HTTP token fails before anything is sent."""
-        upstream = Upstream(Clock(), 1.0)
+        upstream = Upstream(cast(IConnectingReactor, Clock()), 1.0)
         d = upstream.request(None, "http://127.0.0.1:1", b"G T", b"/", Headers(), b"")
         self.failureResultOf(d, ValueError)
 
@@ -108,7 +110,7 @@ class UpstreamTests(SynchronousTestCase):
             nodeId="node-a",
             fingerprint="fp",
         )
-        upstream = Upstream(reactor, 7.0, trust)
+        upstream = Upstream(cast(IConnectingReactor, reactor), 7.0, cast(IClusterTrust, trust))
         d = upstream.request(
             Node("node-b", False, (), frozenset()),
             "127.0.0.1:4000",
@@ -129,7 +131,7 @@ class UpstreamTests(SynchronousTestCase):
 
     def test_hostAndPrefix(self) -> None:
         """The Host header omits port 80 and brackets IPv6; the address path prefixes."""
-        upstream = Upstream(Clock(), 1.0)
+        upstream = Upstream(cast(IConnectingReactor, Clock()), 1.0)
         target = upstream._target("http://[::1]:9000/base")
         self.assertEqual((target.host, target.prefix), (b"[::1]:9000", b"/base"))
         self.assertEqual(upstream._target("http://h").host, b"h")

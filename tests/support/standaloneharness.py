@@ -146,7 +146,7 @@ class StandaloneProxy:
             argv += ["--backend", f"{engineId}={url}"]
         argv += list(extra)
         twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
-        self.command = [twistd, "-n", "--pidfile=", "nvpair-proxy", *argv]
+        self.command = [twistd, "--reactor=nvpair", "-n", "--pidfile=", "nvpair-proxy", *argv]
         self.environ = dict(os.environ)
         self.environ.pop("NVPAIR_STATE_DIR", None)
         self.environ.pop("NVPAIR_PROXY_OPS_PORT", None)

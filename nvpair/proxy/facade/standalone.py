@@ -31,7 +31,8 @@ from nvpair.proxy.facade.fleetfile import Backend
 from nvpair.proxy.facade.reload import FleetReloader, IFleetFollower
 from nvpair.proxy.interfaces import IRequestContext, IUpstream
 from nvpair.proxy.routing.affinity import Affinity
-from nvpair.proxy.routing.candidates import Node, Snapshot
+from nvpair.proxy.routing.candidates import Snapshot
+from nvpair.proxy.routing.nodes import Node
 
 POLL_INTERVAL = 5.0
 DRAIN_CHECK = 1.0

@@ -1,9 +1,5 @@
-"""The refusal of a request by the HTTP layer: a leaf that imports nothing.
-
-``Refusal`` is what the request reader and the rules raise and queue, and what the
-interfaces name (``IServerChannel.queue``), so it lives apart from the parser: importing
-the interfaces loads no ``httptools``.
-"""
+"""A request the HTTP layer refuses: a leaf (no parser, no reactor), so that the seams in
+``http.interfaces`` name it without loading the request rules and llhttp."""
 
 from __future__ import annotations
 

@@ -63,10 +63,10 @@ PAGE_CSP = (
 
 def statusDocument(view: IOpsView) -> StatusDocument:
     """The ``/status`` JSON: facades, discovery, scheduler view, last workloads (no content)."""
-    reservations = view.reservations
-    inFlight = dict(view.activity.inFlight)
+    reservations = view.context.reservations
+    inFlight = dict(view.context.activity.inFlight)
     reserved = reservations.byNode()
-    now = view.clock.seconds()
+    now = view.context.clock.seconds()
     facades: dict[str, FacadeStatus] = {}
     reloader = findReloader(view)
     names = reloader.names() if reloader is not None else {}
@@ -100,14 +100,14 @@ def statusDocument(view: IOpsView) -> StatusDocument:
             "discoveryUpdates": facade.snapshotCount,
             "nodes": nodes,
         }
-    reporter = view.reporter
+    reporter = view.context.reporter
     recent = [_workload(w) for w in reversed(reporter.recent)]
     listed = list(reservations.order) + sorted(set(reserved) - set(reservations.order))
     return {
         "runId": reporter.runId,
         "now": int(now * 1000),
         "standalone": view.settings.standalone,
-        "requestsInProgress": len(view.exchanges),
+        "requestsInProgress": len(view.context.exchanges),
         "facades": facades,
         "scheduler": {
             "generation": reservations.generation,
@@ -116,7 +116,7 @@ def statusDocument(view: IOpsView) -> StatusDocument:
         },
         "inFlight": inFlight,
         "reservations": reserved,
-        "affinity": affinityStatus(view),
+        "affinity": affinityStatus(view.context),
         "workloads": {
             "live": reporter.live,
             "terminals": dict(reporter.terminals),
@@ -188,7 +188,7 @@ def _workload(entry: Mapping[str, object]) -> WorkloadEntry:
 
 def historyDocument(view: IOpsView) -> HistoryDocument:
     """The ``/status/history`` JSON (see ``History.document``) with error reasons in words."""
-    doc = view.history.document()
+    doc = view.context.history.document()
     codes: set[str] = set()
     for facade in doc["facades"].values():
         codes.update(facade["series"]["errorsByReason"])
@@ -293,9 +293,9 @@ class OpsSite(server.Site):
 def opsFactory(view: IOpsView) -> PersonalityFactory:
     """The loopback-only factory serving the ops app of the process ``view``."""
     settings = view.settings
-    site = OpsSite(opsResource(view), timeout=60, reactor=view.clock)
+    site = OpsSite(opsResource(view), timeout=60, reactor=view.context.clock)
     return PersonalityFactory(
-        view.clock,
+        view.context.clock,
         site,
         None,
         loopbackOnly=True,

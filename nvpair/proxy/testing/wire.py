@@ -20,23 +20,23 @@ from zope.interface import implementer
 
 @implementer(ITCPTransport)
 class TCPStringTransport(StringTransport):
-    """A ``StringTransport`` that is a TCP transport too (``ITCPTransport``'s socket
-    options, recorded), for protocols that set them on connecting."""
+    """A ``StringTransport`` that is a TCP one, as the proxy's listeners are given: it
+    records the no-delay and keep-alive switches, and a write-side close as a close."""
 
     noDelay = False
     keepAlive = False
 
-    def getTcpNoDelay(self) -> bool:
-        return self.noDelay
-
     def setTcpNoDelay(self, enabled: bool) -> None:
         self.noDelay = enabled
 
-    def getTcpKeepAlive(self) -> bool:
-        return self.keepAlive
+    def getTcpNoDelay(self) -> bool:
+        return self.noDelay
 
     def setTcpKeepAlive(self, enabled: bool) -> None:
         self.keepAlive = enabled
+
+    def getTcpKeepAlive(self) -> bool:
+        return self.keepAlive
 
     def loseWriteConnection(self) -> None:
         self.loseConnection()
@@ -47,7 +47,7 @@ def siteExchange(site: IProtocolFactory, raw: bytes, host: str = "127.0.0.1") ->
     channel = site.buildProtocol(IPv4Address("TCP", host, 5555))
     if channel is None:
         raise ValueError("the site refused the connection")
-    transport = StringTransport()
+    transport = TCPStringTransport()
     channel.makeConnection(transport)
     channel.dataReceived(raw)
     value: bytes = transport.value()
