@@ -91,6 +91,10 @@ class IRequestContext(Interface):
         "ordering candidates (under a broker, or ``--affinity off``)."
     )
     stalls = Attribute("The stream stall watches (``dispatch.stallwatch.StallWatches``).")
+    engineStates = Attribute(
+        "The engines' own state (``routing.enginestates.EngineStates``, providing "
+        "``routing.interfaces.IEngineStates``) in standalone mode, else None (under a broker)."
+    )
 
     def forwardHeaders(incoming: Headers) -> Headers:
         """The request headers to send upstream for ``incoming``."""

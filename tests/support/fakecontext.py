@@ -83,6 +83,7 @@ class FakeContext(Generic[UpstreamT]):
         self.logControl = LogControl(self.settings.logLevel)
         self.stalls = StallWatches(self.clock, self.settings.streamIdleTimeout)
         self.affinity: Affinity | None = None
+        self.engineStates: Any = None
         # The overloads tie ``UpstreamT`` to what is stored here.
         self.upstream = cast(UpstreamT, FakeUpstream(self.clock) if upstream is None else upstream)
         self.trust = trust

@@ -42,6 +42,7 @@ from nvpair.proxy.dispatch.relay import (
 )
 from nvpair.proxy.http.interfaces import IServerRequest
 from nvpair.proxy.interfaces import IRequestContext, IUpstream
+from nvpair.proxy.routing.affinity import AffinityKey
 from nvpair.proxy.routing.interfaces import IOutcome, IPlacementExchange
 from nvpair.proxy.routing.placement import Policy, placeInference, placeVerbatim
 from nvpair.proxy.routing.reservations import Reservation
@@ -73,6 +74,7 @@ class Exchange(PolicyDriver):
         "uri",
         "path",
         "forwardHeaders",
+        "prefixKey",
         "body",
         "document",
         "inference",
@@ -133,6 +135,7 @@ class Exchange(PolicyDriver):
         self.answered = False
         self.serving: Committed | None = None
         self.policy: Policy | None = None  # the placement loop (``PolicyDriver``)
+        self.prefixKey: AffinityKey | None = None  # set by placement at commit
         self.reservation: Reservation | None = None
         self.loop: defer.Deferred[IOutcome] | defer.Deferred[None] | None = None
         self.stepping = False

@@ -25,11 +25,13 @@ from zope.interface import Attribute
 
 from nvpair.proxy.engines import ENGINES, Engine
 from nvpair.proxy.facade import inventory
+from nvpair.proxy.facade.enginepoller import startEngineState
 from nvpair.proxy.facade.facade import BindError, Facade, IFacadeHost
 from nvpair.proxy.facade.fleet import NODE_GRACE, NodeAnswer, askNode
 from nvpair.proxy.interfaces import IRequestContext, IUpstream
 from nvpair.proxy.routing.affinity import Affinity
 from nvpair.proxy.routing.candidates import Node, Snapshot
+from nvpair.proxy.routing.enginestates import EngineStates
 
 POLL_INTERVAL = 5.0
 
@@ -178,9 +180,10 @@ def startStandalone(process: IStandaloneProcess) -> None:
     context = process.context
     settings = context.settings
     timeout = settings.dialTimeout + NODE_GRACE
+    states = context.engineStates = EngineStates(context.clock, context.reservations)
     if settings.affinity == "prefix":
         # The proxy orders the candidates itself: keep conversations where their cache is.
-        context.affinity = Affinity(context.clock)
+        context.affinity = Affinity(context.clock, states=states)
     order: list[str] = []
     for engineId in settings.engines:
         engine = ENGINES[engineId]
@@ -194,6 +197,7 @@ def startStandalone(process: IStandaloneProcess) -> None:
         log.info("standalone-fleet", engine=engineId, backends=urls)
         poller = FleetPoller(facade, urls, context.upstream, context.clock, timeout)
         poller.setServiceParent(process)
+        startEngineState(process, context, states, engine, urls, context.affinity)
     # No scheduler runs here: the order the backends were given stands in for its priority
     # list (with no load of its own), so an idle fleet is tried in that order and
     # reservations still spread concurrent requests over it.

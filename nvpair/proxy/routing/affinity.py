@@ -8,11 +8,13 @@ messages extend an earlier turn's, finds among its prefix digests the earlier tu
 whole-request digest, and with it the node that served that turn.
 
 ``AffinityTable`` keeps only those digests (64-bit integers, never text), capped both in
-entries and in age, so its memory is constant under any load.  ``Affinity.place`` puts the
-conversation's home first unless it is overloaded against the least-loaded owner by more
-than ``MAX_IMBALANCE`` requests; otherwise it reserves the least-loaded owner, equal loads
-broken by rendezvous hashing on the request's own digest, so distinct conversations spread
-even when they arrive one at a time.  The node that commits becomes the home.
+entries and in age, so its memory is constant under any load.  Layered on it, the prefix
+index (``prefixindex``) matches any shared leading blocks of prompt material (a tenant's
+system prompt, a shared document), which whole-request digests cannot.  ``Affinity.place``
+chooses by ``prefixplace.choose``: the owner holding the longest prefix (the conversation's
+home breaking ties) unless it has no room while another owner does and recomputing the
+difference is cheap; a new prompt family goes to the owner holding the fewest families.
+The node that commits becomes the home and holds the request's blocks.
 
 Digests are Python's per-process keyed ``hash`` of tuples of the strings (SipHash of each
 string, no copy or encoding of the text): a collision can only misplace a request.
@@ -23,15 +25,25 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from enum import IntEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 from twisted.internet.interfaces import IReactorTime
 
 from nvpair.proxy.routing.candidates import Node, toFront
+from nvpair.proxy.routing.enginestates import EngineStates
+from nvpair.proxy.routing.prefixindex import PrefixIndex, blockDigests, promptText
+from nvpair.proxy.routing.prefixplace import RESULTS, Placed, choose, confirmedMiss, servedStats
 from nvpair.proxy.routing.reservations import ReservationMap
 
-__all__ = ["Affinity", "AffinityKey", "AffinityTable", "affinityStatus", "keyFor"]
+__all__ = [
+    "RESULTS",
+    "Affinity",
+    "AffinityKey",
+    "AffinityTable",
+    "Placed",
+    "affinityStatus",
+    "keyFor",
+]
 
 MAX_LOOKUPS = 8  # the longest message-list prefixes looked up per request
 MAX_MESSAGES = 4096  # a longer message list gets no key
@@ -39,7 +51,6 @@ PROMPT_BLOCK = 256  # prompt prefixes are taken at 256·2^k characters
 MAX_IMBALANCE = 2  # home keeps the turn while its load <= least-loaded owner's + this
 MAX_ENTRIES = 16384
 MAX_AGE = 900.0
-RENDEZVOUS_SCAN = 64  # equally loaded owners scored per new conversation, at most
 
 CHAT, PROMPT, RESPONSES = "chat", "prompt", "responses"
 ROUTES: dict[bytes, str] = {
@@ -54,14 +65,25 @@ ROUTES: dict[bytes, str] = {
 
 
 class AffinityKey:
-    """One request's digests: looked up (longest first), recorded at commit, spread by."""
+    """One request's digests: looked up (longest first), recorded at commit, spread by; its
+    prompt's block digests and length (prefix index), and what placement expected of the
+    node it chose (node, matched blocks, index stamp) until a confirmed hit or miss."""
 
-    __slots__ = ("lookups", "records", "spread")
+    __slots__ = ("lookups", "records", "spread", "blocks", "chars", "expect")
 
-    def __init__(self, lookups: tuple[int, ...], records: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        lookups: tuple[int, ...],
+        records: tuple[int, ...],
+        blocks: tuple[int, ...] = (),
+        chars: int = 0,
+    ) -> None:
         self.lookups = lookups
         self.records = records
         self.spread = records[0]
+        self.blocks = blocks
+        self.chars = chars
+        self.expect: tuple[str, int, int] | None = None
 
 
 def _messagePart(message: object) -> object:
@@ -71,19 +93,6 @@ def _messagePart(message: object) -> object:
         if type(role) is str and type(content) is str:
             return (role, content)  # the common shape: hashed without serializing
     return json.dumps(message, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-
-
-_MASK = (1 << 64) - 1
-
-
-def _mix(x: int) -> int:
-    """A 64-bit finalizer (SplitMix64's): every input bit moves about half the output bits,
-    so rendezvous scores of one key on different nodes are as good as independent (Python's
-    tuple hash alone leaves them correlated, and one node then wins most ties)."""
-    x &= _MASK
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
-    return x ^ (x >> 31)
 
 
 def _chatKey(seed: int, messages: object) -> AffinityKey | None:
@@ -119,7 +128,16 @@ def keyFor(engineId: str, model: str, path: bytes, doc: object) -> AffinityKey |
     kind = ROUTES.get(path)
     if kind is None or type(doc) is not dict:
         return None
-    seed = hash(("nvpair-affinity", engineId, model))
+    key = _keyOf(kind, hash(("nvpair-affinity", engineId, model)), doc)
+    if key is not None:
+        text = promptText(kind, doc)
+        if text is not None:
+            key.chars = len(text)
+            key.blocks = blockDigests(hash(("nvpair-prefix", engineId, model)), text)
+    return key
+
+
+def _keyOf(kind: str, seed: int, doc: dict[str, object]) -> AffinityKey | None:
     if kind == CHAT:
         return _chatKey(seed, doc.get("messages"))
     if kind == RESPONSES:
@@ -179,19 +197,9 @@ class AffinityTable:
         return len(self._entries)
 
 
-class Placed(IntEnum):
-    """How ``Affinity.place`` placed a conversation's request; each indexes its count."""
-
-    HIT = 0  # on its home
-    MISS = 1  # no home known: the least-loaded owner
-    OVERRIDDEN = 2  # its home was overloaded: the least-loaded owner
-
-
-RESULTS = ("hit", "miss", "overridden")  # the counts' names, in ``Placed`` order
-
-
 class Affinity:
-    """The process's conversation affinity: the table, the ordering rule and its counts."""
+    """The process's placement by cache: the conversation table, the prefix index, the
+    engines' state when read, the ordering rule and its counts."""
 
     def __init__(
         self,
@@ -199,10 +207,15 @@ class Affinity:
         maxEntries: int = MAX_ENTRIES,
         maxAge: float = MAX_AGE,
         maxImbalance: int = MAX_IMBALANCE,
+        states: EngineStates | None = None,
+        index: PrefixIndex | None = None,
     ) -> None:
         self.table = AffinityTable(clock, maxEntries, maxAge)
+        self.index = index if index is not None else PrefixIndex()
+        self.states = states
         self.maxImbalance = maxImbalance
         self.counts: dict[str, list[int]] = {}  # engine id -> [hits, misses, overridden]
+        self.confirmed = [0, 0]  # requests the index expected cached: [hits, misses]
 
     def _count(self, engineId: str, result: Placed) -> None:
         counts = self.counts.get(engineId)
@@ -216,53 +229,63 @@ class Affinity:
         key: AffinityKey,
         reservations: ReservationMap,
         engineId: str | None,
+        model: str | None = None,
     ) -> Node | None:
         """Move the request's node to the front of ``ordered`` and return it (the caller
-        reserves it): the conversation's home unless overloaded, else the least-loaded owner
-        (ties by rendezvous on ``key``).  ``engineId`` counts the outcome (None: not again)."""
+        reserves it), by ``prefixplace.choose``.  ``engineId`` counts the outcome (None:
+        not again); ``model`` is the model asked for (whether engines have it loaded)."""
         if not ordered:
             return None
-        load = reservations.estimatedLoad
-        loads = [load(node.id) for node in ordered]
-        least = min(loads)
         home = self.table.lookup(key.lookups)
-        result = Placed.MISS
-        if home is not None:
-            for position, node in enumerate(ordered):
-                if node.id == home:
-                    if loads[position] <= least + self.maxImbalance:
-                        if engineId is not None:
-                            self._count(engineId, Placed.HIT)
-                        toFront(ordered, position)
-                        return node
-                    result = Placed.OVERRIDDEN
-                    break
+        index = self.index
+        choice = choose(
+            ordered,
+            key.blocks,
+            key.spread,
+            home,
+            reservations.estimatedLoad,
+            index,
+            self.states,
+            model,
+            self.maxImbalance,
+        )
         if engineId is not None:
-            self._count(engineId, result)
-        spread = key.spread
-        best = -1
-        bestScore = 0
-        scanned = 0
-        for position, node in enumerate(ordered):
-            if loads[position] != least:
-                continue
-            score = _mix(spread ^ hash(node.id))
-            if best < 0 or score > bestScore:
-                best, bestScore = position, score
-            scanned += 1
-            if scanned >= RENDEZVOUS_SCAN:
-                break
-        chosen = ordered[best]
-        toFront(ordered, best)
+            self._count(engineId, choice.result)
+        chosen = ordered[choice.position]
+        key.expect = None
+        if choice.matched:
+            stamp = index.stampOf(chosen.id, key.blocks[choice.matched - 1])
+            if stamp is not None:
+                key.expect = (chosen.id, choice.matched, stamp)
+        toFront(ordered, choice.position)
         return chosen
 
     def served(self, key: AffinityKey, nodeId: str) -> None:
-        """``nodeId`` committed this request: it is the conversation's home now."""
+        """``nodeId`` committed this request: it is the conversation's home now, and holds
+        the request's blocks."""
         for digest in key.records:
             self.table.record(digest, nodeId)
+        if key.blocks:
+            self.index.record(nodeId, key.blocks)
+        if key.expect is not None and key.expect[0] != nodeId:
+            key.expect = None  # failed over: the node that served was expected nothing
+
+    def ended(self, key: AffinityKey, nodeId: str, prompt: int, cached: int) -> None:
+        """The engine of ``nodeId`` reported ``cached`` of ``prompt`` prompt tokens cached:
+        a confirmed miss of what the index expected drops that node's stale entries."""
+        expect = key.expect
+        key.expect = None
+        if expect is None or expect[0] != nodeId:
+            return
+        if confirmedMiss(expect[1], key.chars, prompt, cached):
+            self.confirmed[1] += 1
+            self.index.dropOlder(nodeId, expect[2])
+        else:
+            self.confirmed[0] += 1
 
     def status(self) -> dict[str, object]:
-        """The ``/status`` view: table size and limits, counts per engine."""
+        """The ``/status`` view: table size and limits, the index, counts per engine."""
+        index = self.index
         return {
             "entries": len(self.table),
             "maxEntries": self.table.maxEntries,
@@ -272,7 +295,35 @@ class Affinity:
                 engineId: dict(zip(RESULTS, counts, strict=True))
                 for engineId, counts in sorted(self.counts.items())
             },
+            "prefixIndex": {
+                "blocks": len(index),
+                "maxBlocks": index.maxTotal,
+                "nodes": {
+                    nodeId: {
+                        "blocks": index.held(nodeId),
+                        "bound": index.bound(nodeId),
+                        "families": index.roots(nodeId),
+                    }
+                    for nodeId in index.nodeIds()
+                },
+                "expectedHits": self.confirmed[0],
+                "expectedMisses": self.confirmed[1],
+                "staleDropped": index.dropped,
+            },
         }
+
+
+def requestServed(exchange: Any, states: EngineStates, affinity: Affinity | None) -> None:
+    """An exchange ended: the cached-prompt count its engine reported (if any) goes to the
+    node's hit ratio and confirms or refutes what the index expected."""
+    served = servedStats(exchange)
+    if served is None:
+        return
+    nodeId, prompt, cached = served
+    states.served(nodeId, prompt, cached)
+    key = exchange.prefixKey
+    if affinity is not None and key is not None:
+        affinity.ended(key, nodeId, prompt, cached)
 
 
 class _Mode(Protocol):
