@@ -5,7 +5,8 @@ when ``"stream": true``); llama.cpp adds ``/chat/completions``, ``/models``, ``/
 ``/metrics``; LM Studio its ``/api/v0/*`` routes and model states; Ollama ``/api/chat`` and
 ``/api/generate`` (NDJSON, streaming unless ``"stream": false``), ``/api/tags``,
 ``/api/ps`` and ``/api/version``. All of them answer the routers' probes (``/health``,
-``/get_model_info``, ``/get_server_info``, ``POST /tokenize``).
+SGLang's ``/model_info`` and ``/server_info`` and their older ``/get_*`` names, vLLM's
+``POST /tokenize``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ INFERENCE: dict[str, dict[bytes, Route]] = {
 """POST path -> inference route, per dialect."""
 
 GETS: dict[str, frozenset[bytes]] = {
-    "*": frozenset((b"/health", b"/get_model_info", b"/get_server_info")),
+    "*": frozenset(
+        (b"/health", b"/get_model_info", b"/model_info", b"/get_server_info", b"/server_info")
+    ),
     "llamacpp": frozenset((b"/v1/models", b"/models", b"/slots", b"/metrics")),
     "lmstudio": frozenset((b"/v1/models", b"/api/v0/models")),
     "ollama": frozenset((b"/v1/models", b"/api/tags", b"/api/ps", b"/api/version")),
@@ -56,9 +59,9 @@ def answerGet(core: Core, connection: EngineConnection, path: bytes) -> None:
     body: bytes
     if path == b"/health":
         body = b'{"status":"ok"}'
-    elif path == b"/get_model_info":
+    elif path in (b"/get_model_info", b"/model_info"):
         body = state.modelInfo(models[0])
-    elif path == b"/get_server_info":
+    elif path in (b"/get_server_info", b"/server_info"):
         body = state.serverInfo(models[0], config.slots, config.nCtx, config.cacheTokens)
     elif path == b"/api/tags":
         body = listDocument(Listing.TAGS, models)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 VOCAB = 32000
 MAX_WORDS = 1 << 20
@@ -63,7 +63,7 @@ def chatWords(messages: Sequence[object]) -> list[str]:
     return out
 
 
-def promptWords(doc: dict[str, object], chat: bool) -> list[str] | None:
+def promptWords(doc: Mapping[str, object], chat: bool) -> list[str] | None:
     """The prompt tokens of a request document, or None when it has no usable prompt.
 
     Chat routes read ``messages`` (Ollama's ``/api/chat`` too); completion routes read
