@@ -44,6 +44,7 @@ from nvpair.proxy.ops.interfaces import IOpsView
 from nvpair.proxy.ops.metrics import Metrics
 from nvpair.proxy.routing.affinity import Affinity
 from nvpair.proxy.routing.candidates import Snapshot
+from nvpair.proxy.routing.enginestates import EngineStates
 from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.runtime.logs import LogControl, TextStream, makeObserver
 from nvpair.proxy.settings import Settings
@@ -132,6 +133,10 @@ class ProxyService(MultiService):
     @property
     def affinity(self) -> Affinity | None:
         return self.context.affinity
+
+    @property
+    def engineStates(self) -> EngineStates | None:
+        return self.context.engineStates
 
     # -- twistd integration ---------------------------------------------------------------
 

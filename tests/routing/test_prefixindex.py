@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.routing.prefixindex import (
@@ -16,14 +18,19 @@ from nvpair.proxy.routing.prefixindex import (
 SYSTEM = "You are the helpful assistant of ACME. " * 40  # about 1.6k characters: 6 blocks
 
 
+def messages(system: str, *user: str) -> list[dict[str, str]]:
+    """The system prompt then the users' messages."""
+    return [{"role": "system", "content": system}] + [
+        {"role": "user", "content": text} for text in user
+    ]
+
+
 def chat(system: str, *user: str) -> dict[str, object]:
     """A chat body: the system prompt then the users' messages."""
-    messages = [{"role": "system", "content": system}]
-    messages += [{"role": "user", "content": text} for text in user]
-    return {"model": "m", "messages": messages}
+    return {"model": "m", "messages": messages(system, *user)}
 
 
-def blocksOf(doc: dict[str, object], kind: str = "chat") -> tuple[int, ...]:
+def blocksOf(doc: Any, kind: str = "chat") -> tuple[int, ...]:
     text = promptText(kind, doc)
     assert text is not None
     return blockDigests(7, text)
@@ -45,13 +52,15 @@ class BlockTests(SynchronousTestCase):
 
     def test_laterTurnExtendsEarlier(self) -> None:
         """A later turn's blocks start with every whole block of the earlier turn."""
-        first = chat(SYSTEM, "question one " * 30)
-        second = dict(first)
-        second["messages"] = [
-            *first["messages"],  # type: ignore[list-item]
-            {"role": "assistant", "content": "answer one " * 30},
-            {"role": "user", "content": "question two"},
-        ]
+        turn = messages(SYSTEM, "question one " * 30)
+        first = {"messages": turn}
+        second = {
+            "messages": [
+                *turn,
+                {"role": "assistant", "content": "answer one " * 30},
+                {"role": "user", "content": "question two"},
+            ]
+        }
         earlier, later = blocksOf(first), blocksOf(second)
         self.assertEqual(later[: len(earlier)], earlier)
         self.assertGreater(len(later), len(earlier))
@@ -66,8 +75,8 @@ class BlockTests(SynchronousTestCase):
         self.assertNotEqual(blocksOf({"prompt": text, "system": "s"}, "prompt"), plain)
         self.assertEqual(blocksOf({"input": text}, "responses"), plain)
         self.assertEqual(blocksOf({"prompt": "short"}, "prompt"), ())
-        for doc, kind in (({"prompt": [1]}, "prompt"), ({"messages": "x"}, "chat")):
-            self.assertIsNone(promptText(kind, doc))
+        self.assertIsNone(promptText("prompt", {"prompt": [1]}))
+        self.assertIsNone(promptText("chat", {"messages": "x"}))
 
     def test_blocksCapped(self) -> None:
         """A huge prompt hashes at most ``MAX_BLOCKS`` blocks, integers only."""

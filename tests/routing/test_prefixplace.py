@@ -125,8 +125,8 @@ class SlotTests(SynchronousTestCase):
         home, _ = fleet.place(request(short, "x"))
         for node in NODES:
             fleet.report(node.id, busy=2 if node.id == home else 1)
-        node, result = fleet.place(request(short, "y"))
-        self.assertNotEqual(node, home)
+        moved, result = fleet.place(request(short, "y"))
+        self.assertNotEqual(moved, home)
         self.assertIs(result, Placed.OVERRIDDEN)
 
     def test_reservationsFillTheGap(self) -> None:

@@ -75,6 +75,7 @@ class NodeStatus(TypedDict):
     state: str
     stateReason: str
     checkedAt: int | None
+    engine: NotRequired[dict[str, object]]  # standalone: the engine's own state (§11.2)
 
 
 class FacadeStatus(TypedDict):
@@ -135,4 +136,5 @@ class StatusDocument(TypedDict):
     inFlight: dict[str, int]
     reservations: dict[str, int]
     affinity: dict[str, object]
+    engineStates: NotRequired[dict[str, dict[str, object]]]
     workloads: WorkloadsStatus

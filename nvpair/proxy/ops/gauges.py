@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from nvpair.proxy.ops.enginegauges import engineFamilies
 from nvpair.proxy.ops.interfaces import IOpsView
 from nvpair.proxy.routing.affinity import RESULTS as AFFINITY_RESULTS
 from nvpair.proxy.routing.affinity import Affinity
@@ -110,6 +111,8 @@ class StateCollector(Collector):
         affinity = view.affinity
         if affinity is not None:
             yield from _affinityFamilies(affinity)
+        if view.engineStates is not None:
+            yield from engineFamilies(view.engineStates, affinity)
 
 
 def _affinityFamilies(affinity: Affinity) -> Iterator[Metric]:

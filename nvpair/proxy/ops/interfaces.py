@@ -23,6 +23,7 @@ from nvpair.proxy.ops.history import History
 from nvpair.proxy.ops.metrics import Metrics
 from nvpair.proxy.options import Settings
 from nvpair.proxy.routing.affinity import Affinity
+from nvpair.proxy.routing.enginestates import EngineStates
 from nvpair.proxy.routing.reservations import ReservationMap
 
 
@@ -46,3 +47,6 @@ class IOpsView(IServiceCollection):
     hosts: HostGate = Attribute("The loopback ``Host`` rule the listener applies too.")
     upstream: Upstream = Attribute("The connector to nodes (its pool is counted).")
     affinity: Affinity | None = Attribute("Conversation affinity, or None where it is off.")
+    engineStates: EngineStates | None = Attribute(
+        "The engines' own state (standalone mode), or None under a broker."
+    )

@@ -65,27 +65,30 @@ def statusDocument(view: IOpsView) -> StatusDocument:
     inFlight = dict(view.activity.inFlight)
     reserved = reservations.byNode()
     now = view.clock.seconds()
+    states = view.engineStates
+    engines = states.status() if states is not None else {}
     facades: dict[str, FacadeStatus] = {}
     for engineId, facade in sorted(view.facades.items()):
         nodes: list[NodeStatus] = []
         for node in facade.snapshot.nodes:
             state, reason, checked = nodeHealth(view, engineId, node, now)
-            nodes.append(
-                {
-                    "id": node.id,
-                    "self": node.isSelf,
-                    "models": len(node.models),
-                    "modelNames": sorted(node.models)[:MAX_MODEL_NAMES],
-                    "addresses": list(node.addresses),
-                    "confirmed": facade.confirmed.get(node.id),
-                    "inFlight": inFlight.get(node.id, 0),
-                    "reserved": reserved.get(node.id, 0),
-                    "estimatedLoad": reservations.estimatedLoad(node.id),
-                    "state": state.value,
-                    "stateReason": reason,
-                    "checkedAt": _ms(checked),
-                }
-            )
+            entry: NodeStatus = {
+                "id": node.id,
+                "self": node.isSelf,
+                "models": len(node.models),
+                "modelNames": sorted(node.models)[:MAX_MODEL_NAMES],
+                "addresses": list(node.addresses),
+                "confirmed": facade.confirmed.get(node.id),
+                "inFlight": inFlight.get(node.id, 0),
+                "reserved": reserved.get(node.id, 0),
+                "estimatedLoad": reservations.estimatedLoad(node.id),
+                "state": state.value,
+                "stateReason": reason,
+                "checkedAt": _ms(checked),
+            }
+            if node.id in engines:
+                entry["engine"] = engines[node.id]
+            nodes.append(entry)
         facades[engineId] = {
             "port": facade.port,
             "aliases": list(facade.aliases),
@@ -98,7 +101,7 @@ def statusDocument(view: IOpsView) -> StatusDocument:
     reporter = view.reporter
     recent = [_workload(w) for w in reversed(reporter.recent)]
     listed = list(reservations.order) + sorted(set(reserved) - set(reservations.order))
-    return {
+    document: StatusDocument = {
         "runId": reporter.runId,
         "now": int(now * 1000),
         "standalone": view.settings.standalone,
@@ -118,6 +121,9 @@ def statusDocument(view: IOpsView) -> StatusDocument:
             "recent": recent,
         },
     }
+    if states is not None:
+        document["engineStates"] = engines
+    return document
 
 
 def _ms(seconds: float | None) -> int | None:
