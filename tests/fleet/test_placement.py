@@ -25,7 +25,7 @@ def words(n: int, tag: str) -> str:
 
 def pause(seconds: float) -> Deferred[None]:
     d: Deferred[None] = Deferred()
-    reactor.callLater(seconds, d.callback, None)  # type: ignore[attr-defined]
+    reactor.callLater(seconds, d.callback, None)
     return d
 
 
@@ -39,7 +39,7 @@ class PlacementTests(TestCase):
         self.urls: list[str] = []
         for i in range(engines):
             engine = SimEngine(
-                reactor,  # type: ignore[arg-type]
+                reactor,
                 SimConfig(models=("m1",), name=f"E{i}", slots=slots, prefillMs=0.05, decodeMs=1),
             )
             port = engine.listen()
@@ -90,12 +90,12 @@ class PlacementTests(TestCase):
     async def waitForState(self, url: str, busy: int) -> dict[str, Any]:
         """Poll /status (bounded) until the engine at ``url`` is read fresh with ``busy``
         slots busy."""
-        deadline = reactor.seconds() + DEADLINE  # type: ignore[attr-defined]
+        deadline = reactor.seconds() + DEADLINE
         while True:
             entry = (await self.status()).get("engineStates", {}).get(url, {})
             if entry.get("state") == "fresh" and entry.get("slotsBusy") == busy:
                 return dict(entry)
-            if reactor.seconds() > deadline:  # type: ignore[attr-defined]
+            if reactor.seconds() > deadline:
                 self.fail(f"engine state of {url} never showed {busy} busy: {entry}")
             await pause(0.1)
 
