@@ -65,10 +65,15 @@ class TimingAndCacheTests(SynchronousTestCase):
         self.assertEqual((again["timings"]["cache_n"], again["timings"]["prompt_n"]), (31, 1))
 
     def test_evictionLosesHits(self) -> None:
-        """With room for few blocks, other tenants' prompts evict the first one's."""
+        """With room for few blocks, other tenants' prompts evict the first one's (its tail
+        first: after one other tenant its head still hits, after two nothing does)."""
         h = Harness(prefillMs=1.0, decodeMs=1.0, blockSize=16, cacheTokens=160)
         h.exchange(post(b"/v1/chat/completions", chat(SYSTEM, "hi", max_tokens=1)))
         h.exchange(post(b"/v1/chat/completions", chat(sentence(100, "x"), "hi", max_tokens=1)))
+        head = h.exchange(post(b"/v1/chat/completions", chat(SYSTEM, "yo", max_tokens=1)))
+        self.assertEqual(head.json()["usage"]["prompt_tokens_details"]["cached_tokens"], 64)
+        h.exchange(post(b"/v1/chat/completions", chat(sentence(100, "x"), "hi", max_tokens=1)))
+        h.exchange(post(b"/v1/chat/completions", chat(sentence(100, "y"), "hi", max_tokens=1)))
         again = h.exchange(post(b"/v1/chat/completions", chat(SYSTEM, "hi", max_tokens=1)))
         self.assertEqual(again.json()["usage"]["prompt_tokens_details"]["cached_tokens"], 0)
         self.assertLessEqual(len(h.engine.cache), 10)

@@ -114,7 +114,8 @@ class PrefixCacheTests(SynchronousTestCase):
     def test_evictsLeastRecentlyUsed(self) -> None:
         """Past capacity the least recently used block goes; a hit refreshes a block."""
         cache = PrefixCache(3)
-        cache.insert([b"a", b"b", b"c"])
+        for block in (b"a", b"b", b"c"):
+            cache.insert([block])
         self.assertEqual(cache.match([b"a"]), 1)  # a is now the most recent
         cache.insert([b"d"])
         self.assertNotIn(b"b", cache)
@@ -201,3 +202,20 @@ class SlotsTests(SynchronousTestCase):
         self.slots.submit(b)
         self.assertEqual((a.task, b.task), (1, 2))
         self.assertIs(self.slots.jobAt(1), b)
+
+
+class PrefixFirstTests(SynchronousTestCase):
+    """Under pressure a sequence's prefix outlives its tail."""
+
+    def test_longPromptKeepsHead(self) -> None:
+        """A sequence longer than the cache keeps its leading blocks."""
+        cache = PrefixCache(3)
+        cache.insert([b"a", b"b", b"c", b"d", b"e"])
+        self.assertEqual(cache.match([b"a", b"b", b"c", b"d"]), 3)
+
+    def test_tailEvictedFirst(self) -> None:
+        """A new sequence evicts an older one's tail before its head."""
+        cache = PrefixCache(4)
+        cache.insert([b"a", b"b", b"c"])
+        cache.insert([b"x", b"y"])
+        self.assertEqual(cache.match([b"a", b"b", b"c"]), 2)

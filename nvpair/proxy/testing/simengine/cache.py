@@ -35,17 +35,20 @@ class PrefixCache:
         for digest in digests:
             if digest not in blocks:
                 break
-            blocks.move_to_end(digest)
             n += 1
+        for digest in reversed(digests[:n]):
+            blocks.move_to_end(digest)
         return n
 
     def insert(self, digests: Sequence[bytes]) -> None:
         """Hold ``digests`` (most recently used), evicting the least recently used past capacity.
 
-        A prompt longer than the whole cache keeps its last blocks, as an LRU would.
+        A sequence's blocks are touched last first, so its first block is the most recent
+        and, under pressure, a prefix outlives its tail (as vLLM frees a request's blocks
+        tail first); a prompt longer than the whole cache keeps its leading blocks.
         """
         blocks = self._blocks
-        for digest in digests:
+        for digest in reversed(digests):
             if digest in blocks:
                 blocks.move_to_end(digest)
             else:
