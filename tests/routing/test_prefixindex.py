@@ -1,88 +1,82 @@
-"""The prefix index: canonical prompt text, chained block digests, per-node LRU and bounds."""
+"""The prefix index: chained block digests of prompts, per-node LRU and its bounds."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.routing.prefixindex import (
-    BLOCK_CHARS,
-    MAX_BLOCKS,
-    MIN_NODE_BLOCKS,
-    PrefixIndex,
-    blockDigests,
-    promptText,
-)
+from nvpair.proxy.routing.affinity import AffinityKey, keyFor
+from nvpair.proxy.routing.prefixindex import MAX_BLOCKS, MIN_NODE_CHARS, PrefixIndex
 
-SYSTEM = "You are the helpful assistant of ACME. " * 40  # about 1.6k characters: 6 blocks
+CHAT = b"/v1/chat/completions"
+SYSTEM = "You are the helpful assistant of ACME. " * 40  # 1,560 characters
 
 
-def messages(system: str, *user: str) -> list[dict[str, str]]:
-    """The system prompt then the users' messages."""
-    return [{"role": "system", "content": system}] + [
-        {"role": "user", "content": text} for text in user
-    ]
+def chat(system: str, *turns: str) -> list[dict[str, str]]:
+    """The system prompt then alternating user and assistant messages."""
+    messages = [{"role": "system", "content": system}]
+    for i, text in enumerate(turns):
+        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
+    return messages
 
 
-def chat(system: str, *user: str) -> dict[str, object]:
-    """A chat body: the system prompt then the users' messages."""
-    return {"model": "m", "messages": messages(system, *user)}
+def key(doc: dict[str, object], path: bytes = CHAT) -> AffinityKey:
+    found = keyFor("llamacpp", "m", path, doc)
+    assert found is not None
+    return found
 
 
-def blocksOf(doc: Any, kind: str = "chat") -> tuple[int, ...]:
-    text = promptText(kind, doc)
-    assert text is not None
-    return blockDigests(7, text)
+def chatKey(system: str, *turns: str) -> AffinityKey:
+    return key({"messages": chat(system, *turns)})
+
+
+def synthetic(seed: int, count: int, size: int = 100) -> tuple[list[int], list[int]]:
+    """``count`` chained digests of ``size``-character blocks and their ends."""
+    blocks, digest = [], seed
+    for _ in range(count):
+        digest = hash((digest, "block"))
+        blocks.append(digest)
+    return blocks, [size * (i + 1) for i in range(count)]
 
 
 class BlockTests(SynchronousTestCase):
-    """Block digests chain, so requests agreeing on their leading text share leading blocks."""
+    """Block digests chain, so requests agreeing on their leading material share blocks."""
 
     def test_sharedSystemPromptSharesBlocks(self) -> None:
-        """Two users of one tenant share the blocks their system prompt fills; another
-        tenant's system prompt shares none."""
-        alice = blocksOf(chat(SYSTEM, "alice asks about invoices " * 20))
-        bob = blocksOf(chat(SYSTEM, "bob wants a refund " * 20))
-        other = blocksOf(chat("You are the assistant of Globex. " * 50, "alice " * 50))
-        shared = len(SYSTEM) // BLOCK_CHARS
-        self.assertEqual(alice[:shared], bob[:shared])
-        self.assertNotEqual(alice[shared + 1 :], bob[shared + 1 : len(alice)])
-        self.assertFalse(set(alice) & set(other))
+        """Two users of one tenant share the system prompt's block; another tenant's
+        system prompt shares none; each block ends where its message does."""
+        alice = chatKey(SYSTEM, "alice asks about invoices")
+        bob = chatKey(SYSTEM, "bob wants a refund")
+        other = chatKey("You are the assistant of Globex.", "alice asks about invoices")
+        self.assertEqual(alice.blocks[0], bob.blocks[0])
+        self.assertNotEqual(alice.blocks[1], bob.blocks[1])
+        self.assertFalse(set(alice.blocks) & set(other.blocks))
+        self.assertEqual(alice.ends, (len("system") + len(SYSTEM), alice.ends[0] + 4 + 25))
+        self.assertEqual(alice.chars, alice.ends[-1])
 
     def test_laterTurnExtendsEarlier(self) -> None:
-        """A later turn's blocks start with every whole block of the earlier turn."""
-        turn = messages(SYSTEM, "question one " * 30)
-        first = {"messages": turn}
-        second = {
-            "messages": [
-                *turn,
-                {"role": "assistant", "content": "answer one " * 30},
-                {"role": "user", "content": "question two"},
-            ]
-        }
-        earlier, later = blocksOf(first), blocksOf(second)
-        self.assertEqual(later[: len(earlier)], earlier)
-        self.assertGreater(len(later), len(earlier))
+        """A later turn's blocks start with every block of the earlier turn."""
+        earlier = chatKey(SYSTEM, "question one")
+        later = chatKey(SYSTEM, "question one", "answer one", "question two")
+        self.assertEqual(later.blocks[: len(earlier.blocks)], earlier.blocks)
+        self.assertEqual(len(later.blocks), 4)
 
-    def test_promptAndResponses(self) -> None:
-        """Completion prompts key after their system text; responses after instructions;
-        a prompt shorter than a block has no blocks; other shapes have no text."""
-        text = "document " * 100
-        plain = blocksOf({"prompt": text}, "prompt")
-        self.assertEqual(len(plain), len(text) // BLOCK_CHARS)
-        self.assertEqual(blocksOf({"prompt": [text]}, "prompt"), plain)
-        self.assertNotEqual(blocksOf({"prompt": text, "system": "s"}, "prompt"), plain)
-        self.assertEqual(blocksOf({"input": text}, "responses"), plain)
-        self.assertEqual(blocksOf({"prompt": "short"}, "prompt"), ())
-        self.assertIsNone(promptText("prompt", {"prompt": [1]}))
-        self.assertIsNone(promptText("chat", {"messages": "x"}))
+    def test_promptText(self) -> None:
+        """Prompt text blocks are its 256·2^k-character prefixes then the whole text: a
+        longer prompt sharing a document shares its leading blocks."""
+        document = "x" * 1100
+        short = key({"prompt": document}, b"/v1/completions")
+        longer = key({"prompt": document + "and a question"}, b"/v1/completions")
+        self.assertEqual(short.ends, (256, 512, 1024, 1100))
+        self.assertEqual(longer.blocks[:3], short.blocks[:3])
+        self.assertNotEqual(longer.blocks[3], short.blocks[3])
+        exact = key({"prompt": "y" * 512}, b"/api/generate")
+        self.assertEqual(exact.ends, (256, 512))
 
     def test_blocksCapped(self) -> None:
-        """A huge prompt hashes at most ``MAX_BLOCKS`` blocks, integers only."""
-        digests = blockDigests(1, "x" * (BLOCK_CHARS * (MAX_BLOCKS + 50)))
-        self.assertEqual(len(digests), MAX_BLOCKS)
-        self.assertTrue(all(type(d) is int for d in digests))
+        """A long history counts at most ``MAX_BLOCKS`` blocks, integers only."""
+        long = chatKey(SYSTEM, *(f"turn {i}" for i in range(MAX_BLOCKS + 50)))
+        self.assertEqual(len(long.blocks), MAX_BLOCKS)
+        self.assertTrue(all(type(d) is int for d in long.blocks))
 
 
 class IndexTests(SynchronousTestCase):
@@ -91,38 +85,38 @@ class IndexTests(SynchronousTestCase):
     def test_longestMatchPerNode(self) -> None:
         """Each node scores its longest matched prefix; a node holding none is absent."""
         index = PrefixIndex()
-        alice = blocksOf(chat(SYSTEM, "alice " * 100))
-        bob = blocksOf(chat(SYSTEM, "bob " * 100))
-        index.record("A", alice)
-        index.record("B", alice[:2])
-        shared = len(SYSTEM) // BLOCK_CHARS
-        self.assertEqual(index.matches(bob), {"A": shared, "B": 2})
-        self.assertEqual(index.matches(alice), {"A": len(alice), "B": 2})
-        self.assertEqual(index.matches(blocksOf(chat("other " * 100))), {})
-        self.assertEqual(index.roots("A"), 1)
+        alice = chatKey(SYSTEM, "alice", "answer", "more")
+        bob = chatKey(SYSTEM, "bob")
+        index.record("A", alice.blocks, alice.ends)
+        index.record("B", alice.blocks[:1], alice.ends[:1])
+        self.assertEqual(index.matches(bob.blocks), {"A": 1, "B": 1})
+        self.assertEqual(index.matches(alice.blocks), {"A": 4, "B": 1})
+        self.assertEqual(index.matches(chatKey("other").blocks), {})
+        self.assertEqual(index.matches(()), {})
+        self.assertEqual((index.roots("A"), index.heldChars("A")), (1, alice.chars))
 
     def test_nodeBoundDropsDeepestFirst(self) -> None:
-        """Past a node's bound its least recently served blocks go, deepest first, so what
-        it keeps of a prefix is always a leading part."""
-        index = PrefixIndex(nodeBlocks=10)
-        old = blockDigests(1, "o" * BLOCK_CHARS * 8)
-        new = blockDigests(2, "n" * BLOCK_CHARS * 6)
-        index.record("A", old)
-        index.record("A", new)
-        self.assertEqual(index.held("A"), 10)
+        """Past a node's bound (characters) its least recently served blocks go, deepest
+        first, so what it keeps of a prefix is always a leading part."""
+        index = PrefixIndex(nodeChars=1000)
+        old, oldEnds = synthetic(1, 8)
+        new, newEnds = synthetic(2, 6)
+        index.record("A", old, oldEnds)
+        index.record("A", new, newEnds)
+        self.assertEqual(index.heldChars("A"), 1000)
         self.assertEqual(index.matches(old), {"A": 4})
         self.assertEqual(index.matches(new), {"A": 6})
         for seed in range(1000):
-            index.record("A", blockDigests(seed + 10, "z" * BLOCK_CHARS * 3))
-            self.assertLessEqual(index.held("A"), 10)
+            index.record("A", *synthetic(seed + 10, 3))
+            self.assertLessEqual(index.heldChars("A"), 1000)
         self.assertEqual(len(index), 10)
 
     def test_totalAndNodeCountBounded(self) -> None:
         """Past the global bound the largest node gives blocks up; past the node bound the
         least recently recorded node is forgotten; memory stays constant."""
-        index = PrefixIndex(nodeBlocks=100, maxTotal=150, maxNodes=4)
+        index = PrefixIndex(nodeChars=10_000, maxTotal=150, maxNodes=4)
         for i in range(2000):
-            index.record(f"n{i % 7}", blockDigests(i, "y" * BLOCK_CHARS * 5))
+            index.record(f"n{i % 7}", *synthetic(i, 5))
             self.assertLessEqual(len(index), 150)
             self.assertLessEqual(index.nodeCount(), 4)
         self.assertEqual(index.nodeIds(), ["n1", "n2", "n3", "n4"])  # i = 1996..1999
@@ -131,38 +125,37 @@ class IndexTests(SynchronousTestCase):
     def test_capacityFromEngine(self) -> None:
         """A reported context shrinks a node's bound (never under the minimum, never over
         the default), dropping what no longer fits."""
-        index = PrefixIndex(nodeBlocks=500)
-        index.record("A", blockDigests(1, "a" * BLOCK_CHARS * 300))
-        index.setCapacity("A", 8192)  # 32 Ki characters: 128 blocks
-        self.assertEqual(index.bound("A"), 128)
-        self.assertEqual(index.held("A"), 128)
+        index = PrefixIndex(nodeChars=100_000)
+        index.record("A", *synthetic(1, 900))  # 90,000 characters
+        index.setCapacity("A", 8192)  # 32 Ki characters
+        self.assertEqual(index.bound("A"), 32768)
+        self.assertLessEqual(index.heldChars("A"), 32768)
         index.setCapacity("A", 10)
-        self.assertEqual(index.bound("A"), MIN_NODE_BLOCKS)
+        self.assertEqual(index.bound("A"), MIN_NODE_CHARS)
         index.setCapacity("A", 10**9)
-        self.assertEqual(index.bound("A"), 500)
+        self.assertEqual(index.bound("A"), 100_000)
 
     def test_dropOlderOnMiss(self) -> None:
         """A confirmed miss drops everything the node served no later than the missed
         prefix, and keeps what it served since."""
         index = PrefixIndex()
-        a = blockDigests(1, "a" * BLOCK_CHARS * 4)
-        b = blockDigests(2, "b" * BLOCK_CHARS * 4)
-        c = blockDigests(3, "c" * BLOCK_CHARS * 4)
-        index.record("A", a)
-        stamp = index.record("A", b)
-        index.record("A", c)
-        self.assertEqual(index.stampOf("A", b[0]), stamp)
+        a, b, c = synthetic(1, 4), synthetic(2, 4), synthetic(3, 4)
+        index.record("A", *a)
+        stamp = index.record("A", *b)
+        index.record("A", *c)
+        self.assertEqual(index.stampOf("A", b[0][0]), stamp)
         self.assertEqual(index.dropOlder("A", stamp), 8)
-        self.assertEqual(index.matches(a), {})
-        self.assertEqual(index.matches(b), {})
-        self.assertEqual(index.matches(c), {"A": 4})
+        self.assertEqual(index.matches(a[0]), {})
+        self.assertEqual(index.matches(b[0]), {})
+        self.assertEqual(index.matches(c[0]), {"A": 4})
         self.assertEqual(index.dropped, 8)
 
-    def test_retainForgetsLeftNodes(self) -> None:
+    def test_forgetLeftNodes(self) -> None:
         """Nodes that left the fleet are forgotten with their blocks."""
         index = PrefixIndex()
-        index.record("A", blockDigests(1, "a" * BLOCK_CHARS * 2))
-        index.record("B", blockDigests(1, "a" * BLOCK_CHARS * 2))
-        index.retain(["B"])
+        index.record("A", *synthetic(1, 2))
+        index.record("B", *synthetic(1, 2))
+        index.forget("A")
+        index.forget("C")
         self.assertEqual(index.nodeIds(), ["B"])
         self.assertEqual(len(index), 2)

@@ -14,7 +14,6 @@ from nvpair.proxy.routing.engineprobe import EngineReport
 from nvpair.proxy.routing.enginestates import EngineStates
 from nvpair.proxy.routing.interfaces import IEngineStates
 from nvpair.proxy.routing.nodes import Node
-from nvpair.proxy.routing.prefixindex import BLOCK_CHARS
 from nvpair.proxy.routing.prefixplace import RECOMPUTE_CHARS, Placed, confirmedMiss
 from nvpair.proxy.routing.reservations import ReservationMap
 
@@ -88,7 +87,7 @@ class PrefixTests(SynchronousTestCase):
         key = request(system, "first question " * 30)
         home, _ = fleet.place(key)
         other = next(n for n in NODES if n.id != home)
-        fleet.affinity.index.record(other.id, key.blocks[:6])
+        fleet.affinity.index.record(other.id, key.blocks[:1], key.ends[:1])
         doc = {
             "model": "m",
             "messages": [
@@ -114,14 +113,14 @@ class SlotTests(SynchronousTestCase):
         home, _ = fleet.place(key)
         for node in NODES:
             fleet.report(node.id, busy=2 if node.id == home else 0)
-        self.assertGreater(len(key.blocks) * BLOCK_CHARS, RECOMPUTE_CHARS)
+        self.assertGreater(key.ends[0], RECOMPUTE_CHARS)
         self.assertEqual(fleet.place(request(tenantPrompt(1), "other user")), (home, Placed.HIT))
 
     def test_fullHolderLosesShortPrefix(self) -> None:
         """A short cached prefix on a full node goes to an owner with a free slot; slots
         taken by clients the proxy does not see count (only the engine's state shows them)."""
         fleet = Fleet()
-        short = "Be brief. " * 30  # 300 characters: one block
+        short = "Be brief. " * 80  # 800 characters: worth a match, cheap to recompute
         home, _ = fleet.place(request(short, "x"))
         for node in NODES:
             fleet.report(node.id, busy=2 if node.id == home else 1)
@@ -145,12 +144,23 @@ class SlotTests(SynchronousTestCase):
         self.assertEqual(fleet.states.availableSlots("A"), 1)
 
     def test_newTenantAvoidsFullEngines(self) -> None:
-        """A new prompt family goes only to engines with a free slot."""
+        """A new prompt family goes to an engine with a free slot while that keeps the
+        families within ``ROOT_SLACK`` of even; beyond, evenness wins (it waits once, and
+        its family stays spread)."""
         fleet = Fleet()
         for node in NODES:
             fleet.report(node.id, busy=2 if node.id != "C" else 1)
-        for tenant in range(6):
-            self.assertEqual(fleet.place(request(tenantPrompt(tenant), "hi"), serve=False)[0], "C")
+        placed = [fleet.place(request(tenantPrompt(t), "hi"), serve=False)[0] for t in range(6)]
+        self.assertEqual(placed[:2], ["C", "C"])
+        self.assertNotIn("C", placed[2:5])
+        self.assertEqual(sorted(placed[2:5]), ["A", "B", "D"])
+
+    def test_shortPromptsHaveNoFamily(self) -> None:
+        """Prompts shorter than ``MIN_MATCH_CHARS`` sharing a one-line system prompt are not
+        grouped: they spread by load and rendezvous as conversations always did."""
+        fleet = Fleet(states=False)
+        nodes = {fleet.place(request("be brief", f"topic {i}"))[0] for i in range(40)}
+        self.assertEqual(nodes, {"A", "B", "C", "D"})
 
     def test_loadedModelFirst(self) -> None:
         """An engine that says the model is not loaded comes after one that has it."""
@@ -183,8 +193,9 @@ class MissTests(SynchronousTestCase):
 
     def test_confirmedMissRule(self) -> None:
         """Under half the expected cached share is a miss; near it, a hit."""
-        self.assertTrue(confirmedMiss(8, 8 * BLOCK_CHARS, 500, 10))
-        self.assertFalse(confirmedMiss(8, 8 * BLOCK_CHARS, 500, 400))
+        self.assertTrue(confirmedMiss(2000, 2000, 500, 10))
+        self.assertTrue(confirmedMiss(1000, 2000, 500, 124))
+        self.assertFalse(confirmedMiss(1000, 2000, 500, 126))
         self.assertFalse(confirmedMiss(0, 100, 500, 0))
 
     def test_missDropsStaleEntries(self) -> None:

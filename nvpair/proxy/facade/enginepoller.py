@@ -61,6 +61,7 @@ class EnginePoller(Service):
         states: EngineStates,
         active: Callable[[], bool],
         onReport: Callable[[str, EngineReport], None] | None = None,
+        onForget: Callable[[str], None] | None = None,
     ) -> None:
         self.engine = engine
         self.name = f"engine-state-{engine.id}"
@@ -69,6 +70,7 @@ class EnginePoller(Service):
         self.states = states
         self.active = active
         self.onReport = onReport
+        self.onForget = onForget
         self.backends: dict[str, _Backend] = {}
         self.lastActive: float | None = None
         self._loop: task.LoopingCall | None = None
@@ -83,6 +85,8 @@ class EnginePoller(Service):
             if backend.asking is not None:
                 backend.asking.cancel()
             self.states.forget(url)
+            if self.onForget is not None:
+                self.onForget(url)
         for url in wanted:
             if url not in self.backends:
                 self.backends[url] = _Backend(url, now)
@@ -231,6 +235,7 @@ def startEngineState(
         states,
         active=lambda: bool(context.exchanges),
         onReport=reported,
+        onForget=None if index is None else index.forget,
     )
     poller.setServiceParent(parent)
     return poller

@@ -31,8 +31,15 @@ from twisted.internet.interfaces import IReactorTime
 
 from nvpair.proxy.routing.candidates import Node, toFront
 from nvpair.proxy.routing.enginestates import EngineStates
-from nvpair.proxy.routing.prefixindex import PrefixIndex, blockDigests, promptText
-from nvpair.proxy.routing.prefixplace import RESULTS, Placed, choose, confirmedMiss, servedStats
+from nvpair.proxy.routing.prefixindex import MAX_BLOCKS, PrefixIndex
+from nvpair.proxy.routing.prefixplace import (
+    RESULTS,
+    Placed,
+    choose,
+    confirmedMiss,
+    familyRoot,
+    servedStats,
+)
 from nvpair.proxy.routing.reservations import ReservationMap
 
 __all__ = [
@@ -66,24 +73,30 @@ ROUTES: dict[bytes, str] = {
 
 class AffinityKey:
     """One request's digests: looked up (longest first), recorded at commit, spread by; its
-    prompt's block digests and length (prefix index), and what placement expected of the
-    node it chose (node, matched blocks, index stamp) until a confirmed hit or miss."""
+    prompt's chained block digests with where each block ends (characters) for the prefix
+    index, and what placement expected of the node it chose (node, matched blocks, index
+    stamp) until the engine confirms a hit or a miss."""
 
-    __slots__ = ("lookups", "records", "spread", "blocks", "chars", "expect")
+    __slots__ = ("lookups", "records", "spread", "blocks", "ends", "expect")
 
     def __init__(
         self,
         lookups: tuple[int, ...],
         records: tuple[int, ...],
         blocks: tuple[int, ...] = (),
-        chars: int = 0,
+        ends: tuple[int, ...] = (),
     ) -> None:
         self.lookups = lookups
         self.records = records
         self.spread = records[0]
         self.blocks = blocks
-        self.chars = chars
+        self.ends = ends
         self.expect: tuple[str, int, int] | None = None
+
+    @property
+    def chars(self) -> int:
+        """The characters of prompt material the blocks cover."""
+        return self.ends[-1] if self.ends else 0
 
 
 def _messagePart(message: object) -> object:
@@ -99,14 +112,22 @@ def _chatKey(seed: int, messages: object) -> AffinityKey | None:
     if type(messages) is not list or not messages or len(messages) > MAX_MESSAGES:
         return None
     digest = seed
-    first = len(messages) - MAX_LOOKUPS
-    lookups: list[int] = []
-    for index, message in enumerate(messages):
-        digest = hash((digest, _messagePart(message)))
-        if index >= first:
-            lookups.append(digest)
-    lookups.reverse()
-    return AffinityKey(tuple(lookups), (digest,))
+    blocks: list[int] = []
+    ends: list[int] = []
+    size = 0
+    for message in messages:  # one block per message, chained
+        part = _messagePart(message)
+        digest = hash((digest, part))
+        if type(part) is tuple:
+            size += len(part[0]) + len(part[1])
+        elif type(part) is str:
+            size += len(part)
+        blocks.append(digest)
+        ends.append(size)
+    lookups = blocks[: -MAX_LOOKUPS - 1 : -1]
+    return AffinityKey(
+        tuple(lookups), (digest,), tuple(blocks[:MAX_BLOCKS]), tuple(ends[:MAX_BLOCKS])
+    )
 
 
 def _promptKey(seed: int, prompt: str) -> AffinityKey | None:
@@ -114,13 +135,19 @@ def _promptKey(seed: int, prompt: str) -> AffinityKey | None:
         return None
     whole = hash((seed, prompt))
     aligned: list[int] = []
+    lengths: list[int] = []
     length = PROMPT_BLOCK
     while length <= len(prompt):  # every slice together copies under twice the prompt
         aligned.append(hash((seed, prompt[:length])))
+        lengths.append(length)
         length *= 2
+    blocks, ends = list(aligned), list(lengths)  # the prefixes, then the whole text
+    if not lengths or lengths[-1] != len(prompt):
+        blocks.append(whole)
+        ends.append(len(prompt))
     aligned.reverse()
     records = (whole, aligned[0]) if aligned else (whole,)
-    return AffinityKey((whole, *aligned[: MAX_LOOKUPS - 1]), records)
+    return AffinityKey((whole, *aligned[: MAX_LOOKUPS - 1]), records, tuple(blocks), tuple(ends))
 
 
 def keyFor(engineId: str, model: str, path: bytes, doc: object) -> AffinityKey | None:
@@ -128,13 +155,7 @@ def keyFor(engineId: str, model: str, path: bytes, doc: object) -> AffinityKey |
     kind = ROUTES.get(path)
     if kind is None or type(doc) is not dict:
         return None
-    key = _keyOf(kind, hash(("nvpair-affinity", engineId, model)), doc)
-    if key is not None:
-        text = promptText(kind, doc)
-        if text is not None:
-            key.chars = len(text)
-            key.blocks = blockDigests(hash(("nvpair-prefix", engineId, model)), text)
-    return key
+    return _keyOf(kind, hash(("nvpair-affinity", engineId, model)), doc)
 
 
 def _keyOf(kind: str, seed: int, doc: dict[str, object]) -> AffinityKey | None:
@@ -241,6 +262,7 @@ class Affinity:
         choice = choose(
             ordered,
             key.blocks,
+            key.ends,
             key.spread,
             home,
             reservations.estimatedLoad,
@@ -256,19 +278,23 @@ class Affinity:
         if choice.matched:
             stamp = index.stampOf(chosen.id, key.blocks[choice.matched - 1])
             if stamp is not None:
-                key.expect = (chosen.id, choice.matched, stamp)
+                key.expect = (chosen.id, key.ends[choice.matched - 1], stamp)
+        if key.blocks:
+            # Held from now on (the engine holds the prompt once it has read it): the next
+            # request of this family, even one arriving before this one commits, finds it.
+            index.record(chosen.id, key.blocks, key.ends, familyRoot(key.ends))
         toFront(ordered, choice.position)
         return chosen
 
     def served(self, key: AffinityKey, nodeId: str) -> None:
         """``nodeId`` committed this request: it is the conversation's home now, and holds
-        the request's blocks."""
+        the request's blocks (recorded when placed, again here after a failover)."""
         for digest in key.records:
             self.table.record(digest, nodeId)
-        if key.blocks:
-            self.index.record(nodeId, key.blocks)
         if key.expect is not None and key.expect[0] != nodeId:
             key.expect = None  # failed over: the node that served was expected nothing
+        if key.blocks and self.index.stampOf(nodeId, key.blocks[0]) is None:
+            self.index.record(nodeId, key.blocks, key.ends, familyRoot(key.ends))
 
     def ended(self, key: AffinityKey, nodeId: str, prompt: int, cached: int) -> None:
         """The engine of ``nodeId`` reported ``cached`` of ``prompt`` prompt tokens cached:

@@ -1,11 +1,14 @@
 """Where a standalone inference request goes among its owners (spec §11.1): the cached prefix
 weighed against free slots and loaded models.
 
-Per owner: *matched*, its longest cached prefix of the request (prefix index, in blocks; the
-conversation's home from the affinity table counts too), *room* (a free slot as the engine
+Per owner: *matched*, its longest cached prefix of the request (prefix index, in characters;
+the conversation's home from the affinity table breaks ties), *room* (a free slot as the engine
 last reported it less our reservations since, ``EngineStates.availableSlots``; where the
 engine's slots are unknown, a load within ``maxImbalance`` of the least-loaded owner's), and
 *loaded* (False only when the engine says the model is not loaded).
+
+A cached prefix shorter than ``MIN_MATCH_CHARS`` does not count (a one-line system prompt
+shared by everyone groups nothing worth grouping).
 
 1. Some owner holds a prefix: the best by (not unloaded, matched, is home) is chosen if it has
    room, or if no owner has room.  Otherwise the best owner that has room (by not unloaded,
@@ -14,10 +17,15 @@ engine's slots are unknown, a load within ``maxImbalance`` of the least-loaded o
    ``RECOMPUTE_CHARS`` characters (recomputing that costs less than waiting for a slot);
    else the request waits for the best.
 2. No owner holds a prefix (a new prompt family: a new tenant's system prompt, a new
-   conversation): among the owners with room (all when none has), not unloaded first, the
-   one holding the fewest prompt families (distinct first blocks) so tenants spread evenly,
-   then the least loaded, ties by rendezvous hashing on the first block's digest (on the
-   whole request's digest for a prompt shorter than a block).
+   conversation): among the owners not unloaded, those holding the fewest prompt families
+   (distinct family blocks: a request's first block ending at ``MIN_MATCH_CHARS`` or later)
+   that have room; failing that, those holding at most
+   ``ROOT_SLACK`` more families that have room; failing that, the fewest-family ones.
+   Then the least loaded, ties by rendezvous hashing on the family block's digest.  So
+   tenants spread evenly over the engines (within ``ROOT_SLACK``), and a full engine gets
+   a new family only when the engines about as loaded with families are full too.  A
+   prompt shorter than ``MIN_MATCH_CHARS`` has no family: the least loaded owner with room,
+   ties by rendezvous on the whole request's digest (as conversation affinity always did).
 """
 
 from __future__ import annotations
@@ -26,14 +34,16 @@ from collections.abc import Callable, Sequence
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
-from nvpair.proxy.routing.prefixindex import BLOCK_CHARS, PrefixIndex
+from nvpair.proxy.routing.prefixindex import PrefixIndex
 
 if TYPE_CHECKING:
     from nvpair.proxy.routing.enginestates import EngineStates
     from nvpair.proxy.routing.nodes import Node
 
 RECOMPUTE_CHARS = 2048  # about 512 tokens: recomputing less than this beats waiting
+MIN_MATCH_CHARS = 512  # a shorter cached prefix (about 128 tokens) is not worth a placement
 RENDEZVOUS_SCAN = 64  # owners scored per new prompt family, at most
+ROOT_SLACK = 1  # families more than the fewest an engine with room may take a new one at
 MISS_SHARE = 0.5  # a reported cached share under half the expected one is a miss
 
 _MASK = (1 << 64) - 1
@@ -74,6 +84,7 @@ class Choice:
 def choose(
     ordered: Sequence[Node],
     blocks: Sequence[int],
+    ends: Sequence[int],
     spread: int,
     home: str | None,
     load: Callable[[str], float],
@@ -86,7 +97,7 @@ def choose(
     """Choose among ``ordered`` (non-empty) by the rules above."""
     loads = [load(node.id) for node in ordered]
     least = min(loads)
-    matches = index.matches(blocks) if blocks else {}
+    matches = index.matches(blocks)
     count = len(ordered)
     room: list[bool] = []
     ready: list[int] = []
@@ -96,6 +107,9 @@ def choose(
         loaded = None if states is None or model is None else states.modelLoaded(node.id, model)
         ready.append(0 if loaded is False else 1)
     matched = [matches.get(node.id, 0) for node in ordered]
+    for position, held in enumerate(matched):
+        if held and ends[held - 1] < MIN_MATCH_CHARS:
+            matched[position] = 0
     best = -1
     bestScore: tuple[int, int, bool] = (0, 0, False)
     for position in range(count):
@@ -108,18 +122,39 @@ def choose(
         if room[best] or not any(room):
             return Choice(best, Placed.HIT, matched[best])
         alt = _pick(ordered, [i for i in range(count) if room[i]], ready, matched, loads, spread)
-        extra = (matched[best] - matched[alt]) * BLOCK_CHARS
+        extra = _chars(ends, matched[best]) - _chars(ends, matched[alt])
         if ready[alt] >= ready[best] and extra <= recomputeChars:
             return Choice(alt, Placed.OVERRIDDEN, matched[alt])
         return Choice(best, Placed.HIT, matched[best])
-    pool = [i for i in range(count) if room[i]] or list(range(count))
-    top = max(ready[i] for i in pool)
-    pool = [i for i in pool if ready[i] == top]
-    if blocks:
-        fewest = min(index.roots(ordered[i].id) for i in pool)
-        pool = [i for i in pool if index.roots(ordered[i].id) == fewest]
-    root = blocks[0] if blocks else spread
-    return Choice(_pick(ordered, pool, ready, None, loads, root), Placed.MISS, 0)
+    top = max(ready)
+    pool = [i for i in range(count) if ready[i] == top]
+    root = familyRoot(ends)
+    if root is not None:
+        roots = [index.roots(ordered[i].id) for i in range(count)]
+        fewest = min(roots[i] for i in pool)
+        pool = (
+            [i for i in pool if roots[i] == fewest and room[i]]
+            or [i for i in pool if roots[i] <= fewest + ROOT_SLACK and room[i]]
+            or [i for i in pool if roots[i] == fewest]
+        )
+    else:
+        pool = [i for i in pool if room[i]] or pool
+    spreadBy = spread if root is None else blocks[root]
+    return Choice(_pick(ordered, pool, ready, None, loads, spreadBy), Placed.MISS, 0)
+
+
+def familyRoot(ends: Sequence[int]) -> int | None:
+    """The block that names a request's prompt family (what tenants share: the first block
+    ending at ``MIN_MATCH_CHARS`` or later), or None for a prompt shorter than that."""
+    for position, end in enumerate(ends):
+        if end >= MIN_MATCH_CHARS:
+            return position
+    return None
+
+
+def _chars(ends: Sequence[int], matched: int) -> int:
+    """The characters the first ``matched`` blocks cover."""
+    return ends[matched - 1] if matched else 0
 
 
 def _pick(
@@ -148,13 +183,13 @@ def _pick(
     return best
 
 
-def confirmedMiss(expectedBlocks: int, chars: int, prompt: int, cached: int) -> bool:
+def confirmedMiss(expectedChars: int, chars: int, prompt: int, cached: int) -> bool:
     """Whether an engine that reported ``cached`` of ``prompt`` tokens missed a prefix the
-    index expected it to hold (``expectedBlocks`` of a ``chars``-character prompt): its
+    index expected it to hold (``expectedChars`` of a ``chars``-character prompt): its
     cached share is under ``MISS_SHARE`` of the expected share."""
-    if expectedBlocks <= 0 or prompt <= 0 or chars <= 0:
+    if expectedChars <= 0 or prompt <= 0 or chars <= 0:
         return False
-    expected = min(1.0, expectedBlocks * BLOCK_CHARS / chars)
+    expected = min(1.0, expectedChars / chars)
     return cached / prompt < MISS_SHARE * expected
 
 
