@@ -102,6 +102,22 @@ class PrefixTests(SynchronousTestCase):
         self.assertEqual(fleet.place(later), (home, Placed.HIT))
 
 
+    def test_failoverRecordsWhereServed(self) -> None:
+        """Blocks are recorded where a request is placed, and where it commits after a
+        failover; the expectation of the placed node is dropped."""
+        fleet = Fleet(states=False)
+        index = fleet.affinity.index
+        key = request(tenantPrompt(5), "q")
+        placed, _ = fleet.place(key, serve=False)
+        self.assertEqual(index.matches(key.blocks), {placed: len(key.blocks)})
+        other = next(n.id for n in NODES if n.id != placed)
+        fleet.affinity.served(key, other)
+        self.assertEqual(
+            index.matches(key.blocks), {placed: len(key.blocks), other: len(key.blocks)}
+        )
+        self.assertIsNone(key.expect)
+
+
 class SlotTests(SynchronousTestCase):
     """Free slots as the engines report them decide between holding and moving."""
 

@@ -77,7 +77,7 @@ class AffinityKey:
     index, and what placement expected of the node it chose (node, matched blocks, index
     stamp) until the engine confirms a hit or a miss."""
 
-    __slots__ = ("lookups", "records", "spread", "blocks", "ends", "expect")
+    __slots__ = ("lookups", "records", "spread", "blocks", "ends", "expect", "placed")
 
     def __init__(
         self,
@@ -92,6 +92,7 @@ class AffinityKey:
         self.blocks = blocks
         self.ends = ends
         self.expect: tuple[str, int, int] | None = None
+        self.placed: str | None = None  # the node its blocks were recorded on when placed
 
     @property
     def chars(self) -> int:
@@ -283,6 +284,7 @@ class Affinity:
             # Held from now on (the engine holds the prompt once it has read it): the next
             # request of this family, even one arriving before this one commits, finds it.
             index.record(chosen.id, key.blocks, key.ends, familyRoot(key.ends))
+            key.placed = chosen.id
         toFront(ordered, choice.position)
         return chosen
 
@@ -293,7 +295,7 @@ class Affinity:
             self.table.record(digest, nodeId)
         if key.expect is not None and key.expect[0] != nodeId:
             key.expect = None  # failed over: the node that served was expected nothing
-        if key.blocks and self.index.stampOf(nodeId, key.blocks[0]) is None:
+        if key.blocks and key.placed != nodeId:
             self.index.record(nodeId, key.blocks, key.ends, familyRoot(key.ends))
 
     def ended(self, key: AffinityKey, nodeId: str, prompt: int, cached: int) -> None:
