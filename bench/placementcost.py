@@ -9,8 +9,9 @@ prompt, 19 alternating turns of ``--turn-words`` words); requests cycle over ten
 users, so each finds its tenant's prefix cached.  With ``--states`` (where the branch has
 them) the engines' states are fresh with free slots.  The same module runs against an older
 checkout (``PYTHONPATH=/work/main``): it uses only the API both share.  Prints µs per
-request (median and minimum of ``--rounds``: on a shared machine the minimum is the
-steadier figure) and ``BENCHJSON``.
+request in this process's CPU time (``time.process_time``: on a shared, loaded machine wall
+time mostly measures the other processes), median and minimum of ``--rounds``, and
+``BENCHJSON``.
 
     python -m bench.placementcost [--rounds 7] [--requests 5000] [--states]
 """
@@ -85,7 +86,7 @@ def measure(args: argparse.Namespace) -> float:
     gc.collect()
     gc.disable()
     try:
-        started = time.perf_counter()
+        started = time.process_time()
         for i in range(args.requests):
             doc = docs[i % count]
             key = keyFor("llamacpp", "m", PATH, doc)
@@ -94,7 +95,7 @@ def measure(args: argparse.Namespace) -> float:
             node = affinity.place(ordered, key, reservations, "llamacpp")
             assert node is not None
             affinity.served(key, node.id)
-        elapsed = time.perf_counter() - started
+        elapsed = time.process_time() - started
     finally:
         gc.enable()
     return elapsed / args.requests * 1e6

@@ -5,7 +5,7 @@ from __future__ import annotations
 from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.routing.affinity import AffinityKey, keyFor
-from nvpair.proxy.routing.prefixindex import MAX_BLOCKS, MIN_NODE_CHARS, PrefixIndex
+from nvpair.proxy.routing.prefixindex import MIN_NODE_CHARS, PrefixIndex
 
 CHAT = b"/v1/chat/completions"
 SYSTEM = "You are the helpful assistant of ACME. " * 40  # 1,560 characters
@@ -50,7 +50,7 @@ class BlockTests(SynchronousTestCase):
         self.assertEqual(alice.blocks[0], bob.blocks[0])
         self.assertNotEqual(alice.blocks[1], bob.blocks[1])
         self.assertFalse(set(alice.blocks) & set(other.blocks))
-        self.assertEqual(alice.ends, (len("system") + len(SYSTEM), alice.ends[0] + 4 + 25))
+        self.assertEqual(alice.ends, (len(SYSTEM), len(SYSTEM) + 25))
         self.assertEqual(alice.chars, alice.ends[-1])
 
     def test_laterTurnExtendsEarlier(self) -> None:
@@ -72,11 +72,17 @@ class BlockTests(SynchronousTestCase):
         exact = key({"prompt": "y" * 512}, b"/api/generate")
         self.assertEqual(exact.ends, (256, 512))
 
-    def test_blocksCapped(self) -> None:
-        """A long history counts at most ``MAX_BLOCKS`` blocks, integers only."""
-        long = chatKey(SYSTEM, *(f"turn {i}" for i in range(MAX_BLOCKS + 50)))
-        self.assertEqual(len(long.blocks), MAX_BLOCKS)
+    def test_blocksLogarithmic(self) -> None:
+        """A long history records few blocks: the first four messages, every 2^k-message
+        prefix and the last two turns' ends, so the next turn still meets the whole
+        earlier prompt; digests only."""
+        turns = [f"turn {i}" for i in range(599)]
+        long = chatKey(SYSTEM, *turns)
+        self.assertEqual(len(long.blocks), 13)  # 0-3, 7, 15, ..., 511, 597, 599
         self.assertTrue(all(type(d) is int for d in long.blocks))
+        later = chatKey(SYSTEM, *turns, "answer", "question")
+        self.assertIn(long.blocks[-1], later.blocks)
+        self.assertEqual(later.blocks[:11], long.blocks[:11])
 
 
 class IndexTests(SynchronousTestCase):

@@ -101,7 +101,6 @@ class PrefixTests(SynchronousTestCase):
         assert later is not None
         self.assertEqual(fleet.place(later), (home, Placed.HIT))
 
-
     def test_failoverRecordsWhereServed(self) -> None:
         """Blocks are recorded where a request is placed, and where it commits after a
         failover; the expectation of the placed node is dropped."""
@@ -158,6 +157,9 @@ class SlotTests(SynchronousTestCase):
         self.assertEqual(fleet.states.availableSlots("A"), 0)
         fleet.report("A", busy=1, total=2)
         self.assertEqual(fleet.states.availableSlots("A"), 1)
+        self.assertEqual(fleet.states.roomAndLoaded("A", "m"), (1, None))
+        fleet.clock.advance(2.5)
+        self.assertEqual(fleet.states.roomAndLoaded("A", "m"), (None, None))
 
     def test_newTenantAvoidsFullEngines(self) -> None:
         """A new prompt family goes to an engine with a free slot while that keeps the

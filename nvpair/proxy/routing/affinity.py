@@ -22,6 +22,7 @@ string, no copy or encoding of the text): a collision can only misplace a reques
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -109,25 +110,41 @@ def _messagePart(message: object) -> object:
     return json.dumps(message, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
+@functools.lru_cache(maxsize=MAX_MESSAGES)
+def _marks(count: int) -> tuple[int, ...]:
+    """Which message prefixes of a list of ``count`` messages are prefix-index blocks: the
+    first four (system prompt, shared documents), those of 2^k messages, and the last two
+    turns' ends (so a later turn finds the earlier turn's whole prompt)."""
+    marks = {i for i in range(min(count, 4))} | {count - 1}
+    length = 8
+    while length <= count:
+        marks.add(length - 1)
+        length *= 2
+    if count >= 3:
+        marks.add(count - 3)
+    return tuple(sorted(marks))[:MAX_BLOCKS]
+
+
 def _chatKey(seed: int, messages: object) -> AffinityKey | None:
     if type(messages) is not list or not messages or len(messages) > MAX_MESSAGES:
         return None
     digest = seed
-    blocks: list[int] = []
+    digests: list[int] = []
     ends: list[int] = []
+    addDigest, addEnd = digests.append, ends.append
     size = 0
-    for message in messages:  # one block per message, chained
+    for message in messages:  # chained: one digest per message prefix
         part = _messagePart(message)
         digest = hash((digest, part))
-        if type(part) is tuple:
-            size += len(part[0]) + len(part[1])
-        elif type(part) is str:
-            size += len(part)
-        blocks.append(digest)
-        ends.append(size)
-    lookups = blocks[: -MAX_LOOKUPS - 1 : -1]
+        size += len(part[1]) if type(part) is tuple else len(part)  # type: ignore[arg-type]
+        addDigest(digest)
+        addEnd(size)
+    marks = _marks(len(digests))
     return AffinityKey(
-        tuple(lookups), (digest,), tuple(blocks[:MAX_BLOCKS]), tuple(ends[:MAX_BLOCKS])
+        tuple(digests[: -MAX_LOOKUPS - 1 : -1]),
+        (digest,),
+        tuple([digests[i] for i in marks]),
+        tuple([ends[i] for i in marks]),
     )
 
 

@@ -127,6 +127,21 @@ class EngineStates:
         since = self.reservations.reservedCount(nodeId) - state.reservedAt
         return max(0, free - max(0, since))
 
+    def roomAndLoaded(self, nodeId: str, model: str | None) -> tuple[int | None, bool | None]:
+        """``availableSlots`` and ``modelLoaded`` (None without a model) in one read."""
+        state = self._states.get(nodeId)
+        if state is None or state.report is None:
+            return None, None
+        if self.clock.seconds() - state.at > 2 * state.interval:
+            return None, None
+        report = state.report
+        free: int | None = None
+        if report.busy is not None and report.total is not None:
+            since = self.reservations.reservedCount(nodeId) - state.reservedAt
+            free = max(0, report.total - report.busy - max(0, since))
+        loaded = None if model is None or report.loaded is None else model in report.loaded
+        return free, loaded
+
     def modelLoaded(self, nodeId: str, model: str) -> bool | None:
         report = self.fresh(nodeId)
         if report is None or report.loaded is None:

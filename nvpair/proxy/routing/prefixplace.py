@@ -95,33 +95,40 @@ def choose(
     recomputeChars: int = RECOMPUTE_CHARS,
 ) -> Choice:
     """Choose among ``ordered`` (non-empty) by the rules above."""
-    loads = [load(node.id) for node in ordered]
+    ids = [node.id for node in ordered]  # one pass: ``ordered`` may be a lazy view
+    count = len(ids)
+    loads = [load(nodeId) for nodeId in ids]
     least = min(loads)
     matches = index.matches(blocks)
-    count = len(ordered)
-    room: list[bool] = []
-    ready: list[int] = []
-    for position, node in enumerate(ordered):
-        free = None if states is None else states.availableSlots(node.id)
-        room.append(free > 0 if free is not None else loads[position] <= least + maxImbalance)
-        loaded = None if states is None or model is None else states.modelLoaded(node.id, model)
-        ready.append(0 if loaded is False else 1)
-    matched = [matches.get(node.id, 0) for node in ordered]
-    for position, held in enumerate(matched):
-        if held and ends[held - 1] < MIN_MATCH_CHARS:
-            matched[position] = 0
+    if states is None:
+        room = [value <= least + maxImbalance for value in loads]
+        ready = [1] * count
+    else:
+        room = []
+        ready = []
+        read = states.roomAndLoaded
+        for position, nodeId in enumerate(ids):
+            free, loaded = read(nodeId, model)
+            room.append(free > 0 if free is not None else loads[position] <= least + maxImbalance)
+            ready.append(0 if loaded is False else 1)
+    matched = [0] * count
     best = -1
     bestScore: tuple[int, int, bool] = (0, 0, False)
-    for position in range(count):
-        isHome = ordered[position].id == home
-        if matched[position] or isHome:
-            score = (ready[position], matched[position], isHome)
-            if best < 0 or score > bestScore:
-                best, bestScore = position, score
+    if matches or home is not None:
+        for position, nodeId in enumerate(ids):
+            held = matches.get(nodeId, 0)
+            if held and ends[held - 1] < MIN_MATCH_CHARS:
+                held = 0
+            matched[position] = held
+            isHome = nodeId == home
+            if held or isHome:
+                score = (ready[position], held, isHome)
+                if best < 0 or score > bestScore:
+                    best, bestScore = position, score
     if best >= 0:
         if room[best] or not any(room):
             return Choice(best, Placed.HIT, matched[best])
-        alt = _pick(ordered, [i for i in range(count) if room[i]], ready, matched, loads, spread)
+        alt = _pick(ids, [i for i in range(count) if room[i]], ready, matched, loads, spread)
         extra = _chars(ends, matched[best]) - _chars(ends, matched[alt])
         if ready[alt] >= ready[best] and extra <= recomputeChars:
             return Choice(alt, Placed.OVERRIDDEN, matched[alt])
@@ -130,7 +137,7 @@ def choose(
     pool = [i for i in range(count) if ready[i] == top]
     root = familyRoot(ends)
     if root is not None:
-        roots = [index.roots(ordered[i].id) for i in range(count)]
+        roots = [index.roots(nodeId) for nodeId in ids]
         fewest = min(roots[i] for i in pool)
         pool = (
             [i for i in pool if roots[i] == fewest and room[i]]
@@ -140,7 +147,7 @@ def choose(
     else:
         pool = [i for i in pool if room[i]] or pool
     spreadBy = spread if root is None else blocks[root]
-    return Choice(_pick(ordered, pool, ready, None, loads, spreadBy), Placed.MISS, 0)
+    return Choice(_pick(ids, pool, ready, None, loads, spreadBy), Placed.MISS, 0)
 
 
 def familyRoot(ends: Sequence[int]) -> int | None:
@@ -158,7 +165,7 @@ def _chars(ends: Sequence[int], matched: int) -> int:
 
 
 def _pick(
-    ordered: Sequence[Node],
+    ids: Sequence[str],
     pool: list[int],
     ready: list[int],
     matched: list[int] | None,
@@ -177,7 +184,7 @@ def _pick(
     for scanned, position in enumerate(i for i in pool if loads[i] == lightest):
         if scanned >= RENDEZVOUS_SCAN:
             break
-        score = mix(spread ^ hash(ordered[position].id))
+        score = mix(spread ^ hash(ids[position]))
         if best < 0 or score > bestScore:
             best, bestScore = position, score
     return best
