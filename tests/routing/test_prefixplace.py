@@ -11,7 +11,7 @@ from zope.interface.verify import verifyObject
 
 from nvpair.proxy.routing.affinity import Affinity, AffinityKey, keyFor, requestServed
 from nvpair.proxy.routing.engineprobe import EngineReport
-from nvpair.proxy.routing.enginestates import EngineStates
+from nvpair.proxy.routing.enginestates import MAX_LISTENERS, EngineStates
 from nvpair.proxy.routing.interfaces import IEngineStates
 from nvpair.proxy.routing.nodes import Node
 from nvpair.proxy.routing.prefixplace import RECOMPUTE_CHARS, Placed, confirmedMiss
@@ -204,6 +204,33 @@ class SlotTests(SynchronousTestCase):
         self.assertIsNone(fleet.states.freeSlots("A"))
         self.assertIsNone(fleet.states.totalSlots("A"))
         self.assertEqual(fleet.states.status()["A"]["state"], "unknown")
+
+    def test_subscribe(self) -> None:
+        """Listeners hear of each fresh probe (not of a failed one) until they unsubscribe;
+        their number is bounded."""
+        fleet = Fleet()
+        assert fleet.states is not None
+        heard: list[str] = []
+        unsubscribe = fleet.states.subscribe(heard.append)
+        fleet.report("A", busy=1)
+        fleet.states.record("B", None, 1.0, "/slots", "timed out")
+        unsubscribe()
+        fleet.report("C", busy=1)
+        self.assertEqual(heard, ["A"])
+        for _ in range(MAX_LISTENERS):
+            fleet.states.subscribe(heard.append)
+        self.assertRaises(ValueError, fleet.states.subscribe, heard.append)
+
+    def test_statesBounded(self) -> None:
+        """More backends than the bound: the rest stay unknown, their counts unkept."""
+        clock = Clock()
+        states = EngineStates(clock, ReservationMap(), maxNodes=3)
+        for i in range(10):
+            states.record(f"n{i}", EngineReport(busy=0, total=1), 1.0, "/slots")
+            states.served(f"n{i}", 10, 5)
+        self.assertEqual(sorted(states.status()), ["n0", "n1", "n2"])
+        self.assertIsNone(states.freeSlots("n9"))
+        self.assertIsNone(states.hitRatio("n9"))
 
 
 class MissTests(SynchronousTestCase):
