@@ -7,7 +7,8 @@ One ``EnginePoller`` per facade asks each of its backends the engine table's ``s
 doubling up to ``SLOW``.  A probe answered 404 or 501 moves that backend to the next probe
 path for good (llama.cpp without ``/slots`` falls back to ``/metrics``); one that fails, times
 out (``PROBE_TIMEOUT``), is malformed or too large is recorded as unknown.  A backend's
-problem is logged when it starts and when it ends, not at every poll.
+problem is logged when it starts and when it ends, not at every poll (a server that has
+no such endpoint at info level, any other problem as a warning).
 """
 
 from __future__ import annotations
@@ -202,7 +203,10 @@ class EnginePoller(Service):
         if not log:
             return
         if problem and backend.problem is None:
-            self.log.warn(
+            # A server without the endpoint is a setup, not a fault: said at info level.
+            unsupported = problem in ("status 404", "status 501")
+            emit = self.log.info if unsupported else self.log.warn
+            emit(
                 "engine-state-unknown", engine=self.engine.id, url=backend.url, probe=probe,
                 problem=problem,
             )  # fmt: skip
