@@ -195,19 +195,6 @@ class OpenAIAnswerTests(EngineTestCase):
         self.assertEqual(codes, [503, 429, 200])
         self.assertEqual(self.engine.behaviours, [])
 
-    async def test_stateProbesNotScripted(self) -> None:
-        """The proxy's engine-state probes get 404 (no such endpoint) without taking a
-        scripted behaviour or being recorded, so they cannot race a test's script."""
-        self.engine.script(Status(503))
-        for path in ("/slots", "/metrics", "/api/ps"):
-            probe = await self.http.get(self.engine.url + path)
-            await treq.content(probe)
-            self.assertEqual(probe.code, 404)
-        self.assertEqual((self.engine.requests, self.engine.requestCount), ([], 0))
-        answer = await self.post("/v1/chat/completions", CHAT)
-        await treq.content(answer)
-        self.assertEqual(answer.code, 503)
-
 
 class OllamaAnswerTests(EngineTestCase):
     """The Answer behaviour in the Ollama dialect."""
