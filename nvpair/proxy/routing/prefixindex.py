@@ -1,12 +1,14 @@
 """The prefix index (spec §11.1): which node recently served which leading blocks of prompts.
 
-A request's prompt material is cut in *blocks*, each with a digest chained over every block
-before it (``affinity.keyFor`` computes them), so two requests share block *i*'s digest
-exactly when their first *i*+1 blocks are equal: a shared system prompt, a shared document
-or an earlier turn all match by their leading blocks.  The block unit needs no tokenizer: on
-chat routes a block is one message (system prompt, each message in order, its size the
-characters of its role and content); for prompt text the blocks are its prefixes of
-256·2^k characters and the whole text.  At most ``MAX_BLOCKS`` blocks per request count.
+A request's prompt material is cut in *blocks*, each with a digest covering everything
+before it (``affinity.keyFor`` computes them), so two requests share a block's digest
+exactly when they agree up to its end: a shared system prompt, a shared document or an
+earlier turn all match by their leading blocks.  The block unit needs no tokenizer: on chat
+routes a block ends at a message boundary (the chained message digests the conversation
+keys compute anyway), taken after each of the first four messages, after 2^k messages, and
+after the last and the third-last message (so a later turn meets the earlier turn's whole
+prompt), its end counted in characters of content; for prompt text the blocks are its
+prefixes of 256·2^k characters and the whole text.  At most ``MAX_BLOCKS`` per request.
 
 ``PrefixIndex`` keeps, per node, the block digests it served most recently (an LRU bounded
 in characters by an estimate of what that engine can hold, ``NODE_CHARS`` by default) under
