@@ -74,7 +74,8 @@ def freePort() -> int:
         return int(s.getsockname()[1])
 
 
-def _readJSONLine(proc: subprocess.Popen[bytes], what: str, timeout: float) -> dict[str, Any]:
+def readJSONLine(proc: subprocess.Popen[bytes], what: str, timeout: float) -> dict[str, Any]:
+    """The first line ``proc`` writes on stdout, as JSON (its ready line), within ``timeout``."""
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout
     os.set_blocking(proc.stdout.fileno(), False)
@@ -157,7 +158,7 @@ def startEngine(chunks: int, chunkDelay: float = 0.0) -> Server:
         ],
         stdout=subprocess.PIPE,
     )
-    port = int(_readJSONLine(proc, "fake engine", 30)["port"])
+    port = int(readJSONLine(proc, "fake engine", 30)["port"])
     server = Server("direct", port, proc.pid, [proc])
     server.engineKind, server.extraEvents = "python", 2  # the usage event and [DONE]
     return server
@@ -180,7 +181,7 @@ http {{
     scgi_temp_path {out}/tmp/scgi;
     keepalive_requests 10000000;
     upstream engine {{
-        server 127.0.0.1:{engine};
+{servers}
         keepalive 256;
         keepalive_requests 10000000;
     }}
@@ -205,19 +206,22 @@ def nginxBinary() -> str | None:
     )
 
 
-def startNginx(enginePort: int, outDir: str, nofile: int) -> Server:
-    """nginx in the foreground, one process, its own config and temp dirs under ``outDir``."""
+def startNginx(enginePort: int | list[int], outDir: str, nofile: int) -> Server:
+    """nginx in the foreground, one process, its own config and temp dirs under ``outDir``;
+    several engine ports are balanced round robin (nginx's default)."""
     binary = nginxBinary()
     if binary is None:
         raise RuntimeError("nginx is not installed")
     port = freePort()
+    ports = enginePort if isinstance(enginePort, list) else [enginePort]
+    servers = "\n".join(f"        server 127.0.0.1:{p};" for p in ports)
     base = tempfile.mkdtemp(prefix="nginx-", dir=outDir)
     os.makedirs(os.path.join(base, "tmp"), exist_ok=True)
     conf = os.path.join(base, "nginx.conf")
     with open(conf, "w") as f:
         f.write(
             NGINX_CONF.format(
-                out=base, engine=enginePort, port=port, nofile=nofile, conns=max(1024, nofile - 64)
+                out=base, servers=servers, port=port, nofile=nofile, conns=max(1024, nofile - 64)
             )
         )
     proc = spawn([binary, "-e", os.path.join(base, "nginx-error.log"), "-p", base, "-c", conf])
@@ -246,7 +250,7 @@ def startProxyBroker(enginePort: int, maxConnections: int) -> Server:
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
-    info = _readJSONLine(proc, "scripted broker", 60)
+    info = readJSONLine(proc, "scripted broker", 60)
     server = Server("nvpair", int(info["port"]), int(info["pid"]), [proc])
     server.extraPids["broker"] = proc.pid
     waitForRoute(server.port)

@@ -237,7 +237,7 @@ def routingPhase(args: argparse.Namespace) -> dict[str, Any]:
     argv = [
         procs.PYTHON,
         "-m",
-        "bench.routing",
+        "bench.routingcost",
         "--rounds",
         str(max(3, args.rounds)),
         "--requests",

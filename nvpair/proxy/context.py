@@ -31,7 +31,8 @@ from nvpair.proxy.interfaces import (
 from nvpair.proxy.ops.history import History
 from nvpair.proxy.ops.interfaces import IOpsContext
 from nvpair.proxy.ops.metrics import Metrics
-from nvpair.proxy.routing.affinity import Affinity
+from nvpair.proxy.routing.affinity import Affinity, requestServed
+from nvpair.proxy.routing.enginestates import EngineStates
 from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.runtime.logs import LogControl
 from nvpair.proxy.settings import Settings
@@ -67,6 +68,8 @@ class RequestContext:
         self.stalls = StallWatches(clock, settings.streamIdleTimeout)
         # Standalone with ``--affinity prefix`` sets this (the proxy then orders candidates).
         self.affinity: Affinity | None = None
+        # Standalone sets this (``IEngineStates``: the engines' own state, polled).
+        self.engineStates: EngineStates | None = None
         self.exchanges: set[InFlight] = set()
 
     forwardHeaders = staticmethod(forwardHeaders)
@@ -112,6 +115,8 @@ class RequestContext:
     def requestEnded(self, exchange: IExchangeReport) -> None:
         """An exchange ended (its terminal bookkeeping has run)."""
         self.metrics.requestEnded(exchange)
+        if self.engineStates is not None:
+            requestServed(exchange, self.engineStates, self.affinity)
 
     def streamStalled(self, engineId: str) -> None:
         """A committed stream was cut by its stall watch."""

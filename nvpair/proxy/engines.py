@@ -49,6 +49,9 @@ class Engine:
     normalize: Callable[[str], str] = _identity
     nativeErrorPrefixes: tuple[bytes, ...] = ()
     listSources: Mapping[bytes, tuple[bytes, ...]] = attrs.field(factory=dict)
+    # How standalone mode reads the engine's own state (spec §10): these paths in order, the
+    # next one once a server answers 404 or 501 (routing/engineprobe.py parses each).
+    stateProbes: tuple[bytes, ...] = ()
 
     def listPaths(self, path: bytes) -> tuple[bytes, ...]:
         """Which path(s) to ask each node for a fleet list route: the first that is not 404."""
@@ -99,6 +102,7 @@ OLLAMA = Engine(
     inventoryRoute=b"/api/tags",
     normalize=ollamaModel,
     nativeErrorPrefixes=(b"/api/",),
+    stateProbes=(b"/api/ps",),
 )
 
 LMSTUDIO = Engine(
@@ -119,6 +123,7 @@ LMSTUDIO = Engine(
     ),
     listRoutes=frozenset((b"/v1/models", b"/api/v0/models")),
     inventoryRoute=b"/v1/models",
+    stateProbes=(b"/api/v0/models",),
 )
 
 LLAMACPP = Engine(
@@ -137,6 +142,7 @@ LLAMACPP = Engine(
         b"/models": (b"/models", b"/v1/models"),
         b"/v1/models": (b"/models", b"/v1/models"),
     },
+    stateProbes=(b"/slots", b"/metrics"),
 )
 
 ENGINES: dict[str, Engine] = {e.id: e for e in (OLLAMA, LMSTUDIO, LLAMACPP)}

@@ -28,7 +28,7 @@ from zope.interface import Attribute, Interface
 
 from nvpair.proxy.engines import Engine
 from nvpair.proxy.http.interfaces import IServerRequest
-from nvpair.proxy.routing.interfaces import IPlacementContext
+from nvpair.proxy.routing.interfaces import IEngineStates, IPlacementContext
 from nvpair.proxy.settings import Settings
 
 if TYPE_CHECKING:
@@ -212,6 +212,10 @@ class IRequestContext(IPlacementContext):
         "The cluster trust, or None without a cluster directory."
     )
     stalls: IStallWatches = Attribute("The stream stall watches.")
+    engineStates: IEngineStates | None = Attribute(
+        "The engines' own state (``routing.enginestates.EngineStates``) in standalone mode, "
+        "else None (under a broker)."
+    )
 
     def forwardHeaders(incoming: Headers) -> Headers:
         """The request headers to send upstream for ``incoming``."""

@@ -34,6 +34,13 @@ from tests.ops.opskit import ENGINE, makeService, scripted
 from tests.support.dom import Element, parseDom
 
 HOSTILE = "<img src=x onerror=alert(1)>"
+ENGINE_STATE: dict[str, object] = {
+    "state": "fresh",
+    "slotsBusy": 1,
+    "slotsTotal": 4,
+    "loaded": ["m1"],
+    "cacheHitRatio": 0.825,
+}
 AFFINITY: dict[str, object] = {
     "mode": "prefix",
     "active": True,
@@ -67,6 +74,9 @@ class _WithAffinity(Resource):
             "reloads": {"applied": 2, "unchanged": 0, "invalid": 1},
         }
         status["facades"]["llamacpp"]["nodes"][0]["name"] = f"box {HOSTILE}"
+        first, second = status["facades"]["llamacpp"]["nodes"]
+        first["engine"] = ENGINE_STATE
+        second["engine"] = {"state": "unknown", "cacheHitRatio": 0.125}
         return status
 
     def render(self, request: Request) -> bytes | int:
@@ -100,8 +110,9 @@ class ScriptParityTests(TestCase):
     timeout = 90
 
     def test_scriptDrawsWhatServerDraws(self) -> defer.Deferred[None]:
-        """Same texts, states, charts and affinity tile; engine-provided markup stays text in
-        the browser too (no element injected, nothing logged to the console)."""
+        """Same texts, states, charts, engine states and affinity tile; engine-provided
+        markup stays text in the browser too (no element injected, nothing logged to the
+        console)."""
         return defer.Deferred.fromCoroutine(self._parity())
 
     async def _parity(self) -> None:
@@ -154,6 +165,10 @@ class ScriptParityTests(TestCase):
         self.assertEqual(dom.all("img"), [])
         self.assertEqual([s.attrs.get("src") for s in dom.all("script")], ["/ops.js"])
         self.assertEqual(drawn(dom), drawn(served))
+        engines = [e.textContent() for e in dom.all("div", class_="engine")]
+        self.assertEqual(
+            engines, ["slots 1/4 busy · 1 loaded · cache 83%", "engine state unknown · cache 13%"]
+        )
         (tile,) = dom.all("div", class_="affinity")
         self.assertEqual(tile.textContent(), "affinity hit rate 75% hit 3 · miss 1")
         hostile = dom.all("tr", class_="wl")[1]

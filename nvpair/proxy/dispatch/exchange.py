@@ -44,6 +44,7 @@ from nvpair.proxy.dispatch.relay import (
 )
 from nvpair.proxy.http.interfaces import IServerRequest
 from nvpair.proxy.interfaces import IRequestContext, IUpstream, IWorkload
+from nvpair.proxy.routing.affinity import AffinityKey
 from nvpair.proxy.routing.interfaces import IOutcome, IPlacementExchange
 from nvpair.proxy.routing.placement import placeInference, placeVerbatim
 from nvpair.proxy.routing.reservations import Reservation
@@ -69,7 +70,7 @@ class Exchange:
         *("method", "uri", "path", "forwardHeaders", "body", "document", "inference"),
         *("model", "createdAt", "workload"),
         # its placement and attempts
-        *("driver", "reservation", "activeNode", "attempts"),
+        *("driver", "prefixKey", "reservation", "activeNode", "attempts"),
         # its answer
         *("meter", "flow", "committedStatus", "committed", "expectedLength", "written"),
         *("client", "stopping", "answered", "serving"),
@@ -115,6 +116,7 @@ class Exchange:
         self.answered = False
         self.serving: Committed | None = None
         self.driver = PolicyDriver(self)  # the placement loop
+        self.prefixKey: AffinityKey | None = None  # set by placement at commit
         self.reservation: Reservation | None = None  # this round's, on the node tried
 
     @property

@@ -25,13 +25,15 @@ from zope.interface import Attribute, implementer
 
 from nvpair.proxy.engines import ENGINES, Engine
 from nvpair.proxy.facade import inventory
+from nvpair.proxy.facade.enginepoller import startEngineState
 from nvpair.proxy.facade.facade import BindError, Facade, IFacadeHost
 from nvpair.proxy.facade.fleet import NODE_GRACE, NodeAnswer, askNode
 from nvpair.proxy.facade.fleetfile import Backend
-from nvpair.proxy.facade.reload import FleetReloader, IFleetFollower
+from nvpair.proxy.facade.reload import FleetReloader, IFleetFollower, UrlFollower
 from nvpair.proxy.interfaces import IRequestContext, IUpstream
 from nvpair.proxy.routing.affinity import Affinity
 from nvpair.proxy.routing.candidates import Snapshot
+from nvpair.proxy.routing.enginestates import EngineStates
 from nvpair.proxy.routing.nodes import Node
 
 POLL_INTERVAL = 5.0
@@ -243,9 +245,10 @@ def startStandalone(process: IStandaloneProcess) -> None:
     context = process.context
     settings = context.settings
     timeout = settings.dialTimeout + NODE_GRACE
+    states = context.engineStates = EngineStates(context.clock, context.reservations)
     if settings.affinity == "prefix":
         # The proxy orders the candidates itself: keep conversations where their cache is.
-        context.affinity = Affinity(context.clock)
+        context.affinity = Affinity(context.clock, states=states)
     reservations = context.reservations
     reloader: FleetReloader | None = None
 
@@ -268,8 +271,10 @@ def startStandalone(process: IStandaloneProcess) -> None:
         )
         poller.backends = tuple(backends)
         poller.setServiceParent(process)
+        statePoller = startEngineState(process, context, states, engine, urls, context.affinity)
         if reloader is not None:
             reloader.follow(engineId, poller)
+            reloader.follow(engineId, UrlFollower(statePoller.setBackends))
         return True
 
     def reorder(order: Sequence[str]) -> None:

@@ -76,6 +76,7 @@ class NodeStatus(TypedDict):
     stateReason: str
     checkedAt: int | None
     name: str | None
+    engine: NotRequired[dict[str, object]]  # standalone: the engine's own state (§11.2)
 
 
 class FacadeStatus(TypedDict):
@@ -167,5 +168,6 @@ class StatusDocument(TypedDict):
     inFlight: dict[str, int]
     reservations: dict[str, int]
     affinity: dict[str, object]
+    engineStates: NotRequired[dict[str, dict[str, object]]]
     workloads: WorkloadsStatus
     fleet: FleetStatus | None

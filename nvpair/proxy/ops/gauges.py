@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from nvpair.proxy.ops.enginegauges import engineFamilies
 from nvpair.proxy.ops.interfaces import IOpsView
 from nvpair.proxy.routing.affinity import RESULTS as AFFINITY_RESULTS
 from nvpair.proxy.routing.affinity import Affinity
@@ -117,6 +118,9 @@ class StateCollector(Collector):
         affinity = view.context.affinity
         if affinity is not None:
             yield from _affinityFamilies(affinity)
+        engineStates = view.context.engineStates
+        if engineStates is not None:
+            yield from engineFamilies(engineStates, affinity)
 
 
 def _affinityFamilies(affinity: Affinity) -> Iterator[Metric]:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from nvpair.proxy.ops.history import History
     from nvpair.proxy.ops.metrics import Metrics
     from nvpair.proxy.routing.affinity import Affinity
+    from nvpair.proxy.routing.enginestates import EngineStates
     from nvpair.proxy.routing.reservations import ReservationMap
     from nvpair.proxy.settings import Settings
 
@@ -41,6 +42,9 @@ class IOpsContext(Interface):
     history: History = Attribute("The last 15 minutes of traffic per facade and node.")
     exchanges: Collection[object] = Attribute("The requests being dispatched or streamed.")
     affinity: Affinity | None = Attribute("Conversation affinity, or None where it is off.")
+    engineStates: EngineStates | None = Attribute(
+        "The engines' own state (standalone mode), or None under a broker."
+    )
 
 
 class IOpsView(IServiceCollection):

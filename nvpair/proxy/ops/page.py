@@ -8,6 +8,7 @@ string is escaped (:func:`nvpair.proxy.ops.format.esc`).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 
@@ -178,6 +179,26 @@ def _addresses(node: NodeStatus) -> str:
     return f'<div class="addr">{esc(" ".join(addresses))}</div>'
 
 
+def engineLine(engine: Mapping[str, object]) -> str:
+    """A node's engine state in words (standalone): slots, loaded models, cache hit ratio;
+    as ops.js's ``engineLine``."""
+    parts: list[str] = []
+    busy, total = engine.get("slotsBusy"), engine.get("slotsTotal")
+    if engine.get("state") != "fresh":
+        parts.append("engine state unknown")
+    elif isinstance(busy, int) and isinstance(total, int):
+        parts.append(f"slots {busy}/{total} busy")
+    elif isinstance(busy, int):
+        parts.append(f"{busy} busy")
+    loaded = engine.get("loaded")
+    if isinstance(loaded, list):
+        parts.append(f"{len(loaded)} loaded")
+    ratio = engine.get("cacheHitRatio")
+    if isinstance(ratio, int | float) and not isinstance(ratio, bool):
+        parts.append(f"cache {math.floor(ratio * 100 + 0.5)}%")
+    return " · ".join(parts)
+
+
 def _nodeRow(
     node: NodeStatus,
     series: Series | None,
@@ -193,9 +214,11 @@ def _nodeRow(
     selfMark = '<span class="self">self</span>' if node["self"] else ""
     if node["name"]:
         selfMark = f'<span class="nname">{esc(node["name"])}</span>{selfMark}'
+    engine = node.get("engine")
+    engineDiv = f'<div class="engine">{esc(engineLine(engine))}</div>' if engine else ""
     cells = [
         f'<td class="st"><span class="state {esc(state)}">{esc(state)}</span>'
-        f'<div class="why">{esc(why)}</div></td>',
+        f'<div class="why">{esc(why)}</div>{engineDiv}</td>',
         f'<td class="nid">{esc(node["id"])}{selfMark}{_addresses(node)}</td>',
         f'<td class="models">{_models(node["modelNames"], node["models"])}</td>',
         f'<td class="work">{bar("inflight", node["inFlight"], scale, "in flight")}'

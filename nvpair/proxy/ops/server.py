@@ -67,6 +67,8 @@ def statusDocument(view: IOpsView) -> StatusDocument:
     inFlight = dict(view.context.activity.inFlight)
     reserved = reservations.byNode()
     now = view.context.clock.seconds()
+    states = view.context.engineStates
+    engines = states.status() if states is not None else {}
     facades: dict[str, FacadeStatus] = {}
     reloader = findReloader(view)
     names = reloader.names() if reloader is not None else {}
@@ -74,23 +76,24 @@ def statusDocument(view: IOpsView) -> StatusDocument:
         nodes: list[NodeStatus] = []
         for node in facade.snapshot.nodes:
             state, reason, checked = nodeHealth(view, engineId, node, now)
-            nodes.append(
-                {
-                    "id": node.id,
-                    "self": node.isSelf,
-                    "models": len(node.models),
-                    "modelNames": sorted(node.models)[:MAX_MODEL_NAMES],
-                    "addresses": list(node.addresses),
-                    "confirmed": facade.confirmed.get(node.id),
-                    "inFlight": inFlight.get(node.id, 0),
-                    "reserved": reserved.get(node.id, 0),
-                    "estimatedLoad": reservations.estimatedLoad(node.id),
-                    "state": state.value,
-                    "stateReason": reason,
-                    "checkedAt": _ms(checked),
-                    "name": names.get(node.id),
-                }
-            )
+            entry: NodeStatus = {
+                "id": node.id,
+                "self": node.isSelf,
+                "models": len(node.models),
+                "modelNames": sorted(node.models)[:MAX_MODEL_NAMES],
+                "addresses": list(node.addresses),
+                "confirmed": facade.confirmed.get(node.id),
+                "inFlight": inFlight.get(node.id, 0),
+                "reserved": reserved.get(node.id, 0),
+                "estimatedLoad": reservations.estimatedLoad(node.id),
+                "state": state.value,
+                "stateReason": reason,
+                "checkedAt": _ms(checked),
+                "name": names.get(node.id),
+            }
+            if node.id in engines:
+                entry["engine"] = engines[node.id]
+            nodes.append(entry)
         facades[engineId] = {
             "port": facade.port,
             "aliases": list(facade.aliases),
@@ -103,7 +106,7 @@ def statusDocument(view: IOpsView) -> StatusDocument:
     reporter = view.context.reporter
     recent = [_workload(w) for w in reversed(reporter.recent)]
     listed = list(reservations.order) + sorted(set(reserved) - set(reservations.order))
-    return {
+    document: StatusDocument = {
         "runId": reporter.runId,
         "now": int(now * 1000),
         "standalone": view.settings.standalone,
@@ -124,6 +127,9 @@ def statusDocument(view: IOpsView) -> StatusDocument:
         },
         "fleet": None if reloader is None else fleetStatus(reloader),
     }
+    if states is not None:
+        document["engineStates"] = engines
+    return document
 
 
 def fleetStatus(reloader: FleetReloader) -> FleetStatus:

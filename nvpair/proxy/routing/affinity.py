@@ -8,11 +8,13 @@ messages extend an earlier turn's, finds among its prefix digests the earlier tu
 whole-request digest, and with it the node that served that turn.
 
 ``AffinityTable`` keeps only those digests (64-bit integers, never text), capped both in
-entries and in age, so its memory is constant under any load.  ``Affinity.place`` puts the
-conversation's home first unless it is overloaded against the least-loaded owner by more
-than ``MAX_IMBALANCE`` requests; otherwise it reserves the least-loaded owner, equal loads
-broken by rendezvous hashing on the request's own digest, so distinct conversations spread
-even when they arrive one at a time.  The node that commits becomes the home.
+entries and in age, so its memory is constant under any load.  Layered on it, the prefix
+index (``prefixindex``) matches any shared leading blocks of prompt material (a tenant's
+system prompt, a shared document), which whole-request digests cannot.  ``Affinity.place``
+chooses by ``prefixplace.choose``: the owner holding the longest prefix (the conversation's
+home breaking ties) unless it has no room while another owner does and recomputing the
+difference is cheap; a new prompt family goes to the owner holding the fewest families.
+The node that commits becomes the home and holds the request's blocks.
 
 Digests are Python's per-process keyed ``hash`` of tuples of the strings (SipHash of each
 string, no copy or encoding of the text): a collision can only misplace a request.
@@ -20,19 +22,37 @@ string, no copy or encoding of the text): a collision can only misplace a reques
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from enum import IntEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 from twisted.internet.interfaces import IReactorTime
 
 from nvpair.proxy.routing.candidates import toFront
+from nvpair.proxy.routing.enginestates import EngineStates
 from nvpair.proxy.routing.nodes import Node
+from nvpair.proxy.routing.prefixindex import MAX_BLOCKS, PrefixIndex
+from nvpair.proxy.routing.prefixplace import (
+    RESULTS,
+    Placed,
+    choose,
+    confirmedMiss,
+    familyRoot,
+    servedStats,
+)
 from nvpair.proxy.routing.reservations import ReservationMap
 
-__all__ = ["Affinity", "AffinityKey", "AffinityTable", "affinityStatus", "keyFor"]
+__all__ = [
+    "RESULTS",
+    "Affinity",
+    "AffinityKey",
+    "AffinityTable",
+    "Placed",
+    "affinityStatus",
+    "keyFor",
+]
 
 MAX_LOOKUPS = 8  # the longest message-list prefixes looked up per request
 MAX_MESSAGES = 4096  # a longer message list gets no key
@@ -40,7 +60,6 @@ PROMPT_BLOCK = 256  # prompt prefixes are taken at 256·2^k characters
 MAX_IMBALANCE = 2  # home keeps the turn while its load <= least-loaded owner's + this
 MAX_ENTRIES = 16384
 MAX_AGE = 900.0
-RENDEZVOUS_SCAN = 64  # equally loaded owners scored per new conversation, at most
 
 CHAT, PROMPT, RESPONSES = "chat", "prompt", "responses"
 ROUTES: dict[bytes, str] = {
@@ -55,14 +74,32 @@ ROUTES: dict[bytes, str] = {
 
 
 class AffinityKey:
-    """One request's digests: looked up (longest first), recorded at commit, spread by."""
+    """One request's digests: looked up (longest first), recorded at commit, spread by; its
+    prompt's chained block digests with where each block ends (characters) for the prefix
+    index, and what placement expected of the node it chose (node, matched blocks, index
+    stamp) until the engine confirms a hit or a miss."""
 
-    __slots__ = ("lookups", "records", "spread")
+    __slots__ = ("lookups", "records", "spread", "blocks", "ends", "expect", "placed")
 
-    def __init__(self, lookups: tuple[int, ...], records: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        lookups: tuple[int, ...],
+        records: tuple[int, ...],
+        blocks: tuple[int, ...] = (),
+        ends: tuple[int, ...] = (),
+    ) -> None:
         self.lookups = lookups
         self.records = records
         self.spread = records[0]
+        self.blocks = blocks
+        self.ends = ends
+        self.expect: tuple[str, int, int] | None = None
+        self.placed: str | None = None  # the node its blocks were recorded on when placed
+
+    @property
+    def chars(self) -> int:
+        """The characters of prompt material the blocks cover."""
+        return self.ends[-1] if self.ends else 0
 
 
 def _messagePart(message: object) -> object:
@@ -74,31 +111,42 @@ def _messagePart(message: object) -> object:
     return json.dumps(message, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
-_MASK = (1 << 64) - 1
-
-
-def _mix(x: int) -> int:
-    """A 64-bit finalizer (SplitMix64's): every input bit moves about half the output bits,
-    so rendezvous scores of one key on different nodes are as good as independent (Python's
-    tuple hash alone leaves them correlated, and one node then wins most ties)."""
-    x &= _MASK
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
-    return x ^ (x >> 31)
+@functools.lru_cache(maxsize=MAX_MESSAGES)
+def _marks(count: int) -> tuple[int, ...]:
+    """Which message prefixes of a list of ``count`` messages are prefix-index blocks: the
+    first four (system prompt, shared documents), those of 2^k messages, and the last two
+    turns' ends (so a later turn finds the earlier turn's whole prompt)."""
+    marks = {i for i in range(min(count, 4))} | {count - 1}
+    length = 8
+    while length <= count:
+        marks.add(length - 1)
+        length *= 2
+    if count >= 3:
+        marks.add(count - 3)
+    return tuple(sorted(marks))[:MAX_BLOCKS]
 
 
 def _chatKey(seed: int, messages: object) -> AffinityKey | None:
     if type(messages) is not list or not messages or len(messages) > MAX_MESSAGES:
         return None
     digest = seed
-    first = len(messages) - MAX_LOOKUPS
-    lookups: list[int] = []
-    for index, message in enumerate(messages):
-        digest = hash((digest, _messagePart(message)))
-        if index >= first:
-            lookups.append(digest)
-    lookups.reverse()
-    return AffinityKey(tuple(lookups), (digest,))
+    digests: list[int] = []
+    ends: list[int] = []
+    addDigest, addEnd = digests.append, ends.append
+    size = 0
+    for message in messages:  # chained: one digest per message prefix
+        part = _messagePart(message)
+        digest = hash((digest, part))
+        size += len(part[1]) if type(part) is tuple else len(part)  # type: ignore[arg-type]
+        addDigest(digest)
+        addEnd(size)
+    marks = _marks(len(digests))
+    return AffinityKey(
+        tuple(digests[: -MAX_LOOKUPS - 1 : -1]),
+        (digest,),
+        tuple([digests[i] for i in marks]),
+        tuple([ends[i] for i in marks]),
+    )
 
 
 def _promptKey(seed: int, prompt: str) -> AffinityKey | None:
@@ -106,13 +154,19 @@ def _promptKey(seed: int, prompt: str) -> AffinityKey | None:
         return None
     whole = hash((seed, prompt))
     aligned: list[int] = []
+    lengths: list[int] = []
     length = PROMPT_BLOCK
     while length <= len(prompt):  # every slice together copies under twice the prompt
         aligned.append(hash((seed, prompt[:length])))
+        lengths.append(length)
         length *= 2
+    blocks, ends = list(aligned), list(lengths)  # the prefixes, then the whole text
+    if not lengths or lengths[-1] != len(prompt):
+        blocks.append(whole)
+        ends.append(len(prompt))
     aligned.reverse()
     records = (whole, aligned[0]) if aligned else (whole,)
-    return AffinityKey((whole, *aligned[: MAX_LOOKUPS - 1]), records)
+    return AffinityKey((whole, *aligned[: MAX_LOOKUPS - 1]), records, tuple(blocks), tuple(ends))
 
 
 def keyFor(engineId: str, model: str, path: bytes, doc: object) -> AffinityKey | None:
@@ -120,7 +174,10 @@ def keyFor(engineId: str, model: str, path: bytes, doc: object) -> AffinityKey |
     kind = ROUTES.get(path)
     if kind is None or type(doc) is not dict:
         return None
-    seed = hash(("nvpair-affinity", engineId, model))
+    return _keyOf(kind, hash(("nvpair-affinity", engineId, model)), doc)
+
+
+def _keyOf(kind: str, seed: int, doc: dict[str, object]) -> AffinityKey | None:
     if kind == CHAT:
         return _chatKey(seed, doc.get("messages"))
     if kind == RESPONSES:
@@ -180,19 +237,9 @@ class AffinityTable:
         return len(self._entries)
 
 
-class Placed(IntEnum):
-    """How ``Affinity.place`` placed a conversation's request; each indexes its count."""
-
-    HIT = 0  # on its home
-    MISS = 1  # no home known: the least-loaded owner
-    OVERRIDDEN = 2  # its home was overloaded: the least-loaded owner
-
-
-RESULTS = ("hit", "miss", "overridden")  # the counts' names, in ``Placed`` order
-
-
 class Affinity:
-    """The process's conversation affinity: the table, the ordering rule and its counts."""
+    """The process's placement by cache: the conversation table, the prefix index, the
+    engines' state when read, the ordering rule and its counts."""
 
     def __init__(
         self,
@@ -200,10 +247,15 @@ class Affinity:
         maxEntries: int = MAX_ENTRIES,
         maxAge: float = MAX_AGE,
         maxImbalance: int = MAX_IMBALANCE,
+        states: EngineStates | None = None,
+        index: PrefixIndex | None = None,
     ) -> None:
         self.table = AffinityTable(clock, maxEntries, maxAge)
+        self.index = index if index is not None else PrefixIndex()
+        self.states = states
         self.maxImbalance = maxImbalance
         self.counts: dict[str, list[int]] = {}  # engine id -> [hits, misses, overridden]
+        self.confirmed = [0, 0]  # requests the index expected cached: [hits, misses]
 
     def _count(self, engineId: str, result: Placed) -> None:
         counts = self.counts.get(engineId)
@@ -217,53 +269,69 @@ class Affinity:
         key: AffinityKey,
         reservations: ReservationMap,
         engineId: str | None,
+        model: str | None = None,
     ) -> Node | None:
         """Move the request's node to the front of ``ordered`` and return it (the caller
-        reserves it): the conversation's home unless overloaded, else the least-loaded owner
-        (ties by rendezvous on ``key``).  ``engineId`` counts the outcome (None: not again)."""
+        reserves it), by ``prefixplace.choose``.  ``engineId`` counts the outcome (None:
+        not again); ``model`` is the model asked for (whether engines have it loaded)."""
         if not ordered:
             return None
-        load = reservations.estimatedLoad
-        loads = [load(node.id) for node in ordered]
-        least = min(loads)
         home = self.table.lookup(key.lookups)
-        result = Placed.MISS
-        if home is not None:
-            for position, node in enumerate(ordered):
-                if node.id == home:
-                    if loads[position] <= least + self.maxImbalance:
-                        if engineId is not None:
-                            self._count(engineId, Placed.HIT)
-                        toFront(ordered, position)
-                        return node
-                    result = Placed.OVERRIDDEN
-                    break
+        index = self.index
+        choice = choose(
+            ordered,
+            key.blocks,
+            key.ends,
+            key.spread,
+            home,
+            reservations.estimatedLoad,
+            index,
+            self.states,
+            model,
+            self.maxImbalance,
+        )
         if engineId is not None:
-            self._count(engineId, result)
-        spread = key.spread
-        best = -1
-        bestScore = 0
-        scanned = 0
-        for position, node in enumerate(ordered):
-            if loads[position] != least:
-                continue
-            score = _mix(spread ^ hash(node.id))
-            if best < 0 or score > bestScore:
-                best, bestScore = position, score
-            scanned += 1
-            if scanned >= RENDEZVOUS_SCAN:
-                break
-        chosen = ordered[best]
-        toFront(ordered, best)
+            self._count(engineId, choice.result)
+        chosen = ordered[choice.position]
+        key.expect = None
+        if choice.matched:
+            stamp = index.stampOf(chosen.id, key.blocks[choice.matched - 1])
+            if stamp is not None:
+                key.expect = (chosen.id, key.ends[choice.matched - 1], stamp)
+        if key.blocks:
+            # Held from now on (the engine holds the prompt once it has read it): the next
+            # request of this family, even one arriving before this one commits, finds it.
+            index.record(chosen.id, key.blocks, key.ends, familyRoot(key.ends))
+            key.placed = chosen.id
+        toFront(ordered, choice.position)
         return chosen
 
     def served(self, key: AffinityKey, nodeId: str) -> None:
-        """``nodeId`` committed this request: it is the conversation's home now."""
+        """``nodeId`` committed this request: it is the conversation's home now, and holds
+        the request's blocks (recorded when placed, again here after a failover)."""
         for digest in key.records:
             self.table.record(digest, nodeId)
+        if key.expect is not None and key.expect[0] != nodeId:
+            key.expect = None  # failed over: the node that served was expected nothing
+        if key.blocks and key.placed != nodeId:
+            self.index.record(nodeId, key.blocks, key.ends, familyRoot(key.ends))
+
+    def ended(self, key: AffinityKey, nodeId: str, prompt: int, cached: int) -> None:
+        """The engine of ``nodeId`` reported ``cached`` of ``prompt`` prompt tokens cached:
+        a confirmed miss of what the index expected drops that node's stale entries."""
+        expect = key.expect
+        key.expect = None
+        if expect is None or expect[0] != nodeId:
+            return
+        if confirmedMiss(expect[1], key.chars, prompt, cached):
+            self.confirmed[1] += 1
+            self.index.dropOlder(nodeId, expect[2])
+        else:
+            self.confirmed[0] += 1
 
     def status(self) -> dict[str, object]:
-        """The ``/status`` view: table size and limits, counts per engine."""
+        """The ``/status`` view: table size and limits, the index, counts per engine."""
+        index = self.index
         return {
             "entries": len(self.table),
             "maxEntries": self.table.maxEntries,
@@ -273,7 +341,35 @@ class Affinity:
                 engineId: dict(zip(RESULTS, counts, strict=True))
                 for engineId, counts in sorted(self.counts.items())
             },
+            "prefixIndex": {
+                "blocks": len(index),
+                "maxBlocks": index.maxTotal,
+                "nodes": {
+                    nodeId: {
+                        "blocks": index.held(nodeId),
+                        "bound": index.bound(nodeId),
+                        "families": index.roots(nodeId),
+                    }
+                    for nodeId in index.nodeIds()
+                },
+                "expectedHits": self.confirmed[0],
+                "expectedMisses": self.confirmed[1],
+                "staleDropped": index.dropped,
+            },
         }
+
+
+def requestServed(exchange: Any, states: EngineStates, affinity: Affinity | None) -> None:
+    """An exchange ended: the cached-prompt count its engine reported (if any) goes to the
+    node's hit ratio and confirms or refutes what the index expected."""
+    served = servedStats(exchange)
+    if served is None:
+        return
+    nodeId, prompt, cached = served
+    states.served(nodeId, prompt, cached)
+    key = exchange.prefixKey
+    if affinity is not None and key is not None:
+        affinity.ended(key, nodeId, prompt, cached)
 
 
 class _Mode(Protocol):

@@ -64,6 +64,10 @@ class IPlacementExchange(Interface):
     body: bytes = Attribute("The request body.")
     document: dict[str, object] | None = Attribute("The body as admission parsed it, if it did.")
     createdAt: float = Attribute("When the request was admitted (clock seconds).")
+    prefixKey = Attribute(
+        "The ``affinity.AffinityKey`` placement committed with (None until then, and where "
+        "affinity does not place): read when the request ends, for its cached-token count."
+    )
 
     def attemptOn(node: Node, final: bool, gated: bool) -> Deferred[IOutcome]:
         """Try ``node`` once (``final``: no other attempt follows; ``gated``: commit on the

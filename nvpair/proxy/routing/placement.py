@@ -83,7 +83,7 @@ def placeInference(ex: IPlacementExchange) -> Policy:
             key = keyFor(facade.engine.id, model, ex.path, doc)
             doc = None
         if key is not None and affinity is not None and not pinApplied:
-            target = affinity.place(ordered, key, reservations, counted)
+            target = affinity.place(ordered, key, reservations, counted, model)
             counted = None
         else:
             target = placeReservation(ordered, pinApplied, reservations)
@@ -111,6 +111,7 @@ def placeInference(ex: IPlacementExchange) -> Policy:
             if outcome.committed:
                 if key is not None and affinity is not None:
                     affinity.served(key, node.id)  # a failover moves the conversation
+                    ex.prefixKey = key  # read when it ends: the engine's cached count
                 return None
             if final:
                 ex.answerFinal(outcome)

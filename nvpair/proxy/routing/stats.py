@@ -18,6 +18,7 @@ DIALECTS = ("ollama", "openai")
 _EVENT_PATTERNS = {"openai": b"\ndata:", "ollama": b"\n{"}
 
 _USAGE_KEY = b'"usage"'
+_TIMINGS_KEY = b'"timings"'
 _EVAL_COUNT_KEY = b'"eval_count"'
 _PROMPT_EVAL_COUNT_KEY = b'"prompt_eval_count"'
 _EVAL_DURATION_KEY = b'"eval_duration"'
@@ -117,8 +118,9 @@ class StatsMeter:
         prompt: int | None
         completion: int | None
         duration: float | None = None
+        cached: int | None = None
         if self._dialect == "openai":
-            prompt, completion = _openaiUsage(tail)
+            prompt, completion, cached = _openaiUsage(tail)
         else:
             prompt, completion, duration = _ollamaUsage(tail)
         # Events are those counted as they left the tail plus those still in it; only an
@@ -137,6 +139,8 @@ class StatsMeter:
                 events = 2
         if prompt is not None:
             stats["promptTokens"] = prompt
+            if cached is not None and cached <= prompt:
+                stats["cachedTokens"] = cached
         firstByteAt = self._firstByteAt
         if completion is not None:
             stats["completionTokens"] = completion
@@ -180,8 +184,10 @@ def _count(value: object) -> int | None:
     return None
 
 
-def _openaiUsage(tail: bytes) -> tuple[int | None, int | None]:
-    """The (prompt, completion) counts of the last ``usage`` object in the tail.
+def _openaiUsage(tail: bytes) -> tuple[int | None, int | None, int | None]:
+    """The (prompt, completion, cached prompt) counts of the last ``usage`` object in the
+    tail; cached from ``usage.prompt_tokens_details.cached_tokens``, else from llama.cpp's
+    ``timings.cache_n`` (kept only when at most the prompt count, by ``result``).
 
     Inside a JSON string every quote is escaped, so ``"usage"`` with both quotes bare only
     ever matches a real key, even in a tail that starts in the middle of a string.
@@ -195,8 +201,23 @@ def _openaiUsage(tail: bytes) -> tuple[int | None, int | None]:
         prompt = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
         completion = _count(usage.get("completion_tokens", usage.get("output_tokens")))
         if prompt is not None or completion is not None:
-            return prompt, completion
-    return None, None
+            details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
+            cached = _count(details.get("cached_tokens")) if type(details) is dict else None
+            if cached is None:
+                cached = _timingsCached(tail)
+            return prompt, completion, cached
+    return None, None, None
+
+
+def _timingsCached(tail: bytes) -> int | None:
+    """llama.cpp's cached prompt tokens from the last ``timings`` object in the tail."""
+    at = tail.rfind(_TIMINGS_KEY)
+    if at < 0:
+        return None
+    timings = _valueAfter(tail, at, _TIMINGS_KEY)
+    if type(timings) is not dict:
+        return None
+    return _count(timings.get("cache_n"))
 
 
 def _ollamaUsage(tail: bytes) -> tuple[int | None, int | None, float | None]:

@@ -33,6 +33,7 @@ from nvpair.proxy.interfaces import (
     IWorkload,
 )
 from nvpair.proxy.routing.affinity import Affinity
+from nvpair.proxy.routing.enginestates import EngineStates
 from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.runtime.logs import LogControl
 from nvpair.proxy.settings import Settings
@@ -151,6 +152,7 @@ class FakeContext(Generic[UpstreamT]):
         self.logControl = LogControl(self.settings.logLevel)
         self.stalls = StallWatches(self.clock, self.settings.streamIdleTimeout)
         self.affinity: Affinity | None = None
+        self.engineStates: EngineStates | None = None
         # The overloads tie ``UpstreamT`` to what is stored here.
         self.upstream = cast(UpstreamT, UpstreamSpy(self.clock) if upstream is None else upstream)
         self.trust = trust

@@ -187,6 +187,18 @@
     if (!td.childNodes.length) td.appendChild(el("span", "none", "none"));
     return td;
   }
+  function engineLine(e) {  // as opspage.engineLine
+    var parts = [];
+    var busy = e.slotsBusy, total = e.slotsTotal;
+    if (e.state !== "fresh") parts.push("engine state unknown");
+    else if (typeof busy === "number" && typeof total === "number")
+      parts.push("slots " + busy + "/" + total + " busy");
+    else if (typeof busy === "number") parts.push(busy + " busy");
+    if (Array.isArray(e.loaded)) parts.push(e.loaded.length + " loaded");
+    if (typeof e.cacheHitRatio === "number")
+      parts.push("cache " + Math.floor(e.cacheHitRatio * 100 + 0.5) + "%");
+    return parts.join(" \u00b7 ");
+  }
   function nodeRow(node, series, bucketSeconds, scale, now) {
     var why = node.stateReason;
     if (node.checkedAt !== null) why += " \u00b7 " + ago((now - node.checkedAt) / 1000);
@@ -201,7 +213,8 @@
     if (addresses.length && !(addresses.length === 1 && addresses[0] === node.id))
       id.appendChild(el("div", "addr", addresses.join(" ")));
     add(tr, [add(el("td", "st"), [el("span", "state " + node.state, node.state),
-      el("div", "why", why)]), id, models(node.modelNames, node.models),
+      el("div", "why", why), node.engine ? el("div", "engine", engineLine(node.engine)) : null]),
+      id, models(node.modelNames, node.models),
       add(el("td", "work"), [bar("inflight", node.inFlight, scale, "in flight"),
         bar("reserved", node.reserved, scale, "reserved")]),
       el("td", "num", number(node.estimatedLoad))]);

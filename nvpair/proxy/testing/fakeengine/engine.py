@@ -27,6 +27,11 @@ from nvpair.proxy.testing.fakeengine.dialects import (
 )
 
 _NO_MODEL = b'{"error":"fake engine: body must be a JSON object with a model"}'
+# The engine-state probes standalone mode polls (spec §11.2): a fake engine has none of
+# them, as a server started without them; it answers 404 without recording the probe or
+# consuming a scripted behaviour, so polls never race a test's script or its counts.
+STATE_PROBES = frozenset((b"/slots", b"/metrics", b"/api/ps"))
+_NO_STATE = b'{"error":"fake engine: no state endpoint"}'
 
 
 @implementer(IRequestHandler)
@@ -40,7 +45,8 @@ class FakeEngine:
     answers when the queue is empty, ``listBehaviour`` replaces the model list answer (an
     ``Answer`` or ``Echo`` there means the normal list). ``models`` is the live model list.
     Observing: ``requests`` (when ``record``), ``waitForRequest(n)``, ``requestCount``,
-    ``openConnections``.
+    ``openConnections``.  ``GET`` of an engine-state probe (``STATE_PROBES``) is answered
+    404 and neither recorded nor counted.
 
     Extending: a subclass may override ``requestReceived`` (say, to script each request from
     its headers) and call up; ``routes`` and ``lists`` tell what the dialect serves, ``clock``
@@ -164,6 +170,9 @@ class FakeEngine:
         body: bytes,
     ) -> None:
         """Record the request, pick its behaviour and route, and answer."""
+        if method == b"GET" and target.split(b"?", 1)[0] in STATE_PROBES:
+            self._responder.sendDocument(connection, 404, None, _NO_STATE, JSON)
+            return
         self.requestCount += 1
         rec = Recorded(method.decode("latin-1"), target.decode("latin-1"), headers, body)
         if self.record:

@@ -8,7 +8,7 @@ worst case for ordering), each built once.  Two scheduler states are measured:
 ``standalone`` (no ``node/set-priority`` yet) and ``scheduled`` (a snapshot listing every
 node with random ``pending`` loads).  Rounds alternate the fleets; prints ``BENCHJSON``.
 
-    python -m bench.routing [--rounds 5] [--requests 20000] [--nodes 1,100,1000]
+    python -m bench.routingcost [--rounds 5] [--requests 20000] [--nodes 1,100,1000]
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def timeAdmission(bodies: list[bytes]) -> float:
 
 def main() -> None:
     """Build the fleets once, then time alternating rounds and print medians."""
-    parser = argparse.ArgumentParser(prog="python -m bench.routing")
+    parser = argparse.ArgumentParser(prog="python -m bench.routingcost")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--nodes", default="1,100,1000")

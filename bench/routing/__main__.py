@@ -1,0 +1,150 @@
+"""``python -m bench.routing``: the placement benchmark (see ``bench/README.md``).
+
+    python -m bench.routing [--tenants 12] [--users 4] [--turns 4] [--system-words 1500]
+        [--think 1.0] [--engines 4] [--slots 2] [--cache-tokens N] [--prefill-ms 0.3]
+        [--decode-ms 5] [--routers nvpair-prefix,nvpair-off,nginx,random,oracle,sglang,vllm]
+        [--no-write]
+
+The engines' cache capacity defaults to half the workload's working set spread over the
+engines. Results: ``bench/out/routing.json`` and (unless ``--no-write``) the section
+"Placement: multi-tenant chat" of ``bench/RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.request
+from typing import Any
+
+import attrs
+from twisted.internet.defer import Deferred
+from twisted.internet.task import react
+
+from bench import procs
+from bench.routing.client import Replayer
+from bench.routing.report import markdown, summarize, writeSection
+from bench.routing.routers import (
+    MODEL,
+    ROUTERS,
+    EngineSettings,
+    engineStats,
+    routerAvailable,
+    startEngines,
+    startRouter,
+)
+from bench.routing.workload import Sizes, conversations
+
+
+def parseArgs(argv: list[str]) -> argparse.Namespace:
+    """The command line."""
+    p = argparse.ArgumentParser(prog="python -m bench.routing")
+    p.add_argument("--tenants", type=int, default=12)
+    p.add_argument("--users", type=int, default=4, help="per tenant")
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--system-words", type=int, default=1500)
+    p.add_argument("--question-words", type=int, default=40)
+    p.add_argument("--answer-tokens", type=int, default=32)
+    p.add_argument("--think", type=float, default=1.0, help="mean seconds between turns")
+    p.add_argument("--ramp", type=float, default=4.0, help="conversations start within this")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--engines", type=int, default=4)
+    p.add_argument("--slots", type=int, default=2, help="per engine")
+    p.add_argument(
+        "--cache-tokens", type=int, default=0, help="per engine; 0: half the working set"
+    )
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--prefill-ms", type=float, default=0.3)
+    p.add_argument("--decode-ms", type=float, default=5.0)
+    p.add_argument("--routers", default=",".join(ROUTERS))
+    p.add_argument("--no-write", action="store_true", help="leave bench/RESULTS.md alone")
+    args = p.parse_args(argv)
+    unknown = set(args.routers.split(",")) - set(ROUTERS)
+    if unknown:
+        p.error(f"unknown routers: {', '.join(sorted(unknown))} (known: {', '.join(ROUTERS)})")
+    return args
+
+
+def _reset(url: str) -> None:
+    request = urllib.request.Request(url + "/sim/reset", data=b"{}", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as r:
+        r.read()
+
+
+async def _one(
+    reactor: Any, name: str, sizes: Sizes, settings: EngineSettings, n: int
+) -> dict[str, Any]:
+    why = routerAvailable(name)
+    if why:
+        return {"skipped": why}
+    engines = startEngines(n, settings)
+    server = None
+    try:
+        server, choose = startRouter(name, engines, sizes.seed)
+        for e in engines:  # the routers' readiness probes are not the workload
+            _reset(f"http://127.0.0.1:{e.port}")
+        replayer = Replayer(reactor, choose, MODEL, sizes.answerTokens)
+        started = time.monotonic()
+        records = await replayer.run(conversations(sizes))
+        elapsed = time.monotonic() - started
+        summary = summarize(records, [engineStats(e) for e in engines], sizes.tenants)
+        summary["seconds"] = round(elapsed, 1)
+        return summary
+    finally:
+        if server is not None:
+            server.close()
+        for e in engines:
+            e.close()
+
+
+async def run(reactor: Any, args: argparse.Namespace) -> None:
+    """Replay the workload through every router, report, write the section."""
+    sizes = Sizes(
+        tenants=args.tenants,
+        users=args.users,
+        turns=args.turns,
+        systemWords=args.system_words,
+        questionWords=args.question_words,
+        answerTokens=args.answer_tokens,
+        think=args.think,
+        ramp=args.ramp,
+        seed=args.seed,
+    )
+    working = sizes.workingSet()
+    cache = args.cache_tokens or max(args.block_size, working // 2 // args.engines)
+    settings = EngineSettings(args.slots, cache, args.block_size, args.prefill_ms, args.decode_ms)
+    os.makedirs(os.path.join(procs.ROOT, "bench", "out"), exist_ok=True)
+    results: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": "python -m bench.routing " + " ".join(sys.argv[1:]),
+        "machine": f"{os.cpu_count()} cores",
+        "workload": attrs.asdict(sizes),
+        "engines": {"count": args.engines, **attrs.asdict(settings)},
+        "turns": sizes.tenants * sizes.users * sizes.turns,
+        "workingSet": working,
+        "cacheShare": cache * args.engines / working,
+        "routers": {},
+    }
+    for name in args.routers.split(","):
+        sys.stderr.write(f"routing: {name} ...\n")
+        summary = await _one(reactor, name, sizes, settings, args.engines)
+        results["routers"][name] = summary
+        sys.stderr.write(f"routing: {name}: {json.dumps(summary)}\n")
+    with open(os.path.join(procs.ROOT, "bench", "out", "routing.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    section = markdown(results)
+    sys.stdout.write(section)
+    if not args.no_write:
+        writeSection(os.path.join(procs.ROOT, "bench", "RESULTS.md"), section)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point."""
+    args = parseArgs(sys.argv[1:] if argv is None else argv)
+    react(lambda reactor: Deferred.fromCoroutine(run(reactor, args)))
+
+
+main()

@@ -1,0 +1,112 @@
+"""The placement benchmark's figures and its section of ``bench/RESULTS.md``."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Any
+
+from bench.routing.client import Record
+
+HEADING = "## Placement: multi-tenant chat"
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The nearest-rank ``q`` quantile (0..1) of ``values``; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, int(q * len(ordered) + 0.5) - 1))]
+
+
+def summarize(records: list[Record], stats: list[dict[str, Any]], tenants: int) -> dict[str, Any]:
+    """TTFT quantiles, the engines' cache hit ratio, requests and tenants per engine."""
+    ttfts = [r.ttft for r in records if r.ttft is not None and not r.error]
+    prompt = sum(int(s["prompt_tokens"]) for s in stats)
+    cached = sum(int(s["cached_tokens"]) for s in stats)
+    names = [str(s["name"]) for s in stats]
+    served: dict[int, Counter[str]] = {}
+    for r in records:
+        if not r.error:
+            served.setdefault(r.tenant, Counter())[r.engine] += 1
+    homes = Counter(c.most_common(1)[0][0] for c in served.values())
+    return {
+        "requests": len(records),
+        "errors": sum(1 for r in records if r.error),
+        "ttft": {f"p{q}": percentile(ttfts, q / 100) for q in (50, 90, 99)},
+        "hitRatio": cached / prompt if prompt else 0.0,
+        "perEngine": [int(s["completed"]) for s in stats],
+        "tenantsPerEngine": [homes.get(n, 0) for n in names],
+        "tenantsTotal": tenants,
+        "queueWaitMsMax": max(float(s["queue"]["wait_ms_max"]) for s in stats),
+    }
+
+
+LABELS = {
+    "nvpair-prefix": "nvpair-proxy `--affinity prefix`",
+    "nvpair-off": "nvpair-proxy `--affinity off`",
+    "nginx": "nginx round robin",
+    "random": "random engine per request (client-side)",
+    "oracle": "each tenant pinned to one engine (an oracle, not a router)",
+    "sglang": "SGLang model gateway (`sglang-router`, `cache_aware`)",
+    "vllm": "vLLM router (`vllm-router`, `cache_aware`)",
+}
+
+
+def _s(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f} s"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The section: settings, then one row per router."""
+    w, e = results["workload"], results["engines"]
+    lines = [
+        HEADING,
+        "",
+        f"Run of {results['date']} by `{results['command']}` ({results['machine']}). "
+        f"{w['tenants']} tenants × {w['users']} users × {w['turns']} turns "
+        f"(system prompt {w['systemWords']} words, questions {w['questionWords']} words, "
+        f"answers {w['answerTokens']} tokens, think time {w['think']} s mean, start spread "
+        f"over {w['ramp']} s, seed {w['seed']}): {results['turns']} streamed chat requests per "
+        f"router. {e['count']} simulated llama.cpp engines "
+        "(`nvpair.proxy.testing.simengine`, fresh for each router), each "
+        f"{e['slots']} slots, a prefix cache of {e['cacheTokens']} tokens in blocks of "
+        f"{e['blockSize']} (together {results['cacheShare']:.0%} of the working set of "
+        f"{results['workingSet']} tokens), prefill {e['prefillMs']} ms per uncached token, "
+        f"decode {e['decodeMs']} ms per token. TTFT: request sent → first content chunk. "
+        "Cache hits: prompt tokens the engines served from cache over all prompt tokens "
+        "(their `/sim/stats`). Tenants per engine: the engine that served most of each "
+        "tenant's turns.",
+        "",
+        "| router | TTFT p50 | TTFT p90 | TTFT p99 | prompt tokens from cache "
+        "| requests per engine | tenants per engine | errors |",
+        "|---|---:|---:|---:|---:|---|---|---:|",
+    ]
+    for name, s in results["routers"].items():
+        if "skipped" in s:
+            lines.append(f"| {LABELS.get(name, name)} | skipped: {s['skipped']} | | | | | | |")
+            continue
+        t = s["ttft"]
+        lines.append(
+            f"| {LABELS.get(name, name)} | {_s(t['p50'])} | {_s(t['p90'])} | {_s(t['p99'])} "
+            f"| {s['hitRatio']:.0%} | {'/'.join(map(str, s['perEngine']))} "
+            f"| {'/'.join(map(str, s['tenantsPerEngine']))} | {s['errors']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def writeSection(path: str, section: str) -> None:
+    """Put ``section`` into the results file, replacing an earlier one with the same heading."""
+    old = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            old = f.read()
+    if HEADING in old:
+        before, rest = old.split(HEADING, 1)
+        cut = rest.find("\n## ")
+        after = "" if cut < 0 else rest[cut + 1 :]
+        text = before + section + ("\n" + after if after else "")
+    else:
+        text = old.rstrip("\n") + "\n\n" + section
+    with open(path, "w") as f:
+        f.write(text)

@@ -1,0 +1,194 @@
+"""The engines and the routers of the placement benchmark, each started fresh and ended by
+its pid (``bench.procs``).
+
+Routers: ``nvpair-prefix`` / ``nvpair-off`` (``twistd -n nvpair-proxy --standalone
+--affinity prefix|off``, the llama.cpp facade, one ``--backend`` per engine), ``nginx``
+(round robin over the four engines), ``sglang`` and ``vllm`` (``sglang-router launch`` and
+``vllm-router`` from ``bench/.venv``, ``--policy cache_aware``), and two client-side
+choosers that need no process: ``random`` (a seeded random engine per request) and
+``oracle`` (each tenant pinned to one engine, tenants spread evenly).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+
+import attrs
+
+from bench import procs
+from bench.routing.workload import Conversation
+
+MODEL = "bench"
+ROUTERS = ("nvpair-prefix", "nvpair-off", "nginx", "random", "oracle", "sglang", "vllm")
+BENCH_VENV = os.path.join(procs.ROOT, "bench", ".venv", "bin")
+
+
+@attrs.frozen
+class EngineSettings:
+    """How each simulated engine runs."""
+
+    slots: int
+    cacheTokens: int
+    blockSize: int
+    prefillMs: float
+    decodeMs: float
+
+
+def startEngines(n: int, settings: EngineSettings) -> list[procs.Server]:
+    """``n`` fresh simulated llama.cpp engines named e0, e1, ..."""
+    servers = []
+    for i in range(n):
+        argv = [
+            procs.PYTHON,
+            "-m",
+            "nvpair.proxy.testing.simengine",
+            "--port",
+            "0",
+            "--dialect",
+            "llamacpp",
+            "--models",
+            MODEL,
+            "--name",
+            f"e{i}",
+            "--slots",
+            str(settings.slots),
+            "--queue-max",
+            "4096",
+            "--cache-tokens",
+            str(settings.cacheTokens),
+            "--block-size",
+            str(settings.blockSize),
+            "--prefill-ms",
+            str(settings.prefillMs),
+            "--decode-ms",
+            str(settings.decodeMs),
+            "--ctx",
+            "65536",
+        ]
+        proc = procs.spawn(argv, stdout=subprocess.PIPE)
+        port = int(procs.readJSONLine(proc, "simulated engine", 30)["port"])
+        servers.append(procs.Server(f"e{i}", port, proc.pid, [proc]))
+    return servers
+
+
+def engineStats(server: procs.Server) -> dict[str, object]:
+    """``GET /sim/stats`` of one engine."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/sim/stats", timeout=10) as r:
+        return dict(json.loads(r.read()))
+
+
+def routerAvailable(name: str) -> str | None:
+    """Why ``name`` cannot run here, or None."""
+    if name == "nginx" and procs.nginxBinary() is None:
+        return "nginx is not installed (bench/run.sh installs it)"
+    if name in ("sglang", "vllm"):
+        binary = "sglang-router" if name == "sglang" else "vllm-router"
+        if not os.path.exists(os.path.join(BENCH_VENV, binary)):
+            return (
+                f"{binary} is not installed: bench/.venv/bin/pip install sglang-router vllm-router"
+            )
+    return None
+
+
+def _waitForNodes(opsPort: int, n: int, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    """Wait until the proxy's /status shows ``n`` nodes that each list a model."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the proxy exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{opsPort}/status", timeout=5) as r:
+                doc = json.loads(r.read())
+            nodes = doc["facades"]["llamacpp"]["nodes"]
+            if len(nodes) == n and all(node["models"] > 0 for node in nodes):
+                return
+        except (OSError, KeyError, ValueError):
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"the proxy did not see {n} engines with models within {timeout:.0f}s")
+
+
+def _startProxy(engines: list[procs.Server], affinity: str) -> procs.Server:
+    state = tempfile.mkdtemp(prefix="nvpair-bench-state-")
+    port, ops = procs.freePort(), procs.freePort()
+    with open(os.path.join(state, "llamacpp-proxy-port.json"), "w") as f:
+        json.dump({"port": port}, f)
+    backends = [f"--backend=llamacpp=http://127.0.0.1:{e.port}" for e in engines]
+    argv = [
+        *procs.twistdCommand(),
+        "-n",
+        "--pidfile=",
+        "nvpair-proxy",
+        "--standalone",
+        "--engines",
+        "llamacpp",
+        *backends,
+        "--affinity",
+        affinity,
+        "--state-dir",
+        state,
+        "--ops-port",
+        str(ops),
+    ]
+    proc = procs.spawn(argv, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=state)
+    procs.waitForPort(port, "standalone proxy", proc)
+    _waitForNodes(ops, len(engines), proc)
+    return procs.Server("nvpair", port, proc.pid, [proc])
+
+
+def _startRust(name: str, engines: list[procs.Server]) -> procs.Server:
+    port, metrics = procs.freePort(), procs.freePort()
+    urls = [f"http://127.0.0.1:{e.port}" for e in engines]
+    if name == "sglang":
+        head = [os.path.join(BENCH_VENV, "sglang-router"), "launch"]
+    else:
+        head = [os.path.join(BENCH_VENV, "vllm-router")]
+    argv = [
+        *head,
+        "--worker-urls",
+        *urls,
+        "--policy",
+        "cache_aware",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--prometheus-port",
+        str(metrics),
+    ]
+    log = open(os.path.join(procs.ROOT, "bench", "out", f"{name}-router.log"), "wb")
+    proc = procs.spawn(argv, stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    procs.waitForPort(port, f"{name} router", proc, timeout=60)
+    procs.waitForRoute(port, timeout=60)
+    return procs.Server(name, port, proc.pid, [proc])
+
+
+def startRouter(
+    name: str, engines: list[procs.Server], seed: int
+) -> tuple[procs.Server | None, Callable[[Conversation, int], str]]:
+    """Start router ``name`` in front of ``engines``: its server (None for client-side
+    choosers) and the function choosing each turn's base URL."""
+    urls = [f"http://127.0.0.1:{e.port}" for e in engines]
+    if name == "random":
+        rng = random.Random(seed)
+        return None, lambda conv, turn: rng.choice(urls)
+    if name == "oracle":
+        return None, lambda conv, turn: urls[conv.tenant % len(urls)]
+    server: procs.Server
+    if name.startswith("nvpair-"):
+        server = _startProxy(engines, name.split("-", 1)[1])
+    elif name == "nginx":
+        out = os.path.join(procs.ROOT, "bench", "out")
+        server = procs.startNginx([e.port for e in engines], out, 4096)
+    else:
+        server = _startRust(name, engines)
+    url = f"http://127.0.0.1:{server.port}"
+    return server, lambda conv, turn: url

@@ -1,0 +1,158 @@
+"""The engine-state poller on a ``Clock``: intervals, back-off, fallback, staleness, logs."""
+
+from __future__ import annotations
+
+import json
+
+from twisted.internet.error import ConnectionRefusedError
+from twisted.internet.task import Clock
+from twisted.logger import Logger
+from twisted.trial.unittest import SynchronousTestCase
+
+from nvpair.proxy.engines import LLAMACPP, OLLAMA
+from nvpair.proxy.facade.enginepoller import FAST, PROBE_TIMEOUT, SLOW, EnginePoller
+from nvpair.proxy.routing.engineprobe import EngineReport
+from nvpair.proxy.routing.enginestates import EngineStates
+from nvpair.proxy.routing.reservations import ReservationMap
+from tests.facade.fleetkit import FakeResponse, FakeUpstream
+from tests.facade.test_hostcheck import Events
+
+
+def slots(busy: int, total: int = 2) -> FakeResponse:
+    """A llama.cpp ``/slots`` answer."""
+    doc = [{"id": i, "n_ctx": 1024, "is_processing": i < busy} for i in range(total)]
+    return FakeResponse(200, json.dumps(doc).encode())
+
+
+class PollerTests(SynchronousTestCase):
+    """Polling each backend's state into ``EngineStates``."""
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.up = FakeUpstream()
+        self.states = EngineStates(self.clock, ReservationMap())
+        self.traffic = False
+        self.reports: list[tuple[str, EngineReport]] = []
+        self.events = Events()
+        self.patch(EnginePoller, "log", Logger(observer=self.events))
+
+    def poller(self, *urls: str, engine: object = LLAMACPP) -> EnginePoller:
+        poller = EnginePoller(
+            engine,  # type: ignore[arg-type]
+            urls,
+            self.up,
+            self.clock,
+            self.states,
+            active=lambda: self.traffic,
+            onReport=lambda n, r: self.reports.append((n, r)),
+        )
+        poller.startService()
+        self.addCleanup(self.stop, poller)
+        return poller
+
+    def stop(self, poller: EnginePoller) -> None:
+        if poller.running:
+            poller.stopService()
+
+    def probeTimes(self, seconds: float) -> list[float]:
+        """The clock times at which the backends were asked, over ``seconds``."""
+        times: list[float] = []
+        for _ in range(int(seconds / FAST)):
+            before = len(self.up.calls)
+            self.clock.advance(FAST)
+            times += [self.clock.seconds()] * (len(self.up.calls) - before)
+        return times
+
+    def test_busyEverySecondIdleBacksOff(self) -> None:
+        """While traffic flows a backend is probed every second; idle, the interval doubles
+        up to ``SLOW``; when traffic resumes, probing is fast again at once."""
+        self.up.script["http://a/slots"] = slots(1)
+        self.traffic = True
+        self.poller("http://a")
+        self.assertEqual(self.probeTimes(5), [1.0, 2.0, 3.0, 4.0, 5.0])
+        self.traffic = False
+        # Still busy for ACTIVE_WINDOW (10 s) after the last traffic, then backing off.
+        times = self.probeTimes(40)
+        gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+        self.assertEqual(gaps[:9], [1.0] * 9)
+        self.assertEqual(gaps[-3:], [SLOW] * 3)
+        self.assertTrue(all(g <= SLOW for g in gaps))
+        self.assertIn(2.0, gaps)
+        self.traffic = True
+        self.assertEqual(len(self.probeTimes(1)), 1)
+        self.assertEqual(self.states.freeSlots("http://a"), 1)
+        self.assertEqual(self.reports[-1], ("http://a", EngineReport(1, 2, 2048)))
+
+    def test_staleAndFailuresAreUnknown(self) -> None:
+        """A failing, hung, malformed or non-2xx probe leaves the state unknown (never
+        idle); each problem is logged once, its end once."""
+        self.traffic = True
+        self.up.script["http://a/slots"] = slots(0)
+        self.poller("http://a")
+        self.assertEqual(self.states.freeSlots("http://a"), 2)
+        self.up.script["http://a/slots"] = "hang"
+        self.clock.advance(2 * FAST)
+        self.assertEqual(self.states.freeSlots("http://a"), 2, "fresh for two intervals")
+        self.clock.advance(0.5)
+        self.assertIsNone(self.states.freeSlots("http://a"), "older than two intervals")
+        self.clock.advance(PROBE_TIMEOUT)
+        self.assertEqual(self.up.cancelled, ["http://a"])
+        for bad in (ConnectionRefusedError(), FakeResponse(500), FakeResponse(200, b"[{}]")):
+            self.up.script["http://a/slots"] = bad
+            for _ in range(3):
+                self.clock.advance(FAST)
+                self.assertIsNone(self.states.freeSlots("http://a"))
+        self.up.script["http://a/slots"] = slots(2)
+        self.clock.advance(FAST)
+        self.assertEqual(self.states.freeSlots("http://a"), 0)
+        logged = [e["log_format"] for e in self.events]
+        self.assertEqual(logged, ["engine-state-unknown", "engine-state-read"])
+        self.assertEqual(self.states.status()["http://a"]["state"], "fresh")
+
+    def test_noSlotsFallsBackToMetrics(self) -> None:
+        """A llama.cpp server without ``/slots`` (501) is read through ``/metrics`` from
+        then on; without either, it stays unknown."""
+        self.up.script["http://a/slots"] = FakeResponse(501, b"{}")
+        self.up.script["http://a/metrics"] = FakeResponse(
+            200, b"llamacpp:requests_processing 3\nllamacpp:requests_deferred 1\n"
+        )
+        self.up.script["http://b/slots"] = FakeResponse(404)
+        self.up.script["http://b/metrics"] = FakeResponse(501)
+        self.traffic = True
+        self.poller("http://a", "http://b")
+        self.clock.advance(FAST)
+        self.assertEqual(self.states.freeSlots("http://a"), 0)
+        self.assertEqual(self.states.totalSlots("http://a"), 3)
+        self.assertIsNone(self.states.totalSlots("http://b"))
+        self.clock.advance(FAST)
+        paths = [(c[1], c[3]) for c in self.up.calls[-2:]]
+        self.assertEqual(sorted(paths), [("http://a", b"/metrics"), ("http://b", b"/metrics")])
+
+    def test_ollamaLoadedModels(self) -> None:
+        """Ollama's ``/api/ps`` says which models are loaded."""
+        ps = {"models": [{"name": "x:latest", "model": "x:latest", "expires_at": "soon"}]}
+        self.up.script["http://o/api/ps"] = FakeResponse(200, json.dumps(ps).encode())
+        self.poller("http://o", engine=OLLAMA)
+        self.assertIs(self.states.modelLoaded("http://o", "x:latest"), True)
+        self.assertIs(self.states.modelLoaded("http://o", "y:latest"), False)
+        self.assertIsNone(self.states.freeSlots("http://o"))
+
+    def test_setBackends(self) -> None:
+        """The backend set can change while running: new ones probed at once, removed ones
+        forgotten (their probe abandoned, their state dropped)."""
+        self.up.script["http://a/slots"] = slots(0)
+        self.up.script["http://b/slots"] = "hang"
+        self.up.script["http://c/slots"] = slots(1)
+        poller = self.poller("http://a", "http://b")
+        poller.setBackends(["http://c"])
+        self.assertEqual(self.up.cancelled, ["http://b"])
+        self.assertEqual(sorted(self.states.status()), ["http://c"])
+        self.assertEqual(self.states.freeSlots("http://c"), 1)
+
+    def test_stopLeavesNothing(self) -> None:
+        """Stopping abandons probes in flight and leaves no timer."""
+        self.up.script["http://a/slots"] = "hang"
+        poller = self.poller("http://a")
+        poller.stopService()
+        self.assertEqual(self.up.cancelled, ["http://a"])
+        self.assertEqual(self.clock.getDelayedCalls(), [])

@@ -1,0 +1,139 @@
+"""Placement by cached prefix and live slot state, end to end: the real standalone process
+over simulated engines (``nvpair.proxy.testing.simengine``) on loopback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import treq
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.trial.unittest import TestCase
+
+from nvpair.proxy.testing.simengine import SimConfig, SimEngine
+from tests.support.harness import freePort
+from tests.support.standaloneharness import StandaloneProxy, backendUp
+
+CHAT = "/v1/chat/completions"
+DEADLINE = 30.0
+
+
+def words(n: int, tag: str) -> str:
+    """``n`` distinct words (a long system prompt when ``n`` is large)."""
+    return " ".join(f"{tag}{i}" for i in range(n))
+
+
+def pause(seconds: float) -> Deferred[None]:
+    d: Deferred[None] = Deferred()
+    reactor.callLater(seconds, d.callback, None)
+    return d
+
+
+class PlacementTests(TestCase):
+    """Tenants group on one engine; a node whose slots a direct client took is avoided."""
+
+    timeout = 120
+
+    async def start(self, engines: int = 2, slots: int = 2) -> None:
+        self.engines: list[SimEngine] = []
+        self.urls: list[str] = []
+        for i in range(engines):
+            engine = SimEngine(
+                reactor,
+                SimConfig(models=("m1",), name=f"E{i}", slots=slots, prefillMs=0.05, decodeMs=1),
+            )
+            port = engine.listen()
+            self.addCleanup(engine.close)
+            self.engines.append(engine)
+            self.urls.append(f"http://127.0.0.1:{port}")
+        self.opsPort = freePort()
+        self.proxy = StandaloneProxy(
+            self,
+            reactor,
+            ["llamacpp"],
+            [("llamacpp", url) for url in self.urls],
+            ["--ops-port", str(self.opsPort)],
+        )
+        await self.proxy.start()
+        for url in self.urls:
+            await self.proxy.waitForLog(backendUp(url))
+
+    async def chat(self, system: str, user: str) -> tuple[str, dict[str, Any]]:
+        """One request through the proxy: the serving node and the usage reported."""
+        response = await treq.post(
+            self.proxy.url("llamacpp") + CHAT,
+            json={
+                "model": "m1",
+                "max_tokens": 2,
+                "messages": [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": user},
+                ],
+            },
+            persistent=False,
+        )
+        body = await response.json()
+        self.assertEqual(response.code, 200, body)
+        [nodeId] = response.headers.getRawHeaders("x-nvpair-node")
+        return nodeId, body["usage"]
+
+    async def ops(self, path: str) -> bytes:
+        response = await treq.get(f"http://127.0.0.1:{self.opsPort}{path}", persistent=False)
+        self.assertEqual(response.code, 200)
+        return bytes(await response.content())
+
+    async def status(self) -> dict[str, Any]:
+        response = await treq.get(f"http://127.0.0.1:{self.opsPort}/status", persistent=False)
+        document: dict[str, Any] = await response.json()
+        return document
+
+    async def waitForState(self, url: str, busy: int) -> dict[str, Any]:
+        """Poll /status (bounded) until the engine at ``url`` is read fresh with ``busy``
+        slots busy."""
+        deadline = reactor.seconds() + DEADLINE
+        while True:
+            entry = (await self.status()).get("engineStates", {}).get(url, {})
+            if entry.get("state") == "fresh" and entry.get("slotsBusy") == busy:
+                return dict(entry)
+            if reactor.seconds() > deadline:
+                self.fail(f"engine state of {url} never showed {busy} busy: {entry}")
+            await pause(0.1)
+
+    async def test_tenantGroupsAndStateShown(self) -> None:
+        """Users of one tenant (a long shared system prompt) land on one engine, which
+        reports their shared prefix cached; /status and /metrics show slots and hit ratio."""
+        await self.start()
+        system = words(400, "acme")
+        homes = set()
+        cached = []
+        for user in ("alice asks about invoices", "bob wants a refund", "carol resets"):
+            node, usage = await self.chat(system, user)
+            homes.add(node)
+            cached.append(usage["prompt_tokens_details"]["cached_tokens"])
+        self.assertEqual(len(homes), 1, homes)
+        self.assertEqual(cached[0], 0)
+        self.assertGreater(min(cached[1:]), 300)
+        (home,) = homes
+        await self.waitForState(home, 0)
+        status = await self.status()
+        entry = status["engineStates"][home]
+        self.assertEqual(entry["slotsTotal"], 2)
+        self.assertGreater(entry["cacheHitRatio"], 0.5)
+        nodes = {n["id"]: n for n in status["facades"]["llamacpp"]["nodes"]}
+        self.assertEqual(nodes[home]["engine"]["slotsTotal"], 2)
+        self.assertGreater(status["affinity"]["prefixIndex"]["blocks"], 0)
+        metrics = (await self.ops("/metrics")).decode()
+        self.assertIn(f'nvpair_proxy_engine_slots_total{{node="{home}"}} 2.0', metrics)
+        self.assertIn(f'nvpair_proxy_engine_state_fresh{{node="{home}"}} 1.0', metrics)
+        self.assertIn(f'nvpair_proxy_engine_cache_hit_ratio{{node="{home}"}}', metrics)
+
+    async def test_slotsTakenDirectlyAreAvoided(self) -> None:
+        """Every slot of one engine taken by a client the proxy does not see (only the
+        engine's /slots shows it): new conversations all go to the other engine."""
+        await self.start()
+        full, free = self.urls
+        response = await treq.post(full + "/sim/hold", json={"slots": 2}, persistent=False)
+        self.assertEqual(response.code, 200, await response.text())
+        await self.waitForState(full, 2)
+        served = [(await self.chat(f"short system {i}", "hi"))[0] for i in range(8)]
+        self.assertEqual(served, [free] * 8)
