@@ -17,6 +17,7 @@ from zope.interface import implementer
 from nvpair.proxy.broker.activity import Activity
 from nvpair.proxy.broker.workloads import WorkloadReporter
 from nvpair.proxy.cluster.membership import ClusterTrust
+from nvpair.proxy.dispatch.queueing import Queueing
 from nvpair.proxy.dispatch.relay import forwardHeaders
 from nvpair.proxy.dispatch.stallwatch import StallWatches
 from nvpair.proxy.engines import Engine
@@ -26,6 +27,7 @@ from nvpair.proxy.interfaces import IBrokerSink, InFlight, IRequestContext, IUps
 from nvpair.proxy.ops.history import History
 from nvpair.proxy.ops.metrics import Metrics
 from nvpair.proxy.routing.affinity import Affinity
+from nvpair.proxy.routing.interfaces import IEngineStates
 from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.runtime.logs import LogControl
 from nvpair.proxy.settings import Settings
@@ -61,6 +63,9 @@ class RequestContext:
         self.stalls = StallWatches(clock, settings.streamIdleTimeout)
         # Standalone with ``--affinity prefix`` sets this (the proxy then orders candidates).
         self.affinity: Affinity | None = None
+        # Standalone sets these: the engines' own state, and the queue and breakers.
+        self.engineStates: IEngineStates | None = None
+        self.queueing: Queueing | None = None
         self.exchanges: set[InFlight] = set()
 
     forwardHeaders = staticmethod(forwardHeaders)
@@ -88,6 +93,10 @@ class RequestContext:
     def attemptFailed(self, exchange: Any, outcome: Any) -> None:
         """An attempt ended uncommitted."""
         self.metrics.attemptFailed(exchange, outcome)
+        if self.queueing is not None:
+            self.queueing.attemptFailed(
+                outcome.node.id, outcome.kind, outcome.status, outcome.retryAfter
+            )
         self.history.attempt(exchange.engine.id, outcome.node.id, outcome.kind, outcome.status)
         if self.logControl.enabled("debug"):
             self.log.debug(
@@ -101,6 +110,8 @@ class RequestContext:
     def committed(self, exchange: Any, nodeId: str) -> None:
         """A response committed on ``nodeId``."""
         self.metrics.committed(exchange, nodeId, self.clock.seconds() - exchange.createdAt)
+        if self.queueing is not None:
+            self.queueing.committed(nodeId, exchange.committedStatus)
         self.history.attempt(exchange.engine.id, nodeId, None, None)
 
     def requestEnded(self, exchange: Any) -> None:

@@ -91,6 +91,14 @@ class IRequestContext(Interface):
         "ordering candidates (under a broker, or ``--affinity off``)."
     )
     stalls = Attribute("The stream stall watches (``dispatch.stallwatch.StallWatches``).")
+    queueing = Attribute(
+        "Standalone flow control (``dispatch.queueing.Queueing``: the fair queue and the node "
+        "breakers), or None under a broker."
+    )
+    engineStates = Attribute(
+        "The engines' own state (``routing.interfaces.IEngineStates``), or None under a "
+        "broker or when absent."
+    )
 
     def forwardHeaders(incoming: Headers) -> Headers:
         """The request headers to send upstream for ``incoming``."""

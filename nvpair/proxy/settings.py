@@ -37,3 +37,5 @@ class Settings:
     allowedHosts: tuple[str, ...] = ()
     streamIdleTimeout: float = 300.0
     affinity: str = "prefix"
+    queueMax: int = 256
+    queueTimeout: float = 30.0

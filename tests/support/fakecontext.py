@@ -16,6 +16,7 @@ from zope.interface import implementer
 
 from nvpair.proxy.broker.activity import Activity
 from nvpair.proxy.broker.workloads import WorkloadReporter
+from nvpair.proxy.dispatch.queueing import Queueing
 from nvpair.proxy.dispatch.relay import forwardHeaders
 from nvpair.proxy.dispatch.stallwatch import StallWatches
 from nvpair.proxy.engines import Engine
@@ -23,6 +24,7 @@ from nvpair.proxy.http.interfaces import IServerRequest
 from nvpair.proxy.http.site import sendError
 from nvpair.proxy.interfaces import InFlight, IRequestContext
 from nvpair.proxy.routing.affinity import Affinity
+from nvpair.proxy.routing.interfaces import IEngineStates
 from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.runtime.logs import LogControl
 from tests.support.fakeupstream import RUN_ID, FakeUpstream, ListSink, makeSettings
@@ -83,6 +85,8 @@ class FakeContext(Generic[UpstreamT]):
         self.logControl = LogControl(self.settings.logLevel)
         self.stalls = StallWatches(self.clock, self.settings.streamIdleTimeout)
         self.affinity: Affinity | None = None
+        self.engineStates: IEngineStates | None = None
+        self.queueing: Queueing | None = None  # standalone's queue and breakers
         # The overloads tie ``UpstreamT`` to what is stored here.
         self.upstream = cast(UpstreamT, FakeUpstream(self.clock) if upstream is None else upstream)
         self.trust = trust

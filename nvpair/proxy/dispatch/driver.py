@@ -18,13 +18,20 @@ from twisted.python.failure import Failure
 
 from nvpair.proxy.dispatch.interfaces import IFacadeView
 from nvpair.proxy.dispatch.outcome import GONE, ClientState, FailureKind
+from nvpair.proxy.dispatch.queueing import Queueing
+from nvpair.proxy.http.interfaces import IServerRequest
 from nvpair.proxy.interfaces import IRequestContext
-from nvpair.proxy.routing.interfaces import IOutcome
+from nvpair.proxy.routing.admission import bodyDocument
+from nvpair.proxy.routing.clients import clientKey
+from nvpair.proxy.routing.interfaces import IOutcome, IPlacementExchange
 from nvpair.proxy.routing.placement import Policy
 from nvpair.proxy.routing.reservations import Reservation
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from nvpair.proxy.broker.workloads import Workload
+    from nvpair.proxy.routing.nodes import Node
     from nvpair.proxy.settings import Settings
 
 
@@ -55,7 +62,7 @@ class PolicyDriver:
     (``_internal``, then ``_terminal``) or answers (``answerError``).
     """
 
-    __slots__ = ("policy", "reservation", "loop", "stepping", "early")
+    __slots__ = ("policy", "reservation", "loop", "stepping", "early", "queued")
 
     context: IRequestContext
     facade: IFacadeView
@@ -69,6 +76,11 @@ class PolicyDriver:
     early: IOutcome | Failure | Early | None
     client: ClientState
     stopping: bool
+    queued: int  # 0: not charged to its client yet; 1: charged; 2: just let out of the queue
+    request: IServerRequest
+    model: str | None
+    body: bytes
+    document: dict[str, object] | None
 
     def _placed(self) -> None:
         """The policy ended: an attempt committed, or it answered the request itself."""
@@ -158,6 +170,46 @@ class PolicyDriver:
         if not wakeOnDiscovery:
             return sleep
         return defer.race([sleep, self.facade.nextSnapshot()]).addCallback(_nothing)
+
+    # -- the queue and the breakers (standalone; ``dispatch.queueing``) -------------------
+
+    def waitForRoom(self, owners: Sequence[Node]) -> defer.Deferred[None] | None:
+        """None to go on now; else wait in the queue: a Deferred that fires once dispatched
+        (or fails with ``CancelledError`` once answered ``queue_full``/``queue_timeout``)."""
+        queueing: Queueing | None = self.context.queueing
+        if queueing is None or self.model is None:
+            return None
+        state = self.queued
+        if state == 2:
+            self.queued = 1  # just let out (and charged): it goes on
+            return None
+        if state == 1 and not queueing.knownFull(owners):
+            return None  # a later round, already charged
+        document = self.document
+        authorization = self.request.requestHeaders.getRawHeaders(b"authorization")
+        if document is None and not authorization:
+            document = bodyDocument(self.body)
+        # Peer requests are served on the local backend and never routed here: no peer id.
+        client = clientKey(authorization[0] if authorization else None, document, None)
+        wait = queueing.waitForRoom(IPlacementExchange(self), owners, client)
+        if wait is None:
+            self.queued = 1
+            return None
+        self.queued = 2
+        return wait
+
+    def knownFull(self, owners: Sequence[Node]) -> bool:
+        """Whether every one of ``owners`` is known full (the next round waits in the queue
+        instead of backing off)."""
+        queueing: Queueing | None = self.context.queueing
+        return queueing is not None and queueing.knownFull(owners)
+
+    def demote(self, owners: Sequence[Node]) -> tuple[Sequence[Node], tuple[Node, ...]]:
+        """``owners`` split by the node breakers: those to order as usual, then the demoted."""
+        queueing: Queueing | None = self.context.queueing
+        if queueing is None:
+            return owners, ()
+        return queueing.demote(owners)
 
     def retrying(self) -> None:
         """The failed attempt was not the last: the workload is queued again."""

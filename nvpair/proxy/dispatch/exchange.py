@@ -137,6 +137,7 @@ class Exchange(PolicyDriver):
         self.loop: defer.Deferred[IOutcome] | defer.Deferred[None] | None = None
         self.stepping = False
         self.early: IOutcome | Failure | Early | None = WAITING
+        self.queued = 0
 
     @property
     def clientGone(self) -> bool:

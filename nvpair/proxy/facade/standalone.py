@@ -23,6 +23,7 @@ from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 from zope.interface import Attribute
 
+from nvpair.proxy.dispatch.queueing import Queueing
 from nvpair.proxy.engines import ENGINES, Engine
 from nvpair.proxy.facade import inventory
 from nvpair.proxy.facade.facade import BindError, Facade, IFacadeHost
@@ -198,3 +199,7 @@ def startStandalone(process: IStandaloneProcess) -> None:
     # list (with no load of its own), so an idle fleet is tried in that order and
     # reservations still spread concurrent requests over it.
     context.reservations.applyPriority(0, list(dict.fromkeys(order)), {})
+    # The proxy is its own scheduler: a fair queue while every owner is full, node breakers.
+    queueing = Queueing(settings, context.clock, context.activity.inFlight, context.engineStates)
+    context.queueing = queueing
+    context.activity.listener = queueing.activityChanged

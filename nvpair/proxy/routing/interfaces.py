@@ -5,7 +5,7 @@ imports nothing of ``dispatch`` (nor of the network): the exchange they drive pr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from zope.interface import Attribute, Interface
@@ -58,6 +58,18 @@ class IPlacementExchange(Interface):
 
     def retrying() -> None:
         """An uncommitted attempt was not the last: the request is queued again."""
+
+    def waitForRoom(owners: Sequence[Node]) -> Deferred[None] | None:
+        """Standalone: None to go on now; else a Deferred that fires once the request is let
+        out of the fair queue (every owner was known full), or fails with ``CancelledError``
+        once it has been answered (``queue_full``, ``queue_timeout``) or its client left."""
+
+    def knownFull(owners: Sequence[Node]) -> bool:
+        """Whether every one of ``owners`` is known full (always False under a broker)."""
+
+    def demote(owners: Sequence[Node]) -> tuple[Sequence[Node], tuple[Node, ...]]:
+        """``owners`` split by the node breakers: those to order as usual, then those to try
+        after them (``owners`` and none under a broker)."""
 
     def pause(seconds: float, wakeOnDiscovery: bool) -> Deferred[None]:
         """Wait ``seconds``, or until discovery changes when ``wakeOnDiscovery``."""
