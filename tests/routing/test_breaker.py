@@ -14,7 +14,7 @@ from nvpair.proxy.routing.interfaces import IEngineStates
 from nvpair.proxy.routing.nodes import Node
 from nvpair.proxy.routing.room import BUSY_HOLD, MAX_NODES, RoomBoard, isBusyAnswer
 
-A, B, C = (Node(n, False, (n,), ("m",)) for n in ("a", "b", "c"))
+A, B, C = (Node(n, False, (n,), frozenset({"m"})) for n in ("a", "b", "c"))
 
 
 def _open(breakers: Breakers, nodeId: str, now: float = 0.0) -> None:

@@ -25,7 +25,7 @@ def _push(queue: FairQueue[str], client: str, since: float, name: str) -> Ticket
 
 
 def _drainAll(queue: FairQueue[str], now: float = 0.0) -> list[str]:
-    out = []
+    out: list[str] = []
     while True:
         ticket = queue.pop(now)
         if ticket is None:

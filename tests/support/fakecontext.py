@@ -126,9 +126,15 @@ class FakeContext(Generic[UpstreamT]):
 
     def attemptFailed(self, exchange: Any, outcome: Any) -> None:
         self.record.failedAttempts.append(outcome)
+        if self.queueing is not None:  # as ``RequestContext`` does
+            self.queueing.attemptFailed(
+                outcome.node.id, outcome.kind, outcome.status, outcome.retryAfter
+            )
 
     def committed(self, exchange: Any, nodeId: str) -> None:
         self.record.commits.append(nodeId)
+        if self.queueing is not None:
+            self.queueing.committed(nodeId, exchange.committedStatus)
 
     def requestEnded(self, exchange: Any) -> None:
         self.record.ended.append(exchange)

@@ -299,8 +299,16 @@ class Queueing:
         self.breakers.succeeded(nodeId)
 
     def demote(self, owners: Sequence[Node]) -> tuple[Sequence[Node], tuple[Node, ...]]:
-        """``owners`` split by the breakers: those to order as usual, then the demoted."""
-        return self.breakers.order(owners, self.clock.seconds())
+        """``owners`` split: those to order as usual, then the rest in their order (nodes whose
+        breaker is open; known-full nodes, while another owner has room)."""
+        now = self.clock.seconds()
+        preferred, demoted = self.breakers.order(owners, now)
+        full = [node for node in preferred if not self._hasRoom(node.id, now)]
+        if not full or len(full) == len(preferred):
+            return preferred, demoted
+        # Owners with room first (a request let out of the queue goes where the room is).
+        roomy = tuple(node for node in preferred if node not in full)
+        return roomy, (*full, *demoted)
 
     # -- read by the ops views -------------------------------------------------------------
 
