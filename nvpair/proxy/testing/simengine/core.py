@@ -1,0 +1,118 @@
+"""What every part of one simulated engine shares: settings, slots, cache, counters, state.
+
+The routes, the control routes and the runs read and change the engine through this one
+object; ``SimEngine`` owns it and adds the listening socket and the connections.
+"""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+from twisted.internet.interfaces import IReactorTime
+from zope.interface import Interface
+
+from nvpair.proxy.testing.fakeengine.answers import JSON, Responder
+from nvpair.proxy.testing.fakeengine.connection import EngineConnection
+from nvpair.proxy.testing.simengine.cache import PrefixCache
+from nvpair.proxy.testing.simengine.config import Failure, SimConfig
+from nvpair.proxy.testing.simengine.slots import Slots
+
+
+@attrs.define
+class Stats:
+    """What the engine has done since it started (or since ``/sim/reset``)."""
+
+    requests: int = 0
+    completed: int = 0
+    cancelled: int = 0
+    refused: int = 0
+    failed: int = 0
+    promptTokens: int = 0
+    cachedTokens: int = 0
+    completionTokens: int = 0
+    promptSeconds: float = 0.0
+    predictedSeconds: float = 0.0
+    decodes: int = 0
+
+    def reset(self) -> None:
+        """Zero every counter."""
+        for field in attrs.fields(Stats):
+            setattr(self, field.name, field.default)
+
+
+class IRun(Interface):
+    """What the engine needs of a request it tracks: a way to cancel it."""
+
+    def cancel() -> None:
+        """The client went away: give up the slot or the place in the FIFO."""
+
+
+class Core:
+    """The shared state of one simulated engine, timed on ``clock``."""
+
+    def __init__(self, clock: IReactorTime, config: SimConfig) -> None:
+        self.clock = clock
+        self.config = config
+        self.failure: Failure | None = config.failure
+        self.stats = Stats()
+        self.cache = PrefixCache(config.cacheTokens // config.blockSize)
+        self.slots = Slots(clock, config.slots, config.queueMax)
+        self.responder = Responder(config.name)
+        self.lastUsed: dict[str, float] = {m: clock.seconds() for m in config.models}
+        self.runs: dict[EngineConnection, IRun] = {}
+
+    def taskAt(self, slotId: int) -> int:
+        """The task id in slot ``slotId``; -1 when idle."""
+        if not self.slots.isBusy(slotId):
+            return -1
+        job = self.slots.jobAt(slotId)
+        return job.task if job is not None else 0
+
+    def track(self, connection: EngineConnection, run: IRun) -> None:
+        """Remember the run on ``connection`` until it is done (or the client leaves)."""
+        self.runs[connection] = run
+
+    def untrack(self, run: IRun) -> None:
+        """``run`` finished."""
+        for connection, known in list(self.runs.items()):
+            if known is run:
+                del self.runs[connection]
+
+    def document(self, connection: EngineConnection, status: int, body: bytes) -> None:
+        """Answer with one JSON document."""
+        self.responder.sendDocument(connection, status, None, body, JSON)
+
+    def statsDocument(self) -> bytes:
+        """``GET /sim/stats``."""
+        s, slots = self.stats, self.slots
+        doc = {
+            "name": self.config.name,
+            "dialect": self.config.dialect,
+            "requests": s.requests,
+            "completed": s.completed,
+            "cancelled": s.cancelled,
+            "refused": s.refused,
+            "failed": s.failed,
+            "prompt_tokens": s.promptTokens,
+            "cached_tokens": s.cachedTokens,
+            "completion_tokens": s.completionTokens,
+            "slots": {"total": slots.total, "busy": slots.busy, "held": slots.held},
+            "queue": {
+                "depth": slots.queued,
+                "max": slots.queueMax,
+                "waits": slots.waits,
+                "wait_ms_total": round(slots.waitTotal * 1000.0, 3),
+                "wait_ms_max": round(slots.waitMax * 1000.0, 3),
+            },
+            "cache": {
+                "blocks": len(self.cache),
+                "capacity_blocks": self.cache.capacityBlocks,
+                "block_size": self.config.blockSize,
+                "evictions": self.cache.evictions,
+            },
+            "failing": None
+            if self.failure is None
+            else {"status": self.failure.status, "delay_ms": self.failure.delayMs},
+        }
+        return json.dumps(doc, separators=(",", ":")).encode()

@@ -1,0 +1,124 @@
+"""One inference request inside the simulated engine: wait for a slot, prefill, decode.
+
+Timeline, once the request has a slot: the leading prompt blocks held in the prefix cache
+are free; every other prompt token costs ``prefillMs``; then the prompt's blocks are cached
+and (streaming) the headers go out; the i-th token goes out ``(i + 1) * decodeMs`` later.
+When the last token is out, the blocks of prompt and answer together are cached (the next
+turn of the conversation starts with exactly those tokens), the usage is reported as the
+dialect does, and the slot goes to the next request in the FIFO.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from zope.interface import implementer
+
+from nvpair.proxy.testing.fakeengine.answers import JSON
+from nvpair.proxy.testing.fakeengine.connection import EngineConnection, chunk
+from nvpair.proxy.testing.simengine.core import Core, IRun
+from nvpair.proxy.testing.simengine.replies import Reply, Usage
+from nvpair.proxy.testing.simengine.slots import Job
+from nvpair.proxy.testing.simengine.tokens import blockDigests, outputWord, tokenId
+
+
+@implementer(IRun)
+class Run:
+    """One inference request, from its arrival to its last byte (or its client leaving)."""
+
+    def __init__(
+        self,
+        core: Core,
+        connection: EngineConnection,
+        reply: Reply,
+        stream: bool,
+        words: Sequence[str],
+        maxTokens: int,
+        onDone: Callable[[Run], None],
+    ) -> None:
+        self._parts = core
+        self._connection = connection
+        self._reply = reply
+        self._stream = stream
+        self._ids = [tokenId(w) for w in words]
+        self._n = maxTokens
+        self._onDone = onDone
+        self._digests = blockDigests(reply.model, self._ids, core.config.blockSize)
+        self.job = Job(self._start)
+        self.cached = 0
+        self.done = False
+        self.taskId = -1
+
+    @property
+    def promptTokens(self) -> int:
+        """How many tokens the prompt has."""
+        return len(self._ids)
+
+    def begin(self) -> bool:
+        """Take a slot or a place in the FIFO; False when the FIFO is full."""
+        return self._parts.slots.submit(self.job)
+
+    def cancel(self) -> None:
+        """The client went away: give up the slot or the place in the FIFO."""
+        if not self.done:
+            self.done = True
+            self._parts.stats.cancelled += 1
+            self._parts.slots.release(self.job)
+
+    def _start(self, slotId: int) -> None:
+        parts = self._parts
+        size = parts.config.blockSize
+        matched = parts.cache.match(self._digests)
+        self.cached = max(0, min(matched * size, len(self._ids) - 1))
+        evaluated = len(self._ids) - self.cached
+        self._promptMs = evaluated * parts.config.prefillMs
+        stats = parts.stats
+        stats.promptTokens += len(self._ids)
+        stats.cachedTokens += self.cached
+        stats.promptSeconds += self._promptMs / 1000.0
+        self._connection.later(self._promptMs / 1000.0, self._prefilled)
+
+    def _prefilled(self) -> None:
+        self._parts.cache.insert(self._digests)
+        decode = self._parts.config.decodeMs / 1000.0
+        if not self._stream:
+            self._connection.later(decode * self._n, self._finish)
+            return
+        head = self._parts.responder.head(200, None, self._reply.contentType, None)
+        first = self._reply.first()
+        self._connection.write(head + (chunk(first) if first else b""))
+        self._connection.later(decode, lambda: self._token(0))
+
+    def _token(self, i: int) -> None:
+        text = outputWord(i) if i == 0 else " " + outputWord(i)
+        self._connection.write(chunk(self._reply.piece(text)))
+        if i + 1 < self._n:
+            decode = self._parts.config.decodeMs / 1000.0
+            self._connection.later(decode, lambda: self._token(i + 1))
+        else:
+            self._finish()
+
+    def _finish(self) -> None:
+        parts = self._parts
+        n = self._n
+        answer = [tokenId(outputWord(i)) for i in range(n)]
+        parts.cache.insert(
+            blockDigests(self._reply.model, self._ids + answer, parts.config.blockSize)
+        )
+        predictedMs = n * parts.config.decodeMs
+        usage = Usage(len(self._ids), self.cached, n, self._promptMs, predictedMs)
+        stats = parts.stats
+        stats.completed += 1
+        stats.completionTokens += n
+        stats.predictedSeconds += predictedMs / 1000.0
+        stats.decodes += n
+        self.done = True
+        parts.slots.release(self.job)
+        self._onDone(self)
+        if self._stream:
+            self._connection.write(chunk(self._reply.last(usage)) + b"0\r\n\r\n")
+            self._connection.finished()
+        else:
+            text = " ".join(outputWord(i) for i in range(n))
+            body = self._reply.document(text, usage)
+            parts.responder.sendDocument(self._connection, 200, None, body, JSON)

@@ -1,0 +1,1 @@
+"""Tests of the simulated engine of the testing kit (nvpair.proxy.testing.simengine)."""
