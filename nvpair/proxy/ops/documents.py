@@ -135,4 +135,5 @@ class StatusDocument(TypedDict):
     inFlight: dict[str, int]
     reservations: dict[str, int]
     affinity: dict[str, object]
+    queueing: dict[str, object] | None
     workloads: WorkloadsStatus

@@ -19,6 +19,7 @@ from nvpair.proxy.broker.workloads import WorkloadReporter
 from nvpair.proxy.dispatch.upstream import Upstream
 from nvpair.proxy.facade.facade import Facade
 from nvpair.proxy.facade.hostcheck import HostGate
+from nvpair.proxy.interfaces import IRequestContext
 from nvpair.proxy.ops.history import History
 from nvpair.proxy.ops.metrics import Metrics
 from nvpair.proxy.options import Settings
@@ -46,3 +47,4 @@ class IOpsView(IServiceCollection):
     hosts: HostGate = Attribute("The loopback ``Host`` rule the listener applies too.")
     upstream: Upstream = Attribute("The connector to nodes (its pool is counted).")
     affinity: Affinity | None = Attribute("Conversation affinity, or None where it is off.")
+    context: IRequestContext = Attribute("The request context (standalone's ``queueing``).")

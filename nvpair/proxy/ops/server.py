@@ -45,6 +45,7 @@ from nvpair.proxy.ops.history import Window
 from nvpair.proxy.ops.interfaces import IOpsView
 from nvpair.proxy.ops.nodestate import nodeHealth
 from nvpair.proxy.ops.page import renderPage
+from nvpair.proxy.ops.queuegauges import QueueCollector, queueStatus
 from nvpair.proxy.routing.affinity import affinityStatus
 
 MAX_MODEL_NAMES = 64
@@ -112,6 +113,7 @@ def statusDocument(view: IOpsView) -> StatusDocument:
         "inFlight": inFlight,
         "reservations": reserved,
         "affinity": affinityStatus(view),
+        "queueing": queueStatus(view.context.queueing),
         "workloads": {
             "live": reporter.live,
             "terminals": dict(reporter.terminals),
@@ -181,6 +183,7 @@ class OpsApp:
         self.view = view
         self.state = CollectorRegistry()
         self.state.register(StateCollector(view))
+        self.state.register(QueueCollector(lambda: view.context.queueing))
 
     @app.route("/", methods=["GET"])
     def page(self, request: IRequest) -> bytes:
