@@ -154,7 +154,8 @@ class RoomTests(SynchronousTestCase):
         self.assertTrue(board.hasRoom("a", 1000, 0.0))
 
     def test_busyUntilEndOrHold(self) -> None:
-        """A busy answer marks the node full until one of ours ends there, or the hold."""
+        """A busy answer marks the node full for the hold; each of ours that ends there
+        frees one slot for one request."""
         board = RoomBoard(None)
         board.busy("a", 0.0, None)
         self.assertFalse(board.hasRoom("a", 0, 0.5))
@@ -162,7 +163,9 @@ class RoomTests(SynchronousTestCase):
         board.busy("a", 0.0, 5.0)
         self.assertFalse(board.hasRoom("a", 0, 4.0))
         board.ended("a")
-        self.assertTrue(board.hasRoom("a", 0, 0.1))
+        self.assertTrue(board.hasRoom("a", 0, 0.1))  # one slot freed: one request
+        board.started("a")
+        self.assertFalse(board.hasRoom("a", 0, 0.1))
 
     def test_slotsFromProbeAndOurs(self) -> None:
         """Free slots from the probe, less ours started since, plus ours ended since."""

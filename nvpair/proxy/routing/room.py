@@ -6,8 +6,9 @@ A node is *known full* when any of these says so, and otherwise has room:
   our requests in flight, or its latest fresh probe's free slots, less the requests we
   started and plus those we ended since that probe, at or below zero;
 * a recent *busy* answer from it (429, or 503 while another of our requests ran there:
-  Ollama's server-busy), until one of our requests on it ends or ``BUSY_HOLD`` seconds
-  pass (longer when the engine's ``Retry-After`` asked, at most ``MAX_BUSY_HOLD``).
+  Ollama's server-busy), for ``BUSY_HOLD`` seconds (longer when the engine's
+  ``Retry-After`` asked, at most ``MAX_BUSY_HOLD``); meanwhile each of our requests that
+  ends there frees one slot, for one request.
 
 With neither, nothing is known full and requests go straight to the engines as before.
 Per-node state is bounded by ``MAX_NODES`` (the least recently touched node forgotten).
@@ -33,11 +34,12 @@ def isBusyAnswer(status: int | None, othersInFlight: int) -> bool:
 
 
 class _NodeRoom:
-    __slots__ = ("busyUntil", "sinceProbe")
+    __slots__ = ("busyUntil", "sinceProbe", "freed")
 
     def __init__(self) -> None:
         self.busyUntil = 0.0
         self.sinceProbe = 0  # our requests started less those ended since the last probe
+        self.freed = 0  # slots ours freed on a busy node, not yet taken again
 
 
 class RoomBoard:
@@ -62,13 +64,17 @@ class RoomBoard:
 
     def started(self, nodeId: str) -> None:
         """One of our requests started on ``nodeId``."""
-        self._node(nodeId).sinceProbe += 1
+        node = self._node(nodeId)
+        node.sinceProbe += 1
+        if node.freed > 0:
+            node.freed -= 1
 
     def ended(self, nodeId: str) -> None:
         """One of our requests on ``nodeId`` ended: a slot is free again."""
         node = self._node(nodeId)
         node.sinceProbe -= 1
-        node.busyUntil = 0.0
+        if node.busyUntil > 0.0:
+            node.freed += 1  # one slot: one request may go there
 
     def probed(self, nodeId: str) -> None:
         """A fresh probe of ``nodeId`` was recorded: it counts everything started before."""
@@ -77,7 +83,9 @@ class RoomBoard:
     def busy(self, nodeId: str, now: float, retryAfter: float | None) -> None:
         """``nodeId`` answered busy; it counts as full for a while."""
         hold = BUSY_HOLD if retryAfter is None else max(BUSY_HOLD, retryAfter)
-        self._node(nodeId).busyUntil = now + min(hold, MAX_BUSY_HOLD)
+        node = self._node(nodeId)
+        node.busyUntil = now + min(hold, MAX_BUSY_HOLD)
+        node.freed = 0
 
     def busyUntil(self, nodeId: str) -> float:
         """When ``nodeId``'s busy mark lapses (0 when none)."""
@@ -87,7 +95,7 @@ class RoomBoard:
     def hasRoom(self, nodeId: str, inFlight: int, now: float) -> bool:
         """Whether ``nodeId`` is not known full; ``inFlight`` is our requests running there."""
         node = self._nodes.get(nodeId)
-        if node is not None and node.busyUntil > now:
+        if node is not None and node.busyUntil > now and node.freed <= 0:
             return False
         states = self.states
         if states is None:
