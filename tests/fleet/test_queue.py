@@ -8,6 +8,7 @@ from typing import Any
 import treq
 from twisted.internet import defer, reactor, task
 from twisted.trial.unittest import TestCase
+from twisted.web.http_headers import Headers
 
 from nvpair.proxy.testing.simengine import SimConfig, SimEngine
 from nvpair.proxy.testing.simengine.config import Failure
@@ -49,16 +50,19 @@ class QueueProcessTests(TestCase):
         )
         await proxy.start()
         for engine in engines:
-            await proxy.waitForLog(
-                lambda r, e=engine: r.get("event") == "backend-up" and r["url"] == e.url
-            )
+            url = engine.url
+
+            def up(record: dict[str, Any], url: str = url) -> bool:
+                return record.get("event") == "backend-up" and record["url"] == url
+
+            await proxy.waitForLog(up)
         return proxy
 
     def post(self, proxy: StandaloneProxy, tokens: int, key: str = SECRET) -> defer.Deferred[Any]:
         return treq.post(
             proxy.url("llamacpp") + "/v1/chat/completions",
             json=chat(tokens),
-            headers={"Authorization": key},
+            headers=Headers({b"Authorization": [key.encode()]}),
             persistent=False,
         )
 
