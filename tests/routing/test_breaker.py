@@ -12,7 +12,7 @@ from nvpair.proxy.routing import breaker as b
 from nvpair.proxy.routing.breaker import Breakers, BreakerState, retryAfterSeconds
 from nvpair.proxy.routing.interfaces import IEngineStates
 from nvpair.proxy.routing.nodes import Node
-from nvpair.proxy.routing.room import BUSY_HOLD, MAX_NODES, RoomBoard, isBusyAnswer
+from nvpair.proxy.routing.room import BUSY_HOLD, GROW_EVERY, MAX_NODES, RoomBoard, isBusyAnswer
 
 A, B, C = (Node(n, False, (n,), frozenset({"m"})) for n in ("a", "b", "c"))
 
@@ -153,19 +153,35 @@ class RoomTests(SynchronousTestCase):
         board = RoomBoard(None)
         self.assertTrue(board.hasRoom("a", 1000, 0.0))
 
-    def test_busyUntilEndOrHold(self) -> None:
-        """A busy answer marks the node full for the hold; each of ours that ends there
-        frees one slot for one request."""
+    def test_busyLearnsALimit(self) -> None:
+        """A busy answer while two of ours ran there: the node is full at two of ours, room
+        at one; the limit grows by one after a quiet interval while ours fill it."""
         board = RoomBoard(None)
-        board.busy("a", 0.0, None)
-        self.assertFalse(board.hasRoom("a", 0, 0.5))
+        board.busy("a", 0.0, None, 2)
+        self.assertFalse(board.hasRoom("a", 2, 0.5))
+        self.assertTrue(board.hasRoom("a", 1, 0.5))
+        self.assertEqual(board.wakeAt("a"), GROW_EVERY)
+        self.assertTrue(board.hasRoom("a", 2, GROW_EVERY))  # grown to three
+        self.assertFalse(board.hasRoom("a", 3, GROW_EVERY))
+        self.assertEqual(board.limit("a"), 3)
+
+    def test_limitForgottenWhenUnused(self) -> None:
+        """A limit that comes due while ours do not fill it is forgotten."""
+        board = RoomBoard(None)
+        board.busy("a", 0.0, None, 2)
+        self.assertTrue(board.hasRoom("a", 0, GROW_EVERY))
+        self.assertIsNone(board.limit("a"))
+        self.assertTrue(board.hasRoom("a", 100, GROW_EVERY))
+
+    def test_busyWithNoneOfOursHolds(self) -> None:
+        """A 429 with none of ours there holds the node full for the hold, or the engine's
+        Retry-After."""
+        board = RoomBoard(None)
+        board.busy("a", 0.0, None, 0)
+        self.assertFalse(board.hasRoom("a", 0, BUSY_HOLD - 0.01))
         self.assertTrue(board.hasRoom("a", 0, BUSY_HOLD))
-        board.busy("a", 0.0, 5.0)
-        self.assertFalse(board.hasRoom("a", 0, 4.0))
-        board.ended("a")
-        self.assertTrue(board.hasRoom("a", 0, 0.1))  # one slot freed: one request
-        board.started("a")
-        self.assertFalse(board.hasRoom("a", 0, 0.1))
+        board.busy("b", 0.0, 4.0, 0)
+        self.assertFalse(board.hasRoom("b", 0, 3.9))
 
     def test_slotsFromProbeAndOurs(self) -> None:
         """Free slots from the probe, less ours started since, plus ours ended since."""
@@ -200,5 +216,5 @@ class RoomTests(SynchronousTestCase):
         """Per-node room state is bounded."""
         board = RoomBoard(None)
         for i in range(MAX_NODES * 2):
-            board.busy(f"n{i}", 0.0, None)
+            board.busy(f"n{i}", 0.0, None, 1)
         self.assertEqual(len(board), MAX_NODES)

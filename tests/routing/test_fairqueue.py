@@ -64,8 +64,8 @@ class OrderTests(SynchronousTestCase):
         self.assertEqual(_drainAll(queue), ["l", "h"])
 
     def test_idleBanksNoCredit(self) -> None:
-        """A client idle while others were served resumes at the queue's virtual time: it
-        does not get a run of its own afterwards (not plain turn-taking, not a backlog)."""
+        """A client idle while others were served resumes at most one request behind the
+        queue's virtual time: no run of its own afterwards (not a banked backlog)."""
         queue: FairQueue[str] = FairQueue(50)
         for i in range(10):
             _push(queue, "a", i, f"a{i}")
@@ -73,7 +73,7 @@ class OrderTests(SynchronousTestCase):
         for i in range(3):
             _push(queue, "b", 20 + i, f"b{i}")
             _push(queue, "a", 20 + i, f"a{10 + i}")
-        # b was never served, but may only catch up to the virtual time, then alternate.
+        # b was never served, but may only get one request of credit, then alternate.
         self.assertEqual(_drainAll(queue), ["b0", "a10", "b1", "a11", "b2", "a12"])
 
     def test_interleavesEqualClients(self) -> None:

@@ -242,7 +242,7 @@ class Queueing:
             waiter.deferred.callback(None)
 
     def _armBusyTimer(self) -> None:
-        """While requests wait, wake up when the earliest busy mark of an owner lapses."""
+        """While requests wait, wake up when the earliest learnt limit of an owner grows."""
         timer = self._busyTimer
         if timer is not None and timer.active():
             timer.cancel()
@@ -253,7 +253,7 @@ class Queueing:
             if not line.queue:
                 continue
             for node in line.owners():
-                until = self.board.busyUntil(node.id)
+                until = self.board.wakeAt(node.id)
                 if until > now and (wake is None or until < wake):
                     wake = until
         if wake is not None:
@@ -285,8 +285,9 @@ class Queueing:
     ) -> None:
         """An attempt on ``nodeId`` ended uncommitted: a busy mark, or a breaker failure."""
         now = self.clock.seconds()
-        if kind == "status" and isBusyAnswer(status, self.inFlight.get(nodeId, 0)):
-            self.board.busy(nodeId, now, retryAfter)
+        others = self.inFlight.get(nodeId, 0)
+        if kind == "status" and isBusyAnswer(status, others):
+            self.board.busy(nodeId, now, retryAfter, others)
             return
         if kind in ("status", "transport"):
             self.breakers.failed(nodeId, now, retryAfter)

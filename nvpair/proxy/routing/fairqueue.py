@@ -4,7 +4,9 @@ Requests wait here (standalone mode) while every owner of their model is known t
 One FIFO per client; the next request comes from the waiting client that has received the
 least service, by start-time fair queueing: each client carries a virtual finish tag, a
 dispatch advances its client's tag by one, and a client that starts waiting again resumes
-at ``max(its tag, the queue's virtual time)`` so that idle time banks no credit.  Every
+at ``max(its tag, the queue's virtual time - IDLE_CREDIT)``: idle time banks at most one
+request's credit, so a client sending one request at a time (idle while it is served) goes
+before a backlogged one it has not out-served, and a long-idle one cannot take a run.  Every
 dispatch of the model is charged (``charge``), also those that never waited, so a client
 that takes the free slots first is served last once everybody waits.
 
@@ -25,12 +27,14 @@ __all__ = [
     "DRAIN_WINDOW",
     "MAX_CLIENT_TAGS",
     "MAX_RETRY_AFTER",
+    "IDLE_CREDIT",
     "DrainRate",
     "FairQueue",
     "Ticket",
 ]
 
 MAX_CLIENT_TAGS = 1024
+IDLE_CREDIT = 1.0
 DRAIN_SAMPLES = 64
 DRAIN_WINDOW = 60.0
 MAX_RETRY_AFTER = 3600
@@ -110,7 +114,7 @@ class FairQueue(Generic[T]):
         tag = self._active.get(client)
         if tag is None:
             tag = self._tags.get(client, self.virtual)
-        return max(tag, self.virtual)
+        return max(tag, self.virtual - IDLE_CREDIT)
 
     def charge(self, client: str) -> None:
         """``client`` was dispatched a request of this model: one unit of service (the

@@ -121,6 +121,8 @@ def placeInference(ex: IPlacementExchange) -> Policy:
                 ex.answerFinal(outcome)
                 return None
             ex.retrying()
+            if ex.knownFull(owners):
+                break  # every owner is busy now: wait in the queue rather than try them
         ex.releaseReservation()
         if ex.knownFull(owners):
             continue  # every owner is busy: wait in the queue rather than back off
