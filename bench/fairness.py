@@ -7,7 +7,7 @@ llama.cpp engines (``nvpair.proxy.testing.simengine``) in this process, on 127.0
   keeps 12 requests in flight, three light clients send one at a time.  Jain's index over
   the requests served per client, light clients' wait (latency less the service time) p50
   and p95, refusals; with the queue on and with ``--queue-max 0`` (no queue).
-* ``burst``: one one-slot engine, ``--queue-max 16``: 400 requests at once; how many were
+* ``burst``: one one-slot engine, ``--queue-max 16``: 400 requests within 80 ms; how many were
   refused and how fast, their ``Retry-After``, every request's final status; then 10
   queued clients that hang up, and whether any reached the engine.
 * ``breaker``: three engines of four slots, one answering 503 after 20 ms; 8 clients for
@@ -173,9 +173,27 @@ async def burstRun(reactor: Any) -> dict[str, Any]:
     proxy = Proxy([engine.url], ["--queue-max", "16", "--queue-timeout", "30s"])
     try:
         await proxy.ready(reactor, 1)
-        results = await defer.gatherResults(
-            [defer.Deferred.fromCoroutine(post(proxy.url, f"Bearer c{i % 8}")) for i in range(400)]
-        )
+        # The engine's one slot taken, and its busy answer seen: the proxy knows it is full.
+        hold = defer.Deferred.fromCoroutine(post(proxy.url, "Bearer holder", 300))
+        await task.deferLater(reactor, 0.2, lambda: None)
+        bounce = defer.Deferred.fromCoroutine(post(proxy.url, "Bearer bouncer"))
+        await task.deferLater(reactor, 0.2, lambda: None)
+        # 400 requests: in waves of 50, 10 ms apart (a connect storm of 400 at once would
+        # measure the listen backlog's SYN retries, not the queue).
+        sent = []
+        for wave in range(8):
+            sent += [
+                defer.Deferred.fromCoroutine(post(proxy.url, f"Bearer c{i % 8}"))
+                for i in range(wave * 50, wave * 50 + 50)
+            ]
+            await task.deferLater(reactor, 0.01, lambda: None)
+        # While the queue is still full: single requests, one at a time, timed alone.
+        single = []
+        for _ in range(20):
+            code, took, _ = await post(proxy.url, "Bearer probe")
+            if code == 503:
+                single.append(took)
+        results = await defer.gatherResults(sent)
         codes: dict[int, int] = {}
         for code, _, _ in results:
             codes[code] = codes.get(code, 0) + 1
@@ -183,8 +201,10 @@ async def burstRun(reactor: Any) -> dict[str, Any]:
         retryAfter = sorted(
             {int(h.getRawHeaders("retry-after")[0]) for c, _, h in results if c == 503 and h}
         )
-        # Hang-ups while queued: keep the slot busy, queue 10 clients, cancel them.
-        before = engine.stats.requests
+        await hold
+        await bounce
+        # Hang-ups while queued: the slot busy again, a bouncer waiting (the proxy knows the
+        # engine is full and the queue is not empty), then 10 clients that queue and hang up.
         hold = defer.Deferred.fromCoroutine(post(proxy.url, "Bearer holder", 100))
         await task.deferLater(reactor, 0.2, lambda: None)
         bounce = defer.Deferred.fromCoroutine(post(proxy.url, "Bearer bouncer"))
@@ -202,19 +222,23 @@ async def burstRun(reactor: Any) -> dict[str, Any]:
         for d in leaving:
             d.addErrback(lambda _: None)
             d.cancel()
+        before = engine.stats.requests  # from the hang-ups on (the holder is running)
         await hold
         await bounce
         await task.deferLater(reactor, 0.5, lambda: None)
-        reached = engine.stats.requests - before
+        reached = engine.stats.requests - before - 1  # less the bouncer's own run
         return {
             "requests": len(results),
             "finalStatuses": codes,
             "refusedMaxSeconds": round(max(refusedTimes, default=0.0), 3),
             "refusedP50Seconds": round(pct(refusedTimes, 0.5), 3),
+            "singleRefusalsWhileFull": len(single),
+            "singleRefusalP50Seconds": round(pct(single, 0.5), 4),
+            "singleRefusalMaxSeconds": round(max(single, default=0.0), 4),
             "retryAfterValues": retryAfter,
             "hungUpQueued": 10,
-            # holder (1) + bouncer (its busy bounce and its run: 2) = 3 if none of the 10 came
-            "engineRequestsDuringHangUps": reached,
+            # 0 unless one of the 10 that hung up while queued reached the engine
+            "engineRequestsFromHungUp": reached,
         }
     finally:
         proxy.close()
