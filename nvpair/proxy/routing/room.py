@@ -9,9 +9,9 @@ A node is *known full* when any of these says so, and otherwise has room:
   server-busy): the number of ours running there then is learnt as its limit (one less,
   at least one, on each further busy answer before it grows: in a burst some of ours were
   bouncing too), and it is full while ours reach it.  The limit grows by one every
-  ``GROW_EVERY`` seconds without a busy answer while ours fill it (additive increase; a learnt 0 waits ``BUSY_HOLD``, or
-  the engine's ``Retry-After``, at most ``MAX_BUSY_HOLD``), and is forgotten when it comes
-  due while ours do not fill it.
+  ``GROW_EVERY`` seconds without a busy answer while ours fill it (additive increase; a
+  learnt 0 waits ``BUSY_HOLD``, or the engine's ``Retry-After``, at most
+  ``MAX_BUSY_HOLD``), and is forgotten when it comes due while ours do not fill it.
 
 With neither, nothing is known full and requests go straight to the engines as before.
 Per-node state is bounded by ``MAX_NODES`` (the least recently touched node forgotten).
