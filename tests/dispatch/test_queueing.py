@@ -7,8 +7,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from prometheus_client import CollectorRegistry, generate_latest
+
 from nvpair.proxy.dispatch.queueing import Queueing
+from nvpair.proxy.facade.standalone import startStandalone
+from nvpair.proxy.ops.queuegauges import QueueCollector, queueStatus
 from nvpair.proxy.routing import breaker as b
+from tests.facade.test_standalone import FakeService
 from tests.routing.test_breaker import FakeStates
 from tests.support.exchangecase import LoopCase
 from tests.support.fakerequest import FakeRequest
@@ -256,3 +261,77 @@ class BreakerTests(LoopCase):
         self.serve()
         self.assertEqual(self.upstream.calls[-1].nodeId, "A")
         self.assertEqual(self.queueing.breakers.state("A", self.clock.seconds()).value, "closed")
+
+
+class ModeTests(LoopCase):
+    """Standalone wires the queue and breakers; under a broker nothing changes."""
+
+    nodes = ("A",)
+
+    def test_brokerBacksOffAsBefore(self) -> None:
+        """With no queueing (a broker), a busy 503 is retried after the backoff, never
+        queued, and no node is ever demoted."""
+        self.assertIsNone(self.context.queueing)
+        self.start()
+        running = self.upstream.calls[0].respond(200)
+        running.send(b"{}")
+        ex, _ = self.start()
+        self.upstream.calls[1].respond(503)
+        self.assertEqual(len(self.upstream.calls), 2)
+        self.clock.advance(self.context.settings.backoffBase)
+        self.assertEqual(len(self.upstream.calls), 3)
+        self.assertEqual(ex.attempts, 2)
+        self.assertEqual(ex.demote([]), ([], ()))
+
+    def test_standaloneWiresQueueing(self) -> None:
+        """``startStandalone`` gives the context a queue listening to in-flight changes; a
+        process under a broker has none."""
+        service = FakeService(("llamacpp",), ())
+        startStandalone(service)
+        queueing = service.context.queueing
+        self.assertIsNotNone(queueing)
+        assert queueing is not None
+        self.assertEqual(service.context.activity.listener, queueing.activityChanged)
+
+
+class VisibleTests(QueueCase):
+    """What /metrics and /status show of the queue and the breakers."""
+
+    def test_metricsAndStatus(self) -> None:
+        """Depth per facade and model, refusals by reason, the wait histogram, breaker
+        state and opens; /status's ``queueing`` object holds the same."""
+        self.start(client(b"k1"))
+        self.start(client(b"k1"))
+        for _ in range(5):
+            self.start(client(b"k2"))  # 4 wait, 1 refused
+        for _ in range(b.THRESHOLD):
+            self.queueing.breakers.failed("B", self.clock.seconds())
+        registry = CollectorRegistry()
+        registry.register(QueueCollector(lambda: self.queueing))
+        text = generate_latest(registry).decode()
+        self.assertIn('nvpair_proxy_queue_depth{engine="llamacpp",model="m1"} 4.0', text)
+        self.assertIn(
+            'nvpair_proxy_queue_refusals_total{engine="llamacpp",reason="queue_full"} 1.0', text
+        )
+        self.assertIn("nvpair_proxy_queue_wait_seconds_bucket", text)
+        self.assertIn('nvpair_proxy_breaker_state{node="B"} 2.0', text)
+        self.assertIn('nvpair_proxy_breaker_opens_total{node="B"} 1.0', text)
+        status = queueStatus(self.queueing)
+        assert status is not None
+        self.assertEqual(
+            status["queues"],
+            {
+                "llamacpp": {
+                    "m1": {
+                        "depth": 4,
+                        "oldestWaitSeconds": 0.0,
+                        "lastWaitSeconds": 0.0,
+                        "dispatched": 0,
+                    }
+                }
+            },
+        )
+        self.assertEqual(status["refused"], {"llamacpp": {"queue_full": 1}})
+        self.assertEqual(status["breakers"]["B"]["state"], "open")  # type: ignore[index]
+        self.assertIsNone(queueStatus(None))
+        self.assertNotIn("k1", repr(status))

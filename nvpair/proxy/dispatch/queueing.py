@@ -14,12 +14,11 @@ and is cancelled (the request leaves the queue at once) when its client goes.  O
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
-from twisted.logger import Logger
 
 from nvpair.proxy.routing.breaker import Breakers
 from nvpair.proxy.routing.fairqueue import FairQueue, Ticket
@@ -86,8 +85,6 @@ class _Line:
 class Queueing:
     """The queues of every facade and model, the room board and the breakers."""
 
-    log = Logger()
-
     def __init__(
         self,
         settings: Settings,
@@ -105,9 +102,8 @@ class Queueing:
         self._draining = False
         self._again = False
         self._busyTimer: IDelayedCall | None = None
-        self.unsubscribe: Callable[[], None] | None = None
         if states is not None:
-            self.unsubscribe = states.subscribe(self.probed)
+            states.subscribe(self.probed)  # for the life of the process
 
     # -- what the placement loop asks --------------------------------------------------
 
@@ -320,12 +316,3 @@ class Queueing:
             (engine, model, len(line.queue), line.queue.oldestWait(now), line.waits)
             for (engine, model), line in self.lines.items()
         ]
-
-    def stop(self) -> None:
-        """Stop listening to engine probes and drop the busy timer."""
-        if self.unsubscribe is not None:
-            self.unsubscribe()
-            self.unsubscribe = None
-        timer = self._busyTimer
-        if timer is not None and timer.active():
-            timer.cancel()
