@@ -163,7 +163,7 @@ class ScriptParityTests(TestCase):
         (queue,) = dom.all("div", class_="queue")
         self.assertEqual(
             queue.textContent(),
-            f"queue 3 m1 3 waiting, last wait 250 ms · {HOSTILE} 0 waiting, last wait 12.5 s",
+            f"queue 3 {HOSTILE} 0 waiting, last wait 12.5 s · m1 3 waiting, last wait 250 ms",
         )
         (note,) = dom.all("div", class_="breaker")
         self.assertEqual(note.textContent(), "breaker open · opened 2×")
