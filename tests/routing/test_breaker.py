@@ -206,11 +206,13 @@ class RoomTests(SynchronousTestCase):
         self.assertFalse(board.hasRoom("a", 2, 0.0))
 
     def test_busyAnswer(self) -> None:
-        """429 is busy; 503 is busy only while another of ours ran there."""
-        self.assertTrue(isBusyAnswer(429, 0))
-        self.assertTrue(isBusyAnswer(503, 1))
-        self.assertFalse(isBusyAnswer(503, 0))
-        self.assertFalse(isBusyAnswer(500, 3))
+        """429 is busy; 503 is busy only while another of ours ran there, from a node that
+        served ours recently (one that only refuses is failing)."""
+        self.assertTrue(isBusyAnswer(429, 0, False))
+        self.assertTrue(isBusyAnswer(503, 1, True))
+        self.assertFalse(isBusyAnswer(503, 1, False))
+        self.assertFalse(isBusyAnswer(503, 0, True))
+        self.assertFalse(isBusyAnswer(500, 3, True))
 
     def test_bounded(self) -> None:
         """Per-node room state is bounded."""

@@ -23,7 +23,8 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from nvpair.proxy.routing.breaker import Breakers
 from nvpair.proxy.routing.fairqueue import FairQueue, Ticket
 from nvpair.proxy.routing.interfaces import IEngineStates, IFleetView, IPlacementExchange
-from nvpair.proxy.routing.room import RoomBoard, isBusyAnswer
+from nvpair.proxy.routing.room import MAX_NODES as MAX_SERVED
+from nvpair.proxy.routing.room import SERVED_RECENTLY, RoomBoard, isBusyAnswer
 
 if TYPE_CHECKING:
     from nvpair.proxy.routing.nodes import Node
@@ -98,6 +99,7 @@ class Queueing:
         self.board = RoomBoard(states)
         self.breakers = Breakers()
         self.lines: OrderedDict[tuple[str, str], _Line] = OrderedDict()
+        self.served: OrderedDict[str, float] = OrderedDict()  # when each node last served ours
         self.refused: dict[tuple[str, str], int] = {}
         self._draining = False
         self._again = False
@@ -282,7 +284,9 @@ class Queueing:
         """An attempt on ``nodeId`` ended uncommitted: a busy mark, or a breaker failure."""
         now = self.clock.seconds()
         others = self.inFlight.get(nodeId, 0)
-        if kind == "status" and isBusyAnswer(status, others):
+        served = self.served.get(nodeId)
+        recently = served is not None and now - served <= SERVED_RECENTLY
+        if kind == "status" and isBusyAnswer(status, others, recently):
             self.board.busy(nodeId, now, retryAfter, others)
             return
         if kind in ("status", "transport"):
@@ -294,6 +298,11 @@ class Queueing:
             self.attemptFailed(nodeId, "status", status, None)
             return
         self.breakers.succeeded(nodeId)
+        served = self.served
+        served[nodeId] = self.clock.seconds()
+        served.move_to_end(nodeId)
+        while len(served) > MAX_SERVED:
+            served.popitem(last=False)
 
     def demote(self, owners: Sequence[Node]) -> tuple[Sequence[Node], tuple[Node, ...]]:
         """``owners`` split: those to order as usual, then the rest in their order (nodes whose

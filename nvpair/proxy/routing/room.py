@@ -5,13 +5,14 @@ A node is *known full* when any of these says so, and otherwise has room:
 * the engine's own state (``IEngineStates``, standalone only): its slot limit reached by
   our requests in flight, or its latest fresh probe's free slots, less the requests we
   started and plus those we ended since that probe, at or below zero;
-* a *busy* answer from it (429, or 503 while other requests of ours ran there: Ollama's
-  server-busy): the number of ours running there then is learnt as its limit (one less,
-  at least one, on each further busy answer before it grows: in a burst some of ours were
-  bouncing too), and it is full while ours reach it.  The limit grows by one every
-  ``GROW_EVERY`` seconds without a busy answer while ours fill it (additive increase; a
-  learnt 0 waits ``BUSY_HOLD``, or the engine's ``Retry-After``, at most
-  ``MAX_BUSY_HOLD``), and is forgotten when it comes due while ours do not fill it.
+* a *busy* answer from it (429, or 503 while other requests of ours ran there and it
+  served one of ours within ``SERVED_RECENTLY`` seconds: Ollama's server-busy): the number
+  of ours running there then is learnt as its limit (one less, at least one, on each
+  further busy answer before it grows: in a burst some of ours were bouncing too), and it
+  is full while ours reach it.  The limit grows by one every ``GROW_EVERY`` seconds
+  without a busy answer while ours fill it (additive increase; a learnt 0 waits
+  ``BUSY_HOLD``, or the engine's ``Retry-After``, at most ``MAX_BUSY_HOLD``), and is
+  forgotten when it comes due while ours do not fill it.
 
 With neither, nothing is known full and requests go straight to the engines as before.
 Per-node state is bounded by ``MAX_NODES`` (the least recently touched node forgotten).
@@ -23,18 +24,29 @@ from collections import OrderedDict
 
 from nvpair.proxy.routing.interfaces import IEngineStates
 
-__all__ = ["BUSY_HOLD", "GROW_EVERY", "MAX_BUSY_HOLD", "MAX_NODES", "RoomBoard", "isBusyAnswer"]
+__all__ = [
+    "BUSY_HOLD",
+    "GROW_EVERY",
+    "MAX_BUSY_HOLD",
+    "MAX_NODES",
+    "SERVED_RECENTLY",
+    "RoomBoard",
+    "isBusyAnswer",
+]
 
+SERVED_RECENTLY = 60.0
 BUSY_HOLD = 1.0
 GROW_EVERY = 5.0
 MAX_BUSY_HOLD = 30.0
 MAX_NODES = 1024
 
 
-def isBusyAnswer(status: int | None, othersInFlight: int) -> bool:
+def isBusyAnswer(status: int | None, othersInFlight: int, servedRecently: bool) -> bool:
     """Whether a refused attempt's status says the engine is busy rather than failing: a
-    429, or a 503 while we had other requests running on that node."""
-    return status == 429 or (status == 503 and othersInFlight > 0)
+    429, or a 503 while we had other requests running on that node and it served one of
+    ours within ``SERVED_RECENTLY`` seconds (a node that only ever refuses is failing, not
+    busy, however many of ours bounce off it at once)."""
+    return status == 429 or (status == 503 and othersInFlight > 0 and servedRecently)
 
 
 class _NodeRoom:
