@@ -68,17 +68,21 @@ class QueueProcessTests(TestCase):
 
     @defer.inlineCallbacks
     def test_queueFullDisconnectAndDrain(self):  # type: ignore[no-untyped-def]
-        """Busy engine: the next requests wait in the proxy; past --queue-max one is refused
+        """Busy engine (it served ours before, so its 503 means busy): the next requests
+        wait in the proxy; past --queue-max one is refused
         at once (503 queue_full, Retry-After); a queued client that leaves never reaches the
         engine; the rest are served in turn; the secret never reaches the log."""
         engine = self.sim(slots=1, queueMax=0, decodeMs=50.0, prefillMs=0.0)
         proxy = yield defer.Deferred.fromCoroutine(
             self.proxy([engine], "--queue-max", "3", "--queue-timeout", "60s")
         )
-        first = self.post(proxy, 10)  # about 0.5 s on the one slot, within the busy hold
-        yield defer.Deferred.fromCoroutine(until(lambda: engine.stats.requests == 1))
-        second = self.post(proxy, 1)  # bounced busy once, then waits
+        warm = yield self.post(proxy, 1)  # it has served ours: its 503s mean busy
+        self.assertEqual(warm.code, 200)
+        yield warm.content()
+        first = self.post(proxy, 10)  # about 0.5 s on the one slot
         yield defer.Deferred.fromCoroutine(until(lambda: engine.stats.requests == 2))
+        second = self.post(proxy, 1)  # bounced busy once, then waits
+        yield defer.Deferred.fromCoroutine(until(lambda: engine.stats.requests == 3))
         leaving = self.post(proxy, 1, "Bearer other")  # waits: the queue is not empty
         third = self.post(proxy, 1)
         refused = yield self.post(proxy, 1)
@@ -90,8 +94,8 @@ class QueueProcessTests(TestCase):
         results = yield defer.DeferredList([first, second, third], consumeErrors=True)
         codes = [r.code for ok, r in results if ok]
         self.assertEqual(codes, [200, 200, 200])
-        # first, second's busy bounce, second, third: the one that left never arrived.
-        self.assertEqual(engine.stats.requests, 4)
+        # warm, first, second's busy bounce, second, third: the one that left never arrived.
+        self.assertEqual(engine.stats.requests, 5)
         self.assertTrue(proxy.logs)
         self.assertNotIn("queue-integration-secret", repr(proxy.logs))
 
