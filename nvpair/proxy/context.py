@@ -15,6 +15,7 @@ from zope.interface import implementer
 from nvpair.proxy.broker.activity import Activity
 from nvpair.proxy.broker.workloads import WorkloadReporter
 from nvpair.proxy.cluster.membership import ClusterTrust
+from nvpair.proxy.dispatch.queueing import Queueing
 from nvpair.proxy.dispatch.relay import forwardHeaders
 from nvpair.proxy.dispatch.stallwatch import StallWatches
 from nvpair.proxy.engines import Engine
@@ -68,8 +69,9 @@ class RequestContext:
         self.stalls = StallWatches(clock, settings.streamIdleTimeout)
         # Standalone with ``--affinity prefix`` sets this (the proxy then orders candidates).
         self.affinity: Affinity | None = None
-        # Standalone sets this (``IEngineStates``: the engines' own state, polled).
+        # Standalone sets these: the engines' own state (polled), and the queue and breakers.
         self.engineStates: EngineStates | None = None
+        self.queueing: Queueing | None = None
         self.exchanges: set[InFlight] = set()
 
     forwardHeaders = staticmethod(forwardHeaders)
@@ -97,6 +99,10 @@ class RequestContext:
     def attemptFailed(self, exchange: IExchangeReport, outcome: IAttemptReport) -> None:
         """An attempt ended uncommitted."""
         self.metrics.attemptFailed(exchange, outcome)
+        if self.queueing is not None:
+            self.queueing.attemptFailed(
+                outcome.node.id, outcome.kind, outcome.status, outcome.retryAfter
+            )
         self.history.attempt(exchange.engine.id, outcome.node.id, outcome.kind, outcome.status)
         if self.logControl.enabled("debug"):
             self.log.debug(
@@ -110,6 +116,8 @@ class RequestContext:
     def committed(self, exchange: IExchangeReport, nodeId: str) -> None:
         """A response committed on ``nodeId``."""
         self.metrics.committed(exchange, nodeId, self.clock.seconds() - exchange.createdAt)
+        if self.queueing is not None:
+            self.queueing.committed(nodeId, exchange.committedStatus)
         self.history.attempt(exchange.engine.id, nodeId, None, None)
 
     def requestEnded(self, exchange: IExchangeReport) -> None:

@@ -28,10 +28,12 @@ from zope.interface import Attribute, Interface
 
 from nvpair.proxy.engines import Engine
 from nvpair.proxy.http.interfaces import IServerRequest
-from nvpair.proxy.routing.interfaces import IEngineStates, IPlacementContext
+from nvpair.proxy.routing.engineview import IEngineStates
+from nvpair.proxy.routing.interfaces import IPlacementContext
 from nvpair.proxy.settings import Settings
 
 if TYPE_CHECKING:
+    from nvpair.proxy.dispatch.queueing import Queueing
     from nvpair.proxy.routing.nodes import Node
 
 
@@ -140,6 +142,9 @@ class IActivity(Interface):
     """In-flight dispatch counts per node (``broker.activity.Activity``)."""
 
     inFlight: dict[str, int] = Attribute("Dispatches in flight per node id (absent: none).")
+    listener: Callable[[str, int], None] | None = Attribute(
+        "Called ``listener(nodeId, delta)`` after each change (standalone's queue), or None."
+    )
 
     def change(nodeId: str, delta: int) -> None:
         """Add ``delta`` to the in-flight count of ``nodeId``."""
@@ -167,6 +172,7 @@ class IAttemptReport(Interface):
     node: Node = Attribute("The node the attempt went to.")
     kind: str = Attribute("Why it ended (a ``dispatch.outcome.FailureKind``).")
     status: int | None = Attribute("The retryable status it got, if it got one.")
+    retryAfter: float | None = Attribute("The engine's ``Retry-After`` with it, in seconds.")
 
 
 class IStallWatch(IPushProducer):
@@ -215,6 +221,9 @@ class IRequestContext(IPlacementContext):
     engineStates: IEngineStates | None = Attribute(
         "The engines' own state (``routing.enginestates.EngineStates``) in standalone mode, "
         "else None (under a broker)."
+    )
+    queueing: Queueing | None = Attribute(
+        "Standalone flow control (the fair queue and the node breakers), or None under a broker."
     )
 
     def forwardHeaders(incoming: Headers) -> Headers:

@@ -132,6 +132,8 @@ _VALUED: list[tuple[str, str | None, str | None, Callable[[str], object], str]] 
         "streamIdleTimeout",
     ),
     ("affinity", "NVPAIR_PROXY_AFFINITY", "prefix", _parseAffinity, "affinity"),
+    ("queue-max", "NVPAIR_PROXY_QUEUE_MAX", "256", lambda t: _parseInt(t, 0), "queueMax"),
+    ("queue-timeout", "NVPAIR_PROXY_QUEUE_TIMEOUT", "30s", parseDuration, "queueTimeout"),
 ]
 
 _HELP = {
@@ -163,6 +165,9 @@ _HELP = {
     "long; 0 = never [env NVPAIR_PROXY_STREAM_IDLE_TIMEOUT]",
     "affinity": "prefix or off: keep a conversation on the node that served it "
     "(standalone mode) [env NVPAIR_PROXY_AFFINITY]",
+    "queue-max": "standalone: requests per facade and model that may wait in the proxy while "
+    "every owner is full; 0 = no queue [env NVPAIR_PROXY_QUEUE_MAX]",
+    "queue-timeout": "standalone: longest wait in that queue [env NVPAIR_PROXY_QUEUE_TIMEOUT]",
 }
 
 STANDALONE_OPS_PORT = 9464

@@ -39,3 +39,5 @@ class Settings:
     affinity: str = "prefix"
     fleetFile: str | None = None
     """Standalone: the fleet file's absolute path (validated at start; reloaded live)."""
+    queueMax: int = 256
+    queueTimeout: float = 30.0

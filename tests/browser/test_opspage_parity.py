@@ -48,6 +48,22 @@ AFFINITY: dict[str, object] = {
 }
 
 
+QUEUEING: dict[str, object] = {
+    "queueMax": 256,
+    "queueTimeoutSeconds": 30.0,
+    "queues": {
+        "llamacpp": {
+            "m1": {"depth": 3, "oldestWaitSeconds": 1.5, "lastWaitSeconds": 0.25, "dispatched": 9},
+            HOSTILE: {"depth": 0, "oldestWaitSeconds": 0, "lastWaitSeconds": 12.5, "dispatched": 1},
+        }
+    },
+    "refused": {"llamacpp": {"queue_full": 2}},
+    "breakers": {
+        HOSTILE: {"state": "open", "opens": 2, "cooldownSeconds": 2.0, "recentFailures": 0},
+    },
+}
+
+
 class _WithAffinity(Resource):
     """The ops resource of a scripted service, its page and /status given an ``affinity``
     object (as the affinity feature adds) so that both renderers draw that tile too."""
@@ -77,6 +93,7 @@ class _WithAffinity(Resource):
         first, second = status["facades"]["llamacpp"]["nodes"]
         first["engine"] = ENGINE_STATE
         second["engine"] = {"state": "unknown", "cacheHitRatio": 0.125}
+        status["queueing"] = QUEUEING
         return status
 
     def render(self, request: Request) -> bytes | int:
@@ -171,6 +188,13 @@ class ScriptParityTests(TestCase):
         )
         (tile,) = dom.all("div", class_="affinity")
         self.assertEqual(tile.textContent(), "affinity hit rate 75% hit 3 · miss 1")
+        (queue,) = dom.all("div", class_="queue")
+        self.assertEqual(
+            queue.textContent(),
+            f"queue 3 {HOSTILE} 0 waiting, last wait 12.5 s · m1 3 waiting, last wait 250 ms",
+        )
+        (note,) = dom.all("div", class_="breaker")
+        self.assertEqual(note.textContent(), "breaker open · opened 2×")
         hostile = dom.all("tr", class_="wl")[1]
         self.assertEqual(hostile.all("td")[3].textContent(), HOSTILE)
         self.assertEqual(hostile.all("td")[-1].textContent(), f"{HOSTILE} {HOSTILE}")

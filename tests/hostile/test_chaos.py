@@ -12,6 +12,7 @@ from twisted.internet import defer, reactor
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from tests.support.chaos import Attempt, ChaosConfig, Sent, Soak, judge
+from tests.support.chaos.standalone import StandaloneSoak
 from tests.support.harness import CANARY
 
 
@@ -153,3 +154,32 @@ class OracleTests(SynchronousTestCase):
         self.assertIsNone(self.judge(s, [("B", "s503"), ("A", "answer")]))
         s = _sent(200, "A", 2, echo, kind="verbatim", stream=False)
         self.assertIsNotNone(self.judge(s, [("A", "s503"), ("A", "answer")]))
+
+
+class StandaloneChaosTests(TestCase):
+    """The same faults behind a standalone proxy with the queue and the breakers on."""
+
+    timeout = 600
+
+    @defer.inlineCallbacks
+    def test_soakWithQueueAndBreaker(self):  # type: ignore[no-untyped-def]
+        """600 mixed requests: every answer is one the oracle allows (queue_full and
+        queue_timeout included), the terminal states match the answers, nothing is held
+        or queued at the end, the canary never reaches the log."""
+        # Twice the broker soak's response timeout: a loaded CI machine stalls the process
+        # for a second now and then, and a stalled answer is not a fault of the engines.
+        config = ChaosConfig(
+            requests=600,
+            concurrency=24,
+            engines=3,
+            queue=True,
+            responseTimeout=2.0,
+            jobDeadline=6.0,
+        )
+        soak = StandaloneSoak(self, reactor, config)
+        report = yield defer.Deferred.fromCoroutine(soak.runStandalone())
+        sys.stdout.write("\n" + report.text() + "\n")
+        self.assertEqual(report.violations, [], report.text())
+        self.assertEqual(report.figures["requests"], 600)
+        for label in ("answer", "s503", "s429", "refuse"):
+            self.assertGreater(report.behaviours[label], 0, label)

@@ -3,7 +3,7 @@
 * no import cycle between two modules of ``nvpair`` (imports under ``TYPE_CHECKING`` and
   inside functions count: a callee that names its caller's class knows its caller);
 * no cycle between the subpackages (``http``, ``facade``, ``routing``, ...): they form layers;
-* the routing policy touches no reactor and no transport;
+* the routing policy (and standalone's flow control) touches no reactor and no transport;
 * what routing, the broker's library (``nvpair.supervisor``), the engine table, the JSON-RPC
   wire format and the interfaces load, transitively, holds no HTTP parser (``httptools``),
   no reactor and no ``runtime`` (issue 26), checked on the source and in a fresh interpreter;
@@ -34,6 +34,7 @@ ROUTING_MAY_IMPORT = {"twisted.internet.defer", "twisted.internet.interfaces"}
 # library, and the leaves everything depends on (prefixes: every module under them).
 LEAN = (
     "nvpair.proxy.routing",
+    "nvpair.proxy.flow",
     "nvpair.supervisor",
     "nvpair.proxy.engines",
     "nvpair.proxy.errorshape",
@@ -249,7 +250,7 @@ class LayoutTests(TestCase):
         offending = {
             (name, m)
             for name, path in found.items()
-            if name.startswith("nvpair.proxy.routing")
+            if name.startswith(("nvpair.proxy.routing", "nvpair.proxy.flow"))
             for m in importsOf(name, path, known)
             if (m.startswith("twisted.internet") and m not in ROUTING_MAY_IMPORT)
             or m.startswith(("nvpair.proxy.dispatch", "nvpair.proxy.http", "nvpair.proxy.facade"))

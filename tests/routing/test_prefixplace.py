@@ -12,7 +12,7 @@ from zope.interface.verify import verifyObject
 from nvpair.proxy.routing.affinity import Affinity, AffinityKey, keyFor, requestServed
 from nvpair.proxy.routing.engineprobe import EngineReport
 from nvpair.proxy.routing.enginestates import MAX_LISTENERS, EngineStates
-from nvpair.proxy.routing.interfaces import IEngineStates
+from nvpair.proxy.routing.engineview import IEngineStates
 from nvpair.proxy.routing.nodes import Node
 from nvpair.proxy.routing.prefixplace import RECOMPUTE_CHARS, Placed, confirmedMiss
 from nvpair.proxy.routing.reservations import ReservationMap

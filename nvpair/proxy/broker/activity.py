@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from json.encoder import encode_basestring
 
 from zope.interface import implementer
@@ -26,6 +27,8 @@ class Activity:
     def __init__(self, sink: IBrokerSink) -> None:
         self._sink = sink
         self.inFlight: dict[str, int] = {}
+        # Standalone's queue listens: ``listener(nodeId, delta)`` after each change.
+        self.listener: Callable[[str, int], None] | None = None
 
     def change(self, nodeId: str, delta: int) -> None:
         """Add ``delta`` to ``nodeId``'s count and announce the new value."""
@@ -35,6 +38,8 @@ class Activity:
             count = 0
         else:
             self.inFlight[nodeId] = count
+        if self.listener is not None:
+            self.listener(nodeId, delta)
         if not self._sink.listening:
             return  # nobody receives notifications (standalone)
         if type(nodeId) is str and type(count) is int:

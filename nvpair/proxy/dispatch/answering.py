@@ -6,8 +6,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from nvpair.proxy.dispatch.relay import adoptResponseHeaders
+
 if TYPE_CHECKING:
+    from twisted.web.http_headers import Headers
+
     from nvpair.proxy.engines import Engine
+    from nvpair.proxy.http.interfaces import IServerRequest
 
 MESSAGES = {
     "no_owner": "no node advertises this model",
@@ -43,3 +48,21 @@ def statsDialect(engine: Engine, path: bytes) -> str:
         if len(_DIALECTS) < _CACHE_CAP:
             _DIALECTS[key] = dialect
     return dialect
+
+
+def commitHead(
+    request: IServerRequest,
+    status: int,
+    phrase: bytes,
+    headers: Headers,
+    length: int | None,
+    nodeId: str,
+    attempts: int,
+) -> None:
+    """The client's answer takes the committed response's status and headers, with the
+    node that served it and the dispatches it took (``X-Nvpair-Node``, ``-Attempts``)."""
+    request.setResponseCode(status, phrase)
+    adoptResponseHeaders(headers, request, length)
+    responseHeaders = request.responseHeaders
+    responseHeaders.setRawHeaders(b"X-Nvpair-Node", nodeHeader(nodeId))
+    responseHeaders.setRawHeaders(b"X-Nvpair-Attempts", (b"%d" % attempts,))

@@ -31,6 +31,7 @@ from nvpair.proxy.dispatch.outcome import (
 )
 from nvpair.proxy.dispatch.relay import Relay, stopReceiving
 from nvpair.proxy.dispatch.upstream import addressesFor
+from nvpair.proxy.flow.breaker import retryAfterSeconds
 from nvpair.proxy.interfaces import IStallWatch
 from nvpair.proxy.routing.interfaces import IOutcome
 from nvpair.proxy.routing.nodes import Node
@@ -211,7 +212,8 @@ class Attempt:
         if not self.final and retryableStatus(status, self.exchange.inference):
             self._stopTimer()
             discard(response, self.exchange.clock)
-            self._fail(FailureKind.STATUS, status)
+            wait = retryAfterSeconds(response.headers.getRawHeaders(b"retry-after"))
+            self._fail(FailureKind.STATUS, status, retryAfter=wait)
             return
         # The header timer keeps running: ``headersArrived`` (synchronous, from
         # ``deliverBody``) turns it into the first-content timer or stops it.
@@ -321,7 +323,13 @@ class Attempt:
                 self._timer.cancel()
             self._timer = None
 
-    def _fail(self, kind: FailureKind, status: int | None = None, abandoned: bool = False) -> None:
+    def _fail(
+        self,
+        kind: FailureKind,
+        status: int | None = None,
+        abandoned: bool = False,
+        retryAfter: float | None = None,
+    ) -> None:
         if self.state is PENDING:
             self.state = ABANDONED
         elif not abandoned:
@@ -329,7 +337,7 @@ class Attempt:
         self._stopTimer()
         self._unwatch()
         if not self._result.called:
-            self._failed(Failed(kind, self.node, status))
+            self._failed(Failed(kind, self.node, status, retryAfter))
 
     def _failed(self, outcome: Failed) -> None:
         """Report the uncommitted ending to the exchange, then fire the attempt's Deferred."""

@@ -4,7 +4,7 @@ placement policy pauses between rounds."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from twisted.internet import task
 from twisted.internet.defer import Deferred, race
@@ -19,21 +19,34 @@ if TYPE_CHECKING:
     from nvpair.proxy.routing.stats import StatsMeter
 
 
-def finishUnserved(
-    workload: IWorkload,
-    gone: bool,
-    stopping: bool,
-    status: int | None,
-    expectedLength: int | None,
-    written: int,
-    meter: StatsMeter | None,
-    now: float,
-) -> None:
+class Unserved(Protocol):
+    """What ``finishUnserved`` reads of an exchange that ends with no terminal event yet."""
+
+    @property
+    def clientGone(self) -> bool: ...
+    @property
+    def stopping(self) -> bool: ...
+    @property
+    def committedStatus(self) -> int | None: ...
+    @property
+    def expectedLength(self) -> int | None: ...
+    @property
+    def written(self) -> int: ...
+    @property
+    def meter(self) -> StatsMeter | None: ...
+
+
+def finishUnserved(workload: IWorkload, ex: Unserved, now: float) -> None:
     """The request ended with no terminal event yet: completed when the client hung up
     after its whole answer (``answerDelivered``: the openai client stops at ``data:
     [DONE]``, before the engine closes the body), else cancelled (the client gone, or the
     process stopping) or failed."""
-    if gone and not stopping and answerDelivered(status, expectedLength, written, meter):
+    gone, stopping, meter = ex.clientGone, ex.stopping, ex.meter
+    if (
+        gone
+        and not stopping
+        and answerDelivered(ex.committedStatus, ex.expectedLength, ex.written, meter)
+    ):
         workload.finish(COMPLETED, None, None if meter is None else meter.result(now))
     elif gone or stopping:
         workload.finish(CANCELLED, "cancelled")

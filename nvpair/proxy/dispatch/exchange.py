@@ -17,7 +17,7 @@ from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
 from nvpair.proxy.broker.workloads import FAILED
-from nvpair.proxy.dispatch.answering import MESSAGES, nodeHeader, statsDialect
+from nvpair.proxy.dispatch.answering import MESSAGES, commitHead, statsDialect
 from nvpair.proxy.dispatch.attempt import Attempt
 from nvpair.proxy.dispatch.driver import PolicyDriver
 from nvpair.proxy.dispatch.ending import finishServed, finishUnserved, pauseFor
@@ -36,10 +36,10 @@ from nvpair.proxy.dispatch.outcome import (
     Committed,
     Failed,
 )
+from nvpair.proxy.dispatch.queueing import QueueSeat
 from nvpair.proxy.dispatch.relay import (
     ClientFlow,
     abortClient,
-    adoptResponseHeaders,
     truncateClient,
 )
 from nvpair.proxy.http.interfaces import IServerRequest
@@ -51,6 +51,8 @@ from nvpair.proxy.routing.reservations import Reservation
 from nvpair.proxy.routing.stats import StatsMeter
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from nvpair.proxy.routing.nodes import Node
     from nvpair.proxy.settings import Settings
 
@@ -70,7 +72,7 @@ class Exchange:
         *("method", "uri", "path", "forwardHeaders", "body", "document", "inference"),
         *("model", "createdAt", "workload"),
         # its placement and attempts
-        *("driver", "prefixKey", "reservation", "activeNode", "attempts"),
+        *("driver", "seat", "prefixKey", "reservation", "activeNode", "attempts"),
         # its answer
         *("meter", "flow", "committedStatus", "committed", "expectedLength", "written"),
         *("client", "stopping", "answered", "serving"),
@@ -116,6 +118,7 @@ class Exchange:
         self.answered = False
         self.serving: Committed | None = None
         self.driver = PolicyDriver(self)  # the placement loop
+        self.seat = QueueSeat(context.queueing)  # standalone: the fair queue, the breakers
         self.prefixKey: AffinityKey | None = None  # set by placement at commit
         self.reservation: Reservation | None = None  # this round's, on the node tried
 
@@ -182,16 +185,7 @@ class Exchange:
         self.context.exchanges.discard(self)
         workload = self.workload
         if workload is not None and not workload.ended:
-            finishUnserved(
-                workload,
-                self.client is GONE,
-                self.stopping,
-                self.committedStatus,
-                self.expectedLength,
-                self.written,
-                self.meter,
-                self.clock.seconds(),
-            )
+            finishUnserved(workload, self, self.clock.seconds())
         self.context.requestEnded(self)
 
     def _clientLost(self, _: object) -> None:
@@ -250,6 +244,18 @@ class Exchange:
     def pause(self, seconds: float, wakeOnDiscovery: bool) -> defer.Deferred[None]:
         """Wait ``seconds`` (or until discovery changes, when asked), cancellably."""
         return pauseFor(self.clock, self.facade, seconds, wakeOnDiscovery)
+
+    def waitForRoom(self, owners: Sequence[Node]) -> defer.Deferred[None] | None:
+        """Standalone: wait in the fair queue while every owner is known full."""
+        return self.seat.waitForRoom(self, self.request.requestHeaders, owners)
+
+    def knownFull(self, owners: Sequence[Node]) -> bool:
+        """Whether every one of ``owners`` is known full (``QueueSeat.knownFull``)."""
+        return self.seat.knownFull(owners)
+
+    def demote(self, owners: Sequence[Node]) -> tuple[Sequence[Node], tuple[Node, ...]]:
+        """``owners`` split by the node breakers (``QueueSeat.demote``)."""
+        return self.seat.demote(owners)
 
     def retrying(self) -> None:
         """The failed attempt was not the last: the workload is queued again."""
@@ -341,12 +347,8 @@ class Exchange:
         content = request.content
         if content is not None:
             content.close()
-        request.setResponseCode(code, phrase)
-        adoptResponseHeaders(headers, request, length)
-        responseHeaders = request.responseHeaders
         nodeId = committed.node.id
-        responseHeaders.setRawHeaders(b"X-Nvpair-Node", nodeHeader(nodeId))
-        responseHeaders.setRawHeaders(b"X-Nvpair-Attempts", (b"%d" % self.attempts,))
+        commitHead(request, code, phrase, headers, length, nodeId, self.attempts)
         if self.inference and code < 400:
             meter = self.meter = StatsMeter(statsDialect(self.engine, self.path), self.createdAt)
             meter.firstByte(self.clock.seconds())

@@ -90,11 +90,18 @@ class Committed:
 class Failed:
     """The attempt ended without committing."""
 
-    __slots__ = ("kind", "status", "node")
+    __slots__ = ("kind", "status", "node", "retryAfter")
 
     committed = False
 
-    def __init__(self, kind: FailureKind, node: Node, status: int | None = None) -> None:
+    def __init__(
+        self,
+        kind: FailureKind,
+        node: Node,
+        status: int | None = None,
+        retryAfter: float | None = None,
+    ) -> None:
         self.kind = kind
         self.node = node
         self.status = status
+        self.retryAfter = retryAfter  # the engine's ``Retry-After`` seconds, when it sent one

@@ -23,6 +23,7 @@ from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 from zope.interface import Attribute, implementer
 
+from nvpair.proxy.dispatch.queueing import Queueing
 from nvpair.proxy.engines import ENGINES, Engine
 from nvpair.proxy.facade import inventory
 from nvpair.proxy.facade.enginepoller import startEngineState
@@ -249,6 +250,10 @@ def startStandalone(process: IStandaloneProcess) -> None:
     if settings.affinity == "prefix":
         # The proxy orders the candidates itself: keep conversations where their cache is.
         context.affinity = Affinity(context.clock, states=states)
+    # The proxy is its own scheduler: a fair queue while every owner is full, node breakers.
+    queueing = Queueing(settings, context.clock, context.activity.inFlight, states)
+    context.queueing = queueing
+    context.activity.listener = queueing.activityChanged
     reservations = context.reservations
     reloader: FleetReloader | None = None
 

@@ -169,5 +169,6 @@ class StatusDocument(TypedDict):
     reservations: dict[str, int]
     affinity: dict[str, object]
     engineStates: NotRequired[dict[str, dict[str, object]]]
+    queueing: dict[str, object] | None
     workloads: WorkloadsStatus
     fleet: FleetStatus | None

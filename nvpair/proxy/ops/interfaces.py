@@ -19,6 +19,7 @@ from zope.interface import Attribute, Interface
 if TYPE_CHECKING:
     from nvpair.proxy.broker.activity import Activity
     from nvpair.proxy.broker.workloads import WorkloadReporter
+    from nvpair.proxy.dispatch.queueing import Queueing
     from nvpair.proxy.dispatch.upstream import Upstream
     from nvpair.proxy.facade.facade import Facade
     from nvpair.proxy.facade.hostcheck import HostGate
@@ -44,6 +45,9 @@ class IOpsContext(Interface):
     affinity: Affinity | None = Attribute("Conversation affinity, or None where it is off.")
     engineStates: EngineStates | None = Attribute(
         "The engines' own state (standalone mode), or None under a broker."
+    )
+    queueing: Queueing | None = Attribute(
+        "Standalone flow control (the fair queue, the node breakers), or None under a broker."
     )
 
 

@@ -20,6 +20,7 @@ from nvpair.proxy.ops.documents import (
     WorkloadEntry,
 )
 from nvpair.proxy.ops.format import ago, bar, esc, fixed, millis, number, reasonText, sparkline
+from nvpair.proxy.ops.queueview import breakerNote, queueTile
 
 MAX_MODELS_SHOWN = 6
 _MINUTE_BUCKETS = 6
@@ -116,7 +117,9 @@ def charts(series: Series, bucketSeconds: int) -> list[tuple[str, str, str, str,
     ]
 
 
-def _tiles(series: Series, bucketSeconds: int, affinity: Mapping[str, object] | None) -> str:
+def _tiles(
+    series: Series, bucketSeconds: int, affinity: Mapping[str, object] | None, queue: str = ""
+) -> str:
     tiles = [
         f'<div class="tile {metric}"><div class="tlabel">{title}</div>'
         f'<div class="tval">{esc(value)}</div>{svg}<div class="tsub">{esc(sub)}</div></div>'
@@ -124,6 +127,7 @@ def _tiles(series: Series, bucketSeconds: int, affinity: Mapping[str, object] | 
     ]
     if affinity is not None:
         tiles.append(_affinityTile(affinity))
+    tiles.append(queue)
     return f'<div class="tiles">{"".join(tiles)}</div>'
 
 
@@ -206,6 +210,7 @@ def _nodeRow(
     bucketSeconds: int,
     scale: float,
     now: int,
+    breaker: str = "",
 ) -> str:
     state = node["state"]
     why = node["stateReason"]
@@ -218,7 +223,7 @@ def _nodeRow(
     engineDiv = f'<div class="engine">{esc(engineLine(engine))}</div>' if engine else ""
     cells = [
         f'<td class="st"><span class="state {esc(state)}">{esc(state)}</span>'
-        f'<div class="why">{esc(why)}</div>{engineDiv}</td>',
+        f'<div class="why">{esc(why)}</div>{engineDiv}{breaker}</td>',
         f'<td class="nid">{esc(node["id"])}{selfMark}{_addresses(node)}</td>',
         f'<td class="models">{_models(node["modelNames"], node["models"])}</td>',
         f'<td class="work">{bar("inflight", node["inFlight"], scale, "in flight")}'
@@ -253,15 +258,20 @@ def _facade(
         )
     )
     rows = "".join(
-        _nodeRow(n, hist["nodes"].get(n["id"]), empty, seconds, scale, now) for n in facade["nodes"]
+        _nodeRow(
+            n, hist["nodes"].get(n["id"]), empty, seconds, scale, now, breakerNote(status, n["id"])
+        )
+        for n in facade["nodes"]
     )
     if not rows:
         rows = f'<tr><td colspan="{len(_NODE_HEADINGS)}" class="none">no nodes</td></tr>'
     heads = "".join(f"<th>{h}</th>" for h in _NODE_HEADINGS)
+    affinity = affinityCounts(status, engineId)
+    tiles = _tiles(hist["series"], seconds, affinity, queueTile(status, engineId))
     return (
         f'<section class="card facade" data-facade="{esc(engineId)}">'
         f'<div class="fhead"><h2>{esc(engineId)}</h2><span class="meta">{meta}</span></div>'
-        f"{_tiles(hist['series'], seconds, affinityCounts(status, engineId))}"
+        f"{tiles}"
         f'<table class="nodes"><thead><tr>{heads}</tr></thead><tbody>{rows}</tbody></table>'
         f"</section>"
     )

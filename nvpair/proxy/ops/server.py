@@ -47,6 +47,7 @@ from nvpair.proxy.ops.history import Window
 from nvpair.proxy.ops.interfaces import IOpsView
 from nvpair.proxy.ops.nodestate import nodeHealth
 from nvpair.proxy.ops.page import renderPage
+from nvpair.proxy.ops.queuegauges import QueueCollector, queueStatus
 from nvpair.proxy.routing.affinity import affinityStatus
 
 MAX_MODEL_NAMES = 64
@@ -120,6 +121,7 @@ def statusDocument(view: IOpsView) -> StatusDocument:
         "inFlight": inFlight,
         "reservations": reserved,
         "affinity": affinityStatus(view.context),
+        "queueing": queueStatus(view.context.queueing),
         "workloads": {
             "live": reporter.live,
             "terminals": dict(reporter.terminals),
@@ -219,6 +221,7 @@ class OpsApp:
         self.view = view
         self.state = CollectorRegistry()
         self.state.register(StateCollector(view))
+        self.state.register(QueueCollector(lambda: view.context.queueing))
 
     @app.route("/", methods=["GET"])
     def page(self, request: IRequest) -> bytes:

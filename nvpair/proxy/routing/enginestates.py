@@ -18,7 +18,7 @@ from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
 from nvpair.proxy.routing.engineprobe import EngineReport
-from nvpair.proxy.routing.interfaces import IEngineStates
+from nvpair.proxy.routing.engineview import IEngineStates
 from nvpair.proxy.routing.reservations import ReservationMap
 
 __all__ = ["EngineStates"]

@@ -6,7 +6,7 @@ the request context ``IPlacementContext``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from zope.interface import Attribute, Interface
@@ -76,6 +76,18 @@ class IPlacementExchange(Interface):
     def retrying() -> None:
         """An uncommitted attempt was not the last: the request is queued again."""
 
+    def waitForRoom(owners: Sequence[Node]) -> Deferred[None] | None:
+        """Standalone: None to go on now; else a Deferred that fires once the request is let
+        out of the fair queue (every owner was known full), or fails with ``CancelledError``
+        once it has been answered (``queue_full``, ``queue_timeout``) or its client left."""
+
+    def knownFull(owners: Sequence[Node]) -> bool:
+        """Whether every one of ``owners`` is known full (always False under a broker)."""
+
+    def demote(owners: Sequence[Node]) -> tuple[Sequence[Node], tuple[Node, ...]]:
+        """``owners`` split by the node breakers: those to order as usual, then those to try
+        after them (``owners`` and none under a broker)."""
+
     def pause(seconds: float, wakeOnDiscovery: bool) -> Deferred[None]:
         """Wait ``seconds``, or until discovery changes when ``wakeOnDiscovery``."""
 
@@ -93,26 +105,3 @@ class IPlacementExchange(Interface):
 
     def answerFinal(outcome: IOutcome) -> None:
         """The final permitted attempt failed uncommitted: answer for it."""
-
-
-class IEngineStates(Interface):
-    """What standalone placement and the queue read of the engines' own state (spec §10): the
-    latest *fresh* probe of each node's engine (slots, loaded models).  A node never probed,
-    whose last probe failed, timed out, was malformed or is older than two intervals is
-    unknown (``None``), never idle.  Provided in standalone mode only."""
-
-    def freeSlots(nodeId: str) -> int | None:
-        """Free slots the engine of ``nodeId`` reported in its latest fresh probe (0 when all
-        are busy), or None when unknown or when the engine reports no slots."""
-
-    def totalSlots(nodeId: str) -> int | None:
-        """Slots the engine of ``nodeId`` has (reported, or the fleet's configured limit for
-        an engine that reports none), or None when unknown."""
-
-    def modelLoaded(nodeId: str, model: str) -> bool | None:
-        """Whether the engine of ``nodeId`` has ``model`` loaded now (Ollama ``/api/ps``,
-        LM Studio ``/api/v0/models``), or None when it does not say or is unknown."""
-
-    def subscribe(listener: Callable[[str], None]) -> Callable[[], None]:
-        """Call ``listener(nodeId)`` each time a fresh probe of ``nodeId`` is recorded (room
-        may have appeared); returns a function that unsubscribes it."""

@@ -14,6 +14,7 @@ node that commits becomes the conversation's home.
 from __future__ import annotations
 
 from collections.abc import Generator
+from itertools import chain
 from typing import TYPE_CHECKING
 
 from nvpair.proxy.routing.admission import bodyDocument
@@ -77,7 +78,12 @@ def placeInference(ex: IPlacementExchange) -> Policy:
                 return None
             backoff = waited
             continue
-        ordered, pinApplied = orderCandidates(owners, facade.pin, reservations.rank)
+        wait = ex.waitForRoom(owners)  # standalone: the fair queue while all are full
+        if wait is not None:
+            yield wait
+            continue  # let out: the current owners, in a new round
+        preferred, demoted = ex.demote(owners)  # open breakers go last
+        ordered, pinApplied = orderCandidates(preferred, facade.pin, reservations.rank)
         if doc is not None and model is not None and len(snapshot) > 1:
             # Computed once, and only in a fleet of several nodes: one has no choice to make.
             key = keyFor(facade.engine.id, model, ex.path, doc)
@@ -89,7 +95,7 @@ def placeInference(ex: IPlacementExchange) -> Policy:
             target = placeReservation(ordered, pinApplied, reservations)
         if target is not None:
             ex.reserve(target.id)
-        for node in ordered:
+        for node in chain(ordered, demoted):
             if tried >= maxAttempts:
                 ex.unavailable("attempts_exhausted")
                 return None
@@ -117,7 +123,11 @@ def placeInference(ex: IPlacementExchange) -> Policy:
                 ex.answerFinal(outcome)
                 return None
             ex.retrying()
+            if ex.knownFull(owners):
+                break  # every owner is busy now: wait in the queue rather than try them
         ex.releaseReservation()
+        if ex.knownFull(owners):
+            continue  # every owner is busy: wait in the queue rather than back off
         waited = yield from _backOff(ex, deadline, backoff, "deadline_exceeded", False)
         if waited is None:
             return None

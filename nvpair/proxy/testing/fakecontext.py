@@ -18,6 +18,7 @@ from zope.interface import implementer
 
 from nvpair.proxy.broker.activity import Activity
 from nvpair.proxy.broker.workloads import WorkloadReporter
+from nvpair.proxy.dispatch.queueing import Queueing
 from nvpair.proxy.dispatch.relay import forwardHeaders
 from nvpair.proxy.dispatch.stallwatch import StallWatches
 from nvpair.proxy.engines import Engine
@@ -153,6 +154,7 @@ class FakeContext(Generic[UpstreamT]):
         self.stalls = StallWatches(self.clock, self.settings.streamIdleTimeout)
         self.affinity: Affinity | None = None
         self.engineStates: EngineStates | None = None
+        self.queueing: Queueing | None = None  # standalone's queue and breakers
         # The overloads tie ``UpstreamT`` to what is stored here.
         self.upstream = cast(UpstreamT, UpstreamSpy(self.clock) if upstream is None else upstream)
         self.trust = trust
@@ -192,9 +194,15 @@ class FakeContext(Generic[UpstreamT]):
 
     def attemptFailed(self, exchange: IExchangeReport, outcome: IAttemptReport) -> None:
         self.record.failedAttempts.append(outcome)
+        if self.queueing is not None:  # as ``RequestContext`` does
+            self.queueing.attemptFailed(
+                outcome.node.id, outcome.kind, outcome.status, outcome.retryAfter
+            )
 
     def committed(self, exchange: IExchangeReport, nodeId: str) -> None:
         self.record.commits.append(nodeId)
+        if self.queueing is not None:
+            self.queueing.committed(nodeId, exchange.committedStatus)
 
     def requestEnded(self, exchange: IExchangeReport) -> None:
         self.record.ended.append(exchange)

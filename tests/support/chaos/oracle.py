@@ -13,7 +13,13 @@ from tests.support.harness import CANARY
 
 GENERATED_REASONS = {
     502: {"no_owner", "upstream_unreachable"},
-    503: {"deadline_exceeded", "owner_unavailable", "attempts_exhausted"},
+    503: {
+        "deadline_exceeded",
+        "owner_unavailable",
+        "attempts_exhausted",
+        "queue_full",  # standalone: the queue (judged below)
+        "queue_timeout",
+    },
     504: {"no_content"},
 }
 
@@ -169,6 +175,10 @@ def judge(
                 return "deadline_exceeded after the whole budget was dispatched"
             if s.end - s.start < config.jobDeadline * 0.9:
                 return f"deadline_exceeded after only {s.end - s.start:.2f}s"
+            return None
+        if reason in ("queue_full", "queue_timeout"):
+            if not inference or not config.queue:
+                return f"{reason} where no queue runs"
             return None
         if reason == "no_content":
             if not can(last, "nocontent"):

@@ -24,6 +24,7 @@ class ChaosConfig:
     slowDelay: float = 0.05
     logLevel: str = "debug"
     clientTimeout: float = 60.0
+    queue: bool = False  # standalone with the queue on: queue_full/queue_timeout may answer
     progress: Callable[[str], None] | None = None
 
 

@@ -166,13 +166,32 @@
     return add(el("div", "tile affinity"), [el("div", "tlabel", "affinity hit rate"),
       el("div", "tval", value), el("div", "tsub", detail || "no placements yet")]);
   }
-  function tiles(series, bucketSeconds, affinity) {
+  function queueTile(s, id) {  // as queueview.queueTile
+    var q = s.queueing;
+    if (!q || typeof q !== "object") return null;
+    var queues = (q.queues && q.queues[id]) || {}, total = 0;
+    var parts = Object.keys(queues).sort().map(function (m) {
+      total += queues[m].depth;
+      return m + " " + number(queues[m].depth) + " waiting, last wait " +
+        seconds(queues[m].lastWaitSeconds);
+    });
+    return add(el("div", "tile queue"), [el("div", "tlabel", "queue"),
+      el("div", "tval", number(total)), el("div", "tsub", parts.join(" \u00b7 ") || "nobody waits")]);
+  }
+  function breakerNote(s, id) {  // as queueview.breakerNote
+    var q = s.queueing, b = q && typeof q === "object" && q.breakers ? q.breakers[id] : null;
+    if (!b || typeof b !== "object") return null;
+    return el("div", "breaker " + b.state,
+      "breaker " + b.state + " \u00b7 opened " + number(b.opens) + "\u00d7");
+  }
+  function tiles(series, bucketSeconds, affinity, queue) {
     var box = el("div", "tiles");
     charts(series, bucketSeconds).forEach(function (c) {
       add(box, [add(el("div", "tile " + c[0]), [el("div", "tlabel", c[1]),
         el("div", "tval", c[2]), c[3], el("div", "tsub", c[4])])]);
     });
     if (affinity !== null) box.appendChild(affinityTile(affinity));
+    if (queue) box.appendChild(queue);
     return box;
   }
   function models(names, count) {
@@ -199,7 +218,7 @@
       parts.push("cache " + Math.floor(e.cacheHitRatio * 100 + 0.5) + "%");
     return parts.join(" \u00b7 ");
   }
-  function nodeRow(node, series, bucketSeconds, scale, now) {
+  function nodeRow(node, series, bucketSeconds, scale, now, breaker) {
     var why = node.stateReason;
     if (node.checkedAt !== null) why += " \u00b7 " + ago((now - node.checkedAt) / 1000);
     var tr = el("tr", "node");
@@ -213,8 +232,8 @@
     if (addresses.length && !(addresses.length === 1 && addresses[0] === node.id))
       id.appendChild(el("div", "addr", addresses.join(" ")));
     add(tr, [add(el("td", "st"), [el("span", "state " + node.state, node.state),
-      el("div", "why", why), node.engine ? el("div", "engine", engineLine(node.engine)) : null]),
-      id, models(node.modelNames, node.models),
+      el("div", "why", why), node.engine ? el("div", "engine", engineLine(node.engine)) : null,
+      breaker]), id, models(node.modelNames, node.models),
       add(el("td", "work"), [bar("inflight", node.inFlight, scale, "in flight"),
         bar("reserved", node.reserved, scale, "reserved")]),
       el("td", "num", number(node.estimatedLoad))]);
@@ -238,7 +257,7 @@
     var head = add(el("tr"), NODE_HEADS.map(function (h) { return el("th", null, h); }));
     var body = el("tbody");
     f.nodes.forEach(function (n) {
-      body.appendChild(nodeRow(n, hist.nodes[n.id] || empty, bs, scale, now));
+      body.appendChild(nodeRow(n, hist.nodes[n.id] || empty, bs, scale, now, breakerNote(s, n.id)));
     });
     if (!f.nodes.length) {
       var none = el("td", "none", "no nodes");
@@ -246,7 +265,7 @@
       body.appendChild(add(el("tr"), [none]));
     }
     return add(card, [add(el("div", "fhead"), [el("h2", null, id), el("span", "meta", meta)]),
-      tiles(hist.series, bs, affinityCounts(s, id)),
+      tiles(hist.series, bs, affinityCounts(s, id), queueTile(s, id)),
       add(el("table", "nodes"), [add(el("thead"), [head]), body])]);
   }
 

@@ -1,0 +1,113 @@
+"""The queue and the node breakers, as ``/metrics`` and ``/status`` show them (standalone;
+read at scrape time from ``dispatch.queueing.Queueing``, nothing kept here)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from nvpair.proxy.dispatch.queueing import WAIT_BUCKETS, Queueing
+from nvpair.proxy.flow.breaker import BreakerState
+
+_STATE_VALUE = {"closed": 0, "half-open": 1, "open": 2}
+
+
+class QueueCollector(Collector):
+    """Scrape-time families of the queue and the breakers (none under a broker)."""
+
+    def __init__(self, queueing: Callable[[], Queueing | None]) -> None:
+        self.queueing = queueing
+
+    def describe(self) -> list[Metric]:
+        """Nothing to check at registration: the names are unique to this module."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield depth, wait histogram, refusals, breaker state and opens."""
+        queueing = self.queueing()
+        if queueing is None:
+            return
+        depth = GaugeMetricFamily(
+            "nvpair_proxy_queue_depth",
+            "Requests waiting in the proxy's queue, per facade and model.",
+            labels=["engine", "model"],
+        )
+        wait = HistogramMetricFamily(
+            "nvpair_proxy_queue_wait_seconds",
+            "Time requests let out of the queue had waited, per facade and model.",
+            labels=["engine", "model"],
+        )
+        for engine, model, size, _, waits in queueing.depths():
+            depth.add_metric([engine, model], size)
+            buckets: list[tuple[str, float]] = []
+            running = 0
+            for bound, count in zip((*map(str, WAIT_BUCKETS), "+Inf"), waits.counts, strict=True):
+                running += count
+                buckets.append((bound, running))
+            wait.add_metric([engine, model], buckets, waits.total)
+        yield depth
+        yield wait
+        refused = CounterMetricFamily(
+            "nvpair_proxy_queue_refusals",
+            "Requests the queue refused, per facade and reason (queue_full, queue_timeout, "
+            "deadline_exceeded).",
+            labels=["engine", "reason"],
+        )
+        for (engine, reason), count in sorted(queueing.refused.items()):
+            refused.add_metric([engine, reason], count)
+        yield refused
+        now = queueing.clock.seconds()
+        state = GaugeMetricFamily(
+            "nvpair_proxy_breaker_state",
+            "Node breaker state: 0 closed, 1 half-open, 2 open (nodes with recent failures).",
+            labels=["node"],
+        )
+        opens = CounterMetricFamily(
+            "nvpair_proxy_breaker_opens",
+            "Times a node's breaker opened (per node while it is tracked).",
+            labels=["node"],
+        )
+        for nodeId, entry in sorted(queueing.breakers.snapshot(now).items()):
+            state.add_metric([nodeId], _STATE_VALUE[str(entry["state"])])
+            opens.add_metric([nodeId], float(str(entry["opens"])))
+        yield state
+        yield opens
+        yield CounterMetricFamily(
+            "nvpair_proxy_breaker_opens_all",
+            "Times any node's breaker opened since the start.",
+            value=queueing.breakers.opened,
+        )
+
+
+def queueStatus(queueing: Queueing | None) -> dict[str, object] | None:
+    """``/status``'s ``queueing`` object: the bounds, per facade and model its depth, the
+    longest current wait and the last wait; refusals; per node its breaker."""
+    if queueing is None:
+        return None
+    now = queueing.clock.seconds()
+    queues: dict[str, dict[str, dict[str, object]]] = {}
+    for engine, model, size, oldest, waits in queueing.depths():
+        queues.setdefault(engine, {})[model] = {
+            "depth": size,
+            "oldestWaitSeconds": round(oldest, 3),
+            "lastWaitSeconds": round(waits.last, 3),
+            "dispatched": waits.count,
+        }
+    refused: dict[str, dict[str, int]] = {}
+    for (engine, reason), count in sorted(queueing.refused.items()):
+        refused.setdefault(engine, {})[reason] = count
+    return {
+        "queueMax": queueing.settings.queueMax,
+        "queueTimeoutSeconds": queueing.settings.queueTimeout,
+        "queues": queues,
+        "refused": refused,
+        "breakers": queueing.breakers.snapshot(now),
+        "breakerStates": [s.value for s in BreakerState],
+    }

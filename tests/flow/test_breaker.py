@@ -1,0 +1,222 @@
+"""The node breaker's transitions on a clock, its order, and the room board."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
+
+from nvpair.proxy.flow import breaker as b
+from nvpair.proxy.flow.breaker import Breakers, BreakerState, retryAfterSeconds
+from nvpair.proxy.flow.room import BUSY_HOLD, GROW_EVERY, MAX_NODES, RoomBoard, isBusyAnswer
+from nvpair.proxy.routing.engineview import IEngineStates
+from nvpair.proxy.routing.nodes import Node
+
+A, B, C = (Node(n, False, (n,), frozenset({"m"})) for n in ("a", "b", "c"))
+
+
+def _open(breakers: Breakers, nodeId: str, now: float = 0.0) -> None:
+    for _ in range(b.THRESHOLD):
+        breakers.failed(nodeId, now)
+
+
+class TransitionTests(SynchronousTestCase):
+    """Closed, open, half-open and back."""
+
+    def test_opensAtThreshold(self) -> None:
+        """Fewer failures than the threshold leave it closed; the threshold opens it."""
+        breakers = Breakers()
+        for _ in range(b.THRESHOLD - 1):
+            breakers.failed("a", 0.0)
+        self.assertEqual(breakers.state("a", 0.0), BreakerState.CLOSED)
+        breakers.failed("a", 0.0)
+        self.assertEqual(breakers.state("a", 0.0), BreakerState.OPEN)
+        self.assertEqual(breakers.opened, 1)
+
+    def test_windowForgets(self) -> None:
+        """Failures spread wider than the window never open it."""
+        breakers = Breakers()
+        for i in range(b.THRESHOLD * 3):
+            breakers.failed("a", i * (b.WINDOW / (b.THRESHOLD - 1) + 0.1))
+        self.assertEqual(breakers.opened, 0)
+
+    def test_halfOpenProbeThenClose(self) -> None:
+        """After the cool-down one request probes it; success closes it."""
+        breakers = Breakers()
+        _open(breakers, "a")
+        self.assertEqual(breakers.order((A, B), 0.5), ((B,), (A,)))
+        now = b.BASE_COOLDOWN
+        self.assertEqual(breakers.state("a", now), BreakerState.HALF_OPEN)
+        self.assertEqual(breakers.order((B, A), now), ((A,), (B,)))  # the probe goes first
+        self.assertEqual(breakers.order((B, A), now), ((B,), (A,)))  # only one probe at once
+        breakers.succeeded("a")
+        self.assertEqual(breakers.state("a", now), BreakerState.CLOSED)
+        self.assertEqual(breakers.order((B, A), now), ((B, A), ()))
+
+    def test_probeFailureDoublesUpToCap(self) -> None:
+        """A failed probe opens it for twice the cool-down, never past the cap."""
+        breakers = Breakers()
+        _open(breakers, "a")
+        now = 0.0
+        cooldown = b.BASE_COOLDOWN
+        for _ in range(12):
+            now += cooldown
+            self.assertEqual(breakers.order((A, B), now)[0], (A,))
+            breakers.failed("a", now)
+            cooldown = min(cooldown * 2, b.MAX_COOLDOWN)
+            self.assertEqual(breakers.state("a", now + cooldown - 0.01), BreakerState.OPEN)
+            self.assertEqual(breakers.state("a", now + cooldown), BreakerState.HALF_OPEN)
+        self.assertEqual(cooldown, b.MAX_COOLDOWN)
+
+    def test_retryAfterIsAMinimum(self) -> None:
+        """An engine's Retry-After longer than the cool-down keeps it open that long."""
+        breakers = Breakers()
+        for _ in range(b.THRESHOLD):
+            breakers.failed("a", 0.0, 7.0)
+        self.assertEqual(breakers.state("a", 6.9), BreakerState.OPEN)
+        self.assertEqual(breakers.state("a", 7.0), BreakerState.HALF_OPEN)
+
+    def test_probeLeaseExpires(self) -> None:
+        """A probe with no verdict passes to another request after the lease."""
+        breakers = Breakers()
+        _open(breakers, "a")
+        now = b.BASE_COOLDOWN
+        self.assertEqual(breakers.order((A, B), now)[0], (A,))
+        self.assertEqual(breakers.order((A, B), now + 1)[0], (B,))
+        self.assertEqual(breakers.order((A, B), now + b.PROBE_LEASE)[0], (A,))
+
+    def test_allOpenUsualOrder(self) -> None:
+        """When nothing else can serve, the open nodes are tried in the usual order."""
+        breakers = Breakers()
+        _open(breakers, "a")
+        _open(breakers, "b")
+        self.assertEqual(breakers.order((A, B), 0.1), ((A, B), ()))
+
+    def test_bounded(self) -> None:
+        """Per-node state is bounded, whatever the number of failing nodes."""
+        breakers = Breakers()
+        for i in range(b.MAX_NODES * 2):
+            breakers.failed(f"n{i}", 0.0)
+        self.assertEqual(len(breakers), b.MAX_NODES)
+
+    def test_snapshot(self) -> None:
+        """The status view names state, opens and the time left."""
+        breakers = Breakers()
+        _open(breakers, "a")
+        view = breakers.snapshot(0.25)
+        self.assertEqual(view["a"]["state"], "open")
+        self.assertEqual(view["a"]["opens"], 1)
+        self.assertEqual(view["a"]["retryInSeconds"], 0.75)
+
+    def test_retryAfterParsing(self) -> None:
+        """Delay-seconds only, capped; anything else is absent."""
+        self.assertEqual(retryAfterSeconds([b" 5 "]), 5.0)
+        self.assertEqual(retryAfterSeconds([b"99999"]), b.MAX_COOLDOWN)
+        for bad in (None, [], [b"soon"], [b"-1"], [b"Wed, 21 Oct 2015 07:28:00 GMT"]):
+            self.assertIsNone(retryAfterSeconds(bad))
+
+
+@implementer(IEngineStates)
+class FakeStates:
+    """Engine states a test sets by hand."""
+
+    def __init__(self) -> None:
+        self.free: dict[str, int | None] = {}
+        self.total: dict[str, int | None] = {}
+        self.listeners: list[Callable[[str], None]] = []
+
+    def freeSlots(self, nodeId: str) -> int | None:
+        return self.free.get(nodeId)
+
+    def totalSlots(self, nodeId: str) -> int | None:
+        return self.total.get(nodeId)
+
+    def modelLoaded(self, nodeId: str, model: str) -> bool | None:
+        return None
+
+    def subscribe(self, listener: Callable[[str], None]) -> Callable[[], None]:
+        self.listeners.append(listener)
+        return lambda: self.listeners.remove(listener)
+
+
+class RoomTests(SynchronousTestCase):
+    """Known full: engine slots, our in-flight against the limit, busy answers."""
+
+    def test_fakeStates(self) -> None:
+        """The test provider provides the interface."""
+        self.assertTrue(verifyObject(IEngineStates, FakeStates()))
+
+    def test_nothingKnownMeansRoom(self) -> None:
+        """With no engine state and no busy answer, nothing is ever known full."""
+        board = RoomBoard(None)
+        self.assertTrue(board.hasRoom("a", 1000, 0.0))
+
+    def test_busyLearnsALimit(self) -> None:
+        """A busy answer while two of ours ran there: the node is full at two of ours, room
+        at one; the limit grows by one after a quiet interval while ours fill it."""
+        board = RoomBoard(None)
+        board.busy("a", 0.0, None, 2)
+        self.assertFalse(board.hasRoom("a", 2, 0.5))
+        self.assertTrue(board.hasRoom("a", 1, 0.5))
+        self.assertEqual(board.wakeAt("a"), GROW_EVERY)
+        self.assertTrue(board.hasRoom("a", 2, GROW_EVERY))  # grown to three
+        self.assertFalse(board.hasRoom("a", 3, GROW_EVERY))
+        self.assertEqual(board.limit("a"), 3)
+
+    def test_limitForgottenWhenUnused(self) -> None:
+        """A limit that comes due while ours do not fill it is forgotten."""
+        board = RoomBoard(None)
+        board.busy("a", 0.0, None, 2)
+        self.assertTrue(board.hasRoom("a", 0, GROW_EVERY))
+        self.assertIsNone(board.limit("a"))
+        self.assertTrue(board.hasRoom("a", 100, GROW_EVERY))
+
+    def test_busyWithNoneOfOursHolds(self) -> None:
+        """A 429 with none of ours there holds the node full for the hold, or the engine's
+        Retry-After."""
+        board = RoomBoard(None)
+        board.busy("a", 0.0, None, 0)
+        self.assertFalse(board.hasRoom("a", 0, BUSY_HOLD - 0.01))
+        self.assertTrue(board.hasRoom("a", 0, BUSY_HOLD))
+        board.busy("b", 0.0, 4.0, 0)
+        self.assertFalse(board.hasRoom("b", 0, 3.9))
+
+    def test_slotsFromProbeAndOurs(self) -> None:
+        """Free slots from the probe, less ours started since, plus ours ended since."""
+        states = FakeStates()
+        states.free["a"] = 1
+        board = RoomBoard(states)
+        self.assertTrue(board.hasRoom("a", 0, 0.0))
+        board.started("a")
+        self.assertFalse(board.hasRoom("a", 1, 0.0))
+        board.ended("a")
+        self.assertTrue(board.hasRoom("a", 0, 0.0))
+        states.free["a"] = 0
+        board.probed("a")
+        self.assertFalse(board.hasRoom("a", 0, 0.0))
+
+    def test_limitAgainstOurs(self) -> None:
+        """A slot limit is reached by our own requests in flight."""
+        states = FakeStates()
+        states.total["a"] = 2
+        board = RoomBoard(states)
+        self.assertTrue(board.hasRoom("a", 1, 0.0))
+        self.assertFalse(board.hasRoom("a", 2, 0.0))
+
+    def test_busyAnswer(self) -> None:
+        """429 is busy; 503 is busy only while another of ours ran there, from a node that
+        served ours recently (one that only refuses is failing)."""
+        self.assertTrue(isBusyAnswer(429, 0, False))
+        self.assertTrue(isBusyAnswer(503, 1, True))
+        self.assertFalse(isBusyAnswer(503, 1, False))
+        self.assertFalse(isBusyAnswer(503, 0, True))
+        self.assertFalse(isBusyAnswer(500, 3, True))
+
+    def test_bounded(self) -> None:
+        """Per-node room state is bounded."""
+        board = RoomBoard(None)
+        for i in range(MAX_NODES * 2):
+            board.busy(f"n{i}", 0.0, None, 1)
+        self.assertEqual(len(board), MAX_NODES)
