@@ -27,13 +27,13 @@ from twisted.web.iweb import IResponse
 from zope.interface import Attribute, Interface
 
 from nvpair.proxy.engines import Engine
+from nvpair.proxy.flow.interfaces import IQueueing
 from nvpair.proxy.http.interfaces import IServerRequest
 from nvpair.proxy.routing.engineview import IEngineStates
 from nvpair.proxy.routing.interfaces import IPlacementContext
 from nvpair.proxy.settings import Settings
 
 if TYPE_CHECKING:
-    from nvpair.proxy.dispatch.queueing import Queueing
     from nvpair.proxy.routing.nodes import Node
 
 
@@ -222,7 +222,7 @@ class IRequestContext(IPlacementContext):
         "The engines' own state (``routing.enginestates.EngineStates``) in standalone mode, "
         "else None (under a broker)."
     )
-    queueing: Queueing | None = Attribute(
+    queueing: IQueueing | None = Attribute(
         "Standalone flow control (the fair queue and the node breakers), or None under a broker."
     )
 

@@ -8,10 +8,12 @@ import json
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
+from zope.interface.verify import verifyObject
 
 from nvpair.proxy.dispatch.queueing import Queueing
 from nvpair.proxy.facade.standalone import startStandalone
 from nvpair.proxy.flow import breaker as b
+from nvpair.proxy.flow.interfaces import IQueueing
 from nvpair.proxy.ops.queuegauges import QueueCollector, queueStatus
 from nvpair.proxy.testing.upstreamspy import FakeResponse
 from tests.facade.test_standalone import FakeService
@@ -58,6 +60,10 @@ class QueueCase(LoopCase):
 
 class WaitTests(QueueCase):
     """Waiting while every owner is full, and leaving the queue."""
+
+    def test_providesIQueueing(self) -> None:
+        """The flow control is what the request context's ``queueing`` promises."""
+        self.assertTrue(verifyObject(IQueueing, self.queueing))
 
     def test_waitsHoldingNothingThenDispatched(self) -> None:
         """A third request waits with no attempt, reservation or in-flight count, its

@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING
 from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.web.http_headers import Headers
+from zope.interface import implementer
 
 from nvpair.proxy.flow.breaker import Breakers
 from nvpair.proxy.flow.clients import clientKey
 from nvpair.proxy.flow.fairqueue import FairQueue, Ticket
+from nvpair.proxy.flow.interfaces import IQueueing
 from nvpair.proxy.flow.room import MAX_NODES as MAX_SERVED
 from nvpair.proxy.flow.room import SERVED_RECENTLY, RoomBoard, isBusyAnswer
 from nvpair.proxy.routing.admission import bodyDocument
@@ -87,6 +89,7 @@ class _Line:
         return facade.snapshot.owners(self.model, facade.hasLocalBackend)
 
 
+@implementer(IQueueing)
 class Queueing:
     """The queues of every facade and model, the room board and the breakers."""
 
@@ -338,7 +341,7 @@ class QueueSeat:
 
     __slots__ = ("queueing", "queued")
 
-    def __init__(self, queueing: Queueing | None) -> None:
+    def __init__(self, queueing: IQueueing | None) -> None:
         self.queueing = queueing
         self.queued = 0  # 0: not charged to its client yet; 1: charged; 2: just let out
 

@@ -1,0 +1,40 @@
+"""What the request path asks of standalone's flow control (``dispatch.queueing.Queueing``):
+declared here, below the request context, so that the context names it without importing
+the dispatch layer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from zope.interface import Interface
+
+if TYPE_CHECKING:
+    from twisted.internet.defer import Deferred
+
+    from nvpair.proxy.routing.interfaces import IPlacementExchange
+    from nvpair.proxy.routing.nodes import Node
+
+
+class IQueueing(Interface):
+    """Standalone flow control: the fair queue while every owner is known full, and the
+    per-node breakers."""
+
+    def knownFull(owners: Sequence[Node]) -> bool:
+        """Whether every one of ``owners`` is known full now."""
+
+    def waitForRoom(
+        ex: IPlacementExchange, owners: Sequence[Node], client: str
+    ) -> Deferred[None] | None:
+        """None when ``ex`` may go on now (charged to ``client``); else a Deferred that
+        fires when it is dispatched, or fails with ``CancelledError`` once answered."""
+
+    def demote(owners: Sequence[Node]) -> tuple[Sequence[Node], tuple[Node, ...]]:
+        """``owners`` split by the node breakers: those to order as usual, then the demoted."""
+
+    def attemptFailed(nodeId: str, kind: str, status: int | None, retryAfter: float | None) -> None:
+        """An attempt on ``nodeId`` failed uncommitted (``kind``, its status and the
+        engine's ``Retry-After`` seconds when it sent them)."""
+
+    def committed(nodeId: str, status: int | None) -> None:
+        """A response committed on ``nodeId`` with ``status``."""
