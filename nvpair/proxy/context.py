@@ -29,6 +29,7 @@ from nvpair.proxy.routing.affinity import Affinity
 from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.runtime.logs import LogControl
 from nvpair.proxy.settings import Settings
+from nvpair.proxy.tracing.interfaces import ITracer
 
 
 @implementer(IRequestContext)
@@ -46,6 +47,7 @@ class RequestContext:
         metrics: Metrics,
         logControl: LogControl,
         trust: ClusterTrust | None = None,
+        tracer: ITracer | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
@@ -54,6 +56,7 @@ class RequestContext:
         self.metrics = metrics
         self.logControl = logControl
         self.trust = trust
+        self.tracer = tracer  # None unless --otel: then exchanges carry a ``trace``
         self.reservations = ReservationMap()
         self.activity = Activity(sink)
         self.history = History(clock)
@@ -89,6 +92,8 @@ class RequestContext:
         """An attempt ended uncommitted."""
         self.metrics.attemptFailed(exchange, outcome)
         self.history.attempt(exchange.engine.id, outcome.node.id, outcome.kind, outcome.status)
+        if exchange.trace is not None:
+            exchange.trace.attemptFailed(outcome)
         if self.logControl.enabled("debug"):
             self.log.debug(
                 "attempt-failed",
@@ -100,12 +105,17 @@ class RequestContext:
 
     def committed(self, exchange: Any, nodeId: str) -> None:
         """A response committed on ``nodeId``."""
-        self.metrics.committed(exchange, nodeId, self.clock.seconds() - exchange.createdAt)
+        firstByte = self.clock.seconds() - exchange.createdAt
+        self.metrics.committed(exchange, nodeId, firstByte)
         self.history.attempt(exchange.engine.id, nodeId, None, None)
+        if exchange.trace is not None:
+            exchange.trace.committed(nodeId, firstByte)
 
     def requestEnded(self, exchange: Any) -> None:
         """An exchange ended (its terminal bookkeeping has run)."""
         self.metrics.requestEnded(exchange)
+        if exchange.trace is not None:
+            exchange.trace.ended(exchange)
 
     def streamStalled(self, engineId: str) -> None:
         """A committed stream was cut by its stall watch."""

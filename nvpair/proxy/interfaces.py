@@ -4,8 +4,8 @@ the request context.
 This module sits below every package that uses these seams (broker, dispatch, routing,
 facade, cluster), so it imports from none of them: an attribute whose class lives there is
 an ``Attribute`` that names the class in its description instead of a type.  It may import
-the leaf modules (``settings``, ``engines``, ``runtime.logs``) and ``http.request``, none of
-which imports this module.
+the leaf modules (``settings``, ``engines``, ``runtime.logs``, ``tracing.interfaces``) and
+``http.request``, none of which imports this module.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from nvpair.proxy.engines import Engine
 from nvpair.proxy.http.interfaces import IServerRequest
 from nvpair.proxy.runtime.logs import LogControl
 from nvpair.proxy.settings import Settings
+from nvpair.proxy.tracing.interfaces import ITracer
 
 
 class IBrokerSink(Interface):
@@ -91,6 +92,9 @@ class IRequestContext(Interface):
         "ordering candidates (under a broker, or ``--affinity off``)."
     )
     stalls = Attribute("The stream stall watches (``dispatch.stallwatch.StallWatches``).")
+    tracer: ITracer | None = Attribute(
+        "Starts request traces (``tracing.spans.Tracer``), or None with ``--otel`` off."
+    )
 
     def forwardHeaders(incoming: Headers) -> Headers:
         """The request headers to send upstream for ``incoming``."""

@@ -69,6 +69,39 @@ def _parseLevel(text: str) -> str:
     return level
 
 
+LOG_FORMATS = ("json", "text")
+
+
+def _parseLogFormat(text: str) -> str:
+    form = text.strip().lower()
+    if form not in LOG_FORMATS:
+        raise ValueError(f"unknown format {text!r} (one of {', '.join(LOG_FORMATS)})")
+    return form
+
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def otelAvailable() -> bool:
+    """Whether the ``otel`` extra is installed (its SDK and OTLP exporter import)."""
+    try:
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
+        import opentelemetry.sdk.trace  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def logFormatFor(asked: str | None, standalone: bool, stderrIsTerminal: bool) -> str:
+    """The log format: JSON under a broker whatever is asked (its pipe always gets JSON,
+    protocol §10); standalone, the one asked, else text on a terminal and JSON otherwise."""
+    if not standalone:
+        return "json"
+    if asked is not None:
+        return asked
+    return "text" if stderrIsTerminal else "json"
+
+
 # (flag, env var, default text, parser, Settings field)
 _VALUED: list[tuple[str, str | None, str | None, Callable[[str], object], str]] = [
     ("state-dir", "NVPAIR_STATE_DIR", "~/.nvpair", str, "stateDir"),
@@ -132,6 +165,7 @@ _VALUED: list[tuple[str, str | None, str | None, Callable[[str], object], str]] 
         "streamIdleTimeout",
     ),
     ("affinity", "NVPAIR_PROXY_AFFINITY", "prefix", _parseAffinity, "affinity"),
+    ("log-format", "NVPAIR_LOG_FORMAT", None, _parseLogFormat, "logFormat"),
 ]
 
 _HELP = {
@@ -163,9 +197,18 @@ _HELP = {
     "long; 0 = never [env NVPAIR_PROXY_STREAM_IDLE_TIMEOUT]",
     "affinity": "prefix or off: keep a conversation on the node that served it "
     "(standalone mode) [env NVPAIR_PROXY_AFFINITY]",
+    "log-format": "json or text; default text when stderr is a terminal (standalone), json "
+    "otherwise; a broker always gets json [env NVPAIR_LOG_FORMAT]",
 }
 
 STANDALONE_OPS_PORT = 9464
+
+
+def _stderrIsTerminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def _fail(option: str, message: str) -> None:
@@ -181,7 +224,15 @@ class Options(usage.Options):
     synopsis = "[options]"
     longdesc = "Run the nvpair engine proxy: one HTTP facade per enabled inference engine."
 
-    optFlags = [["standalone", None, "run without a broker (protocol §9)"]]
+    optFlags = [
+        ["standalone", None, "run without a broker (protocol §9)"],
+        [
+            "otel",
+            None,
+            "export OpenTelemetry traces, configured by OTEL_* "
+            "[env NVPAIR_PROXY_OTEL] (needs the otel extra)",
+        ],
+    ]
     optParameters = [[flag, None, None, _HELP[flag]] for flag, *_ in _VALUED]
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
@@ -246,6 +297,11 @@ class Options(usage.Options):
         values["opsPort"] = opsPort
         if self.backends and not standalone:
             _fail("backend", "only meaningful with --standalone")
+        values["logFormat"] = logFormatFor(values["logFormat"], standalone, _stderrIsTerminal())
+        otel = bool(self["otel"]) or self.environ.get("NVPAIR_PROXY_OTEL", "").lower() in _TRUE
+        if otel and not otelAvailable():
+            _fail("otel", "OpenTelemetry is not installed: pip install 'nvpair-proxy[otel]'")
+        values["otel"] = otel
         self.settings = Settings(
             standalone=standalone,
             backends=tuple(self.backends),

@@ -37,3 +37,6 @@ class Settings:
     allowedHosts: tuple[str, ...] = ()
     streamIdleTimeout: float = 300.0
     affinity: str = "prefix"
+    # Traces and log lines for people (spec §9, "Traces").
+    otel: bool = False
+    logFormat: str = "json"

@@ -15,7 +15,7 @@ from twisted.internet.interfaces import IReactorCore, IReactorFromThreads
 from nvpair.proxy.options import Options
 from nvpair.proxy.runtime import eventloop
 from nvpair.proxy.runtime.logoutlet import LineOutlet
-from nvpair.proxy.runtime.logs import COMPONENT
+from nvpair.proxy.runtime.logs import COMPONENT, FORMATS
 from nvpair.proxy.service import ProxyService, stderrStream
 
 __all__ = ["Options", "makeService"]
@@ -61,10 +61,10 @@ def freezeStartupObjects(reactor: IReactorCore) -> None:
     reactor.callWhenRunning(gc.freeze)
 
 
-def logOutlet() -> LineOutlet:
+def logOutlet(form: str = "json") -> LineOutlet:
     """The log's stream: stderr, written by a thread so that a broker that stops reading
     stderr never stalls the reactor; given two seconds at exit to write what is left."""
-    outlet = LineOutlet(stderrStream(), COMPONENT)
+    outlet = LineOutlet(stderrStream(), COMPONENT, render=FORMATS[form])
     atexit.register(outlet.close)
     return outlet
 
@@ -84,7 +84,7 @@ def makeService(options: Options) -> IService:
         trust = ClusterTrust(
             settings.clusterDir, reactor, lambda message: service[0].clusterProblem(message)
         )
-        proxy = ProxyService(settings, reactor, logOutlet(), trust)
+        proxy = ProxyService(settings, reactor, logOutlet(settings.logFormat), trust)
         service.append(proxy)
         return proxy
-    return ProxyService(settings, reactor, logOutlet())
+    return ProxyService(settings, reactor, logOutlet(settings.logFormat))

@@ -3,7 +3,8 @@
 Real reservations, activity, workloads and stall watches over a ``ListSink`` and a
 ``Clock``; the settings are the protocol defaults overridden by keyword; the upstream is a
 ``FakeUpstream`` unless a test brings its own; every report (internal errors, generated
-errors, failed attempts, commits, ends) is recorded in ``record``.
+errors, failed attempts, commits, ends) is recorded in ``record``; with a ``tracer`` the
+hooks feed an exchange's trace as ``context.RequestContext`` does.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class FakeContext(Generic[UpstreamT]):
         *,
         upstream: UpstreamT,
         trust: Any = None,
+        tracer: Any = None,
         **settings: object,
     ) -> None: ...
 
@@ -67,6 +69,7 @@ class FakeContext(Generic[UpstreamT]):
         clock: Clock | None = None,
         *,
         trust: Any = None,
+        tracer: Any = None,
         **settings: object,
     ) -> None: ...
 
@@ -76,6 +79,7 @@ class FakeContext(Generic[UpstreamT]):
         *,
         upstream: Any = None,
         trust: Any = None,
+        tracer: Any = None,
         **settings: object,
     ) -> None:
         self.clock = clock or Clock()
@@ -86,6 +90,7 @@ class FakeContext(Generic[UpstreamT]):
         # The overloads tie ``UpstreamT`` to what is stored here.
         self.upstream = cast(UpstreamT, FakeUpstream(self.clock) if upstream is None else upstream)
         self.trust = trust
+        self.tracer = tracer
         self.sink = ListSink()
         self.reporter = WorkloadReporter(self.sink, self.clock, RUN_ID)
         self.activity = Activity(self.sink)
@@ -122,12 +127,18 @@ class FakeContext(Generic[UpstreamT]):
 
     def attemptFailed(self, exchange: Any, outcome: Any) -> None:
         self.record.failedAttempts.append(outcome)
+        if exchange.trace is not None:
+            exchange.trace.attemptFailed(outcome)
 
     def committed(self, exchange: Any, nodeId: str) -> None:
         self.record.commits.append(nodeId)
+        if exchange.trace is not None:
+            exchange.trace.committed(nodeId, self.clock.seconds() - exchange.createdAt)
 
     def requestEnded(self, exchange: Any) -> None:
         self.record.ended.append(exchange)
+        if exchange.trace is not None:
+            exchange.trace.ended(exchange)
 
     def streamStalled(self, engineId: str) -> None:
         self.record.stalled.append(engineId)

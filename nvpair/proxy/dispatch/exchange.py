@@ -46,6 +46,7 @@ from nvpair.proxy.routing.interfaces import IOutcome, IPlacementExchange
 from nvpair.proxy.routing.placement import Policy, placeInference, placeVerbatim
 from nvpair.proxy.routing.reservations import Reservation
 from nvpair.proxy.routing.stats import StatsMeter
+from nvpair.proxy.tracing.interfaces import IRequestTrace
 
 if TYPE_CHECKING:
     from nvpair.proxy.routing.nodes import Node
@@ -91,6 +92,7 @@ class Exchange(PolicyDriver):
         "stopping",
         "answered",
         "serving",
+        "trace",
     )
 
     def __init__(
@@ -137,6 +139,7 @@ class Exchange(PolicyDriver):
         self.loop: defer.Deferred[IOutcome] | defer.Deferred[None] | None = None
         self.stepping = False
         self.early: IOutcome | Failure | Early | None = WAITING
+        self.trace: IRequestTrace | None = None  # its spans, with --otel on
 
     @property
     def clientGone(self) -> bool:
@@ -150,6 +153,9 @@ class Exchange(PolicyDriver):
         if self.inference and self.model is not None:
             self.workload = self.context.reporter.admit(self.engine.id, self.model)
         self.context.exchanges.add(self)
+        tracer = self.context.tracer
+        if tracer is not None:
+            self.trace = tracer.requestStarted(self)
         request = self.request
         request.whenLost(self._clientLost)
         if request.disconnected:
@@ -270,6 +276,8 @@ class Exchange(PolicyDriver):
         if self.workload is not None:
             self.workload.submitted(node.id)
         self._setActive(node.id)
+        if self.trace is not None:
+            self.trace.attemptStarted(node, self.forwardHeaders)
         return Attempt(self, node, final, gated).start()
 
     def attemptFailed(self, outcome: Failed) -> None:
