@@ -277,7 +277,7 @@ class Exchange(PolicyDriver):
             self.workload.submitted(node.id)
         self._setActive(node.id)
         if self.trace is not None:
-            self.trace.attemptStarted(node, self.forwardHeaders)
+            self.forwardHeaders = self.trace.attemptStarted(node, self.forwardHeaders)
         return Attempt(self, node, final, gated).start()
 
     def attemptFailed(self, outcome: Failed) -> None:

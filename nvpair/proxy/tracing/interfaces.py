@@ -25,10 +25,10 @@ class IRequestTrace(Interface):
         """The queue wait ended: ``outcome`` names how (e.g. ``dispatched``, ``timeout``,
         ``full``, ``cancelled``); a no-op when no wait is open."""
 
-    def attemptStarted(node: Any, headers: Headers) -> None:
+    def attemptStarted(node: Any, headers: Headers) -> Headers:
         """An attempt on ``node`` (a ``routing.nodes.Node``) starts: open its CLIENT span and
-        write its context (``traceparent``, ``tracestate``) into ``headers``, the attempt's
-        outgoing request headers."""
+        return a copy of ``headers``, the request headers to send, carrying its context
+        (``traceparent``, ``tracestate``)."""
 
     def attemptFailed(outcome: Any) -> None:
         """The open attempt ended uncommitted (``dispatch.outcome.Failed``)."""

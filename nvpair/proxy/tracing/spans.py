@@ -138,7 +138,7 @@ class RequestTrace:
             queue.set_attribute("nvpair.queue.outcome", outcome)
             queue.end(_ns(self.clock))
 
-    def attemptStarted(self, node: Any, headers: Headers) -> None:
+    def attemptStarted(self, node: Any, headers: Headers) -> Headers:
         self._endAttempt("cancelled")
         self.attempts += 1
         attributes: dict[str, str | int] = {"nvpair.node.id": node.id}
@@ -152,7 +152,9 @@ class RequestTrace:
             attributes=attributes,
             start_time=_ns(self.clock),
         )
+        headers = headers.copy()  # each attempt's own: an earlier one may still hold its copy
         _inject(span, headers)
+        return headers
 
     def attemptFailed(self, outcome: Any) -> None:
         attempt = self.attempt
