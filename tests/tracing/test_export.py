@@ -9,6 +9,7 @@ from typing import Any
 import treq
 from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
+from twisted.web.http_headers import Headers
 
 from nvpair.proxy.testing.fakeengine import Status
 from tests.support.clusterfixture import ENGINE, ClusterNode, chat
@@ -69,7 +70,7 @@ class StandaloneExportTests(TestCase):
         response = yield treq.post(
             proxy.url("llamacpp") + "/v1/chat/completions",
             json=BODY,
-            headers={b"traceparent": [TRACEPARENT.encode()]},
+            headers=Headers({b"traceparent": [TRACEPARENT.encode()]}),
             persistent=False,
         )
         yield response.content()
@@ -138,7 +139,7 @@ class ClusterExportTests(TestCase):
         response = yield treq.post(
             f"http://127.0.0.1:{a.port}/v1/chat/completions",
             json=chat("m-b"),
-            headers={b"traceparent": [TRACEPARENT.encode()]},
+            headers=Headers({b"traceparent": [TRACEPARENT.encode()]}),
             persistent=False,
         )
         yield response.content()
