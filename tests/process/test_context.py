@@ -61,7 +61,7 @@ class RequestContextTests(SynchronousTestCase):
             self.metrics,
             LogControl("debug"),
         )
-        self.exchange = SimpleNamespace(engine=LLAMACPP, inference=True, createdAt=0.0)
+        self.exchange = SimpleNamespace(engine=LLAMACPP, inference=True, createdAt=0.0, trace=None)
 
     def sample(self, name: str, **labels: str) -> float | None:
         value: float | None = self.metrics.registry.get_sample_value(name, labels)
@@ -106,6 +106,7 @@ class RequestContextTests(SynchronousTestCase):
                 committedStatus=200,
                 clientGone=False,
                 answered=True,
+                trace=None,
             )
         )
         self.assertEqual(

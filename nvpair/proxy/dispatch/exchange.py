@@ -153,8 +153,7 @@ class Exchange(PolicyDriver):
         if self.inference and self.model is not None:
             self.workload = self.context.reporter.admit(self.engine.id, self.model)
         self.context.exchanges.add(self)
-        tracer = self.context.tracer
-        if tracer is not None:
+        if (tracer := self.context.tracer) is not None:
             self.trace = tracer.requestStarted(self)
         request = self.request
         request.whenLost(self._clientLost)

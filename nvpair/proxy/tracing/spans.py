@@ -23,7 +23,6 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
-from nvpair.proxy.dispatch.outcome import CLIENT_GONE, COMPLETE, GONE, STOPPED, TRUNCATED
 from nvpair.proxy.tracing.interfaces import IPeerTrace, IRequestTrace, ITracer
 
 SCOPE = "nvpair-proxy"
@@ -205,13 +204,14 @@ class RequestTrace:
         span.end(_ns(self.clock))
 
     def _outcome(self, exchange: Any) -> str:
+        # By the ``dispatch.outcome.BodyEnding`` values: tracing imports nothing of dispatch.
         committed = exchange.committed
-        ending = committed.ending if committed is not None else None
-        if ending is COMPLETE:
+        ending = committed.ending.value if committed and committed.ending else None
+        if ending == "complete":
             return "completed"
-        if ending is TRUNCATED:
+        if ending == "truncated":
             return "stalled" if self.wasStalled else "truncated"
-        if ending in (CLIENT_GONE, STOPPED) or exchange.client is GONE or exchange.stopping:
+        if ending is not None or exchange.clientGone or exchange.stopping:
             return "cancelled"
         return "failed"
 
