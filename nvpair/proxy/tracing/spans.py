@@ -124,9 +124,13 @@ class RequestTrace:
                 {"nvpair.route": "inference" if exchange.inference else "verbatim"},
                 timestamp=start,
             )
+        else:
+            # Not sampled: no child spans (they would not be either), and every attempt
+            # carries the same context, written once into the exchange's own headers.
+            _inject(self.span, exchange.forwardHeaders)
 
     def queueWaitStarted(self) -> None:
-        if self.queue is None:
+        if self.queue is None and self.recording:
             self.queue = self.tracer.start_span(
                 "queue-wait", context=self.context, start_time=_ns(self.clock)
             )
@@ -138,6 +142,8 @@ class RequestTrace:
             queue.end(_ns(self.clock))
 
     def attemptStarted(self, node: Any, headers: Headers) -> Headers:
+        if not self.recording:
+            return headers
         self._endAttempt("cancelled")
         self.attempts += 1
         attributes: dict[str, str | int] = {"nvpair.node.id": node.id}
