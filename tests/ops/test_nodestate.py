@@ -87,7 +87,9 @@ class StatusStateTests(SynchronousTestCase):
         reactor = MemoryReactorClock()
         service = makeService(reactor)
         scripted(service)
-        exchange = SimpleNamespace(engine=ENGINE, inference=True, createdAt=reactor.seconds())
+        exchange = SimpleNamespace(
+            engine=ENGINE, inference=True, createdAt=reactor.seconds(), trace=None
+        )
         node = Node("A", False, ("http://10.0.0.1:8081",), frozenset())
         service.context.attemptFailed(exchange, Failed(FailureKind.TRANSPORT, node))
         a, me = self.nodes(service)["A"], self.nodes(service)["me"]
