@@ -14,8 +14,10 @@ from typing import Any
 
 from twisted.python import usage
 
+from nvpair.proxy import tracing
 from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.facade.hostcheck import parseAllowedHosts
+from nvpair.proxy.runtime.logs import logFormatFor, parseLogFormat, stderrIsTerminal
 from nvpair.proxy.settings import LEVELS as LEVELS
 from nvpair.proxy.settings import Settings as Settings
 
@@ -67,39 +69,6 @@ def _parseLevel(text: str) -> str:
     if level not in LEVELS:
         raise ValueError(f"unknown level {text!r} (one of {', '.join(LEVELS)})")
     return level
-
-
-LOG_FORMATS = ("json", "text")
-
-
-def _parseLogFormat(text: str) -> str:
-    form = text.strip().lower()
-    if form not in LOG_FORMATS:
-        raise ValueError(f"unknown format {text!r} (one of {', '.join(LOG_FORMATS)})")
-    return form
-
-
-_TRUE = ("1", "true", "yes", "on")
-
-
-def otelAvailable() -> bool:
-    """Whether the ``otel`` extra is installed (its SDK and OTLP exporter import)."""
-    try:
-        import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
-        import opentelemetry.sdk.trace  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def logFormatFor(asked: str | None, standalone: bool, stderrIsTerminal: bool) -> str:
-    """The log format: JSON under a broker whatever is asked (its pipe always gets JSON,
-    protocol §10); standalone, the one asked, else text on a terminal and JSON otherwise."""
-    if not standalone:
-        return "json"
-    if asked is not None:
-        return asked
-    return "text" if stderrIsTerminal else "json"
 
 
 # (flag, env var, default text, parser, Settings field)
@@ -165,7 +134,7 @@ _VALUED: list[tuple[str, str | None, str | None, Callable[[str], object], str]] 
         "streamIdleTimeout",
     ),
     ("affinity", "NVPAIR_PROXY_AFFINITY", "prefix", _parseAffinity, "affinity"),
-    ("log-format", "NVPAIR_LOG_FORMAT", None, _parseLogFormat, "logFormat"),
+    ("log-format", "NVPAIR_LOG_FORMAT", None, parseLogFormat, "logFormat"),
 ]
 
 _HELP = {
@@ -202,13 +171,6 @@ _HELP = {
 }
 
 STANDALONE_OPS_PORT = 9464
-
-
-def _stderrIsTerminal() -> bool:
-    try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        return False
 
 
 def _fail(option: str, message: str) -> None:
@@ -297,9 +259,11 @@ class Options(usage.Options):
         values["opsPort"] = opsPort
         if self.backends and not standalone:
             _fail("backend", "only meaningful with --standalone")
-        values["logFormat"] = logFormatFor(values["logFormat"], standalone, _stderrIsTerminal())
-        otel = bool(self["otel"]) or self.environ.get("NVPAIR_PROXY_OTEL", "").lower() in _TRUE
-        if otel and not otelAvailable():
+        values["logFormat"] = logFormatFor(values["logFormat"], standalone, stderrIsTerminal())
+        otel = (
+            bool(self["otel"]) or self.environ.get("NVPAIR_PROXY_OTEL", "").lower() in tracing.TRUE
+        )
+        if otel and not tracing.available():
             _fail("otel", "OpenTelemetry is not installed: pip install 'nvpair-proxy[otel]'")
         values["otel"] = otel
         self.settings = Settings(

@@ -12,9 +12,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.options import Options, logFormatFor
+from nvpair.proxy.options import Options
 from nvpair.proxy.runtime.logoutlet import LineOutlet
-from nvpair.proxy.runtime.logs import LogControl, makeObserver, textLine, textValue
+from nvpair.proxy.runtime.logs import LogControl, logFormatFor, makeObserver, textLine, textValue
 
 SCALARS = st.one_of(
     st.text(),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Protocol
@@ -140,6 +141,32 @@ def textLine(record: dict[str, object]) -> str:
 
 
 FORMATS: dict[str, Callable[[dict[str, object]], str]] = {"json": jsonLine, "text": textLine}
+
+
+def parseLogFormat(text: str) -> str:
+    """``--log-format``: json or text (any case)."""
+    form = text.strip().lower()
+    if form not in FORMATS:
+        raise ValueError(f"unknown format {text!r} (one of {', '.join(FORMATS)})")
+    return form
+
+
+def logFormatFor(asked: str | None, standalone: bool, terminal: bool) -> str:
+    """The log format: JSON under a broker whatever is asked (its pipe always gets JSON,
+    protocol §10); standalone, the one asked, else text on a terminal and JSON otherwise."""
+    if not standalone:
+        return "json"
+    if asked is not None:
+        return asked
+    return "text" if terminal else "json"
+
+
+def stderrIsTerminal() -> bool:
+    """Whether the process's stderr is a terminal."""
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 @implementer(ILogObserver)
