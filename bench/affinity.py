@@ -124,6 +124,7 @@ def startProxy(urls: list[str], mode: str) -> tuple[Any, int, int]:
     argv = [
         os.path.join(ROOT, ".venv", "bin", "python"),
         twistd,
+        "--reactor=nvpair",
         "-n",
         "--pidfile=",
         "nvpair-proxy",

@@ -1,6 +1,6 @@
 """In-process micro-benchmark of the upstream client's response parsing (``httpclient`` on llhttp).
 
-No sockets: one ``HTTPClientConnection`` on a ``StringTransport`` and a stand-in pool that
+No sockets: one ``HTTPClientConnection`` on a ``TCPStringTransport`` and a stand-in pool that
 takes the connection back after each response.  Three cases, µs per response:
 
 * ``json``: a typical non-streamed answer (10 headers, a 400-byte Content-Length body) in
@@ -28,7 +28,9 @@ from typing import Any
 from twisted.internet import defer
 from twisted.internet.testing import StringTransport
 
-from nvpair.proxy.http.client import HTTPClientConnection, Response
+from nvpair.proxy.http.client import HTTPClientConnection
+from nvpair.proxy.http.response import Response
+from nvpair.proxy.testing.wire import TCPStringTransport
 
 REQUEST = b"POST /v1/chat/completions HTTP/1.1\r\nHost: e\r\nContent-Length: 2\r\n\r\n{}"
 JSON_HEAD = (
@@ -81,6 +83,9 @@ class _Pool:
     def lost(self, conn: HTTPClientConnection) -> None:
         pass
 
+    def bytesAfterAnswer(self, conn: HTTPClientConnection) -> None:
+        pass
+
 
 class _Body:
     """A body protocol that counts bytes and remembers the end."""
@@ -103,7 +108,7 @@ class _Body:
 
 def _connection() -> HTTPClientConnection:
     conn = HTTPClientConnection(_Pool(), "k")  # type: ignore[arg-type]
-    conn.makeConnection(StringTransport())
+    conn.makeConnection(TCPStringTransport())
     return conn
 
 

@@ -277,6 +277,7 @@ def startProxyStandalone(enginePort: int, maxConnections: int) -> Server:
     proc = spawn(
         [
             *twistdCommand(),
+            "--reactor=nvpair",
             "-n",
             "--pidfile=",
             "nvpair-proxy",

@@ -1,5 +1,5 @@
-"""A/B of the process reactor: ``ProxyReactor`` (``eventloop``) against Twisted's stock epoll
-reactor (``twistd --reactor=epoll``, which ``eventloop.install`` then leaves in place).
+"""A/B of the process reactor: ``ProxyReactor`` (``twistd --reactor=nvpair``, the plugin
+``eventloop`` provides) against Twisted's stock epoll reactor (``twistd --reactor=epoll``).
 
 The standalone proxy in front of the fake engine, one fresh proxy process per measurement;
 each round measures both variants back to back, the order alternating from round to round.
@@ -22,7 +22,7 @@ from typing import Any
 
 from bench import load, procs
 
-VARIANTS = {"ProxyReactor": [], "stock epoll": ["--reactor=epoll"]}
+VARIANTS = {"ProxyReactor": ["--reactor=nvpair"], "stock epoll": ["--reactor=epoll"]}
 
 
 def startProxy(enginePort: int, reactorArgs: list[str]) -> procs.Server:

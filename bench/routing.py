@@ -25,7 +25,8 @@ from typing import Any
 
 from nvpair.proxy.engines import LLAMACPP
 from nvpair.proxy.routing.admission import Admitted, admit
-from nvpair.proxy.routing.candidates import Snapshot, orderCandidates, parseNodes, placeReservation
+from nvpair.proxy.routing.candidates import Snapshot, orderCandidates, placeReservation
+from nvpair.proxy.routing.nodes import parseNodes
 from nvpair.proxy.routing.reservations import NodeLoad, ReservationMap
 
 PATH = b"/v1/chat/completions"

@@ -8,8 +8,6 @@ hooks that turn their outcomes into metrics, history and broker reports.
 
 from __future__ import annotations
 
-from typing import Any
-
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from zope.interface import implementer
@@ -22,8 +20,16 @@ from nvpair.proxy.dispatch.stallwatch import StallWatches
 from nvpair.proxy.engines import Engine
 from nvpair.proxy.http.interfaces import IServerRequest
 from nvpair.proxy.http.site import sendError
-from nvpair.proxy.interfaces import IBrokerSink, InFlight, IRequestContext, IUpstream
+from nvpair.proxy.interfaces import (
+    IAttemptReport,
+    IBrokerSink,
+    IExchangeReport,
+    InFlight,
+    IRequestContext,
+    IUpstream,
+)
 from nvpair.proxy.ops.history import History
+from nvpair.proxy.ops.interfaces import IOpsContext
 from nvpair.proxy.ops.metrics import Metrics
 from nvpair.proxy.routing.affinity import Affinity
 from nvpair.proxy.routing.reservations import ReservationMap
@@ -32,7 +38,7 @@ from nvpair.proxy.settings import Settings
 from nvpair.proxy.tracing.interfaces import ITracer
 
 
-@implementer(IRequestContext)
+@implementer(IRequestContext, IOpsContext)
 class RequestContext:
     """The one request context of a process."""
 
@@ -88,7 +94,7 @@ class RequestContext:
             "errors:report", {"kind": "internal", "message": f"unexpected {exceptionType}"}
         )
 
-    def attemptFailed(self, exchange: Any, outcome: Any) -> None:
+    def attemptFailed(self, exchange: IExchangeReport, outcome: IAttemptReport) -> None:
         """An attempt ended uncommitted."""
         self.metrics.attemptFailed(exchange, outcome)
         self.history.attempt(exchange.engine.id, outcome.node.id, outcome.kind, outcome.status)
@@ -103,7 +109,7 @@ class RequestContext:
                 status=outcome.status,
             )
 
-    def committed(self, exchange: Any, nodeId: str) -> None:
+    def committed(self, exchange: IExchangeReport, nodeId: str) -> None:
         """A response committed on ``nodeId``."""
         firstByte = self.clock.seconds() - exchange.createdAt
         self.metrics.committed(exchange, nodeId, firstByte)
@@ -111,7 +117,7 @@ class RequestContext:
         if exchange.trace is not None:
             exchange.trace.committed(nodeId, firstByte)
 
-    def requestEnded(self, exchange: Any) -> None:
+    def requestEnded(self, exchange: IExchangeReport) -> None:
         """An exchange ended (its terminal bookkeeping has run)."""
         self.metrics.requestEnded(exchange)
         if exchange.trace is not None:

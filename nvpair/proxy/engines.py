@@ -12,7 +12,7 @@ from enum import Enum
 import attrs
 from zope.interface import implementer
 
-from nvpair.proxy.http.interfaces import IErrorShape
+from nvpair.proxy.errorshape import IErrorShape
 
 
 class RouteClass(Enum):

@@ -24,7 +24,8 @@ from nvpair.proxy.facade.facade import BindError, Facade, IFacadeHost, parseAlia
 from nvpair.proxy.facade.ports import PortError, PortStore, requestedPort
 from nvpair.proxy.interfaces import IBrokerSink, IMessageHandler
 from nvpair.proxy.ops.metrics import Metrics
-from nvpair.proxy.routing.candidates import Snapshot, parseNodes
+from nvpair.proxy.routing.candidates import Snapshot
+from nvpair.proxy.routing.nodes import parseNodes
 from nvpair.proxy.routing.reservations import ReservationMap, parsePriority
 from nvpair.proxy.runtime.logs import LogControl
 from nvpair.proxy.settings import LEVELS

@@ -1,29 +1,52 @@
 """The seams that tests fake: the broker sink, the message handler, the upstream connector,
-the request context.
+the request context, and what the request context's hooks read of an exchange.
 
-This module sits below every package that uses these seams (broker, dispatch, routing,
-facade, cluster), so it imports from none of them: an attribute whose class lives there is
-an ``Attribute`` that names the class in its description instead of a type.  It may import
-the leaf modules (``settings``, ``engines``, ``runtime.logs``, ``tracing.interfaces``) and
-``http.request``, none of which imports this module.
+This module sits below every package that uses these seams (broker, dispatch, facade,
+cluster), so it imports from none of them: what it needs of their classes is an interface
+declared here (``IExchangeReport``, ``IWorkload``, ``IStallWatches``, ``IPeerTrust``...),
+which those classes declare with ``@implementer``.  It imports only leaves: ``settings``,
+``engines``, ``http.interfaces``, ``tracing.interfaces`` and the routing interfaces and
+values (``routing`` in turn declares what it needs of the context as ``IPlacementContext``
+and never imports this module).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from twisted.internet import defer
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import (
+    IOpenSSLClientConnectionCreator,
+    IPushProducer,
+    IReactorTCP,
+    IReactorTime,
+)
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 from zope.interface import Attribute, Interface
 
 from nvpair.proxy.engines import Engine
 from nvpair.proxy.http.interfaces import IServerRequest
-from nvpair.proxy.runtime.logs import LogControl
+from nvpair.proxy.routing.interfaces import IPlacementContext
 from nvpair.proxy.settings import Settings
-from nvpair.proxy.tracing.interfaces import ITracer
+from nvpair.proxy.tracing.interfaces import IRequestTrace, ITracer
+
+if TYPE_CHECKING:
+    from nvpair.proxy.routing.nodes import Node
+
+
+class IConnectingReactor(IReactorTCP, IReactorTime):
+    """What the connector to nodes needs of the reactor: TCP dials and the clock of their
+    timeouts (as Twisted's ``IDistTrialReactor`` combines the interfaces it needs)."""
+
+
+class ILogControl(Interface):
+    """The process's log level switch, as code that skips debug-only work reads it
+    (``runtime.logs.LogControl``)."""
+
+    def enabled(level: str) -> bool:
+        """Whether a record at ``level`` would be written (cheap)."""
 
 
 class IBrokerSink(Interface):
@@ -50,7 +73,7 @@ class IUpstream(Interface):
     """Opens one HTTP exchange with a node: the seam between dispatch and the network."""
 
     def request(
-        node: Any,
+        node: Node | None,
         address: str | None,
         method: bytes,
         path: bytes,
@@ -58,9 +81,114 @@ class IUpstream(Interface):
         body: bytes,
         connected: Callable[[], None] | None = None,
     ) -> defer.Deferred[IResponse]:
-        """Return a Deferred firing with an ``IResponse`` from ``node`` (a
-        ``routing.candidates.Node``); ``connected``, when given, is called once the
-        connection is made (the header timer starts there)."""
+        """Return a Deferred firing with an ``IResponse`` from ``address`` of ``node``;
+        ``connected``, when given, is called once the connection is made (the header timer
+        starts there)."""
+
+
+class IPeerTrust(Interface):
+    """What the peer door asks of the cluster trust (``ClusterTrust``) on every request."""
+
+    def peerNodeId(transport: object) -> str | None:
+        """The pinned node id behind a TLS connection's peer certificate, or None."""
+
+    def presentsCurrentIdentity(transport: object) -> bool:
+        """Whether the connection was made with this node's current certificate."""
+
+
+class IClusterTrust(IPeerTrust):
+    """The cluster trust as the connector to peers and the peer door use it
+    (``cluster.membership.ClusterTrust``)."""
+
+    nodeId: str | None = Attribute("This node's id, or None when not a member.")
+    fingerprint: str | None = Attribute("This node's certificate fingerprint, if any.")
+
+    def pinFor(nodeId: str) -> str | None:
+        """The pinned (lowercase) fingerprint of ``nodeId``, or None."""
+
+    def clientCreatorFor(nodeId: str) -> IOpenSSLClientConnectionCreator:
+        """The TLS client side of a connection to peer ``nodeId`` (raises ``ClusterError``
+        when this node cannot reach peers now)."""
+
+
+class IWorkload(Interface):
+    """One request's workload events, as the exchange reports them
+    (``broker.workloads.Workload``)."""
+
+    id: str = Attribute("The workload id.")
+    ended: bool = Attribute("Whether its terminal event was emitted.")
+
+    def submitted(scheduledOn: str | None) -> None:
+        """Queued again (``None``) or placed on ``scheduledOn``."""
+
+    def started(nodeId: str) -> None:
+        """``nodeId`` started answering it."""
+
+    def finish(
+        state: str, error: str | None = None, stats: dict[str, object] | None = None
+    ) -> bool:
+        """Emit the terminal event once; later calls do nothing and return False."""
+
+
+class IWorkloadReporter(Interface):
+    """Where workloads are admitted (``broker.workloads.WorkloadReporter``)."""
+
+    def admit(engine: str, model: str) -> IWorkload:
+        """A new workload of ``model`` on ``engine``, reported queued."""
+
+
+class IActivity(Interface):
+    """In-flight dispatch counts per node (``broker.activity.Activity``)."""
+
+    inFlight: dict[str, int] = Attribute("Dispatches in flight per node id (absent: none).")
+
+    def change(nodeId: str, delta: int) -> None:
+        """Add ``delta`` to the in-flight count of ``nodeId``."""
+
+
+class IExchangeReport(Interface):
+    """What the request context's hooks (metrics, history, logs) and a stream's stall
+    watch read of an exchange (``dispatch.exchange.Exchange``)."""
+
+    context: IRequestContext = Attribute("The process's request context.")
+    engine: Engine = Attribute("The facade's engine.")
+    inference: bool = Attribute("Whether this is an inference request.")
+    model: str | None = Attribute("The normalized model the request names, if any.")
+    createdAt: float = Attribute("When the request was admitted (clock seconds).")
+    committedStatus: int | None = Attribute("The committed response's status, once one is.")
+    answered: bool = Attribute("Whether the client was given an answer (committed or not).")
+    clientGone: bool = Attribute("Whether the client left before its answer ended.")
+    written: int = Attribute("Body bytes relayed to the client so far.")
+    workload: IWorkload | None = Attribute("The request's workload, if it is one.")
+    trace: IRequestTrace | None = Attribute("The request's spans, or None (``--otel`` off).")
+
+
+class IAttemptReport(Interface):
+    """What the hooks read of an attempt that ended uncommitted (``dispatch.outcome.Failed``)."""
+
+    node: Node = Attribute("The node the attempt went to.")
+    kind: str = Attribute("Why it ended (a ``dispatch.outcome.FailureKind``).")
+    status: int | None = Attribute("The retryable status it got, if it got one.")
+
+
+class IStallWatch(IPushProducer):
+    """The idle watch of one committed stream: the producer the client's flow control drives
+    (``dispatch.stallwatch.StallWatch``)."""
+
+    def start() -> None:
+        """Start watching (once the response is committed)."""
+
+    def stop() -> None:
+        """Stop watching (the body ended)."""
+
+
+class IStallWatches(Interface):
+    """The process's stream idle watches (``dispatch.stallwatch.StallWatches``)."""
+
+    def watch(
+        upstream: IPushProducer, exchange: IExchangeReport, nodeId: str
+    ) -> IStallWatch | None:
+        """A watch for one committed body (not yet started), or None when the timeout is 0."""
 
 
 class InFlight(Protocol):
@@ -70,28 +198,22 @@ class InFlight(Protocol):
     def shutdown(self) -> None: ...
 
 
-class IRequestContext(Interface):
+class IRequestContext(IPlacementContext):
     """What every request reports to and draws on while it is handled: the process-wide
     state a front door, an exchange, a peer request and a fleet view share.  The process
-    provides one (``context.RequestContext``); unit tests use ``tests.support.fakecontext``."""
+    provides one (``context.RequestContext``); unit tests use ``testing.fakecontext``."""
 
     settings: Settings = Attribute("The process's validated settings.")
     clock: IReactorTime = Attribute("The reactor's clock.")
     upstream: IUpstream = Attribute("The connector to nodes.")
-    logControl: LogControl = Attribute("The log level switch (skip debug-only work).")
+    logControl: ILogControl = Attribute("The log level switch (skip debug-only work).")
     exchanges: set[InFlight] = Attribute("Everything handling a request now.")
-    reservations = Attribute("The reservation map (``routing.reservations.ReservationMap``).")
-    activity = Attribute("In-flight dispatch counts per node (``broker.activity.Activity``).")
-    reporter = Attribute("Workload events (``broker.workloads.WorkloadReporter``).")
-    trust = Attribute(
-        "The cluster trust (``cluster.membership.ClusterTrust``), or None without a "
-        "cluster directory."
+    activity: IActivity = Attribute("In-flight dispatch counts per node.")
+    reporter: IWorkloadReporter = Attribute("Workload events.")
+    trust: IClusterTrust | None = Attribute(
+        "The cluster trust, or None without a cluster directory."
     )
-    affinity = Attribute(
-        "Conversation affinity (``routing.affinity.Affinity``), or None where it is not "
-        "ordering candidates (under a broker, or ``--affinity off``)."
-    )
-    stalls = Attribute("The stream stall watches (``dispatch.stallwatch.StallWatches``).")
+    stalls: IStallWatches = Attribute("The stream stall watches.")
     tracer: ITracer | None = Attribute(
         "Starts request traces (``tracing.spans.Tracer``), or None with ``--otel`` off."
     )
@@ -112,14 +234,13 @@ class IRequestContext(Interface):
     def reportInternal(exceptionType: str) -> None:
         """Report an unexpected exception while handling a request (its type name only)."""
 
-    def attemptFailed(exchange: Any, outcome: Any) -> None:
-        """An attempt of ``exchange`` (a ``dispatch.exchange.Exchange``) ended without
-        committing; ``outcome`` is its ``dispatch.attempt.Failed``."""
+    def attemptFailed(exchange: IExchangeReport, outcome: IAttemptReport) -> None:
+        """An attempt of ``exchange`` ended without committing, as ``outcome`` says."""
 
-    def committed(exchange: Any, nodeId: str) -> None:
+    def committed(exchange: IExchangeReport, nodeId: str) -> None:
         """``exchange`` committed its response on ``nodeId``."""
 
-    def requestEnded(exchange: Any) -> None:
+    def requestEnded(exchange: IExchangeReport) -> None:
         """``exchange`` ended; its terminal bookkeeping has run."""
 
     def streamStalled(engineId: str) -> None:

@@ -16,10 +16,10 @@ from twisted.python import usage
 
 from nvpair.proxy import tracing
 from nvpair.proxy.engines import ENGINES
+from nvpair.proxy.facade.fleetfile import FleetError, FleetSpec, loadFleet
 from nvpair.proxy.facade.hostcheck import parseAllowedHosts
 from nvpair.proxy.runtime.logs import logFormatFor, parseLogFormat, stderrIsTerminal
-from nvpair.proxy.settings import LEVELS as LEVELS
-from nvpair.proxy.settings import Settings as Settings
+from nvpair.proxy.settings import LEVELS, Settings
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
 _UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -195,7 +195,16 @@ class Options(usage.Options):
             "[env NVPAIR_PROXY_OTEL] (needs the otel extra)",
         ],
     ]
-    optParameters = [[flag, None, None, _HELP[flag]] for flag, *_ in _VALUED]
+    optParameters = [[flag, None, None, _HELP[flag]] for flag, *_ in _VALUED] + [
+        [
+            "fleet",
+            None,
+            None,
+            "standalone: the fleet file (TOML), reloaded on SIGHUP and when "
+            "it changes [env NVPAIR_PROXY_FLEET]",
+        ],
+        ["check-fleet", None, None, "validate a fleet file and exit: 0, or 2 with the problem"],
+    ]
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         super().__init__()
@@ -203,6 +212,7 @@ class Options(usage.Options):
         self.backends: list[tuple[str, str]] = []
         self.enginesList: tuple[str, ...] | None = None
         self.settings: Settings | None = None
+        self.fleetSpec: FleetSpec | None = None
 
     def opt_backend(self, value: str) -> None:
         """standalone local engine address ENGINE=URL, repeatable"""
@@ -231,7 +241,35 @@ class Options(usage.Options):
             sys.stderr.flush()
             raise SystemExit(2) from None
 
+    def _fleet(self, standalone: bool) -> str | None:
+        """The fleet file's absolute path, validated (else exit 2 with its one line), or None."""
+        path: str | None = self["fleet"]
+        source = "fleet"
+        if path is None and standalone and self.environ.get("NVPAIR_PROXY_FLEET", ""):
+            path, source = self.environ["NVPAIR_PROXY_FLEET"], "fleet (from NVPAIR_PROXY_FLEET)"
+        if path is None:
+            return None
+        if not standalone:
+            _fail("fleet", "only meaningful with --standalone")
+        if self.backends or self.enginesList is not None:
+            _fail(source, "--backend and --engines may not be given with a fleet file")
+        path = os.path.abspath(os.path.expanduser(path))
+        try:
+            self.fleetSpec = loadFleet(path)
+        except FleetError as e:
+            _fail(source, str(e))
+        return path
+
     def postOptions(self) -> None:
+        checked = self["check-fleet"]
+        if checked is not None:  # validate and exit: nothing starts
+            try:
+                summary = loadFleet(checked).summary()
+            except FleetError as e:
+                _fail("check-fleet", str(e))
+            sys.stdout.write(f"{checked}: {summary}\n")
+            sys.stdout.flush()
+            raise SystemExit(0)
         # Settings' fields by name; each parser's result has its field's type.
         values: dict[str, Any] = {}
         for flag, env, default, parse, field in _VALUED:
@@ -266,9 +304,12 @@ class Options(usage.Options):
         if otel and not tracing.available():
             _fail("otel", "OpenTelemetry is not installed: pip install 'nvpair-proxy[otel]'")
         values["otel"] = otel
+        fleetFile = self._fleet(standalone)
+        engines = self.fleetSpec.engines if self.fleetSpec else self.enginesList
         self.settings = Settings(
             standalone=standalone,
             backends=tuple(self.backends),
-            engines=self.enginesList or tuple(ENGINES),
+            engines=engines or tuple(ENGINES),
+            fleetFile=fleetFile,
             **values,
         )

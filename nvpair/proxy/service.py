@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from functools import partial
-from typing import IO
+from typing import IO, cast
 
 from twisted.application.service import MultiService
 from twisted.internet import defer
@@ -28,9 +28,7 @@ from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.components import Componentized
 from zope.interface import implementer
 
-from nvpair.proxy.broker.activity import Activity
 from nvpair.proxy.broker.channel import BrokerChannel, NullSink, SinkSwitch
-from nvpair.proxy.broker.workloads import WorkloadReporter
 from nvpair.proxy.cluster.membership import ClusterTrust
 from nvpair.proxy.cluster.peer import PeerDoor
 from nvpair.proxy.context import RequestContext
@@ -45,13 +43,10 @@ from nvpair.proxy.facade.ports import PortStore
 from nvpair.proxy.facade.standalone import IStandaloneProcess
 from nvpair.proxy.handlers import BrokerHandlers
 from nvpair.proxy.http.site import FacadeSite
-from nvpair.proxy.interfaces import IBrokerSink, InFlight
-from nvpair.proxy.ops.history import History
+from nvpair.proxy.interfaces import IConnectingReactor
 from nvpair.proxy.ops.interfaces import IOpsView
 from nvpair.proxy.ops.metrics import Metrics
-from nvpair.proxy.routing.affinity import Affinity
 from nvpair.proxy.routing.candidates import Snapshot
-from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.runtime.logs import LogControl, TextStream, makeObserver
 from nvpair.proxy.settings import Settings
 from nvpair.proxy.tracing.interfaces import ITracer
@@ -71,7 +66,6 @@ class ProxyService(MultiService):
         settings: Settings,
         reactor: IReactorTCP,
         logStream: TextStream | None = None,
-        trust: ClusterTrust | None = None,
     ) -> None:
         super().__init__()
         self.settings = settings
@@ -82,7 +76,13 @@ class ProxyService(MultiService):
         # Notifications go nowhere until the process starts (the broker channel, or
         # nothing in standalone mode); everything that sends them holds this switch.
         self.sinks = SinkSwitch(NullSink())
-        self.upstream = Upstream(reactor, settings.dialTimeout, trust)
+        # The cluster trust reports its problems to this process (``clusterProblem``).
+        trust = None
+        if settings.clusterDir is not None:
+            trust = ClusterTrust(settings.clusterDir, IReactorTime(reactor), self.clusterProblem)
+        # Twisted's reactors provide both interfaces, declared one by one (Twisted's own
+        # ``disttrial`` casts its reactor the same way).
+        self.upstream = Upstream(cast(IConnectingReactor, reactor), settings.dialTimeout, trust)
         tracer: ITracer | None = None
         if settings.otel:
             from nvpair.proxy.tracing.setup import startTracing
@@ -106,47 +106,6 @@ class ProxyService(MultiService):
         self.hosts = HostGate(HostRule(settings.allowedHosts), self.metrics.hostDenied)
         self.fleet = Fleet(self.context)
         self.channel: BrokerChannel | None = None
-
-    @property
-    def sink(self) -> IBrokerSink:
-        """Where broker notifications go now."""
-        return self.sinks.target
-
-    @sink.setter
-    def sink(self, sink: IBrokerSink) -> None:
-        self.sinks.target = sink
-
-    # -- read by the ops listener (``ops.server``, ``ops.metrics``, ``ops.nodestate``) ---
-    # The request context's state, as the ops views have always found it on the process;
-    # these go once they read ``context`` themselves.
-
-    @property
-    def clock(self) -> IReactorTime:
-        return self.context.clock
-
-    @property
-    def reservations(self) -> ReservationMap:
-        return self.context.reservations
-
-    @property
-    def activity(self) -> Activity:
-        return self.context.activity
-
-    @property
-    def reporter(self) -> WorkloadReporter:
-        return self.context.reporter
-
-    @property
-    def history(self) -> History:
-        return self.context.history
-
-    @property
-    def exchanges(self) -> set[InFlight]:
-        return self.context.exchanges
-
-    @property
-    def affinity(self) -> Affinity | None:
-        return self.context.affinity
 
     # -- twistd integration ---------------------------------------------------------------
 
@@ -173,7 +132,7 @@ class ProxyService(MultiService):
 
             channel = BrokerChannel(self.handlers, self._brokerGone)
             self.channel = channel
-            self.sink = channel
+            self.sinks.target = channel
             StandardIO(channel, reactor=self.reactor)
         if self.settings.opsPort is not None:
             from nvpair.proxy.ops.server import startOps
@@ -291,12 +250,12 @@ class ProxyService(MultiService):
     def facadeProblem(self, engineId: str, kind: str, message: str) -> None:
         """Report a non-fatal facade problem as ``<engine>:errors:report``."""
         self.log.warn("facade-problem", engine=engineId, kind=kind, problem=message)
-        self.sink.notify(f"{engineId}:errors:report", {"kind": kind, "message": message})
+        self.sinks.notify(f"{engineId}:errors:report", {"kind": kind, "message": message})
 
     def clusterProblem(self, message: str) -> None:
         """A cluster directory file was unusable; the last good state stays in force."""
         self.log.warn("cluster-problem", problem=message)
-        self.sink.notify("errors:report", {"kind": "cluster", "message": message})
+        self.sinks.notify("errors:report", {"kind": "cluster", "message": message})
 
 
 def stderrStream() -> IO[str]:

@@ -37,6 +37,8 @@ class Settings:
     allowedHosts: tuple[str, ...] = ()
     streamIdleTimeout: float = 300.0
     affinity: str = "prefix"
+    fleetFile: str | None = None
+    """Standalone: the fleet file's absolute path (validated at start; reloaded live)."""
     # Traces and log lines for people (spec §9, "Traces").
     otel: bool = False
     logFormat: str = "json"

@@ -7,13 +7,15 @@ import gc
 import signal
 from collections.abc import Callable
 from types import FrameType
+from typing import cast
 
 from twisted.application.service import IService
 from twisted.internet.error import ReactorNotRunning
 from twisted.internet.interfaces import IReactorCore, IReactorFromThreads
+from twisted.internet.posixbase import PosixReactorBase
 
+from nvpair.proxy.facade.reload import reloadFrom, reloadOnSighup
 from nvpair.proxy.options import Options
-from nvpair.proxy.runtime import eventloop
 from nvpair.proxy.runtime.logoutlet import LineOutlet
 from nvpair.proxy.runtime.logs import COMPONENT, FORMATS
 from nvpair.proxy.service import ProxyService, stderrStream
@@ -69,22 +71,24 @@ def logOutlet(form: str = "json") -> LineOutlet:
     return outlet
 
 
+def installedReactor() -> PosixReactorBase:
+    """The reactor twistd installed (``--reactor``; Twisted's default without it): every
+    reactor Twisted installs on Linux (epoll, poll, select, asyncio, ``nvpair``) is a
+    ``PosixReactorBase``, the type the process uses it as (TCP, time, processes)."""
+    from twisted.internet import reactor
+
+    return cast(PosixReactorBase, reactor)
+
+
 def makeService(options: Options) -> IService:
-    """Build the process's service tree from parsed options."""
-    reactor = eventloop.install()
+    """Build the process's service tree from parsed options (installing no reactor: twistd
+    did, see ``runtime.eventloop``)."""
+    reactor = installedReactor()
 
     exitZeroOnSigterm(reactor)
     freezeStartupObjects(reactor)
     settings = options.settings
     assert settings is not None
-    if settings.clusterDir is not None:
-        from nvpair.proxy.cluster.membership import ClusterTrust
-
-        service: list[ProxyService] = []
-        trust = ClusterTrust(
-            settings.clusterDir, reactor, lambda message: service[0].clusterProblem(message)
-        )
-        proxy = ProxyService(settings, reactor, logOutlet(settings.logFormat), trust)
-        service.append(proxy)
-        return proxy
-    return ProxyService(settings, reactor, logOutlet(settings.logFormat))
+    proxy = ProxyService(settings, reactor, logOutlet(settings.logFormat))
+    reloadOnSighup(reactor, lambda: reloadFrom(proxy))  # systemctl reload (the fleet file)
+    return proxy

@@ -1,6 +1,7 @@
 """The broker's side of the stdio JSON-RPC channel: spawn, talk to and supervise a proxy.
 
-``ProxyProcess`` runs ``twistd -n --pidfile= nvpair-proxy ARGV`` with stdin/stdout as the
+``ProxyProcess`` runs ``twistd --reactor=nvpair -n --pidfile= nvpair-proxy ARGV`` (the
+proxy's reactor, ``runtime.eventloop``) with stdin/stdout as the
 JSON-RPC line channel (protocol §1-§5) and stderr as JSON log lines (§10).  Requests are
 matched to responses by an increasing integer id; notifications from the proxy are routed to
 subscribers.  With a restart policy, a process that exits without ``stop()`` is restarted
@@ -72,7 +73,14 @@ class ProxyProcess(NotificationRouter):
         super().__init__(IReactorTime(reactor))
         self._reactor = reactor
         self.executable = executable or os.path.join(os.path.dirname(sys.executable), "twistd")
-        self.command: list[str] = [self.executable, "-n", "--pidfile=", "nvpair-proxy", *argv]
+        self.command: list[str] = [
+            self.executable,
+            "--reactor=nvpair",
+            "-n",
+            "--pidfile=",
+            "nvpair-proxy",
+            *argv,
+        ]
         self._env = dict(os.environ if env is None else env)
         self._path = path
         self._onLog = onLog

@@ -13,13 +13,8 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
 from nvpair.proxy.broker import jsonrpc
-from nvpair.proxy.broker.channel import (
-    BrokerChannel,
-    Reply,
-    RPCError,
-    isFacadeScoped,
-    resolveAddress,
-)
+from nvpair.proxy.broker.channel import BrokerChannel, Reply, RPCError, isFacadeScoped
+from nvpair.proxy.broker.jsonrpc import resolveAddress
 from nvpair.proxy.interfaces import IBrokerSink, IMessageHandler
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService

@@ -99,7 +99,7 @@ class ChannelFuzzTests(SynchronousTestCase):
         self.reactor = BusyReactor()
         self.service = ProxyService(options.settings, self.reactor)
         self.channel = BrokerChannel(self.service.handlers, lambda: None)
-        self.service.sink = self.channel
+        self.service.sinks.target = self.channel
         self.transport = StringTransport()
         self.channel.makeConnection(self.transport)
         self.nextId = 1000

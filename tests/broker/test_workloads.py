@@ -10,7 +10,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.broker.activity import Activity
 from nvpair.proxy.broker.workloads import WorkloadReporter
-from tests.support.fakeupstream import ListSink
+from nvpair.proxy.testing.fakecontext import ListSink
 
 
 class WorkloadTests(SynchronousTestCase):

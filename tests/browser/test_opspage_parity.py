@@ -1,9 +1,9 @@
 """The script redraws the server's page: headless Chromium against a scripted ops service.
 
 On a frozen clock, a scripted service (engine-provided markup in model names, node ids and
-errors, an ``affinity`` object added to /status) is served from an in-process site; Chromium
-runs the page's script, and what it drew must equal what the server rendered, with the
-hostile markup kept as text.
+errors, an ``affinity`` object and a refused fleet file added to /status) is served from an
+in-process site; Chromium runs the page's script, and what it drew must equal what the
+server rendered, with the hostile markup kept as text.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from nvpair.proxy.ops.documents import StatusDocument
 from nvpair.proxy.ops.history import Window
 from nvpair.proxy.ops.page import renderPage
 from nvpair.proxy.ops.server import PAGE_CSP, historyDocument, opsResource, statusDocument
-from nvpair.proxy.routing.candidates import Snapshot, parseNodes
+from nvpair.proxy.routing.candidates import Snapshot
+from nvpair.proxy.routing.nodes import parseNodes
 from nvpair.proxy.service import ProxyService
 from tests.browser.chromium import NO_CHROMIUM, chromiumPath, runChromium
 from tests.ops.opskit import ENGINE, makeService, scripted
@@ -54,6 +55,18 @@ class _WithAffinity(Resource):
     def status(self) -> StatusDocument:
         status = statusDocument(self.service)
         status["affinity"] = AFFINITY
+        # A fleet file (standalone --fleet) with a refused edit, and a named node.
+        status["fleet"] = {
+            "file": "/etc/nvpair/fleet.toml",
+            "generation": 3,
+            "loadedAt": status["now"] - 125_000,
+            "engines": ["llamacpp"],
+            "keptEngines": [],
+            "backends": [],
+            "error": {"message": f"fleet.toml:4: {HOSTILE}", "line": 4, "at": status["now"]},
+            "reloads": {"applied": 2, "unchanged": 0, "invalid": 1},
+        }
+        status["facades"]["llamacpp"]["nodes"][0]["name"] = f"box {HOSTILE}"
         return status
 
     def render(self, request: Request) -> bytes | int:
@@ -73,7 +86,7 @@ class _WithAffinity(Resource):
 def drawn(page: Element) -> list[Any]:
     """What a reader sees of the facades and workloads: texts, states, chart geometry."""
     shapes: list[Any] = []
-    for root in page.all(id="facades") + page.all(id="workloads"):
+    for root in page.all(id="summary") + page.all(id="facades") + page.all(id="workloads"):
         shapes.append(root.textContent())
         for element in root.all():
             if element.tag in ("polyline", "rect") or "data-state" in element.attrs:
@@ -118,7 +131,7 @@ class ScriptParityTests(TestCase):
         )
         for ttft, error in ((120, None), (480, HOSTILE), (60, None)):
             clock.advance(7)
-            w = service.reporter.admit("llamacpp", HOSTILE if error else "m1")
+            w = service.context.reporter.admit("llamacpp", HOSTILE if error else "m1")
             w.submitted("A")
             w.started("A")
             w.finish(
@@ -126,7 +139,7 @@ class ScriptParityTests(TestCase):
                 error,
                 {"ttftMs": ttft, "completionTokens": 42, "tokensPerSecond": 31.5},
             )
-        service.history.attempt("llamacpp", HOSTILE, "transport", None)
+        service.context.history.attempt("llamacpp", HOSTILE, "transport", None)
         site: ServerFactory[Any] = Site(_WithAffinity(service))
         port = reactor.listenTCP(0, site, interface="127.0.0.1")
         self.addCleanup(port.stopListening)

@@ -16,7 +16,8 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.iweb import IPolicyForHTTPS
 from zope.interface.verify import verifyObject
 
-from nvpair.proxy.cluster.membership import ClusterTrust, NoPin
+from nvpair.proxy.cluster.membership import ClusterTrust
+from nvpair.proxy.cluster.tls import NoPin
 from nvpair.proxy.testing.certs import writeClusterDir, writeMember, writeNodeTLS, writePins
 from tests.cluster.trustkit import (
     A_CERT,

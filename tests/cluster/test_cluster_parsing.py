@@ -12,7 +12,9 @@ from cryptography.hazmat.primitives import serialization
 from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.cluster.directory import Standing
-from nvpair.proxy.cluster.membership import ClusterTrust, NoCredentials, NotAMember, fingerprintOf
+from nvpair.proxy.cluster.files import fingerprintOf
+from nvpair.proxy.cluster.membership import ClusterTrust
+from nvpair.proxy.cluster.tls import NoCredentials, NotAMember
 from nvpair.proxy.testing.certs import writeClusterDir, writeMember, writeNodeTLS, writePins
 from tests.cluster.trustkit import A_CERT, A_FP, A_KEY, B_FP, B_KEY, C_FP, Dir, TrustMixin
 

@@ -12,7 +12,8 @@ import os
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.cluster.membership import ClusterTrust, NoPin, NotAMember
+from nvpair.proxy.cluster.membership import ClusterTrust
+from nvpair.proxy.cluster.tls import NoPin, NotAMember
 from nvpair.proxy.testing.certs import writeClusterDir, writeMember, writeNodeTLS, writePins
 from tests.cluster.trustkit import A_CERT, A_FP, A_KEY, B_FP, C_CERT, C_FP, C_KEY, Dir, TrustMixin
 

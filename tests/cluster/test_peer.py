@@ -11,12 +11,12 @@ import json
 import tempfile
 from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 from twisted.internet import defer
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectError, ConnectionRefusedError
-from twisted.internet.interfaces import IProtocol, IPushProducer
+from twisted.internet.interfaces import IOpenSSLClientConnectionCreator, IProtocol, IPushProducer
 from twisted.internet.protocol import Protocol
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
@@ -27,29 +27,37 @@ from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from nvpair.proxy.cluster.interfaces import IPeerTrust
 from nvpair.proxy.cluster.membership import ClusterTrust
 from nvpair.proxy.cluster.peer import PeerDoor
 from nvpair.proxy.dispatch.upstream import Upstream
 from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.http.site import FacadeSite
-from nvpair.proxy.interfaces import IUpstream
+from nvpair.proxy.interfaces import IClusterTrust, IConnectingReactor, IPeerTrust, IUpstream
 from nvpair.proxy.routing.nodes import Node
 from nvpair.proxy.testing.certs import makeNodeCert, writeClusterDir, writePins
-from tests.support.fakecontext import FakeContext
+from nvpair.proxy.testing.fakecontext import FakeContext
 
 LOCAL = "http://127.0.0.1:11435"
 BODY = b'{"model": "m1", "stream": true}'
 
 
-@implementer(IPeerTrust)
+@implementer(IClusterTrust)
 class FakeTrust:
-    """Answers ``peerNodeId`` for the one connection under test."""
+    """Answers ``peerNodeId`` for the one connection under test; a node that dials no peer."""
+
+    nodeId = "node-b"
+    fingerprint = None
 
     def __init__(self) -> None:
         self.pinned: str | None = "node-a"
         self.current = True
         self.asked: list[object] = []
+
+    def pinFor(self, nodeId: str) -> str | None:
+        return None
+
+    def clientCreatorFor(self, nodeId: str) -> IOpenSSLClientConnectionCreator:
+        raise AssertionError("the peer door never dials a peer")
 
     def peerNodeId(self, transport: object) -> str | None:
         self.asked.append(transport)
@@ -142,7 +150,7 @@ class FakesTests(SynchronousTestCase):
 
     def test_fakes(self) -> None:
         """Trust, upstream, response and its body transport."""
-        self.assertTrue(verifyObject(IPeerTrust, FakeTrust()))
+        self.assertTrue(verifyObject(IClusterTrust, FakeTrust()))
         self.assertTrue(verifyObject(IUpstream, FakeUpstream()))
         response = FakeResponse()
         self.assertTrue(verifyObject(IResponse, response))
@@ -152,13 +160,15 @@ class FakesTests(SynchronousTestCase):
         """``ClusterTrust`` is what the peer door asks about each connection."""
         trust = ClusterTrust(None, MemoryReactorClock(), lambda m: None)
         self.assertTrue(verifyObject(IPeerTrust, trust))
+        self.assertTrue(verifyObject(IClusterTrust, trust))
 
 
 class PeerDoorTests(SynchronousTestCase):
     """A pinned peer's request goes to the local backend, streamed, never routed."""
 
     def setUp(self) -> None:
-        self.context = FakeContext(upstream=FakeUpstream(), trust=FakeTrust())
+        self.trust = FakeTrust()
+        self.context = FakeContext(upstream=FakeUpstream(), trust=self.trust)
         self.facade = SimpleNamespace(engine=ENGINES["llamacpp"], localBackend=LOCAL)
         site = FacadeSite(
             PeerDoor(self.context, self.facade), self.context.clock, 1 << 20, 30.0, 65536
@@ -191,7 +201,7 @@ class PeerDoorTests(SynchronousTestCase):
         self.assertEqual(headers.getRawHeaders(b"x-custom"), [b"yes"])
         self.assertFalse(headers.hasHeader(b"connection"))
         self.assertFalse(headers.hasHeader(b"host"))
-        self.assertEqual(self.context.trust.asked, [self.transport])
+        self.assertEqual(self.trust.asked, [self.transport])
 
     def test_headersAtOnceThenStream(self) -> None:
         """Headers are written when they arrive; chunks follow as received; the end finishes."""
@@ -288,7 +298,7 @@ class PeerDoorTests(SynchronousTestCase):
 
     def test_unpinnedPeerAborted(self) -> None:
         """A connection whose peer is no longer pinned is aborted without an HTTP answer."""
-        self.context.trust.pinned = None
+        self.trust.pinned = None
         self.send()
         self.assertEqual(self.context.upstream.calls, [])
         self.assertTrue(self.transport.disconnected)
@@ -300,7 +310,7 @@ class PeerDoorTests(SynchronousTestCase):
         response = self.respond(FakeResponse(200, None, 0))
         response.transport.protocol.connectionLost(Failure(ResponseDone()))
         self.assertFalse(self.transport.disconnecting)
-        self.context.trust.pinned = None
+        self.trust.pinned = None
         self.transport.clear()
         self.send()
         self.assertEqual(len(self.context.upstream.calls), 1)
@@ -309,7 +319,7 @@ class PeerDoorTests(SynchronousTestCase):
 
     def test_rotatedCertificateCutsConnection(self) -> None:
         """A connection made under this node's previous certificate is cut on its next request."""
-        self.context.trust.current = False
+        self.trust.current = False
         self.send()
         self.assertEqual(self.context.upstream.calls, [])
         self.assertTrue(self.transport.disconnected)
@@ -340,7 +350,7 @@ class PeerUpstreamTests(SynchronousTestCase):
         self.addCleanup(__import__("shutil").rmtree, self.dir, True)
         self.reactor = MemoryReactorClock()
         self.trust = ClusterTrust(self.dir, self.reactor, lambda m: None)
-        self.upstream = Upstream(self.reactor, 10.0, self.trust)
+        self.upstream = Upstream(cast(IConnectingReactor, self.reactor), 10.0, self.trust)
         self.node = Node("node-b", False, (), frozenset())
 
     def request(self) -> defer.Deferred[IResponse]:

@@ -27,7 +27,8 @@ from twisted.test.iosim import connectedServerAndClient
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 
-from nvpair.proxy.cluster.membership import ClusterTrust, fingerprintOf
+from nvpair.proxy.cluster.files import fingerprintOf
+from nvpair.proxy.cluster.membership import ClusterTrust
 from nvpair.proxy.testing.certs import makeNodeCert, writeFileAtomic
 
 # Certificates are expensive enough to mint once per test run.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from twisted.internet.error import ConnectError, TimeoutError
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
@@ -16,17 +18,11 @@ from nvpair.proxy.dispatch.relay import (
     forwardHeaders,
 )
 from nvpair.proxy.dispatch.upstream import Upstream, addressesFor, splitHostPort
-from nvpair.proxy.interfaces import IUpstream
-from tests.support.fakecontext import FakeContext
+from nvpair.proxy.interfaces import IConnectingReactor, IUpstream
+from nvpair.proxy.testing.fakecontext import FakeContext
+from nvpair.proxy.testing.upstreamspy import BodyTransport, FakeResponse, UpstreamSpy
 from tests.support.fakerequest import FakeRequest
-from tests.support.fakeupstream import (
-    BodyTransport,
-    FakeResponse,
-    FakeUpstream,
-    makeFacade,
-    node,
-    startExchange,
-)
+from tests.support.fakeupstream import makeFacade, node, startExchange
 
 
 class RetryableTests(SynchronousTestCase):
@@ -103,14 +99,14 @@ class AddressTests(SynchronousTestCase):
 
     def test_peerWithoutMembershipFailsAtTransport(self) -> None:
         """A host:port address while not a cluster member fails like an unreachable node."""
-        upstream = Upstream(Clock(), 1.0)
+        upstream = Upstream(cast(IConnectingReactor, Clock()), 1.0)
         d = upstream.request(node("P"), "10.0.0.9:1", b"POST", b"/", Headers(), b"")
         self.failureResultOf(d, ConnectError)
 
     def test_interfaces(self) -> None:
         """The real and the fake upstream provide IUpstream."""
-        verifyObject(IUpstream, FakeUpstream(Clock()))
-        verifyObject(IUpstream, Upstream(Clock(), 1.0))
+        verifyObject(IUpstream, UpstreamSpy(Clock()))
+        verifyObject(IUpstream, Upstream(cast(IConnectingReactor, Clock()), 1.0))
 
 
 class HeadersTests(SynchronousTestCase):

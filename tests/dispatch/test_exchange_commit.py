@@ -5,17 +5,11 @@ from __future__ import annotations
 
 from twisted.internet.interfaces import IProtocol
 
+from nvpair.proxy.testing.fakecontext import RUN_ID, FakeContext
+from nvpair.proxy.testing.upstreamspy import FakeResponse, UpstreamCall
 from tests.support.exchangecase import SSE, USAGE, LoopCase
-from tests.support.fakecontext import FakeContext
 from tests.support.fakerequest import FakeRequest
-from tests.support.fakeupstream import (
-    RUN_ID,
-    Call,
-    FakeResponse,
-    makeFacade,
-    node,
-    setNodes,
-)
+from tests.support.fakeupstream import makeFacade, node, setNodes
 
 
 class HappyPathTests(LoopCase):
@@ -74,10 +68,9 @@ class HappyPathTests(LoopCase):
                 self.send(SSE, USAGE)
                 self.end()
 
-        def auto(call: Call) -> None:
+        def auto(call: UpstreamCall) -> None:
             call.connect()
-            call.response = Immediate(clock, 200)
-            call.deferred.callback(call.response)
+            call.deferred.callback(Immediate(clock, 200))
 
         self.upstream.auto = auto
         ex, request = self.start()

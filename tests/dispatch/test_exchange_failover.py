@@ -3,8 +3,8 @@ order, targets that leave discovery, and the verbatim policy's single round."""
 
 from __future__ import annotations
 
+from nvpair.proxy.testing.fakecontext import FakeContext
 from tests.support.exchangecase import LoopCase
-from tests.support.fakecontext import FakeContext
 from tests.support.fakerequest import FakeRequest
 from tests.support.fakeupstream import (
     makeFacade,

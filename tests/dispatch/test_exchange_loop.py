@@ -3,15 +3,11 @@ an owner) and the driver that runs the policy through its waits."""
 
 from __future__ import annotations
 
+from nvpair.proxy.testing.fakecontext import FakeContext
+from nvpair.proxy.testing.upstreamspy import UpstreamCall
 from tests.support.exchangecase import LoopCase
-from tests.support.fakecontext import FakeContext
 from tests.support.fakerequest import FakeRequest
-from tests.support.fakeupstream import (
-    Call,
-    makeFacade,
-    node,
-    setNodes,
-)
+from tests.support.fakeupstream import makeFacade, node, setNodes
 
 
 class BoundsTests(LoopCase):
@@ -159,7 +155,7 @@ class DriverTests(LoopCase):
         fails at once) gets no further attempt: the next one is cancelled as it starts."""
         request = FakeRequest()
 
-        def auto(call: Call) -> None:
+        def auto(call: UpstreamCall) -> None:
             if len(self.upstream.calls) == 1:
                 request.lose()
                 call.refuse()

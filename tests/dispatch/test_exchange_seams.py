@@ -30,17 +30,11 @@ from nvpair.proxy.http.interfaces import (
 from nvpair.proxy.interfaces import IBrokerSink, IUpstream
 from nvpair.proxy.routing.affinity import RESULTS, Placed
 from nvpair.proxy.routing.interfaces import IFleetView, IOutcome, IPlacementExchange
+from nvpair.proxy.testing.fakecontext import ListSink
+from nvpair.proxy.testing.upstreamspy import BodyTransport, FakeResponse, NoPool, UpstreamSpy
 from tests.support.exchangecase import LoopCase
 from tests.support.fakerequest import ClientTransport, FakeRequest
-from tests.support.fakeupstream import (
-    BodyTransport,
-    FakeResponse,
-    FakeUpstream,
-    ListSink,
-    NoPool,
-    makeFacade,
-    node,
-)
+from tests.support.fakeupstream import makeFacade, node
 
 
 @implementer(ICommittedBody)
@@ -64,7 +58,7 @@ class FakeTests(SynchronousTestCase):
         self.assertTrue(verifyObject(IStreamTransport, ClientTransport(request)))
         self.assertTrue(verifyObject(IResponse, response))
         self.assertTrue(verifyObject(IPushProducer, BodyTransport(response)))
-        self.assertTrue(verifyObject(IUpstream, FakeUpstream(clock)))
+        self.assertTrue(verifyObject(IUpstream, UpstreamSpy(clock)))
         self.assertTrue(verifyObject(IBrokerSink, ListSink()))
         self.assertTrue(verifyObject(IConnectionPool, NoPool()))
 

@@ -10,15 +10,11 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 
 from nvpair.proxy.dispatch.stallwatch import StallWatch
+from nvpair.proxy.testing.fakecontext import FakeContext
+from nvpair.proxy.testing.upstreamspy import FakeResponse
 from tests.process.test_options import assertExitsNaming, parse
-from tests.support.fakecontext import FakeContext
 from tests.support.fakerequest import FakeRequest
-from tests.support.fakeupstream import (
-    FakeResponse,
-    makeFacade,
-    node,
-    startExchange,
-)
+from tests.support.fakeupstream import makeFacade, node, startExchange
 
 SSE = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
 

@@ -24,7 +24,7 @@ from zope.interface import implementer
 from nvpair.proxy.broker.channel import Reply, RPCError
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
-from tests.support.fakeupstream import ListSink
+from nvpair.proxy.testing.fakecontext import ListSink
 
 
 @implementer(IListeningPort)
@@ -82,7 +82,7 @@ class FacadeCase(SynchronousTestCase):
         self.reactor = BusyReactor()
         self.service = ProxyService(options.settings, self.reactor)
         self.sink = ListSink()
-        self.service.sink = self.sink
+        self.service.sinks.target = self.sink
 
     def call(self, engine: str | None, name: str, params: dict[str, Any]) -> Any:
         """Handle a message the way the channel does: answer, then run ``after``."""

@@ -30,8 +30,9 @@ from nvpair.proxy.engines import Engine
 from nvpair.proxy.facade.facade import Facade
 from nvpair.proxy.facade.fleet import Fleet
 from nvpair.proxy.interfaces import IUpstream
-from nvpair.proxy.routing.candidates import Node, Snapshot
-from tests.support.fakecontext import FakeContext
+from nvpair.proxy.routing.candidates import Snapshot
+from nvpair.proxy.routing.nodes import Node
+from nvpair.proxy.testing.fakecontext import FakeContext
 
 ORIGIN = "http://app.example"
 DIAL = 2.0

@@ -14,7 +14,7 @@ import tempfile
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionDone
-from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
@@ -22,10 +22,10 @@ from twisted.trial.unittest import SynchronousTestCase
 from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
-from nvpair.proxy.testing.wire import siteExchange
+from nvpair.proxy.testing.fakecontext import ListSink
+from nvpair.proxy.testing.wire import TCPStringTransport, siteExchange
 from nvpair.proxy.testing.wire import splitAnswer as split
 from tests.facade.test_hostcheck import Events
-from tests.support.fakeupstream import ListSink
 
 PORTS = {"ollama": (6100, 6101), "llamacpp": (6200, 6201)}
 EVIL = b"evil.example"
@@ -79,7 +79,7 @@ class DoorCase(SynchronousTestCase):
         self.reactor = MemoryReactorClock()
         self.service = ProxyService(options.settings, self.reactor)
         self.sink = ListSink()
-        self.service.sink = self.sink
+        self.service.sinks.target = self.sink
         self.events = Events()
         self.service.hosts.log = Logger(observer=self.events)
         for engineId, (port, alias) in PORTS.items():
@@ -101,9 +101,9 @@ class DoorCase(SynchronousTestCase):
 
     def assertNothingPastTheDoor(self) -> None:
         self.assertEqual(self.reactor.tcpClients, [], "no upstream connection attempted")
-        self.assertEqual(self.service.exchanges, set())
+        self.assertEqual(self.service.context.exchanges, set())
         self.assertEqual(self.sink.sent, [], "no workload event, no node activity")
-        self.assertEqual(self.service.reporter.live, 0)
+        self.assertEqual(self.service.context.reporter.live, 0)
 
     def metric(self, name: str, **labels: str) -> float:
         from prometheus_client import generate_latest
@@ -226,12 +226,12 @@ class HostRuleAtTheDoorTests(DoorCase):
             assert options.settings is not None
             reactor = MemoryReactorClock()
             service = ProxyService(options.settings, reactor)
-            service.sink = ListSink()
+            service.sinks.target = ListSink()
             service.enableFacade(ENGINES["ollama"], 6100, [], True)
             [(_, factory, *_)] = reactor.tcpServers
             protocol = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5555))
             assert protocol is not None
-            transport = StringTransport()
+            transport = TCPStringTransport()
             protocol.makeConnection(transport)
             protocol.dataReceived(request(b"GET", b"/api/tags", host))
             status, _, content = split(transport.value())
@@ -276,14 +276,14 @@ class ClusterPersonalityTests(SynchronousTestCase):
 
         from nvpair.proxy.cluster.peer import PeerDoor
         from nvpair.proxy.http.site import FacadeSite
+        from nvpair.proxy.testing.fakecontext import FakeContext
         from tests.cluster.test_peer import FakeTrust, FakeUpstream
-        from tests.support.fakecontext import FakeContext
 
         context = FakeContext(upstream=FakeUpstream(), trust=FakeTrust())
         facade = SimpleNamespace(engine=ENGINES["llamacpp"], localBackend="http://127.0.0.1:9")
         site = FacadeSite(PeerDoor(context, facade), context.clock, 1 << 20, 30.0, 65536)
         channel = site.buildProtocol(IPv4Address("TCP", "10.203.0.2", 40000))
-        transport = StringTransport(peerAddress=IPv4Address("TCP", "10.203.0.2", 40000))
+        transport = TCPStringTransport(peerAddress=IPv4Address("TCP", "10.203.0.2", 40000))
         channel.makeConnection(transport)
         channel.dataReceived(request(b"POST", b"/v1/completions", EVIL, b'{"model": "m1"}'))
         self.assertEqual(len(context.upstream.calls), 1)

@@ -18,7 +18,8 @@ from nvpair.proxy.facade.hostcheck import (
     parseAllowedHosts,
     parseHost,
 )
-from nvpair.proxy.options import Options, Settings
+from nvpair.proxy.options import Options
+from nvpair.proxy.settings import Settings
 from tests.process.test_options import assertExitsNaming
 
 HOSTNAME = "Workstation"

@@ -5,13 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.internet.address import IPv4Address, IPv6Address
+from twisted.internet.interfaces import ITCPTransport
 from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface.verify import verifyObject
 
 from nvpair.proxy.facade.listener import PersonalityFactory, isLoopback
+from nvpair.proxy.testing.wire import TCPStringTransport
 
 
 class Recorder(Protocol):
@@ -49,8 +51,8 @@ class RecordingFactory(Factory):
         return p
 
 
-class Transport(StringTransport):
-    """A ``StringTransport`` that says whether it was aborted."""
+class Transport(TCPStringTransport):
+    """A TCP ``StringTransport`` that says whether it was aborted."""
 
     disconnected = False
 
@@ -132,6 +134,8 @@ class SwitchTests(SynchronousTestCase):
         self.assertEqual(self.plain.built[0].data, b"GET / HTTP/1.1\r\n\r\n")
         self.assertIs(self.plain.built[0].transport, transport)
         self.assertFalse(transport.disconnected)
+        self.assertTrue(transport.noDelay, "answers are never held for an ACK")
+        self.assertTrue(verifyObject(ITCPTransport, transport))
 
     def test_plaintextMappedLoopback(self) -> None:
         """A v4-mapped loopback peer on a dual-stack socket is served plaintext."""

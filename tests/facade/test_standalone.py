@@ -22,13 +22,14 @@ from nvpair.proxy.facade.standalone import (
     fleetUrls,
     startStandalone,
 )
+from nvpair.proxy.ops.metrics import Metrics
 from nvpair.proxy.routing.affinity import Affinity
 from nvpair.proxy.routing.candidates import Snapshot
 from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.settings import Settings
+from nvpair.proxy.testing.fakecontext import FakeContext
 from tests.facade.fleetkit import FakeResponse, FakeUpstream, openaiList
 from tests.facade.test_hostcheck import Events
-from tests.support.fakecontext import FakeContext
 
 TIMEOUT = 12.0
 
@@ -216,6 +217,7 @@ class FakeService(MultiService):
         backends: tuple[tuple[str, str], ...],
         refuse: frozenset[str] = frozenset(),
         affinity: str = "off",
+        fleetFile: str | None = None,
     ) -> None:
         super().__init__()
         self.context = FakeContext(
@@ -224,7 +226,9 @@ class FakeService(MultiService):
             backends=backends,
             dialTimeout=1.0,
             affinity=affinity,
+            fleetFile=fleetFile,
         )
+        self.metrics = Metrics()
         self.refuse = refuse
         self.enabled: list[tuple[str, int]] = []
         self.problems: list[tuple[str, str, str]] = []
@@ -291,8 +295,9 @@ class StartStandaloneTests(SynchronousTestCase):
         )
         # The backends' order stands in for a scheduler's priority list.
         self.assertEqual(
-            service.reservations.order, ("http://127.0.0.1:11434", "http://x:1", "http://y:2")
+            service.context.reservations.order,
+            ("http://127.0.0.1:11434", "http://x:1", "http://y:2"),
         )
         service.stopService()
         self.assertFalse(any(p.running for p in pollers.values()))
-        self.assertEqual(service.clock.getDelayedCalls(), [])
+        self.assertEqual(service.context.clock.getDelayedCalls(), [])

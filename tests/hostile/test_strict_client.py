@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import treq
 from twisted.internet import defer, protocol, reactor
 from twisted.internet.address import IPv4Address
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
@@ -20,7 +21,7 @@ from twisted.internet.interfaces import IAddress
 from twisted.trial.unittest import TestCase
 
 from tests.integration.test_requests import FAST, asyncTest
-from tests.support.harness import ProxyFixture, directNode, startEngine
+from tests.support.harness import ProxyFixture, directNode, freePort, startEngine
 
 _MAX_REQUEST = 1 << 16
 CHAT = json.dumps({"model": "m1", "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -311,3 +312,32 @@ class StrictEngineResponseTests(TestCase):
         status, _, body = parseAnswer(await rawExchange(port, "POST", "/v1/chat/completions", CHAT))
         self.assertEqual((status, body), (200, b"{}"))
         self.assertEqual(len(engine.connections), 2)
+
+    @asyncTest
+    async def test_bytesAfterANoContentAnswer(self) -> None:
+        """The engine answers 204 with a Content-Length and, in the same write, a whole
+        second response: the client gets exactly the 204 (no body, nothing of the second),
+        the engine connection is closed and counted on /metrics, and the next request is
+        served over a new connection."""
+        engine = startRawEngine(
+            self,
+            b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n"
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nOK",
+        )
+        opsPort = freePort()
+        port = await self.proxyWith([directNode("A", engine)], "--ops-port", str(opsPort))  # type: ignore[arg-type]
+        raw = await rawExchange(port, "GET", "/health")
+        self.assertTrue(raw.startswith(b"HTTP/1.1 204 No Content\r\n"), raw)
+        status, fields, body = parseAnswer(raw)
+        self.assertEqual((status, body), (204, b""))
+        self.assertEqual(raw.count(b"HTTP/1.1 "), 1, raw)
+        self.assertNotIn(b"OK", raw, "nothing of the second response")
+        self.assertEqual(field(fields, "content-length"), [])
+        engine.answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+        status, _, body = parseAnswer(await rawExchange(port, "GET", "/health"))
+        self.assertEqual((status, body), (200, b"{}"))
+        self.assertEqual(len(engine.connections), 2, "the first connection was not reused")
+        response = await treq.get(f"http://127.0.0.1:{opsPort}/metrics", persistent=False)
+        metrics = await response.text()
+        self.assertIn("nvpair_proxy_upstream_bytes_after_answer_total 1.0", metrics)
+        self.assertEqual(self.proxy.crashes, [])

@@ -27,11 +27,12 @@ from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
 from nvpair.proxy.engines import OLLAMA, Engine
-from nvpair.proxy.http.client import HTTPClientConnection, serializeRequest
+from nvpair.proxy.http.client import HTTPClientConnection
+from nvpair.proxy.http.framing import serializeRequest
 from nvpair.proxy.http.interfaces import IDoor, IServerRequest
 from nvpair.proxy.http.pool import ConnectionPool
 from nvpair.proxy.http.site import FacadeSite
-from nvpair.proxy.testing.wire import splitAnswer
+from nvpair.proxy.testing.wire import TCPStringTransport, splitAnswer
 
 # The server side: a facade site over a string transport, and the doors behind it.
 
@@ -182,7 +183,7 @@ class FakeEndpoint:
         factory, d = self.dials[index]
         conn = factory.buildProtocol(PEER)
         assert isinstance(conn, HTTPClientConnection)
-        transport = StringTransport()
+        transport = TCPStringTransport()
         conn.makeConnection(transport)
         self.transports.append(transport)
         self.conns.append(conn)

@@ -13,14 +13,16 @@ from twisted.internet.error import (
     ConnectionRefusedError,
     TimeoutError,
 )
-from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http_headers import Headers
 
-from nvpair.proxy.http.client import HTTPClientConnection, serializeRequest
+from nvpair.proxy.http.client import HTTPClientConnection
+from nvpair.proxy.http.framing import serializeRequest
 from nvpair.proxy.http.pool import ConnectionPool, DirectTCP
+from nvpair.proxy.testing.wire import TCPStringTransport
 from tests.http.httpkit import KEY, PEER, Body, ClientCase
 
 
@@ -175,7 +177,7 @@ class DirectDialTests(SynchronousTestCase):
         self.assertNoResult(d)
         conn = factory.buildProtocol(PEER)
         assert isinstance(conn, HTTPClientConnection)
-        conn.makeConnection(StringTransport())
+        conn.makeConnection(TCPStringTransport())
         self.assertIs(self.successResultOf(d), conn)
 
     def test_failureIsAConnectError(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import SimpleNamespace
+from typing import cast
 
 from twisted.internet import defer
 from twisted.internet.address import IPv4Address
@@ -21,7 +22,7 @@ from twisted.internet.interfaces import (
 )
 from twisted.internet.ssl import optionsForClientTLS
 from twisted.internet.task import Clock
-from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
@@ -29,11 +30,14 @@ from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from nvpair.proxy.dispatch.upstream import Upstream
-from nvpair.proxy.http.client import HTTPClientConnection, serializeRequest
+from nvpair.proxy.http.client import HTTPClientConnection
+from nvpair.proxy.http.framing import serializeRequest
 from nvpair.proxy.http.interfaces import IBodyConnection, IConnectionPool, IPooledConnection
 from nvpair.proxy.http.pool import ConnectionPool
 from nvpair.proxy.http.response import Response
+from nvpair.proxy.interfaces import IClusterTrust, IConnectingReactor
 from nvpair.proxy.routing.nodes import Node
+from nvpair.proxy.testing.wire import TCPStringTransport
 from tests.http.httpkit import CLOSED, KEY, PEER, Body, FakeEndpoint
 
 
@@ -86,13 +90,13 @@ class UpstreamTests(SynchronousTestCase):
 
     def test_invalidURIRefused(self) -> None:
         """A request target with control characters fails before anything is sent."""
-        upstream = Upstream(Clock(), 1.0)
+        upstream = Upstream(cast(IConnectingReactor, Clock()), 1.0)
         d = upstream.request(None, "http://127.0.0.1:1", b"GET", b"/a\x00b", Headers(), b"")
         self.failureResultOf(d, ValueError)
 
     def test_invalidMethodRefused(self) -> None:
         """A method that is not an HTTP token fails before anything is sent."""
-        upstream = Upstream(Clock(), 1.0)
+        upstream = Upstream(cast(IConnectingReactor, Clock()), 1.0)
         d = upstream.request(None, "http://127.0.0.1:1", b"G T", b"/", Headers(), b"")
         self.failureResultOf(d, ValueError)
 
@@ -106,7 +110,7 @@ class UpstreamTests(SynchronousTestCase):
             nodeId="node-a",
             fingerprint="fp",
         )
-        upstream = Upstream(reactor, 7.0, trust)
+        upstream = Upstream(cast(IConnectingReactor, reactor), 7.0, cast(IClusterTrust, trust))
         d = upstream.request(
             Node("node-b", False, (), frozenset()),
             "127.0.0.1:4000",
@@ -118,7 +122,7 @@ class UpstreamTests(SynchronousTestCase):
         self.assertNoResult(d)
         host, port, factory, timeout, _ = reactor.tcpClients[0]
         self.assertEqual((host, port, timeout), ("127.0.0.1", 4000, 7.0))
-        wire = StringTransport()
+        wire = TCPStringTransport()
         protocol = factory.buildProtocol(PEER)
         assert protocol is not None
         protocol.makeConnection(wire)
@@ -127,7 +131,7 @@ class UpstreamTests(SynchronousTestCase):
 
     def test_hostAndPrefix(self) -> None:
         """The Host header omits port 80 and brackets IPv6; the address path prefixes."""
-        upstream = Upstream(Clock(), 1.0)
+        upstream = Upstream(cast(IConnectingReactor, Clock()), 1.0)
         target = upstream._target("http://[::1]:9000/base")
         self.assertEqual((target.host, target.prefix), (b"[::1]:9000", b"/base"))
         self.assertEqual(upstream._target("http://h").host, b"h")
@@ -140,12 +144,16 @@ class RecordingPool:
     def __init__(self) -> None:
         self.released: list[IPooledConnection] = []
         self.lostConns: list[IPooledConnection] = []
+        self.overrun: list[IPooledConnection] = []
 
     def release(self, conn: IPooledConnection) -> None:
         self.released.append(conn)
 
     def lost(self, conn: IPooledConnection) -> None:
         self.lostConns.append(conn)
+
+    def bytesAfterAnswer(self, conn: IPooledConnection) -> None:
+        self.overrun.append(conn)
 
 
 class SeamTests(SynchronousTestCase):
@@ -184,7 +192,7 @@ class SeamTests(SynchronousTestCase):
         as framed, and reports its loss."""
         pool = RecordingPool()
         conn = HTTPClientConnection(pool, KEY)
-        conn.makeConnection(StringTransport())
+        conn.makeConnection(TCPStringTransport())
         d: defer.Deferred[IResponse] = defer.Deferred()
         conn.send(serializeRequest(b"GET", b"/", b"e:1", Headers(), None), b"GET", d)
         conn.dataReceived(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from twisted.trial.unittest import SynchronousTestCase
 
+from nvpair.proxy.http.refusal import Refusal
 from nvpair.proxy.http.rules import (
-    Refusal,
     checkHead,
     clientProtocol,
     headersOf,
@@ -117,3 +120,19 @@ class HeadRuleTests(SynchronousTestCase):
         self.assertEqual(pathOf(b"/api/chat?x"), b"/api/chat")
         self.assertEqual(pathOf(b"http://h/api/chat"), b"/")
         self.assertEqual(pathOf(b""), b"/")
+
+
+class LeafImportTests(SynchronousTestCase):
+    """The HTTP layer's interfaces import nothing concrete."""
+
+    def test_interfacesLoadNoParser(self) -> None:
+        """Importing ``http.interfaces`` (and with it ``Refusal``) in a fresh interpreter
+        loads neither httptools nor the reactor."""
+        probe = (
+            "import sys, nvpair.proxy.http.interfaces; "
+            "print(sorted({'httptools', 'twisted.internet.reactor'} & set(sys.modules)))"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+        )
+        self.assertEqual(out.stdout.strip(), "[]")

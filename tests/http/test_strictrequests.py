@@ -11,8 +11,9 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
 from nvpair.proxy.engines import LLAMACPP, OLLAMA
+from nvpair.proxy.errorshape import IErrorShape
 from nvpair.proxy.http import reader as requestreader
-from nvpair.proxy.http.interfaces import IErrorShape, IServerRequest
+from nvpair.proxy.http.interfaces import IServerRequest
 from nvpair.proxy.http.site import FacadeSite
 from tests.http.httpkit import (
     GET,

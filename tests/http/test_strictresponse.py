@@ -19,8 +19,7 @@ from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
-from nvpair.proxy.http.client import serializeRequest
-from nvpair.proxy.http.framing import BadResponse
+from nvpair.proxy.http.framing import BadResponse, serializeRequest
 from nvpair.proxy.http.pool import ConnectionPool
 from tests.http.httpkit import KEY, Body, FakeEndpoint
 

@@ -50,7 +50,8 @@ class ConsoleCommandTests(TestCase):
     async def test_underBroker(self) -> None:
         """The broker's channel works through the command: a facade enables and answers
         through admission, the stdout channel stays JSON-RPC only, the log is JSON on
-        stderr, stdin EOF ends it with status 0 and no pidfile is left behind."""
+        stderr (twistd's start-up record names the proxy's reactor), stdin EOF ends it with
+        status 0 and no pidfile is left behind."""
         proxy = await self.started()
         port = freePort()
         result = await proxy.request("facade/enable", {"engine": "llamacpp", "port": port})
@@ -66,6 +67,8 @@ class ConsoleCommandTests(TestCase):
         self.assertEqual(proxy.protocolErrors, [])
         records = await proxy.someLogs()
         self.assertTrue(all(r.get("component") == "nvpair-proxy" for r in records), records)
+        reactors = {r["reactor"] for r in records if "reactor" in r}
+        self.assertEqual(reactors, {"nvpair.proxy.runtime.eventloop.ProxyReactor"})
         self.assertEqual(os.listdir(proxy.workDir), [])
 
     async def test_sigterm(self) -> None:
@@ -88,6 +91,13 @@ class ConsoleCommandTests(TestCase):
         self.assertEqual((out, code, left), (b"", 2, []))
         self.assertEqual(len(err.decode().splitlines()), 1)
         self.assertIn("dial-timeout", err.decode())
+
+    async def test_reactorPlugin(self) -> None:
+        """twistd lists the proxy's reactor by name, from the project's plugin."""
+        out, err, code, _ = await run(TWISTD, ["--help-reactors"])
+        self.assertEqual(code, 0, err)
+        names = {line.split()[0] for line in out.decode().splitlines() if line.strip()}
+        self.assertIn("nvpair", names)
 
     async def test_helpAsTwistd(self) -> None:
         """``--help`` prints the plugin's option list, the same text twistd prints."""

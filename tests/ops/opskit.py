@@ -20,7 +20,8 @@ from twisted.web.resource import IResource
 from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.ops.server import opsResource
 from nvpair.proxy.options import Options
-from nvpair.proxy.routing.candidates import Snapshot, parseNodes
+from nvpair.proxy.routing.candidates import Snapshot
+from nvpair.proxy.routing.nodes import parseNodes
 from nvpair.proxy.routing.reservations import NodeLoad
 from nvpair.proxy.service import ProxyService
 
@@ -61,10 +62,10 @@ def scripted(service: ProxyService) -> None:
     facade.confirmed["A"] = "http://10.0.0.2:8081"
     facade.pin = "A"
     facade.setLocalBackend("http://127.0.0.1:8080")
-    service.reservations.applyPriority(7, ["A", "me"], {"A": NodeLoad(2, 0.5)})
-    service.reservations.reserve("A")
-    service.activity.change("A", +1)
-    reporter = service.reporter
+    service.context.reservations.applyPriority(7, ["A", "me"], {"A": NodeLoad(2, 0.5)})
+    service.context.reservations.reserve("A")
+    service.context.activity.change("A", +1)
+    reporter = service.context.reporter
     reactor = service.reactor
     assert isinstance(reactor, MemoryReactorClock)
     reactor.advance(START - reactor.seconds())

@@ -12,7 +12,7 @@ from nvpair.proxy.dispatch.outcome import Failed, FailureKind
 from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.ops import metrics
 from nvpair.proxy.ops.metrics import Metrics, requestOutcome
-from nvpair.proxy.routing.candidates import Node
+from nvpair.proxy.routing.nodes import Node
 
 
 def sampleValues(registry: Any) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

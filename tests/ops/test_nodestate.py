@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 from typing import Any
 
 from twisted.internet.error import ConnectionRefusedError
@@ -14,7 +13,8 @@ from nvpair.proxy.dispatch.outcome import Failed, FailureKind
 from nvpair.proxy.facade.standalone import POLL_INTERVAL, FleetPoller
 from nvpair.proxy.ops.nodestate import STALE_AFTER, NodeState, attemptHealth, pollHealth
 from nvpair.proxy.ops.server import opsResource
-from nvpair.proxy.routing.candidates import Node
+from nvpair.proxy.routing.nodes import Node
+from nvpair.proxy.testing.fakecontext import ExchangeReport
 from tests.facade.fleetkit import FakeResponse, FakeUpstream, openaiList
 from tests.ops.opskit import ENGINE, makeService, memoryClient, scripted
 
@@ -87,9 +87,7 @@ class StatusStateTests(SynchronousTestCase):
         reactor = MemoryReactorClock()
         service = makeService(reactor)
         scripted(service)
-        exchange = SimpleNamespace(
-            engine=ENGINE, inference=True, createdAt=reactor.seconds(), trace=None
-        )
+        exchange = ExchangeReport(service.context, ENGINE, createdAt=reactor.seconds())
         node = Node("A", False, ("http://10.0.0.1:8081",), frozenset())
         service.context.attemptFailed(exchange, Failed(FailureKind.TRANSPORT, node))
         a, me = self.nodes(service)["A"], self.nodes(service)["me"]

@@ -9,12 +9,13 @@ from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IListeningPort
 from twisted.internet.protocol import ServerFactory
-from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from nvpair.proxy.ops.server import OpsListener, opsFactory, opsResource, startOps
+from nvpair.proxy.testing.wire import TCPStringTransport
 from tests.ops.opskit import EndpointTestCase, makeService, memoryClient, samples
 
 
@@ -43,7 +44,7 @@ class PageTests(EndpointTestCase):
         ):
             response, body = self.get(url)
             self.assertEqual(response.code, 403, url)
-            self.assertNotIn(self.service.reporter.runId.encode(), body)
+            self.assertNotIn(self.service.context.reporter.runId.encode(), body)
             self.assertNotIn(b"nvpair_proxy", body)
 
     def test_sharedHostRule(self) -> None:
@@ -77,10 +78,10 @@ class PeerTests(SynchronousTestCase):
         self.factory.doStart()
         self.addCleanup(self.factory.doStop)
 
-    def connect(self, address: Any, data: bytes) -> StringTransport:
+    def connect(self, address: Any, data: bytes) -> TCPStringTransport:
         protocol = self.factory.buildProtocol(address)
         assert protocol is not None
-        transport = StringTransport(peerAddress=address)
+        transport = TCPStringTransport(peerAddress=address)
         protocol.makeConnection(transport)
         protocol.dataReceived(data)
         return transport
@@ -100,7 +101,7 @@ class PeerTests(SynchronousTestCase):
         """A loopback peer gets the status document."""
         transport = self.connect(IPv4Address("TCP", "127.0.0.1", 40000), self.REQUEST)
         self.assertTrue(transport.value().startswith(b"HTTP/1.1 200 "))
-        self.assertIn(self.service.reporter.runId.encode(), transport.value())
+        self.assertIn(self.service.context.reporter.runId.encode(), transport.value())
 
     def test_tlsRefused(self) -> None:
         """A TLS hello, even from loopback, is closed: the ops port speaks plaintext only."""
@@ -153,8 +154,8 @@ class ListenerTests(SynchronousTestCase):
         """In standalone mode the workload and activity sinks say nobody listens."""
         service = makeService(_Reactor(), "--standalone", "--engines", "ollama")
         service.startService()
-        self.assertFalse(getattr(service.reporter.sink, "listening"))  # noqa: B009
-        self.assertFalse(getattr(service.activity._sink, "listening"))  # noqa: B009
+        self.assertFalse(getattr(service.context.reporter.sink, "listening"))  # noqa: B009
+        self.assertFalse(getattr(service.context.activity._sink, "listening"))  # noqa: B009
         self.successResultOf(service.stopService())
 
     def test_startsAndStopsWithService(self) -> None:

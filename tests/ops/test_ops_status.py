@@ -9,7 +9,7 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
-from nvpair.proxy.ops.interfaces import IOpsView
+from nvpair.proxy.ops.interfaces import IOpsContext, IOpsView
 from nvpair.proxy.ops.server import opsResource
 from tests.ops.opskit import EndpointTestCase, makeService, memoryClient
 
@@ -21,7 +21,9 @@ class ViewTests(SynchronousTestCase):
 
     def test_serviceProvidesOpsView(self) -> None:
         """``ProxyService`` provides ``IOpsView`` (attributes and service collection)."""
-        self.assertTrue(verifyObject(IOpsView, makeService(MemoryReactorClock())))
+        service = makeService(MemoryReactorClock())
+        self.assertTrue(verifyObject(IOpsView, service))
+        self.assertTrue(verifyObject(IOpsContext, service.context))
 
 
 class StatusTests(EndpointTestCase):
@@ -66,7 +68,7 @@ class StatusTests(EndpointTestCase):
         )
         self.assertEqual(doc["inFlight"], {"A": 1})
         self.assertEqual(doc["reservations"], {"A": 1})
-        self.assertEqual(doc["runId"], self.service.reporter.runId)
+        self.assertEqual(doc["runId"], self.service.context.reporter.runId)
 
     def test_workloads(self) -> None:
         """The last workloads, newest first, with ids, model, state, node, attempts and stats."""
@@ -101,7 +103,7 @@ class StatusTests(EndpointTestCase):
     def test_recentIsBounded(self) -> None:
         """Only the last 50 workloads are listed."""
         for _ in range(60):
-            self.service.reporter.admit("llamacpp", "m1").finish("completed")
+            self.service.context.reporter.admit("llamacpp", "m1").finish("completed")
         _, body = self.get("http://127.0.0.1/status")
         recent = json.loads(body)["workloads"]["recent"]
         self.assertEqual(len(recent), 50)
@@ -109,7 +111,7 @@ class StatusTests(EndpointTestCase):
 
     def test_onlyListedFields(self) -> None:
         """A workload entry carries only its listed fields, whatever the history holds."""
-        self.service.reporter.recent.append({"id": "x", "prompt": SECRET_PROMPT})
+        self.service.context.reporter.recent.append({"id": "x", "prompt": SECRET_PROMPT})
         _, body = self.get("http://127.0.0.1/status")
         self.assertNotIn(SECRET_PROMPT.encode(), body)
 

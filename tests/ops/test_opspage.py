@@ -22,7 +22,8 @@ from nvpair.proxy.ops.format import (
 from nvpair.proxy.ops.history import Window
 from nvpair.proxy.ops.page import renderPage
 from nvpair.proxy.ops.server import historyDocument, opsResource, statusDocument
-from nvpair.proxy.routing.candidates import Snapshot, parseNodes
+from nvpair.proxy.routing.candidates import Snapshot
+from nvpair.proxy.routing.nodes import parseNodes
 from tests.ops.opskit import ENGINE, EndpointTestCase, makeService, memoryClient, scripted
 from tests.support.dom import Element, parseDom
 
@@ -200,7 +201,7 @@ class PageTests(SynchronousTestCase):
 
     def test_states(self) -> None:
         """Each node row carries its state as a coloured badge and says why."""
-        self.service.history.attempt("llamacpp", "A", "transport", None)
+        self.service.context.history.attempt("llamacpp", "A", "transport", None)
         rows = self.rows(self.page())
         self.assertEqual(
             {k: r.attrs["data-state"] for k, r in rows.items()}, {"A": "down", "me": "unknown"}
@@ -233,7 +234,7 @@ class PageTests(SynchronousTestCase):
 
     def test_work(self) -> None:
         """In-flight and reserved work as bars scaled to the busiest node, and the load."""
-        self.service.activity.change("A", +1)
+        self.service.context.activity.change("A", +1)
         rows = self.rows(self.page())
         inflight, reserved = rows["A"].all("span", class_="meter")
         self.assertEqual(inflight.all("rect", class_="fill")[0].attrs["width"], "60")
@@ -244,7 +245,7 @@ class PageTests(SynchronousTestCase):
     def test_charts(self) -> None:
         """Facade tiles and node rows hold the four charts; served work shows as data points."""
         self.reactor.advance(10)
-        done = self.service.reporter.admit("llamacpp", "m1")
+        done = self.service.context.reporter.admit("llamacpp", "m1")
         done.submitted("A")
         done.started("A")
         done.finish("completed", None, {"ttftMs": 80, "completionTokens": 40})
@@ -268,7 +269,7 @@ class PageTests(SynchronousTestCase):
     def test_workloadsInHumanUnits(self) -> None:
         """Recent workloads newest first with TTFT, tokens, rate and duration in units, the
         error in words, and the terminal state as the row's class."""
-        w = self.service.reporter.admit("llamacpp", "m1")
+        w = self.service.context.reporter.admit("llamacpp", "m1")
         w.submitted("A")
         w.started("A")
         self.reactor.advance(1.5)
@@ -317,11 +318,11 @@ class PageTests(SynchronousTestCase):
                 ENGINE.normalize,
             )
         )
-        w = self.service.reporter.admit("llamacpp", HOSTILE_MODEL)
+        w = self.service.context.reporter.admit("llamacpp", HOSTILE_MODEL)
         w.submitted(HOSTILE_NODE)
         w.started(HOSTILE_NODE)
         w.finish("failed", HOSTILE_ERROR)
-        self.service.history.attempt("llamacpp", HOSTILE_NODE, "transport", None)
+        self.service.context.history.attempt("llamacpp", HOSTILE_NODE, "transport", None)
         dom = self.page()
         self.assertEqual([s.attrs.get("src") for s in dom.all("script")], ["/ops.js"])
         self.assertEqual(dom.all("img"), [])
@@ -376,7 +377,7 @@ class HistoryEndpointTests(SynchronousTestCase):
         reactor = MemoryReactorClock()
         service = makeService(reactor)
         scripted(service)
-        service.history.attempt("llamacpp", "A", "transport", None)
+        service.context.history.attempt("llamacpp", "A", "transport", None)
         response = self.successResultOf(
             memoryClient(opsResource(service)).get("http://localhost/status/history")
         )

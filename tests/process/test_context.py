@@ -3,23 +3,38 @@
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http_headers import Headers
 from zope.interface.verify import verifyObject
 
+from nvpair.proxy.broker.activity import Activity
 from nvpair.proxy.broker.channel import SinkSwitch
+from nvpair.proxy.broker.workloads import WorkloadReporter
 from nvpair.proxy.context import RequestContext
+from nvpair.proxy.dispatch.outcome import Failed, FailureKind
+from nvpair.proxy.dispatch.stallwatch import StallWatches
 from nvpair.proxy.engines import LLAMACPP
-from nvpair.proxy.interfaces import IBrokerSink, IRequestContext
+from nvpair.proxy.interfaces import (
+    IActivity,
+    IAttemptReport,
+    IBrokerSink,
+    IExchangeReport,
+    ILogControl,
+    IRequestContext,
+    IStallWatch,
+    IStallWatches,
+    IWorkload,
+    IWorkloadReporter,
+)
 from nvpair.proxy.ops.metrics import Metrics
-from nvpair.proxy.routing.candidates import Node
+from nvpair.proxy.routing.nodes import Node
 from nvpair.proxy.runtime.logs import LogControl
-from tests.support.fakecontext import FakeContext
+from nvpair.proxy.testing.fakecontext import ExchangeReport, FakeContext, ListSink, makeSettings
+from nvpair.proxy.testing.upstreamspy import UpstreamSpy
 from tests.support.fakerequest import FakeRequest
-from tests.support.fakeupstream import FakeUpstream, ListSink, makeSettings
 
 
 class FakeContextTests(SynchronousTestCase):
@@ -28,7 +43,7 @@ class FakeContextTests(SynchronousTestCase):
     def test_interface(self) -> None:
         """Both ways of building it provide ``IRequestContext``."""
         self.assertTrue(verifyObject(IRequestContext, FakeContext()))
-        upstream = FakeUpstream(Clock())
+        upstream = UpstreamSpy(Clock())
         context = FakeContext(upstream=upstream, logLevel="debug", dialTimeout=2.0)
         self.assertTrue(verifyObject(IRequestContext, context))
         self.assertIs(context.upstream, upstream)
@@ -56,20 +71,22 @@ class RequestContextTests(SynchronousTestCase):
         self.context = RequestContext(
             makeSettings(),
             self.clock,
-            FakeUpstream(self.clock),
+            UpstreamSpy(self.clock),
             SinkSwitch(self.sink),
             self.metrics,
             LogControl("debug"),
         )
-        self.exchange = SimpleNamespace(engine=LLAMACPP, inference=True, createdAt=0.0, trace=None)
+        self.exchange = ExchangeReport(self.context, LLAMACPP)
 
     def sample(self, name: str, **labels: str) -> float | None:
         value: float | None = self.metrics.registry.get_sample_value(name, labels)
         return value
 
     def test_interface(self) -> None:
-        """It provides ``IRequestContext``; its sink switch is a broker sink."""
+        """It provides ``IRequestContext``; its sink switch is a broker sink; the exchange
+        report record provides ``IExchangeReport``."""
         self.assertTrue(verifyObject(IRequestContext, self.context))
+        self.assertTrue(verifyObject(IExchangeReport, self.exchange))
         self.assertTrue(verifyObject(IBrokerSink, self.context.sink))
 
     def test_sendErrorCounts(self) -> None:
@@ -95,19 +112,12 @@ class RequestContextTests(SynchronousTestCase):
     def test_attemptsReachTheHistory(self) -> None:
         """Failed and committed attempts are counted and kept per node in the history."""
         node = Node("A", False, ("http://a",), frozenset())
-        outcome = SimpleNamespace(node=node, kind="transport", status=None)
+        outcome = Failed(FailureKind.TRANSPORT, node)
         self.context.attemptFailed(self.exchange, outcome)
         self.clock.advance(2)
         self.context.committed(self.exchange, "A")
         self.context.requestEnded(
-            SimpleNamespace(
-                engine=LLAMACPP,
-                inference=True,
-                committedStatus=200,
-                clientGone=False,
-                answered=True,
-                trace=None,
-            )
+            ExchangeReport(self.context, LLAMACPP, committedStatus=200, answered=True)
         )
         self.assertEqual(
             self.sample(
@@ -128,3 +138,26 @@ class RequestContextTests(SynchronousTestCase):
         incoming = Headers({b"host": [b"x"], b"connection": [b"close"], b"x-a": [b"1"]})
         out = self.context.forwardHeaders(incoming)
         self.assertEqual(list(out.getAllRawHeaders()), [(b"X-A", [b"1"])])
+
+
+class SeamProviderTests(SynchronousTestCase):
+    """The classes behind the request context's typed attributes provide their interfaces."""
+
+    def test_providers(self) -> None:
+        """Activity, workloads, stall watches and a failed attempt's report."""
+        clock = Clock()
+        sink = ListSink()
+        reporter = WorkloadReporter(sink, clock)
+        self.assertTrue(verifyObject(IWorkloadReporter, reporter))
+        self.assertTrue(verifyObject(IWorkload, reporter.admit("llamacpp", "m")))
+        self.assertTrue(verifyObject(IActivity, Activity(sink)))
+        watches = StallWatches(clock, 10.0)
+        self.assertTrue(verifyObject(IStallWatches, watches))
+        context = RequestContext(
+            makeSettings(), clock, UpstreamSpy(clock), SinkSwitch(sink), Metrics(), LogControl()
+        )
+        watch = watches.watch(StringTransport(), ExchangeReport(context, LLAMACPP), "A")
+        self.assertTrue(verifyObject(IStallWatch, watch))
+        node = Node("A", False, ("http://a",), frozenset())
+        self.assertTrue(verifyObject(IAttemptReport, Failed(FailureKind.STATUS, node, 503)))
+        self.assertTrue(verifyObject(ILogControl, LogControl()))

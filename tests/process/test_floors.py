@@ -8,7 +8,8 @@ import tomllib
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.http.rules import Refusal, originForm
+from nvpair.proxy.http.refusal import Refusal
+from nvpair.proxy.http.rules import originForm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -4,6 +4,9 @@
   inside functions count: a callee that names its caller's class knows its caller);
 * no cycle between the subpackages (``http``, ``facade``, ``routing``, ...): they form layers;
 * the routing policy touches no reactor and no transport;
+* what routing, the broker's library (``nvpair.supervisor``), the engine table, the JSON-RPC
+  wire format and the interfaces load, transitively, holds no HTTP parser (``httptools``),
+  no reactor and no ``runtime`` (issue 26), checked on the source and in a fresh interpreter;
 * the proxy's runtime code never imports the shipped testing kit;
 * no module over 400 lines and no folder over 15 modules, in the package and in the tests.
 """
@@ -11,7 +14,9 @@
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from twisted.trial.unittest import TestCase
@@ -25,6 +30,32 @@ MAX_MODULES = 15
 # What a routing module may import from twisted.internet: Deferreds, and the interfaces it
 # types a clock with.  Reactors, protocols, endpoints and transports stay out.
 ROUTING_MAY_IMPORT = {"twisted.internet.defer", "twisted.internet.interfaces"}
+# Modules whose import closure must stay free of ``CONCRETE``: pure policy, the broker's
+# library, and the leaves everything depends on (prefixes: every module under them).
+LEAN = (
+    "nvpair.proxy.routing",
+    "nvpair.supervisor",
+    "nvpair.proxy.engines",
+    "nvpair.proxy.errorshape",
+    "nvpair.proxy.broker.jsonrpc",
+    "nvpair.proxy.interfaces",
+    "nvpair.proxy.http.interfaces",
+    "nvpair.proxy.dispatch.interfaces",
+    "nvpair.proxy.ops.interfaces",
+    "nvpair.proxy.cluster.interfaces",
+)
+# What those closures never hold: the HTTP parser, a reactor, the process runtime.
+CONCRETE = (
+    "httptools",
+    "twisted.internet.reactor",
+    "twisted.internet.posixbase",
+    "twisted.internet.selectreactor",
+    "twisted.internet.pollreactor",
+    "twisted.internet.epollreactor",
+    "twisted.internet.asyncioreactor",
+    "twisted.internet.default",
+    "nvpair.proxy.runtime",
+)
 
 
 def moduleName(path: Path) -> str:
@@ -42,8 +73,12 @@ def importsOf(name: str, path: Path, known: set[str]) -> Iterator[str]:
     """Every module ``name`` imports (anywhere in its file), as full dotted names; names
     inside ``nvpair`` are resolved to the module (``from pkg import module`` names the
     module, ``from module import thing`` the module)."""
+    yield from _importsIn(name, path, ast.parse(path.read_text(), str(path)), known)
+
+
+def _importsIn(name: str, path: Path, tree: ast.AST, known: set[str]) -> Iterator[str]:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name
@@ -56,6 +91,53 @@ def importsOf(name: str, path: Path, known: set[str]) -> Iterator[str]:
             for alias in node.names:
                 candidate = f"{base}.{alias.name}"
                 yield candidate if candidate in known else base
+
+
+def isConcrete(module: str) -> bool:
+    return any(module == c or module.startswith(c + ".") for c in CONCRETE)
+
+
+def leanModules() -> list[str]:
+    return sorted(m for m in sources() if any(m == p or m.startswith(p + ".") for p in LEAN))
+
+
+def runtimeImports(name: str, path: Path, known: set[str]) -> Iterator[str]:
+    """What loading ``name`` imports: ``importsOf`` without the ``if TYPE_CHECKING:``
+    blocks (never run); function-level imports count (they run when called)."""
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _typeChecking(node.test):
+            node.body = []
+    yield from _importsIn(name, path, tree, known)
+
+
+def _typeChecking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def closure(roots: Iterable[str]) -> dict[str, str]:
+    """Every module loading ``roots`` imports, transitively through ``nvpair``'s modules
+    (and each package ``__init__`` on the way), mapped to one module that imports it."""
+    found = sources()
+    known = set(found)
+    edges: dict[str, set[str]] = {}
+    seen: dict[str, str] = {}
+    todo = [(r, r) for r in roots]
+    while todo:
+        module, by = todo.pop()
+        if module in seen:
+            continue
+        seen[module] = by
+        if module not in found:
+            continue
+        if module not in edges:
+            edges[module] = set(runtimeImports(module, found[module], known))
+            parts = module.split(".")
+            edges[module].update(".".join(parts[:i]) for i in range(1, len(parts)))
+        todo.extend((m, module) for m in edges[module])
+    return seen
 
 
 def graph() -> dict[str, set[str]]:
@@ -111,6 +193,31 @@ def unit(module: str) -> str:
     return module
 
 
+_PROBE = """
+import importlib, sys
+importlib.import_module(sys.argv[1])
+print(" ".join(sorted(sys.modules)))
+"""
+
+
+def loadedConcrete(modules: list[str]) -> set[str]:
+    """The ``CONCRETE`` modules in ``sys.modules`` of fresh interpreters that each import
+    one of ``modules`` (run side by side, each bounded by a deadline)."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _PROBE, m], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for m in modules
+    ]
+    found: set[str] = set()
+    for module, proc in zip(modules, procs, strict=True):
+        out, err = proc.communicate(timeout=120)
+        if proc.returncode != 0:
+            raise AssertionError(f"importing {module} failed: {err.decode()[-400:]}")
+        found.update(m for m in out.decode().split() if isConcrete(m))
+    return found
+
+
 class LayoutTests(TestCase):
     def test_cyclesFound(self) -> None:
         """The cycle finder finds a cycle, so the checks below can fail."""
@@ -148,6 +255,31 @@ class LayoutTests(TestCase):
             or m.startswith(("nvpair.proxy.dispatch", "nvpair.proxy.http", "nvpair.proxy.facade"))
         }
         self.assertEqual(offending, set())
+
+    def test_closureFindsConcrete(self) -> None:
+        """The closure reader follows imports through modules and skips TYPE_CHECKING
+        blocks, so the checks below can fail: the request rules load llhttp, the service
+        loads the runtime, and the routing interfaces' typing-only imports do not count."""
+        self.assertIn("httptools", closure(["nvpair.proxy.http.reader"]))
+        self.assertIn("nvpair.proxy.runtime.logs", closure(["nvpair.proxy.service"]))
+        self.assertNotIn("nvpair.proxy.engines", closure(["nvpair.proxy.routing.interfaces"]))
+        self.assertIn("httptools", loadedConcrete(["nvpair.proxy.http.rules"]))
+
+    def test_leanClosures(self) -> None:
+        """Routing, the supervisor library, the engine table, the JSON-RPC format and the
+        interfaces load no HTTP parser, no reactor and no runtime, transitively."""
+        modules = leanModules()
+        self.assertIn("nvpair.proxy.routing.placement", modules)
+        self.assertIn("nvpair.supervisor.process", modules)
+        offending = {
+            (root, m, by) for root in modules for m, by in closure([root]).items() if isConcrete(m)
+        }
+        self.assertEqual(offending, set())
+
+    def test_leanClosuresLoaded(self) -> None:
+        """The same, seen from a fresh interpreter: importing each module alone leaves none
+        of them in ``sys.modules``."""
+        self.assertEqual(loadedConcrete(leanModules()), set())
 
     def test_kitNotImportedByRuntime(self) -> None:
         edges = graph()

@@ -9,7 +9,8 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.options import STANDALONE_OPS_PORT, Options, Settings, parseDuration
+from nvpair.proxy.options import STANDALONE_OPS_PORT, Options, parseDuration
+from nvpair.proxy.settings import Settings
 
 # (flag, env var, a valid text, its parsed value, Settings field, a malformed text)
 VALUED: list[tuple[str, str, str, Any, str, str]] = [

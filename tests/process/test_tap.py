@@ -5,15 +5,18 @@ from __future__ import annotations
 import gc
 import signal
 from collections.abc import Callable
-from typing import Any, ParamSpec
+from typing import Any, ParamSpec, cast
 
+from twisted.application.reactors import IReactorInstaller, Reactor
 from twisted.internet.error import ReactorNotRunning
 from twisted.internet.interfaces import IReactorCore, IReactorFromThreads
 from twisted.internet.testing import MemoryReactor
+from twisted.plugin import getPlugins
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
+from nvpair.proxy.main import twistdArguments
 from nvpair.proxy.tap import exitZeroOnSigterm, freezeStartupObjects
 
 _P = ParamSpec("_P")
@@ -114,3 +117,22 @@ class CollectorTests(SynchronousTestCase):
         self.assertEqual(reactor.atStart, [gc.freeze])
         reactor.atStart[0]()
         self.assertGreater(gc.get_freeze_count(), 0)
+
+
+class CommandTests(SynchronousTestCase):
+    """The console command is twistd on the proxy's reactor, chosen by name."""
+
+    def test_reactorByName(self) -> None:
+        """``nvpair-proxy ARGS`` is ``twistd --reactor=nvpair -n --pidfile= nvpair-proxy ARGS``."""
+        self.assertEqual(
+            twistdArguments(["--standalone"]),
+            ["--reactor=nvpair", "--nodaemon", "--pidfile=", "nvpair-proxy", "--standalone"],
+        )
+
+    def test_reactorPlugin(self) -> None:
+        """The ``nvpair`` reactor plugin installs ``runtime.eventloop``."""
+        found = {p.shortName: p for p in getPlugins(IReactorInstaller)}
+        self.assertIsInstance(found["nvpair"], Reactor)
+        self.assertEqual(
+            cast(Reactor, found["nvpair"]).moduleName, "nvpair.proxy.runtime.eventloop"
+        )

@@ -12,8 +12,8 @@ from zope.interface import implementer
 from nvpair.proxy.engines import LLAMACPP, LMSTUDIO, OLLAMA, RouteClass
 from nvpair.proxy.facade.fleet import IFleetViews
 from nvpair.proxy.routing.admission import Admitted, Refused, admit, bodyModel
+from nvpair.proxy.testing.fakecontext import FakeContext
 from nvpair.proxy.testing.wire import siteExchange
-from tests.support.fakecontext import FakeContext
 
 
 class BodyModelTests(SynchronousTestCase):

@@ -24,9 +24,9 @@ from nvpair.proxy.routing.affinity import (
 )
 from nvpair.proxy.routing.candidates import Snapshot, orderCandidates
 from nvpair.proxy.routing.reservations import ReservationMap
+from nvpair.proxy.testing.fakecontext import FakeContext
 from tests.facade.test_standalone import FakeService
 from tests.process.test_options import assertExitsNaming, parse
-from tests.support.fakecontext import FakeContext
 from tests.support.fakerequest import FakeRequest
 from tests.support.fakeupstream import makeFacade, node, startExchange
 

@@ -8,13 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.routing.candidates import (
-    EMPTY,
-    Node,
-    Snapshot,
-    orderCandidates,
-    placeReservation,
-)
+from nvpair.proxy.routing.candidates import EMPTY, Snapshot, orderCandidates, placeReservation
+from nvpair.proxy.routing.nodes import Node
 from nvpair.proxy.routing.reservations import NodeLoad, ReservationMap
 
 

@@ -22,9 +22,9 @@ from nvpair.proxy.facade.frontdoor import FrontDoor
 from nvpair.proxy.http.site import FacadeSite
 from nvpair.proxy.options import Options
 from nvpair.proxy.service import ProxyService
+from nvpair.proxy.testing.fakecontext import ListSink
 from nvpair.proxy.testing.wire import siteExchange
 from tests.facade.facadekit import BusyReactor
-from tests.support.fakeupstream import ListSink
 from tests.support.harness import CANARY
 
 MAX_BODY = 2000
@@ -144,7 +144,7 @@ class AdmissionFuzzTests(SynchronousTestCase):
         self.reactor = BusyReactor()
         self.service = ProxyService(options.settings, self.reactor)
         self.sink = ListSink()
-        self.service.sink = self.sink
+        self.service.sinks.target = self.sink
         self.sites: dict[str, FacadeSite] = {}
         for i, engineId in enumerate(ENGINES):
             self.service.handlers.handle(
@@ -191,10 +191,10 @@ class AdmissionFuzzTests(SynchronousTestCase):
         """Nothing crashed, nothing is held once the client has gone."""
         internal = [p for m, p in self.sink.sent if m == "errors:report"]
         self.assertEqual(internal, [])
-        self.assertEqual(self.service.exchanges, set())
-        self.assertEqual(self.service.reservations.byNode(), {})
-        self.assertEqual(self.service.activity.inFlight, {})
-        self.assertEqual(self.service.reporter.live, 0)
+        self.assertEqual(self.service.context.exchanges, set())
+        self.assertEqual(self.service.context.reservations.byNode(), {})
+        self.assertEqual(self.service.context.activity.inFlight, {})
+        self.assertEqual(self.service.context.reporter.live, 0)
 
     @FUZZ
     @given(st.sampled_from(sorted(ENGINES)), methods, paths, headers, bodies, st.booleans())

@@ -176,6 +176,36 @@ class ApplyPriorityTests(SynchronousTestCase):
         self.assertEqual(m.baseLoad("a"), 2.25)
 
 
+class ReorderTests(SynchronousTestCase):
+    """``reorder``: a standalone fleet reload changes the order and nothing else."""
+
+    def test_reorderKeepsReservations(self) -> None:
+        """New nodes are listed and ranked; the generation, the scheduler's load and live
+        reservations stay, and a release after the reorder still counts down."""
+        m = ReservationMap()
+        m.applyPriority(0, ["a", "b"], {"a": NodeLoad(1, 0.5)})
+        held = m.reserve("a")
+        rank = m.rank
+        m.reorder(["b", "c", "a", "c"])
+        self.assertEqual((m.generation, m.order), (0, ("b", "c", "a", "c")))
+        self.assertEqual(dict(m.rank), {"b": 0, "c": 1, "a": 2})
+        self.assertIsNot(m.rank, rank)  # a new version for the ordering caches
+        self.assertTrue(m.isListed("c"))
+        self.assertFalse(m.isListed("d"))
+        self.assertEqual(m.estimatedLoad("a"), 2.5)
+        self.assertEqual([n for _, _, n in m.loadSorted()], ["b", "c", "a"])
+        held.release()
+        self.assertEqual(m.estimatedLoad("a"), 1.5)
+
+    def test_sameOrderKeepsRank(self) -> None:
+        """An unchanged order keeps its rank object (cached orderings stay valid)."""
+        m = ReservationMap()
+        m.applyPriority(0, ["a", "b"], {})
+        rank = m.rank
+        m.reorder(["a", "b"])
+        self.assertIs(m.rank, rank)
+
+
 class ReservationTests(SynchronousTestCase):
     """Reservations are stamped, superseded, moved and released per spec §6."""
 

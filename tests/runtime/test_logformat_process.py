@@ -95,7 +95,8 @@ class TerminalTests(TestCase):
         with open(os.path.join(stateDir, ENGINES["llamacpp"].portFile), "w") as f:
             json.dump({"port": port}, f)
         twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
-        argv = [twistd, "-n", "--pidfile=", "nvpair-proxy", "--standalone", "--state-dir"]
+        argv = [twistd, "--reactor=nvpair", "-n", "--pidfile=", "nvpair-proxy", "--standalone"]
+        argv += ["--state-dir"]
         argv += [stateDir, "--ops-port", "0", "--engines", "llamacpp"]
         environ = {k: v for k, v in os.environ.items() if not k.startswith("NVPAIR_")}
         proto = _Ended()

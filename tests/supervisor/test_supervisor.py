@@ -29,14 +29,16 @@ class StartTests(Harness):
     """Spawning and the start handshake."""
 
     def test_command(self) -> None:
-        """The proxy runs as twistd beside sys.executable, with the environment passed on."""
+        """The proxy runs as twistd beside sys.executable, on the proxy's reactor, with the
+        environment passed on."""
         proxy = self.make(path="/work/dir")
         proxy.start()
         spawn = self.reactor.spawned[0]
         twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
         self.assertEqual(spawn.executable, twistd)
         self.assertEqual(
-            spawn.args, [twistd, "-n", "--pidfile=", "nvpair-proxy", "--state-dir", "/s"]
+            spawn.args,
+            [twistd, "--reactor=nvpair", "-n", "--pidfile=", "nvpair-proxy", "--state-dir", "/s"],
         )
         self.assertEqual(spawn.env, dict(os.environ))
         self.assertEqual(spawn.path, "/work/dir")

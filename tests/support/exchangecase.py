@@ -13,7 +13,7 @@ from typing import Any
 from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.dispatch.exchange import Exchange
-from tests.support.fakecontext import FakeContext
+from nvpair.proxy.testing.fakecontext import FakeContext
 from tests.support.fakerequest import FakeRequest
 from tests.support.fakeupstream import CHAT, makeFacade, node, startExchange
 

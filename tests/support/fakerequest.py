@@ -17,7 +17,7 @@ from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
 from nvpair.proxy.http.interfaces import IServerChannel, IServerRequest, IStreamTransport
-from nvpair.proxy.http.rules import Refusal
+from nvpair.proxy.http.refusal import Refusal
 
 
 @implementer(IStreamTransport)

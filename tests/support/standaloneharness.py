@@ -121,6 +121,7 @@ class StandaloneProxy:
         backends: Sequence[tuple[str, str]] = (),
         extra: Sequence[str] = (),
         env: dict[str, str] | None = None,
+        fleet: str | None = None,
     ) -> None:
         self.test = test
         self.reactor = reactor
@@ -138,14 +139,14 @@ class StandaloneProxy:
             self.stateDir,
             "--ops-port",
             "0",
-            "--engines",
-            ",".join(self.engines),
         ]
+        # A fleet file names the facades itself (``engines`` still gets them ports).
+        argv += ["--fleet", fleet] if fleet else ["--engines", ",".join(self.engines)]
         for engineId, url in backends:
             argv += ["--backend", f"{engineId}={url}"]
         argv += list(extra)
         twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
-        self.command = [twistd, "-n", "--pidfile=", "nvpair-proxy", *argv]
+        self.command = [twistd, "--reactor=nvpair", "-n", "--pidfile=", "nvpair-proxy", *argv]
         self.environ = dict(os.environ)
         self.environ.pop("NVPAIR_STATE_DIR", None)
         self.environ.pop("NVPAIR_PROXY_OPS_PORT", None)
@@ -228,6 +229,10 @@ class StandaloneProxy:
             return code
 
         return proto.ended.addCallback(disarm)
+
+    def signal(self, name: str) -> None:
+        """Send the process a signal (``"HUP"``: reload the fleet file)."""
+        self._signal(name)
 
     def holdLog(self) -> None:
         """Stop reading the process's stderr (a broker that stopped draining it)."""

@@ -10,9 +10,9 @@ from opentelemetry.trace import SpanKind, StatusCode
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
+from nvpair.proxy.testing.fakecontext import FakeContext
 from nvpair.proxy.tracing.interfaces import IPeerTrace, IRequestTrace, ITracer
 from tests.support.exchangecase import SSE, USAGE
-from tests.support.fakecontext import FakeContext
 from tests.support.fakerequest import FakeRequest
 from tests.support.fakeupstream import makeFacade, node, startExchange
 from tests.tracing.spankit import ALWAYS_OFF, SpanCapture

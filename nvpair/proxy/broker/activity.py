@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from json.encoder import encode_basestring
 
+from zope.interface import implementer
+
 from nvpair.proxy.broker.jsonrpc import Prepared
-from nvpair.proxy.interfaces import IBrokerSink
+from nvpair.proxy.interfaces import IActivity, IBrokerSink
 
 
 class _Change(Prepared):
@@ -17,6 +19,7 @@ class _Change(Prepared):
         return f'{{"nodeId":{encode_basestring(self["nodeId"])},"inFlight":{self["inFlight"]}}}'
 
 
+@implementer(IActivity)
 class Activity:
     """Counts this process's in-flight dispatches per node and reports every change."""
 

@@ -17,7 +17,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nvpair.proxy.broker import jsonrpc
-from nvpair.proxy.broker.jsonrpc import resolveAddress as resolveAddress
+from nvpair.proxy.broker.jsonrpc import resolveAddress
 from nvpair.proxy.interfaces import IBrokerSink, IMessageHandler
 
 # Names that only make sense addressed to a facade (spec §4).

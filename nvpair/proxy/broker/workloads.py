@@ -17,10 +17,10 @@ from collections import deque
 from json.encoder import encode_basestring
 
 from twisted.internet.interfaces import IReactorTime
-from zope.interface import Interface
+from zope.interface import Interface, implementer
 
 from nvpair.proxy.broker.jsonrpc import Prepared, encodeValue
-from nvpair.proxy.interfaces import IBrokerSink
+from nvpair.proxy.interfaces import IBrokerSink, IWorkload, IWorkloadReporter
 
 QUEUED = "queued"
 RUNNING = "running"
@@ -51,6 +51,7 @@ class IWorkloadEnds(Interface):
         """One workload ended in ``state``; ``served`` if a node started answering it."""
 
 
+@implementer(IWorkloadReporter)
 class WorkloadReporter:
     """Numbers workloads and events, keeps the last ones, and tells ``ends`` (if given)
     of every workload's end."""
@@ -117,6 +118,7 @@ class _Event(Prepared):
         return f'{text},"seq":{info["seq"]}}}}}'
 
 
+@implementer(IWorkload)
 class Workload:
     """One inference request's lifecycle; terminal exactly once."""
 

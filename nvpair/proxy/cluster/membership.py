@@ -3,7 +3,8 @@
 ``ClusterTrust`` is the public face of the cluster personality: the live, last-good view of
 the cluster directory (``cluster.directory``; its file formats in ``cluster.files``) together
 with the pinned mutual-TLS connections built from it (``cluster.tls``).  Other modules import it
-and the errors from here; the peer door sees it as ``cluster.interfaces.IPeerTrust``.
+and the errors from here; the peer door sees it as ``interfaces.IPeerTrust``, the connector
+to peers as ``interfaces.IClusterTrust``.
 """
 
 from __future__ import annotations
@@ -18,21 +19,15 @@ from twisted.web.iweb import IPolicyForHTTPS
 from zope.interface import implementer
 
 from nvpair.proxy.cluster.directory import ClusterDirectory
-from nvpair.proxy.cluster.files import fingerprintOf
-from nvpair.proxy.cluster.interfaces import IPeerTrust
-from nvpair.proxy.cluster.tls import ClusterError, ClusterTLS, NoCredentials, NoPin, NotAMember
+from nvpair.proxy.cluster.tls import ClusterTLS
+from nvpair.proxy.interfaces import IClusterTrust
 
 __all__ = [
-    "ClusterError",
     "ClusterTrust",
-    "NoCredentials",
-    "NoPin",
-    "NotAMember",
-    "fingerprintOf",
 ]
 
 
-@implementer(IPeerTrust)
+@implementer(IClusterTrust)
 class ClusterTrust(ClusterDirectory):
     """The live view of a cluster directory and the mutual-TLS connections built from it.
 

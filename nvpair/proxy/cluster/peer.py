@@ -23,12 +23,11 @@ from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 from zope.interface import implementer
 
-from nvpair.proxy.cluster.interfaces import IPeerTrust
 from nvpair.proxy.dispatch.attempt import discard
 from nvpair.proxy.dispatch.relay import ClientFlow, abortClient, copyResponseHeaders, forwardHeaders
 from nvpair.proxy.engines import Engine
 from nvpair.proxy.http.interfaces import IDoor, IServerRequest
-from nvpair.proxy.interfaces import IRequestContext
+from nvpair.proxy.interfaces import IPeerTrust, IRequestContext
 from nvpair.proxy.tracing.interfaces import IPeerTrace
 
 

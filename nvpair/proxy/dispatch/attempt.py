@@ -30,13 +30,12 @@ from nvpair.proxy.dispatch.outcome import (
     ICommittedBody,
 )
 from nvpair.proxy.dispatch.relay import Relay, stopReceiving
-from nvpair.proxy.dispatch.stallwatch import StallWatch
 from nvpair.proxy.dispatch.upstream import addressesFor
+from nvpair.proxy.interfaces import IStallWatch
 from nvpair.proxy.routing.interfaces import IOutcome
 from nvpair.proxy.routing.nodes import Node
 
-# ``Committed`` and ``Failed`` live in ``outcome``; importers that name them here still work.
-__all__ = ["Attempt", "AttemptState", "Committed", "Failed", "discard", "retryableStatus"]
+__all__ = ["Attempt", "AttemptState", "discard", "retryableStatus"]
 
 
 class AttemptState(Enum):
@@ -127,7 +126,7 @@ class Attempt:
         self._response: IResponse | None = None
         self._committed: Committed | None = None
         self._headerTimedOut = False
-        self._watch: StallWatch | None = None
+        self._watch: IStallWatch | None = None
         facade = exchange.facade
         facade.watch(node.id, self)
         self._addresses = addressesFor(node, facade.localBackend, facade.confirmed.get(node.id))

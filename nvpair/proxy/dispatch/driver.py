@@ -1,5 +1,5 @@
 """The placement loop of an exchange: driving its policy (``routing.placement``) through the
-waits it yields, and doing what the policy asks besides trying a node (reserve, wait, give up).
+waits it yields.
 
 The policy generator is driven here rather than by ``Deferred.fromCoroutine``: most
 requests commit on their first attempt, and a coroutine costs several Deferred and frame
@@ -9,23 +9,16 @@ continues the loop instead of nesting a call.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
-from twisted.internet import defer, task
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet import defer
 from twisted.python.failure import Failure
 
-from nvpair.proxy.dispatch.interfaces import IFacadeView
-from nvpair.proxy.dispatch.outcome import GONE, ClientState, FailureKind
-from nvpair.proxy.interfaces import IRequestContext
-from nvpair.proxy.routing.interfaces import IOutcome
+from nvpair.proxy.dispatch.interfaces import IPolicyOwner
+from nvpair.proxy.routing.interfaces import IOutcome, IPlacementExchange
 from nvpair.proxy.routing.placement import Policy
-from nvpair.proxy.routing.reservations import Reservation
-
-if TYPE_CHECKING:
-    from nvpair.proxy.broker.workloads import Workload
-    from nvpair.proxy.settings import Settings
 
 
 class Early(Enum):
@@ -35,56 +28,37 @@ class Early(Enum):
 
 
 WAITING: Final = Early.WAITING
-_NO_CONTENT: Final = FailureKind.NO_CONTENT
-
-
-def _nothing(_: object = None) -> None:
-    return None
 
 
 class PolicyDriver:
-    """The placement loop of an ``Exchange``, its base class: the policy and what it waits
-    for now (``loop``), ``stepping`` while a wait is being started and ``early``, ``WAITING``
-    or the result of a wait that ended within its start; and the round's ``reservation``.
+    """The placement loop of one exchange: its policy (made over the exchange, as the
+    policy's ``IPlacementExchange``) and what it waits for now (``loop``), ``stepping`` while
+    a wait is being started and ``early``, ``WAITING`` or the result of a wait that ended
+    within its start.  The exchange has one (``Exchange.driver``) and hears of the loop's
+    end through ``IPolicyOwner``: ``placed`` when the policy returns, ``interrupted`` when it
+    raises or a wait fails or is cancelled."""
 
-    The exchange sets these up in its own ``__init__`` (one call fewer per request), and
-    provides the rest: the request's context, facade, settings, clock and workload;
-    ``client`` and ``stopping``, for a wait yielded once the client left or the process is
-    stopping is cancelled at once (the cancellation found nothing to cancel while the policy
-    ran between two waits); and what happens when the policy ends (``_placed``), crashes
-    (``_internal``, then ``_terminal``) or answers (``answerError``).
-    """
+    __slots__ = ("owner", "policy", "loop", "stepping", "early")
 
-    __slots__ = ("policy", "reservation", "loop", "stepping", "early")
+    def __init__(self, owner: IPolicyOwner) -> None:
+        self.owner = owner
+        self.policy: Policy | None = None
+        self.loop: defer.Deferred[IOutcome] | defer.Deferred[None] | None = None
+        self.stepping = False
+        self.early: IOutcome | Failure | Early | None = WAITING
 
-    context: IRequestContext
-    facade: IFacadeView
-    settings: Settings
-    clock: IReactorTime
-    workload: Workload | None
-    policy: Policy | None
-    reservation: Reservation | None
-    loop: defer.Deferred[IOutcome] | defer.Deferred[None] | None
-    stepping: bool
-    early: IOutcome | Failure | Early | None
-    client: ClientState
-    stopping: bool
+    def start(self, place: Callable[[IPlacementExchange], Policy]) -> None:
+        """Make the owner's policy with ``place`` and run it up to its first unfinished wait."""
+        self.policy = place(self.owner)
+        self._advance(None)
 
-    def _placed(self) -> None:
-        """The policy ended: an attempt committed, or it answered the request itself."""
-        raise NotImplementedError
-
-    def _internal(self, e: BaseException) -> None:
-        """Report an unexpected exception and answer for it."""
-        raise NotImplementedError
-
-    def _terminal(self) -> None:
-        """Release everything the request held and end it."""
-        raise NotImplementedError
-
-    def answerError(self, status: int, reason: str, retryAfter: int | None = None) -> None:
-        """Answer the request with an error the proxy generates itself."""
-        raise NotImplementedError
+    def cancel(self) -> bool:
+        """Cancel the wait in progress; False when there is none (the loop is over)."""
+        loop = self.loop
+        if loop is not None and not loop.called:
+            loop.cancel()
+            return True
+        return False
 
     def _advance(self, result: IOutcome | None) -> None:
         """Send ``result`` to the policy and run it up to its next unfinished wait."""
@@ -95,15 +69,14 @@ class PolicyDriver:
                 waiting = policy.send(result)
             except StopIteration:
                 self.policy = None
-                self._placed()
+                self.owner.placed()
                 return
             except Exception as e:
                 self.policy = None
-                self._internal(e)
-                self._terminal()
+                self.owner.interrupted(e)
                 return
             self.loop = waiting
-            if self.client is GONE or self.stopping:
+            if self.owner.halted:
                 waiting.cancel()  # cancelled while the policy ran between two waits
             self.early = WAITING
             self.stepping = True
@@ -133,44 +106,8 @@ class PolicyDriver:
         if policy is None:
             return
         policy.close()
+        error = None
         if not failure.check(defer.CancelledError):
             error = failure.value
             assert error is not None  # a Failure holds its exception
-            self._internal(error)
-        self._terminal()
-
-    # -- what the policy asks for, besides attempts (``IPlacementExchange``) -------------
-
-    def reserve(self, nodeId: str) -> None:
-        """Take this round's reservation on ``nodeId``."""
-        self.releaseReservation()
-        self.reservation = self.context.reservations.reserve(nodeId)
-
-    def releaseReservation(self) -> None:
-        """Release the reservation, if any (before a backoff and at the end)."""
-        if self.reservation is not None:
-            self.reservation.release()
-            self.reservation = None
-
-    def pause(self, seconds: float, wakeOnDiscovery: bool) -> defer.Deferred[None]:
-        """Wait ``seconds`` (or until discovery changes, when asked), cancellably."""
-        sleep = task.deferLater(self.clock, max(seconds, 0.0), _nothing)
-        if not wakeOnDiscovery:
-            return sleep
-        return defer.race([sleep, self.facade.nextSnapshot()]).addCallback(_nothing)
-
-    def retrying(self) -> None:
-        """The failed attempt was not the last: the workload is queued again."""
-        if self.workload is not None:
-            self.workload.submitted(None)
-
-    def unavailable(self, reason: str) -> None:
-        """The loop ended between attempts: 503 with Retry-After naming why."""
-        self.answerError(503, reason, self.settings.retryAfter)
-
-    def answerFinal(self, outcome: IOutcome) -> None:
-        """The final permitted attempt failed uncommitted: it answers for itself."""
-        if outcome.kind is _NO_CONTENT:
-            self.answerError(504, "no_content")
-        else:
-            self.answerError(502, "upstream_unreachable")
+        self.owner.interrupted(error)

@@ -1,8 +1,9 @@
 """One client request through the fleet (spec §5, §5.1, §5.4): attempts, backoff, the one ending.
 
-``Exchange`` is one client request on its way through the fleet.  It drives the route
-class's placement policy (``placement``) and owns the one terminal bookkeeping step
-(workload event, reservation release, in-flight count) whatever path ends the request.
+``Exchange`` is one client request on its way through the fleet.  It is the route class's
+placement policy's ``IPlacementExchange``, has the loop that drives it (``driver``), and
+owns the one terminal bookkeeping step (workload event, reservation release, in-flight
+count) whatever path ends the request.
 """
 
 from __future__ import annotations
@@ -12,20 +13,21 @@ from typing import TYPE_CHECKING
 from twisted.internet import defer
 from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.logger import Logger
-from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
-from nvpair.proxy.broker.workloads import CANCELLED, COMPLETED, FAILED, Workload
+from nvpair.proxy.broker.workloads import FAILED
 from nvpair.proxy.dispatch.answering import MESSAGES, nodeHeader, statsDialect
 from nvpair.proxy.dispatch.attempt import Attempt
-from nvpair.proxy.dispatch.driver import WAITING, Early, PolicyDriver
-from nvpair.proxy.dispatch.interfaces import IAttemptExchange, IFacadeView
+from nvpair.proxy.dispatch.driver import PolicyDriver
+from nvpair.proxy.dispatch.ending import finishServed, finishUnserved, pauseFor
+from nvpair.proxy.dispatch.interfaces import IAttemptExchange, IFacadeView, IPolicyOwner
 from nvpair.proxy.dispatch.outcome import (
     CLIENT_GONE,
     COMPLETE,
     CUT,
     GONE,
+    NO_CONTENT,
     OPEN,
     STOPPED,
     TRUNCATED,
@@ -41,9 +43,9 @@ from nvpair.proxy.dispatch.relay import (
     truncateClient,
 )
 from nvpair.proxy.http.interfaces import IServerRequest
-from nvpair.proxy.interfaces import IRequestContext, IUpstream
+from nvpair.proxy.interfaces import IRequestContext, IUpstream, IWorkload
 from nvpair.proxy.routing.interfaces import IOutcome, IPlacementExchange
-from nvpair.proxy.routing.placement import Policy, placeInference, placeVerbatim
+from nvpair.proxy.routing.placement import placeInference, placeVerbatim
 from nvpair.proxy.routing.reservations import Reservation
 from nvpair.proxy.routing.stats import StatsMeter
 from nvpair.proxy.tracing.interfaces import IRequestTrace
@@ -55,44 +57,23 @@ if TYPE_CHECKING:
 _NO_HEADERS = Headers()
 
 
-@implementer(IPlacementExchange, IAttemptExchange)
-class Exchange(PolicyDriver):
+@implementer(IPlacementExchange, IPolicyOwner, IAttemptExchange)
+class Exchange:
     """One client request on its way through the fleet, and everything its ending touches."""
 
     log = Logger()
 
     # Slots: one Exchange lives as long as its stream; no per-instance dict.
     __slots__ = (
-        "context",
-        "facade",
-        "engine",
-        "settings",
-        "clock",
-        "upstream",
-        "request",
-        "method",
-        "uri",
-        "path",
-        "forwardHeaders",
-        "body",
-        "document",
-        "inference",
-        "model",
-        "createdAt",
-        "workload",
-        "activeNode",
-        "attempts",
-        "meter",
-        "flow",
-        "committedStatus",
-        "committed",
-        "expectedLength",
-        "written",
-        "client",
-        "stopping",
-        "answered",
-        "serving",
-        "trace",
+        # the request, and what it was admitted with
+        *("context", "facade", "engine", "settings", "clock", "upstream", "request"),
+        *("method", "uri", "path", "forwardHeaders", "body", "document", "inference"),
+        *("model", "createdAt", "workload"),
+        # its placement and attempts
+        *("driver", "reservation", "activeNode", "attempts"),
+        # its answer
+        *("meter", "flow", "committedStatus", "committed", "expectedLength", "written"),
+        *("client", "stopping", "answered", "serving", "trace"),
     )
 
     def __init__(
@@ -121,7 +102,7 @@ class Exchange(PolicyDriver):
         self.inference = inference
         self.model = model
         self.createdAt: float = self.clock.seconds()
-        self.workload: Workload | None = None
+        self.workload: IWorkload | None = None
         self.activeNode: str | None = None
         self.attempts = 0
         self.meter: StatsMeter | None = None
@@ -134,17 +115,19 @@ class Exchange(PolicyDriver):
         self.stopping = False  # the process is stopping: the request is cancelled
         self.answered = False
         self.serving: Committed | None = None
-        self.policy: Policy | None = None  # the placement loop (``PolicyDriver``)
-        self.reservation: Reservation | None = None
-        self.loop: defer.Deferred[IOutcome] | defer.Deferred[None] | None = None
-        self.stepping = False
-        self.early: IOutcome | Failure | Early | None = WAITING
+        self.driver = PolicyDriver(self)  # the placement loop
+        self.reservation: Reservation | None = None  # this round's, on the node tried
         self.trace: IRequestTrace | None = None  # its spans, with --otel on
 
     @property
     def clientGone(self) -> bool:
         """Whether the client left (or was cut off) before its answer ended (for metrics)."""
         return self.client is GONE
+
+    @property
+    def halted(self) -> bool:
+        """Whether a wait the policy yields is cancelled at once (client gone, stopping)."""
+        return self.client is GONE or self.stopping
 
     # -- life of the exchange -------------------------------------------------------------
 
@@ -161,10 +144,9 @@ class Exchange(PolicyDriver):
             self.client = GONE  # gone before we started: ``whenLost`` will never call
             self._terminal()
             return
-        self.policy = (placeInference if self.inference else placeVerbatim)(self)
-        self._advance(None)
+        self.driver.start(placeInference if self.inference else placeVerbatim)
 
-    def _placed(self) -> None:
+    def placed(self) -> None:
         """The policy ended: serve what committed, or end now if it answered itself."""
         streaming = False
         try:
@@ -176,6 +158,12 @@ class Exchange(PolicyDriver):
         finally:
             if not streaming:
                 self._terminal()
+
+    def interrupted(self, error: BaseException | None) -> None:
+        """The placement loop raised ``error`` (reported, answered for) or was cancelled."""
+        if error is not None:
+            self._internal(error)
+        self._terminal()
 
     def _internal(self, e: BaseException) -> None:
         self.log.failure("request-crashed", engine=self.engine.id, path=self.path.decode("latin-1"))
@@ -194,30 +182,19 @@ class Exchange(PolicyDriver):
         if self.flow is not None:
             self.flow.cancel()
         self.context.exchanges.discard(self)
-        if self.workload is not None and not self.workload.ended:
-            gone = self.client is GONE
-            if gone and not self.stopping and self._answerDelivered():
-                # The client read the whole answer and hung up before the engine closed the
-                # body (the openai client stops at ``data: [DONE]``): that is a completion.
-                stats = self.meter.result(self.clock.seconds()) if self.meter else None
-                self.workload.finish(COMPLETED, None, stats)
-                self.context.requestEnded(self)
-                return
-            cancelled = gone or self.stopping
-            self.workload.finish(
-                CANCELLED if cancelled else FAILED, "cancelled" if cancelled else "internal"
+        workload = self.workload
+        if workload is not None and not workload.ended:
+            finishUnserved(
+                workload,
+                self.client is GONE,
+                self.stopping,
+                self.committedStatus,
+                self.expectedLength,
+                self.written,
+                self.meter,
+                self.clock.seconds(),
             )
         self.context.requestEnded(self)
-
-    def _answerDelivered(self) -> bool:
-        """Whether a committed 2xx answer was passed on whole: all of its Content-Length, or
-        a stream whose last event is the dialect's end-of-answer marker."""
-        status = self.committedStatus
-        if status is None or not 200 <= status < 300:
-            return False
-        if self.expectedLength is not None:
-            return self.written >= self.expectedLength
-        return self.meter is not None and self.meter.sawEnd()
 
     def _clientLost(self, _: object) -> None:
         if self.client is not OPEN:
@@ -227,9 +204,7 @@ class Exchange(PolicyDriver):
 
     def _cancel(self) -> None:
         """Cancel the placement loop, or the committed body being served."""
-        loop = self.loop
-        if loop is not None and not loop.called:
-            loop.cancel()
+        if self.driver.cancel():
             return
         committed = self.serving
         if committed is not None:
@@ -261,6 +236,39 @@ class Exchange(PolicyDriver):
         if nodeId is not None:
             self.context.activity.change(nodeId, +1)
 
+    # -- what the policy asks for, besides attempts (``IPlacementExchange``) ---------------
+
+    def reserve(self, nodeId: str) -> None:
+        """Take this round's reservation on ``nodeId``."""
+        self.releaseReservation()
+        self.reservation = self.context.reservations.reserve(nodeId)
+
+    def releaseReservation(self) -> None:
+        """Release the reservation, if any (before a backoff and at the end)."""
+        if self.reservation is not None:
+            self.reservation.release()
+            self.reservation = None
+
+    def pause(self, seconds: float, wakeOnDiscovery: bool) -> defer.Deferred[None]:
+        """Wait ``seconds`` (or until discovery changes, when asked), cancellably."""
+        return pauseFor(self.clock, self.facade, seconds, wakeOnDiscovery)
+
+    def retrying(self) -> None:
+        """The failed attempt was not the last: the workload is queued again."""
+        if self.workload is not None:
+            self.workload.submitted(None)
+
+    def unavailable(self, reason: str) -> None:
+        """The loop ended between attempts: 503 with Retry-After naming why."""
+        self.answerError(503, reason, self.settings.retryAfter)
+
+    def answerFinal(self, outcome: IOutcome) -> None:
+        """The final permitted attempt failed uncommitted: it answers for itself."""
+        if outcome.kind is NO_CONTENT:
+            self.answerError(504, "no_content")
+        else:
+            self.answerError(502, "upstream_unreachable")
+
     # -- attempts -------------------------------------------------------------------------
 
     # ``attemptOn`` and ``pause`` hand back the Deferred they end with rather than being
@@ -285,10 +293,8 @@ class Exchange(PolicyDriver):
         self.context.attemptFailed(self, outcome)
 
     def serve(self, committed: Committed) -> bool:
-        """The response committed: report it running; True while its body still streams.
-
-        When it does, the exchange ends when the body does (``bodyEnded``) or is cancelled.
-        """
+        """The response committed: report it running; True while its body still streams
+        (the exchange then ends when the body does, ``bodyEnded``, or is cancelled)."""
         if self.workload is not None:
             self.workload.started(committed.node.id)
         if committed.ending is not None:
@@ -311,18 +317,10 @@ class Exchange(PolicyDriver):
             self._terminal()
 
     def _served(self, ending: BodyEnding, committed: Committed) -> None:
-        if self.workload is None:
-            return
-        if ending is CLIENT_GONE or self.client is GONE:
-            self.workload.finish(CANCELLED, "client disconnected")
-            return
-        stats = None
-        if self.meter is not None:
-            stats = self.meter.result(self.clock.seconds())
-        if 200 <= committed.status < 300:
-            self.workload.finish(COMPLETED, None, stats)
-        else:
-            self.workload.finish(FAILED, f"upstream status {committed.status}", stats)
+        if self.workload is not None:
+            gone = self.client is GONE
+            now = self.clock.seconds()
+            finishServed(self.workload, ending, gone, committed.status, self.meter, now)
 
     # -- writing the client's answer -------------------------------------------------------
 

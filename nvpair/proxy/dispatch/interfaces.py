@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from zope.interface import Attribute, Interface
 
-from nvpair.proxy.routing.interfaces import IFleetView
+from nvpair.proxy.interfaces import IExchangeReport
+from nvpair.proxy.routing.interfaces import IFleetView, IPlacementExchange
 
 if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
@@ -18,10 +19,9 @@ if TYPE_CHECKING:
     from twisted.python.failure import Failure
     from twisted.web.http_headers import Headers
 
-    from nvpair.proxy.broker.workloads import Workload
     from nvpair.proxy.dispatch.outcome import BodyEnding, Committed, Failed
     from nvpair.proxy.engines import Engine
-    from nvpair.proxy.interfaces import IRequestContext, IUpstream
+    from nvpair.proxy.interfaces import IRequestContext, IUpstream, IWorkload
     from nvpair.proxy.settings import Settings
     from nvpair.proxy.tracing.interfaces import IRequestTrace
 
@@ -49,7 +49,7 @@ class IFacadeView(IFleetView):
         """Fires when discovery next changes."""
 
 
-class IAttemptExchange(Interface):
+class IAttemptExchange(IExchangeReport):
     """What an attempt, and the stall watch of its stream, need from the exchange they run for:
     the request to send, where to send it, and where its answer goes."""
 
@@ -64,7 +64,7 @@ class IAttemptExchange(Interface):
     forwardHeaders: Headers = Attribute("The request headers to send upstream.")
     body: bytes = Attribute("The request body.")
     inference: bool = Attribute("Whether this is an inference request (404 is retried).")
-    workload: Workload | None = Attribute("The request's workload, if it is one.")
+    workload: IWorkload | None = Attribute("The request's workload, if it is one.")
     written: int = Attribute("Body bytes relayed to the client so far.")
     trace: IRequestTrace | None = Attribute("The request's spans, or None (``--otel`` off).")
 
@@ -88,6 +88,24 @@ class IAttemptExchange(Interface):
 
     def attemptFailed(outcome: Failed) -> None:
         """The attempt ended uncommitted (just before its Deferred fires)."""
+
+
+class IPolicyOwner(IPlacementExchange):
+    """What a placement loop's driver (``driver.PolicyDriver``) needs of the exchange it
+    places: the policy's view of it, and where the loop's end goes."""
+
+    halted: bool = Attribute(
+        "Whether a wait is cancelled as soon as it is yielded: the client left or the "
+        "process is stopping (the cancellation found nothing to cancel while the policy ran "
+        "between two waits)."
+    )
+
+    def placed() -> None:
+        """The policy ended: an attempt committed, or it answered the request itself."""
+
+    def interrupted(error: BaseException | None) -> None:
+        """The loop ended without placing: the policy or a wait raised ``error`` (report it
+        and answer for it), or a wait was cancelled (None); end the request."""
 
 
 class IBodyGate(Interface):

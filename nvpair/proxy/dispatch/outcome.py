@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Final
 
 from zope.interface import Interface, implementer
 
+from nvpair.proxy.interfaces import IAttemptReport
 from nvpair.proxy.routing.interfaces import IOutcome
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ COMPLETE: Final = BodyEnding.COMPLETE
 TRUNCATED: Final = BodyEnding.TRUNCATED
 CLIENT_GONE: Final = BodyEnding.CLIENT_GONE
 STOPPED: Final = BodyEnding.STOPPED
+NO_CONTENT: Final = FailureKind.NO_CONTENT
 
 
 class ICommittedBody(Interface):
@@ -84,7 +86,7 @@ class Committed:
         self.ending: BodyEnding | None = None
 
 
-@implementer(IOutcome)
+@implementer(IOutcome, IAttemptReport)
 class Failed:
     """The attempt ended without committing."""
 

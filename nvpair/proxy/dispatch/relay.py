@@ -208,11 +208,7 @@ def abortClient(request: IServerRequest) -> None:
     transport = _clientTransport(request)
     if transport is None:
         return
-    abort = getattr(transport, "abortConnection", None)
-    if abort is not None:
-        abort()
-    else:
-        transport.loseConnection()
+    transport.abortConnection()
 
 
 def truncateClient(request: IServerRequest, clock: IReactorTime, grace: float) -> None:
@@ -232,6 +228,4 @@ def truncateClient(request: IServerRequest, clock: IReactorTime, grace: float) -
 
 def _abortIfOpen(transport: IStreamTransport) -> None:
     if not getattr(transport, "disconnected", False):
-        abort = getattr(transport, "abortConnection", None)
-        if abort is not None:
-            abort()
+        transport.abortConnection()

@@ -23,7 +23,7 @@ from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTim
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from nvpair.proxy.dispatch.interfaces import IAttemptExchange
+from nvpair.proxy.interfaces import IExchangeReport, IStallWatch, IStallWatches
 
 CHECKS_PER_TIMEOUT = 8
 
@@ -41,6 +41,7 @@ PAUSED: Final = Flow.PAUSED
 RESUMED: Final = Flow.RESUMED
 
 
+@implementer(IStallWatches)
 class StallWatches:
     """The process's stream idle watches and the one timer that checks them."""
 
@@ -53,7 +54,7 @@ class StallWatches:
         self._due = 0.0  # when the running timer was meant to fire
 
     def watch(
-        self, upstream: IPushProducer, exchange: IAttemptExchange, nodeId: str
+        self, upstream: IPushProducer, exchange: IExchangeReport, nodeId: str
     ) -> StallWatch | None:
         """A watch for one committed body (not yet started), or None when the timeout is 0."""
         if self.timeout <= 0:
@@ -85,7 +86,7 @@ class StallWatches:
             self._timer = self.clock.callLater(self._due - now, self._tick)
 
 
-@implementer(IPushProducer)
+@implementer(IStallWatch)
 class StallWatch:
     """The idle watch of one committed body, wrapping that body's producer."""
 
@@ -106,7 +107,7 @@ class StallWatch:
         self,
         watches: StallWatches,
         upstream: IPushProducer,
-        exchange: IAttemptExchange,
+        exchange: IExchangeReport,
         nodeId: str,
     ) -> None:
         self._watches = watches

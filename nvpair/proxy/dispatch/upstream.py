@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from twisted.internet import defer
 from twisted.internet.abstract import isIPAddress, isIPv6Address
@@ -24,7 +24,7 @@ from zope.interface import implementer
 
 from nvpair.proxy.http.framing import isToken, serializeRequest
 from nvpair.proxy.http.pool import ConnectionPool, DirectTCP
-from nvpair.proxy.interfaces import IUpstream
+from nvpair.proxy.interfaces import IClusterTrust, IConnectingReactor, IUpstream
 
 if TYPE_CHECKING:
     from nvpair.proxy.routing.nodes import Node
@@ -71,12 +71,11 @@ def splitHostPort(address: str) -> tuple[str, int]:
 class Upstream:
     """Opens requests to nodes over the shared pool."""
 
-    # ``reactor`` must provide both IReactorTCP and IReactorTime, which no one type can say.
     def __init__(
         self,
-        reactor: Any,
+        reactor: IConnectingReactor,
         dialTimeout: float,
-        trust: Any = None,
+        trust: IClusterTrust | None = None,
         maxPersistentPerHost: int = 64,
         idleTimeout: int = 90,
     ) -> None:

@@ -32,7 +32,8 @@ from nvpair.proxy.facade.facade import Facade
 from nvpair.proxy.http.interfaces import IServerRequest
 from nvpair.proxy.interfaces import IRequestContext, IUpstream
 from nvpair.proxy.routing import cors
-from nvpair.proxy.routing.candidates import Node, orderCandidates
+from nvpair.proxy.routing.candidates import orderCandidates
+from nvpair.proxy.routing.nodes import Node
 
 NODE_GRACE = 10.0
 MAX_LIST_BYTES = 8 * 1024 * 1024

@@ -18,6 +18,7 @@ from twisted.internet.interfaces import (
     IProtocol,
     IProtocolFactory,
     IReactorTime,
+    ITCPTransport,
 )
 from twisted.internet.protocol import Protocol, ServerFactory
 from twisted.logger import Logger
@@ -44,6 +45,8 @@ def isLoopback(address: IAddress) -> bool:
 class PersonalitySwitch(Protocol):
     """Stays the TCP protocol and hands the connection to the personality its first byte picks."""
 
+    transport: ITCPTransport | None
+
     def __init__(self, factory: PersonalityFactory, addr: IAddress) -> None:
         self._factory = factory
         self._addr = addr
@@ -52,19 +55,18 @@ class PersonalitySwitch(Protocol):
 
     def connectionMade(self) -> None:
         self._factory.connections += 1
-        setNoDelay = getattr(self.transport, "setTcpNoDelay", None)
-        if setNoDelay is not None:
-            try:
-                setNoDelay(True)  # answers go out as written, never held for an ACK
-            except OSError:
-                pass
+        assert self.transport is not None  # connected
+        try:
+            self.transport.setTcpNoDelay(True)  # answers go out as written, never held for an ACK
+        except OSError:
+            pass
         if self._factory.firstByteTimeout > 0:
             self._idle = self._factory.clock.callLater(self._factory.firstByteTimeout, self._silent)
 
     def _silent(self) -> None:
         self._idle = None
         if self._inner is None and self.transport is not None:
-            self.transport.abortConnection()  # type: ignore[attr-defined]
+            self.transport.abortConnection()
 
     def dataReceived(self, data: bytes) -> None:
         inner = self._inner

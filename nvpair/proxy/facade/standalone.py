@@ -12,7 +12,7 @@ context gets an ``affinity.Affinity`` that orders the candidates of inference re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import Enum
 
 from twisted.application.service import IServiceCollection, Service
@@ -21,17 +21,21 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
-from zope.interface import Attribute
+from zope.interface import Attribute, implementer
 
 from nvpair.proxy.engines import ENGINES, Engine
 from nvpair.proxy.facade import inventory
 from nvpair.proxy.facade.facade import BindError, Facade, IFacadeHost
 from nvpair.proxy.facade.fleet import NODE_GRACE, NodeAnswer, askNode
+from nvpair.proxy.facade.fleetfile import Backend
+from nvpair.proxy.facade.reload import FleetReloader, IFleetFollower
 from nvpair.proxy.interfaces import IRequestContext, IUpstream
 from nvpair.proxy.routing.affinity import Affinity
-from nvpair.proxy.routing.candidates import Node, Snapshot
+from nvpair.proxy.routing.candidates import Snapshot
+from nvpair.proxy.routing.nodes import Node
 
 POLL_INTERVAL = 5.0
+DRAIN_CHECK = 1.0
 
 log = Logger()
 
@@ -41,6 +45,7 @@ class IStandaloneProcess(IFacadeHost, IServiceCollection):
     the pollers on, and the request context whose candidates they fill."""
 
     context: IRequestContext = Attribute("The request context (standalone may set affinity).")
+    metrics = Attribute("The process's metrics (``ops.metrics.Metrics``: fleet reloads).")
 
 
 class BackendState(Enum):
@@ -62,8 +67,15 @@ def fleetUrls(engine: Engine, backends: Sequence[tuple[str, str]]) -> list[str]:
     return list(dict.fromkeys(urls))
 
 
+@implementer(IFleetFollower)
 class FleetPoller(Service):
-    """Keeps one facade's standalone snapshot: every engine's inventory, polled."""
+    """Keeps one facade's standalone snapshot: every engine's inventory, polled.
+
+    ``backends`` is the fleet as configured (``Backend``: engine, url, name,
+    ``maxConcurrency``); ``setBackends`` follows a reloaded fleet file.  A removed backend
+    with requests in flight (``inFlight``) stays in the snapshot with no models, so it
+    takes no new request while its pending attempts are not abandoned, until it is idle.
+    """
 
     log = Logger()
 
@@ -75,11 +87,16 @@ class FleetPoller(Service):
         clock: IReactorTime,
         timeout: float,
         interval: float = POLL_INTERVAL,
+        inFlight: Callable[[str], int] = lambda url: 0,
     ) -> None:
         self.facade = facade
         self.engine: Engine = facade.engine
         self.name = f"standalone-{self.engine.id}"
         self.urls = tuple(urls)
+        self.backends = tuple(Backend(self.engine.id, url) for url in self.urls)
+        self.inFlight = inFlight
+        self.draining: dict[str, None] = {}  # removed URLs still serving, in removal order
+        self._drainLoop: task.LoopingCall | None = None
         self.upstream = upstream
         self.clock = clock
         self.timeout = timeout
@@ -87,7 +104,7 @@ class FleetPoller(Service):
         self.inventories: dict[str, tuple[str, ...]] = {url: () for url in self.urls}
         self.up = dict.fromkeys(self.urls, BackendState.UNKNOWN)
         self.polls: dict[str, tuple[float, str]] = {}  # url -> (when, problem or "")
-        self._loops: list[task.LoopingCall] = []
+        self._loops: dict[str, task.LoopingCall] = {}
         self._inFlight: dict[str, defer.Deferred[None]] = {}
         self._published: tuple[tuple[str, frozenset[str]], ...] | None = None
 
@@ -96,22 +113,52 @@ class FleetPoller(Service):
         super().startService()
         self._publish()
         for url in self.urls:
-            loop = task.LoopingCall(self.poll, url)
-            loop.clock = self.clock
-            self._loops.append(loop)
-            loop.start(self.interval, now=True).addErrback(
-                lambda f: self.log.failure("poller-crashed", f, engine=self.engine.id)
-            )
+            self._startPolling(url)
+
+    def _startPolling(self, url: str) -> None:
+        loop = self._loops[url] = task.LoopingCall(self.poll, url)
+        loop.clock = self.clock
+        loop.start(self.interval, now=True).addErrback(
+            lambda f: self.log.failure("poller-crashed", f, engine=self.engine.id)
+        )
+
+    def _stopPolling(self, url: str) -> None:
+        loop = self._loops.pop(url, None)
+        if loop is not None and loop.running:
+            loop.stop()
+        d = self._inFlight.get(url)
+        if d is not None:
+            d.cancel()
 
     def stopService(self) -> None:
         """Stop polling and abandon the polls in flight."""
         super().stopService()
-        loops, self._loops = self._loops, []
-        for loop in loops:
-            if loop.running:
-                loop.stop()
+        for url in list(self._loops):
+            self._stopPolling(url)
         for d in list(self._inFlight.values()):
             d.cancel()
+        if self._drainLoop is not None and self._drainLoop.running:
+            self._drainLoop.stop()
+
+    def setBackends(self, backends: Sequence[Backend]) -> None:
+        """Follow a reloaded fleet: new backends are polled at once, kept ones keep their
+        inventory and state, removed ones drain (see the class docstring)."""
+        old, self.backends = self.urls, tuple(backends)
+        self.urls = tuple(dict.fromkeys(b.url for b in backends))
+        for url in old:
+            if url not in self.urls:
+                self._stopPolling(url)
+                for table in (self.inventories, self.up, self.polls):
+                    table.pop(url, None)
+                self.draining[url] = None
+        for url in self.urls:
+            if url not in old:
+                self.draining.pop(url, None)
+                self.inventories[url] = ()
+                self.up[url] = BackendState.UNKNOWN
+                if self.running:
+                    self._startPolling(url)
+        self._publish()
 
     def poll(self, url: str) -> defer.Deferred[None]:
         """Ask the engine at ``url`` for its model list and record what it advertises."""
@@ -149,8 +196,8 @@ class FleetPoller(Service):
 
     def _record(self, outcome: tuple[tuple[str, ...] | None, str], url: str) -> None:
         """One poll's outcome: the engine's models, or ``None`` and why it is counted down."""
-        if not self.running:
-            return
+        if not self.running or url not in self.inventories:
+            return  # stopped, or removed from the fleet since
         models, problem = outcome
         state = BackendState.DOWN if models is None else BackendState.UP
         self.polls[url] = (self.clock.seconds(), problem)
@@ -165,36 +212,87 @@ class FleetPoller(Service):
 
     def _publish(self) -> None:
         """Replace the facade's snapshot when some inventory changed (keeps caches warm)."""
+        for url in [u for u in self.draining if self.inFlight(u) <= 0]:
+            del self.draining[url]
+            self.log.info("backend-removed", engine=self.engine.id, url=url)
+        self._watchDrain()
         state = tuple((url, frozenset(self.inventories[url])) for url in self.urls)
+        state += tuple((url, frozenset()) for url in self.draining)
         if state == self._published:
             return
         self._published = state
         nodes = [Node(url, False, (url,), models) for url, models in state]
         self.facade.setSnapshot(Snapshot(nodes, self.engine.normalize))
 
+    def _watchDrain(self) -> None:
+        """Check every ``DRAIN_CHECK`` seconds while a removed backend still serves."""
+        loop = self._drainLoop
+        if self.draining and self.running and loop is None:
+            loop = self._drainLoop = task.LoopingCall(self._publish)
+            loop.clock = self.clock
+            loop.start(DRAIN_CHECK, now=False)
+        elif not self.draining and loop is not None:
+            self._drainLoop = None
+            if loop.running:
+                loop.stop()
+
 
 def startStandalone(process: IStandaloneProcess) -> None:
-    """Enable the facades named by ``--engines`` and give each its polled static fleet."""
+    """Enable the facades of the fleet file (``--fleet``) or of ``--engines``, and give
+    each its polled fleet."""
     context = process.context
     settings = context.settings
     timeout = settings.dialTimeout + NODE_GRACE
     if settings.affinity == "prefix":
         # The proxy orders the candidates itself: keep conversations where their cache is.
         context.affinity = Affinity(context.clock)
-    order: list[str] = []
-    for engineId in settings.engines:
+    reservations = context.reservations
+    reloader: FleetReloader | None = None
+
+    def enable(engineId: str, backends: Sequence[Backend]) -> bool:
         engine = ENGINES[engineId]
         try:
             facade = process.enableFacade(engine, engine.standalonePort, [], False)
         except BindError as e:
             log.error("bind-failed", engine=engineId, port=e.port, reason=e.reason)
-            continue
-        urls = fleetUrls(engine, settings.backends)
-        order.extend(urls)
+            return False
+        urls = [b.url for b in backends]
         log.info("standalone-fleet", engine=engineId, backends=urls)
-        poller = FleetPoller(facade, urls, context.upstream, context.clock, timeout)
+        poller = FleetPoller(
+            facade,
+            urls,
+            context.upstream,
+            context.clock,
+            timeout,
+            inFlight=lambda url: context.activity.inFlight.get(url, 0),
+        )
+        poller.backends = tuple(backends)
         poller.setServiceParent(process)
-    # No scheduler runs here: the order the backends were given stands in for its priority
-    # list (with no load of its own), so an idle fleet is tried in that order and
-    # reservations still spread concurrent requests over it.
-    context.reservations.applyPriority(0, list(dict.fromkeys(order)), {})
+        if reloader is not None:
+            reloader.follow(engineId, poller)
+        return True
+
+    def reorder(order: Sequence[str]) -> None:
+        # No scheduler runs here: the order the backends were given stands in for its
+        # priority list (with no load of its own), so an idle fleet is tried in that order
+        # and reservations still spread concurrent requests over it.  A reload changes the
+        # order only: live reservations keep counting.
+        order = list(dict.fromkeys(order))
+        if reservations.generation is None:
+            reservations.applyPriority(0, order, {})
+        else:
+            reservations.reorder(order)
+
+    if settings.fleetFile is not None:
+        reloader = FleetReloader(
+            settings.fleetFile, context.clock, enable, reorder, process.metrics.fleetReload
+        )
+        reloader.first(settings.engines)
+        reloader.setServiceParent(process)
+        return
+    order: list[str] = []
+    for engineId in settings.engines:
+        urls = fleetUrls(ENGINES[engineId], settings.backends)
+        if enable(engineId, [Backend(engineId, url) for url in urls]):
+            order.extend(urls)
+    reorder(order)

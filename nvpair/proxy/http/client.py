@@ -2,28 +2,33 @@
 llhttp (``httptools``), strict.
 
 ``pool.ConnectionPool.request`` sends one serialized request over a pooled keep-alive
-connection (or a new one from an endpoint) and fires with a ``Response`` (``response``),
-an ``IResponse`` (``code``, ``phrase``, ``headers``, ``length``, ``deliverBody``).  The
+connection (or a new one from an endpoint) and fires with a ``response.Response``, an
+``IResponse`` (``code``, ``phrase``, ``headers``, ``length``, ``deliverBody``).  The
 connection knows its pool only as an ``IConnectionPool`` (``interfaces``).  The body
 protocol's transport pauses, resumes and stops the upstream read (llhttp cannot pause: the
 connection's *transport* is paused, and what one read already held is passed on).  The
 payload of one socket read reaches the body protocol as one ``dataReceived``; a read that
 breaks the framing passes nothing on.
 
+The answer to the current request is in one ``Answer`` state, changed only by ``_to``
+(``NEXT`` lists the transitions).  Once it is complete nothing after it is parsed into it:
+llhttp's first callback for a later byte stops the parser, and a read of a head, or one
+ending in a CR or LF (bytes llhttp skips without a callback), is fed in two parts, so an
+answer complete before the last byte has bytes after it.  Such an answer is ``OVERRUN``: it
+stands as framed, its connection is closed, never pooled, and counted
+(``IConnectionPool.bytesAfterAnswer``).
+
 Ends: ``ResponseDone`` for a body that ended as framed, ``PotentialDataLoss`` for a
-close-delimited body ended by a clean close, ``ResponseFailed`` for everything else
-(``BadResponse`` inside when the engine broke HTTP/1.1).  A connection is pooled again only
-after a response that ended as framed, that llhttp says may be kept alive, with no bytes
-after it and not to HEAD; any parse error aborts it.  What llhttp leaves to us: interim 1xx
-answers are skipped, a HEAD response ends at its head, a close-delimited body ends at the
-close, ``101`` (never asked for) and a transfer coding other than ``chunked`` are errors, and
-the head and the framing bytes between payload bytes are bounded (``framing``).
+close-delimited body ended by a clean close, ``ResponseFailed`` (``BadResponse`` inside when
+the engine broke HTTP/1.1) for the rest.  Only a ``DONE`` answer, not to HEAD, is pooled;
+any parse error aborts.  Left to us by llhttp: interims are skipped, a HEAD answer ends at its
+head, a close-delimited body at the close, ``101`` and codings but ``chunked`` are errors,
+the head and framing bytes between payload bytes are bounded (``framing``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
-from enum import Enum
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 from twisted.internet import defer
@@ -35,14 +40,20 @@ from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 from zope.interface import implementer
 
-from nvpair.proxy.http.fastwrite import sendNow
-from nvpair.proxy.http.framing import (
-    MAX_BODY_OVERHEAD,
-    MAX_HEAD,
-    BadResponse,
-    responseHead,
-    serializeRequest,
+from nvpair.proxy.http.answer import (
+    DONE,
+    ENDED,
+    HEAD,
+    INTERIM,
+    LAST,
+    NEXT,
+    OPEN,
+    OVERRUN,
+    STOPPED,
+    Answer,
 )
+from nvpair.proxy.http.fastwrite import sendNow
+from nvpair.proxy.http.framing import MAX_BODY_OVERHEAD, MAX_HEAD, BadResponse, responseHead
 from nvpair.proxy.http.interfaces import (
     ConnectionState,
     IBodyConnection,
@@ -52,8 +63,6 @@ from nvpair.proxy.http.interfaces import (
 )
 from nvpair.proxy.http.response import Response
 
-__all__ = ["BadResponse", "HTTPClientConnection", "Response", "serializeRequest"]
-
 _DONE = Failure(ResponseDone())
 
 IDLE = ConnectionState.IDLE
@@ -62,17 +71,11 @@ BODY = ConnectionState.BODY
 DEAD = ConnectionState.DEAD
 
 
-class Answer(Enum):
-    """How far llhttp got in the answer to the current request."""
-
-    OPEN = "open"  # its head or body is being read
-    INTERIM = "interim"  # inside an interim (1xx) answer: the final one follows
-    ENDED = "ended"  # the final answer's message ended
+_LINE_ENDS = (10, 13)  # LF, CR: what llhttp skips silently between messages
 
 
-OPEN = Answer.OPEN
-INTERIM = Answer.INTERIM
-ENDED = Answer.ENDED
+class _Stop(Exception):
+    """Raised from a callback to stop llhttp: nothing after this point is parsed."""
 
 
 @implementer(IPooledConnection, IBodyConnection)
@@ -90,36 +93,36 @@ class HTTPClientConnection(Protocol):
         self._d: defer.Deferred[IResponse] | None = None
         self._isHead = False
         self._response: Response | None = None
+        self.answer = HEAD
         # What llhttp reported during the current read / response.
         self._phrase = b""
         self._fields: list[tuple[bytes, bytes]] = []
         self._headCode = 0  # the final status once its head is complete, else 0
         self._parts: list[bytes] = []
-        self._answer = OPEN
-        self._keepAlive = False  # the answer ended, and llhttp said the connection may be kept
-        self._extra = False  # bytes came after the answer
         self._closeDelimited = False
         self._headBytes = 0
         self._overhead = 0  # bytes read since the last payload byte
-        self._stopped = False
-        self._pausedByBody = False
+        self._pausedByBody = False  # flow control: two requests, what the transport was told
         self._held = False
-        self._readPaused = False  # whether the transport's reading is paused by us
-        self._closed: list[defer.Deferred[None]] = []
-        self._lost = False
+        self._readPaused = False
+        self._closed: list[defer.Deferred[None]] | None = []  # None once closed
         # A direct dial (``pool.DirectTCP``) fires this with the connection once made.
         self.whenMade: defer.Deferred[HTTPClientConnection] | None = None
 
     def connectionMade(self) -> None:
-        setNoDelay = getattr(self.transport, "setTcpNoDelay", None)
-        if setNoDelay is not None:
-            try:
-                setNoDelay(True)
-            except OSError:
-                pass
+        assert self.transport is not None
+        try:
+            self.transport.setTcpNoDelay(True)
+        except OSError:
+            pass
         made, self.whenMade = self.whenMade, None
         if made is not None and not made.called:
             made.callback(self)
+
+    def _to(self, answer: Answer) -> None:
+        """The one place the answer's state changes (``NEXT`` lists the transitions)."""
+        assert answer in NEXT[self.answer], (self.answer, answer)
+        self.answer = answer
 
     # -- sending --------------------------------------------------------------------------
 
@@ -131,9 +134,7 @@ class HTTPClientConnection(Protocol):
         self._phrase = b""
         self._fields = []
         self._headCode = 0
-        self._answer = OPEN
-        self._keepAlive = self._extra = False
-        self._stopped = False
+        self.answer = HEAD
         self._closeDelimited = False
         self._headBytes = self._overhead = 0
         transport = self.transport
@@ -148,9 +149,18 @@ class HTTPClientConnection(Protocol):
 
     # -- llhttp's callbacks (during ``feed_data``) -----------------------------------------
 
+    def _after(self) -> None:
+        """llhttp reports something after the complete answer: stop it there."""
+        self._overrun()
+        raise _Stop()
+
+    def _overrun(self) -> None:
+        if self.answer is not OVERRUN:
+            self._to(OVERRUN)
+
     def on_message_begin(self) -> None:
-        if self._answer is ENDED:
-            self._extra = True  # a message after the answer: nobody asked for it
+        if self.answer in ENDED:
+            self._after()  # a message after the answer: nobody asked for it
 
     def on_status(self, status: bytes) -> None:
         self._phrase += status
@@ -162,63 +172,90 @@ class HTTPClientConnection(Protocol):
     def on_headers_complete(self) -> None:
         code = self._parser.get_status_code()
         if code < 200:  # an interim answer: the final one follows
-            if self._answer is OPEN:
-                self._answer = INTERIM
+            self._to(INTERIM)
             self._phrase = b""
             self._fields = []
             return
         self._headCode = code
-        if self._isHead:
-            self._answer = ENDED  # llhttp would wait for a body a HEAD answer never has
+        self._to(LAST if self._isHead else OPEN)  # a HEAD answer ends at its head
 
     def on_body(self, body: bytes) -> None:
-        if self._answer is not ENDED:
+        if self.answer is OPEN:
             self._parts.append(body)
+        else:
+            self._after()  # after a HEAD answer's head: not part of the answer
 
     def on_message_complete(self) -> None:
-        if self._answer is INTERIM:
-            self._answer = OPEN
-        else:
-            self._answer = ENDED
-            self._keepAlive = self._parser.should_keep_alive()  # only known until it ends
+        answer = self.answer
+        if answer is INTERIM:
+            self._to(HEAD)
+        elif answer is OPEN:  # llhttp knows keep-alive only until the message ends
+            self._to(DONE if self._parser.should_keep_alive() else LAST)
 
     # -- receiving ------------------------------------------------------------------------
 
     def dataReceived(self, data: bytes) -> None:
         state = self.state
         if state is BODY:
-            if self._stopped:
+            if self.answer is STOPPED:
                 return
         elif state is WAITING:
             self._headBytes += len(data)
         else:
-            if state is IDLE:
-                self.abort()  # bytes nobody asked for: the connection cannot be trusted
+            if data:  # bytes nobody asked for: the connection cannot be trusted
+                self._unasked(state is IDLE)
             return
-        try:
-            self._parser.feed_data(data)
-        except (HttpParserError, HttpParserUpgrade) as e:
-            if self._answer is not ENDED:
-                self._parts = []  # the read that broke the framing passes nothing on
-                self._protocolError(str(e) or type(e).__name__)
-                return
-            self._extra = True  # garbage after a complete answer: that answer stands
+        if not self._parse(data, state is WAITING):
+            return
         if state is WAITING and not self._headReceived():
             return
         parts = self._parts
+        answer = self.answer
         if parts:
             self._parts = []
             self._overhead = 0
             response = self._response
-            if response is not None and not self._stopped:
+            if response is not None and self.answer is not STOPPED:
                 response.bodyData(parts[0] if len(parts) == 1 else b"".join(parts))
-        elif state is BODY and self._answer is not ENDED:
+        elif state is BODY and answer is OPEN:
             self._overhead += len(data)
             if self._overhead > MAX_BODY_OVERHEAD and self.state is BODY:
                 self._protocolError("too many framing bytes without payload")
                 return
-        if self._answer is ENDED and self.state is BODY and not self._stopped:
+        if self.answer in ENDED and self.state is BODY:
             self._finish()
+
+    def _unasked(self, idle: bool) -> None:
+        if self.answer is DONE or self.answer is LAST:
+            self._to(OVERRUN)
+            self._pool.bytesAfterAnswer(self)
+        if idle:
+            self.state = DEAD
+            self._pool.lost(self)  # never handed out again
+            self.abort()
+
+    def _parse(self, data: bytes, head: bool) -> bool:
+        """Feed one read to llhttp (a head's, or one ending in CR or LF, in two parts: the
+        last byte apart); False if it broke the framing (the request failed)."""
+        parser = self._parser
+        try:
+            if len(data) > 1 and (head or data[-1] in _LINE_ENDS):
+                view = memoryview(data)
+                parser.feed_data(view[:-1])
+                if self.answer in ENDED:
+                    self._overrun()  # the last byte came after the answer
+                    return True
+                parser.feed_data(view[-1:])
+            else:
+                parser.feed_data(data)
+        except (HttpParserError, HttpParserUpgrade) as e:
+            if self.answer in ENDED:
+                self._overrun()  # garbage after a complete answer: that answer stands
+                return True
+            self._parts = []  # the read that broke the framing passes nothing on
+            self._protocolError(str(e) or type(e).__name__)
+            return False
+        return True
 
     def _headReceived(self) -> bool:
         """After a read while waiting: hand out the response once its head is in.  False
@@ -253,7 +290,7 @@ class HTTPClientConnection(Protocol):
     def _finish(self) -> None:
         """The body ended as framed: back to the pool (or closed), then tell the response."""
         response, self._response = self._response, None
-        if self._keepAlive and not self._extra and not self._isHead:
+        if self.answer is DONE and not self._isHead:
             self.state = IDLE
             self._pausedByBody = self._held = False
             if self._readPaused:
@@ -262,6 +299,8 @@ class HTTPClientConnection(Protocol):
                 self.transport.resumeProducing()
             self._pool.release(self)
         else:
+            if self.answer is OVERRUN:
+                self._pool.bytesAfterAnswer(self)
             self.state = DEAD
             if self.transport is not None:
                 self.transport.loseConnection()
@@ -306,9 +345,9 @@ class HTTPClientConnection(Protocol):
 
     def stopBody(self) -> None:
         """The body protocol does not want the rest: the connection is dropped."""
-        if self.state is not BODY:
+        if self.state is not BODY or self.answer is STOPPED:
             return
-        self._stopped = True
+        self._to(STOPPED)
         if self.transport is not None:
             self.transport.abortConnection()
 
@@ -316,25 +355,25 @@ class HTTPClientConnection(Protocol):
 
     def connectionLost(self, reason: Failure = _DONE) -> None:
         state, self.state = self.state, DEAD
-        self._lost = True
         self._pool.lost(self)
         d, self._d = self._d, None
         if d is not None and not d.called:
             d.errback(ResponseNeverReceived([reason]))
         response, self._response = self._response, None
         if state is BODY and response is not None:
-            if self._closeDelimited and not self._stopped and reason.check(ConnectionDone):
+            ended = self._closeDelimited and self.answer is not STOPPED
+            if ended and reason.check(ConnectionDone):
                 response.bodyEnded(Failure(PotentialDataLoss()))
             else:
                 response.bodyEnded(Failure(ResponseFailed([reason])))
-        closed, self._closed = self._closed, []
-        for waiter in closed:
+        closed, self._closed = self._closed, None
+        for waiter in closed or ():
             waiter.callback(None)
 
     def whenClosed(self) -> defer.Deferred[None]:
         """Fires once the connection is closed."""
         d: defer.Deferred[None] = defer.Deferred()
-        if self._lost:
+        if self._closed is None:
             d.callback(None)
         else:
             self._closed.append(d)

@@ -4,7 +4,8 @@ A callee never imports its caller.  The response knows its connection as an
 ``IBodyConnection``, the connection knows its pool as an ``IConnectionPool`` (and the pool
 knows it back as an ``IPooledConnection``); a request and the reader know their connection
 as an ``IServerChannel``, the channel and the reader know the site as an ``ISite``, and the
-site knows the facade only as an ``IDoor`` and an ``IErrorShape``.  The callers declare
+site knows the facade only as an ``IDoor`` and an ``IErrorShape`` (a leaf of its own,
+``nvpair.proxy.errorshape``, which the engine table provides).  The callers declare
 ``@implementer``; tests fake these and check the fakes with ``verifyObject``.
 
 Attributes are declared with their type for the type checker and as ``Attribute`` for
@@ -31,7 +32,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 from zope.interface import Attribute, Interface
 
-from nvpair.proxy.http.rules import Refusal
+from nvpair.proxy.http.refusal import Refusal
 
 
 class IStreamTransport(ITCPTransport, IConsumer, IPushProducer):
@@ -93,6 +94,9 @@ class IConnectionPool(Interface):
 
     def lost(conn: IPooledConnection) -> None:
         """``conn`` closed: forget it if it was idle."""
+
+    def bytesAfterAnswer(conn: IPooledConnection) -> None:
+        """Bytes came on ``conn`` after a complete answer: it is closing; count it."""
 
 
 # -- the server side ----------------------------------------------------------------------
@@ -163,13 +167,6 @@ class IServerChannel(Interface):
 
     def queue(size: int, item: IServerRequest | Refusal) -> None:
         """A complete request (holding ``size`` bytes), or a refusal, joins the queue."""
-
-
-class IErrorShape(Interface):
-    """How a facade's engine shapes the error answers the proxy generates."""
-
-    def errorBody(path: bytes, reason: str, message: str) -> bytes:
-        """The error document for a request to ``path``."""
 
 
 class IDoor(Interface):

@@ -2,7 +2,8 @@
 
 Idle connections are kept per key (scheme, host, port), at most ``maxPersistentPerHost``
 per key, and closed after ``idleTimeout`` seconds unused by one sweep timer for the whole
-pool.  A request takes the most recently used idle connection or dials a new one.
+pool.  A request takes the most recently used idle connection or dials a new one.  The pool
+counts the answers that had bytes after them (``answersOverrun``, read by ``/metrics``).
 """
 
 from __future__ import annotations
@@ -25,8 +26,11 @@ from twisted.python.failure import Failure
 from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
-from nvpair.proxy.http.client import DEAD, IDLE, HTTPClientConnection
-from nvpair.proxy.http.interfaces import IConnectionPool, IPooledConnection
+from nvpair.proxy.http.client import HTTPClientConnection
+from nvpair.proxy.http.interfaces import ConnectionState, IConnectionPool, IPooledConnection
+
+IDLE = ConnectionState.IDLE
+DEAD = ConnectionState.DEAD
 
 
 class _ConnectionFactory(Factory):
@@ -114,6 +118,8 @@ class ConnectionPool:
         self.idleTimeout = idleTimeout
         self._connections: dict[Hashable, list[IPooledConnection]] = {}
         self._sweep: IDelayedCall | None = None
+        # Answers that had bytes after them (their connections were closed): ``/metrics``.
+        self.answersOverrun = 0
 
     def request(
         self,
@@ -213,6 +219,10 @@ class ConnectionPool:
             idle.remove(conn)
             if not idle:
                 del self._connections[conn.key]
+
+    def bytesAfterAnswer(self, conn: IPooledConnection) -> None:
+        """``conn`` had bytes after a complete answer (it is closing, never pooled)."""
+        self.answersOverrun += 1
 
     def _expire(self) -> None:
         self._sweep = None

@@ -29,8 +29,9 @@ from twisted.logger import Logger
 from twisted.web.http_headers import Headers
 
 from nvpair.proxy.http.interfaces import IServerChannel, ISite
+from nvpair.proxy.http.refusal import Refusal
 from nvpair.proxy.http.request import HTTP11, ServerRequest
-from nvpair.proxy.http.rules import Refusal, checkHead, clientProtocol, headersOf, pathOf
+from nvpair.proxy.http.rules import checkHead, clientProtocol, headersOf, pathOf
 
 MAX_HEADERS = 500
 REQUEST_LINE = 16  # the method, version, spaces and line ends around the target

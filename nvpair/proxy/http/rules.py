@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from httptools import HttpParserInvalidURLError, parse_url
 from twisted.web.http_headers import Headers
 
+from nvpair.proxy.http.refusal import Refusal
+
 # uri-host [ ":" port ] (RFC 9110 §7.2): an IP literal in brackets or a reg-name.
 _HOST = re.compile(rb"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~!$&'()*+,;=%]*)(?::[0-9]*)?\Z")
 _SCHEMES = frozenset((b"http", b"https"))
@@ -23,16 +25,6 @@ _SCHEMES = frozenset((b"http", b"https"))
 _GOOD_HOSTS: set[bytes] = set()
 MAX_GOOD_HOSTS = 1024
 VERSIONS = {"1.1": b"HTTP/1.1", "1.0": b"HTTP/1.0"}
-
-
-class Refusal(Exception):
-    """A request the facade answers with ``status`` (400, 431, 501 or 505) and a close."""
-
-    def __init__(self, status: int, message: str, path: bytes = b"/") -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.path = path
 
 
 def clientProtocol(version: str) -> bytes:

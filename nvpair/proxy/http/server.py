@@ -27,8 +27,8 @@ from zope.interface import implementer
 from nvpair.proxy.http.fastwrite import sendNow
 from nvpair.proxy.http.interfaces import IServerChannel, IServerRequest, ISite, IStreamTransport
 from nvpair.proxy.http.reader import STOPPED, RequestReader
+from nvpair.proxy.http.refusal import Refusal
 from nvpair.proxy.http.request import HTTP11, ServerRequest
-from nvpair.proxy.http.rules import Refusal
 
 _CLOSED = Failure(ConnectionDone())
 PIPELINE_HOLD = 1 << 16

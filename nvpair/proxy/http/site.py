@@ -20,7 +20,8 @@ from twisted.internet.protocol import Factory
 from twisted.web import http
 from zope.interface import implementer
 
-from nvpair.proxy.http.interfaces import IDoor, IErrorShape, IServerRequest, ISite
+from nvpair.proxy.errorshape import IErrorShape
+from nvpair.proxy.http.interfaces import IDoor, IServerRequest, ISite
 from nvpair.proxy.http.server import ServerChannel
 
 _PHRASES = {

@@ -75,6 +75,7 @@ class NodeStatus(TypedDict):
     state: str
     stateReason: str
     checkedAt: int | None
+    name: str | None
 
 
 class FacadeStatus(TypedDict):
@@ -123,6 +124,37 @@ class WorkloadsStatus(TypedDict):
     recent: list[WorkloadEntry]
 
 
+class FleetError(TypedDict):
+    """The last refused fleet file: its one line, the line number, when (ms)."""
+
+    message: str
+    line: int
+    at: int
+
+
+class FleetBackend(TypedDict):
+    """One ``[[backend]]`` of the fleet file in force."""
+
+    engine: str
+    url: str
+    name: str | None
+    maxConcurrency: int | None
+    enabled: bool
+
+
+class FleetStatus(TypedDict):
+    """The fleet file (standalone ``--fleet``): generation, load time, last refusal."""
+
+    file: str
+    generation: int
+    loadedAt: int | None
+    engines: list[str]
+    keptEngines: list[str]
+    backends: list[FleetBackend]
+    error: FleetError | None
+    reloads: dict[str, int]
+
+
 class StatusDocument(TypedDict):
     """``/status``: facades, discovery, the scheduler view and the last workloads."""
 
@@ -136,3 +168,4 @@ class StatusDocument(TypedDict):
     reservations: dict[str, int]
     affinity: dict[str, object]
     workloads: WorkloadsStatus
+    fleet: FleetStatus | None

@@ -35,10 +35,10 @@ class StateCollector(Collector):
         inFlight = GaugeMetricFamily(
             "nvpair_proxy_in_flight", "Dispatches in flight per node.", labels=["node"]
         )
-        for nodeId, count in sorted(view.activity.inFlight.items()):
+        for nodeId, count in sorted(view.context.activity.inFlight.items()):
             inFlight.add_metric([nodeId], count)
         yield inFlight
-        reservations = view.reservations
+        reservations = view.context.reservations
         reserved = GaugeMetricFamily(
             "nvpair_proxy_reservations",
             "Live reservations per node against the current scheduler generation.",
@@ -65,9 +65,9 @@ class StateCollector(Collector):
         yield GaugeMetricFamily(
             "nvpair_proxy_requests_in_progress",
             "Requests being dispatched or streamed now.",
-            value=len(view.exchanges),
+            value=len(view.context.exchanges),
         )
-        reporter = view.reporter
+        reporter = view.context.reporter
         terminals = CounterMetricFamily(
             "nvpair_proxy_workloads", "Workloads ended, by terminal state.", labels=["state"]
         )
@@ -81,7 +81,14 @@ class StateCollector(Collector):
             "Workloads admitted and not yet ended.",
             value=reporter.live,
         )
-        idle, hosts = view.upstream.pool.connectionCounts()
+        pool = view.upstream.pool
+        idle, hosts = pool.connectionCounts()
+        yield CounterMetricFamily(
+            "nvpair_proxy_upstream_bytes_after_answer",
+            "Engine answers followed by bytes nobody asked for: each answer stood as framed "
+            "and its connection was closed, never pooled.",
+            value=pool.answersOverrun,
+        )
         yield GaugeMetricFamily(
             "nvpair_proxy_upstream_pool_connections",
             "Idle persistent upstream connections held by the shared pool.",
@@ -107,7 +114,7 @@ class StateCollector(Collector):
             updates.add_metric([engineId], facade.snapshotCount)
         yield nodes
         yield updates
-        affinity = view.affinity
+        affinity = view.context.affinity
         if affinity is not None:
             yield from _affinityFamilies(affinity)
 

@@ -18,8 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from nvpair.proxy.engines import ENGINES
 
 if TYPE_CHECKING:
-    from nvpair.proxy.dispatch.attempt import Failed
-    from nvpair.proxy.dispatch.exchange import Exchange
+    from nvpair.proxy.interfaces import IAttemptReport, IExchangeReport
 
 # A label child's bound ``inc`` (or a histogram child's ``observe``).
 _Count = Callable[[float], None]
@@ -49,7 +48,7 @@ METHOD_NOT_FOUND = -32601
 _STATUS_CLASS = {1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
 
 
-def requestOutcome(exchange: Exchange) -> str:
+def requestOutcome(exchange: IExchangeReport) -> str:
     """How an exchange ended: committed status class, ``error`` (proxy answer) or ``cancelled``."""
     status = exchange.committedStatus
     if exchange.clientGone or (status is None and not exchange.answered):
@@ -132,6 +131,14 @@ class Metrics:
             ["engine"],
             registry=registry,
         )
+        self._fleetReloads = Counter(
+            "nvpair_proxy_fleet_reloads",
+            "Fleet file loads after the first (standalone --fleet), by result.",
+            ["result"],
+            registry=registry,
+        )
+        for result in ("applied", "unchanged", "invalid"):
+            self._fleetReloads.labels(result)
         self._requestChildren: dict[tuple[str, bool, str], _Count] = {}
         self._attemptChildren: dict[tuple[str, str], _Count] = {}
         self._ttftChildren: dict[tuple[str, bool], _Count] = {}
@@ -178,7 +185,7 @@ class Metrics:
         """A request on ``listener`` (an engine id or ``ops``) was refused for its ``Host``."""
         self._hostDenied.labels(listener).inc()
 
-    def attemptFailed(self, exchange: Exchange, outcome: Failed) -> None:
+    def attemptFailed(self, exchange: IExchangeReport, outcome: IAttemptReport) -> None:
         """An attempt ended uncommitted (``outcome.kind`` is the reason)."""
         key = (exchange.engine.id, outcome.kind)
         inc = self._attemptChildren.get(key)
@@ -186,13 +193,13 @@ class Metrics:
             inc = self._attemptChildren[key] = self._attempts.labels(*key).inc
         inc(1)
 
-    def committed(self, exchange: Exchange, nodeId: str, ttftSeconds: float) -> None:
+    def committed(self, exchange: IExchangeReport, nodeId: str, ttftSeconds: float) -> None:
         """An attempt committed ``ttftSeconds`` after admission."""
         engineId = exchange.engine.id
         self._attemptChildren[engineId, "committed"](1)
         self._ttftChildren[engineId, exchange.inference](ttftSeconds)
 
-    def requestEnded(self, exchange: Exchange) -> None:
+    def requestEnded(self, exchange: IExchangeReport) -> None:
         """An exchange ended: count it by engine, route class and outcome."""
         key = (exchange.engine.id, exchange.inference, requestOutcome(exchange))
         inc = self._requestChildren.get(key)
@@ -201,6 +208,10 @@ class Metrics:
                 key[0], ROUTES[key[1]], key[2]
             ).inc
         inc(1)
+
+    def fleetReload(self, result: str) -> None:
+        """One fleet file reload: ``applied``, ``unchanged`` or ``invalid``."""
+        self._fleetReloads.labels(result).inc()
 
     def streamStalled(self, engineId: str) -> None:
         """A committed stream was cut for engine silence."""

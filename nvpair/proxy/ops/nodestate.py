@@ -14,7 +14,7 @@ from enum import Enum
 from nvpair.proxy.facade.standalone import FleetPoller
 from nvpair.proxy.ops.history import BUCKET_SECONDS, BUCKETS
 from nvpair.proxy.ops.interfaces import IOpsView
-from nvpair.proxy.routing.candidates import Node
+from nvpair.proxy.routing.nodes import Node
 
 
 class NodeState(Enum):
@@ -83,7 +83,9 @@ def nodeHealth(view: IOpsView, engineId: str, node: Node, now: float) -> Health:
     poller = _poller(view, engineId)
     if poller is not None and node.id in poller.urls:
         return pollHealth(poller.polls.get(node.id), len(node.models))
-    return attemptHealth(view.history.attempts.get((engineId, node.id)), now)
+    if poller is not None and node.id in poller.draining:
+        return NodeState.UNKNOWN, "removed from the fleet file: finishing its requests", None
+    return attemptHealth(view.context.history.attempts.get((engineId, node.id)), now)
 
 
 def _poller(view: IOpsView, engineId: str) -> FleetPoller | None:

@@ -191,6 +191,8 @@ def _nodeRow(
     if node["checkedAt"] is not None:
         why = f"{why} · {ago((now - node['checkedAt']) / 1000)}"
     selfMark = '<span class="self">self</span>' if node["self"] else ""
+    if node["name"]:
+        selfMark = f'<span class="nname">{esc(node["name"])}</span>{selfMark}'
     cells = [
         f'<td class="st"><span class="state {esc(state)}">{esc(state)}</span>'
         f'<div class="why">{esc(why)}</div></td>',
@@ -280,11 +282,25 @@ def summary(status: StatusDocument) -> str:
     terminals = status["workloads"]["terminals"]
     chips = [
         "standalone" if status["standalone"] else "under a broker",
+        *_fleetChips(status),
         f"run <code>{esc(status['runId'])}</code>",
         f"in progress <b>{status['requestsInProgress']}</b>",
         f"live workloads <b>{status['workloads']['live']}</b>",
     ] + [f"{esc(state)} <b>{count}</b>" for state, count in sorted(terminals.items())]
     return "".join(f'<span class="chip">{c}</span>' for c in chips)
+
+
+def _fleetChips(status: StatusDocument) -> list[str]:
+    """The fleet file's chips: generation, when loaded, the last refusal (its one line)."""
+    fleet = status["fleet"]
+    if fleet is None:
+        return []
+    chips = [f"fleet generation <b>{fleet['generation']}</b>"]
+    if fleet["loadedAt"] is not None:
+        chips.append(f"fleet loaded <b>{ago((status['now'] - fleet['loadedAt']) / 1000)}</b>")
+    if fleet["error"] is not None:
+        chips.append(f"fleet file refused <code>{esc(fleet['error']['message'])}</code>")
+    return chips
 
 
 def renderPage(status: StatusDocument, history: HistoryDocument, empty: Series) -> str:

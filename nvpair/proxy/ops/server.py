@@ -32,8 +32,10 @@ from twisted.web.resource import Resource
 
 from nvpair.proxy.facade.hostcheck import HostGate
 from nvpair.proxy.facade.listener import PersonalityFactory
+from nvpair.proxy.facade.reload import FleetReloader, findReloader
 from nvpair.proxy.ops.documents import (
     FacadeStatus,
+    FleetStatus,
     HistoryDocument,
     NodeStatus,
     StatusDocument,
@@ -61,11 +63,13 @@ PAGE_CSP = (
 
 def statusDocument(view: IOpsView) -> StatusDocument:
     """The ``/status`` JSON: facades, discovery, scheduler view, last workloads (no content)."""
-    reservations = view.reservations
-    inFlight = dict(view.activity.inFlight)
+    reservations = view.context.reservations
+    inFlight = dict(view.context.activity.inFlight)
     reserved = reservations.byNode()
-    now = view.clock.seconds()
+    now = view.context.clock.seconds()
     facades: dict[str, FacadeStatus] = {}
+    reloader = findReloader(view)
+    names = reloader.names() if reloader is not None else {}
     for engineId, facade in sorted(view.facades.items()):
         nodes: list[NodeStatus] = []
         for node in facade.snapshot.nodes:
@@ -84,6 +88,7 @@ def statusDocument(view: IOpsView) -> StatusDocument:
                     "state": state.value,
                     "stateReason": reason,
                     "checkedAt": _ms(checked),
+                    "name": names.get(node.id),
                 }
             )
         facades[engineId] = {
@@ -95,14 +100,14 @@ def statusDocument(view: IOpsView) -> StatusDocument:
             "discoveryUpdates": facade.snapshotCount,
             "nodes": nodes,
         }
-    reporter = view.reporter
+    reporter = view.context.reporter
     recent = [_workload(w) for w in reversed(reporter.recent)]
     listed = list(reservations.order) + sorted(set(reserved) - set(reservations.order))
     return {
         "runId": reporter.runId,
         "now": int(now * 1000),
         "standalone": view.settings.standalone,
-        "requestsInProgress": len(view.exchanges),
+        "requestsInProgress": len(view.context.exchanges),
         "facades": facades,
         "scheduler": {
             "generation": reservations.generation,
@@ -111,12 +116,39 @@ def statusDocument(view: IOpsView) -> StatusDocument:
         },
         "inFlight": inFlight,
         "reservations": reserved,
-        "affinity": affinityStatus(view),
+        "affinity": affinityStatus(view.context),
         "workloads": {
             "live": reporter.live,
             "terminals": dict(reporter.terminals),
             "recent": recent,
         },
+        "fleet": None if reloader is None else fleetStatus(reloader),
+    }
+
+
+def fleetStatus(reloader: FleetReloader) -> FleetStatus:
+    """The fleet file in force (``/status`` ``fleet``): addresses and names, no secrets."""
+    error, spec = reloader.error, reloader.spec
+    return {
+        "file": reloader.path,
+        "generation": reloader.generation,
+        "loadedAt": _ms(reloader.loadedAt),
+        "engines": list(reloader.serving),
+        "keptEngines": [e for e in reloader.serving if spec is None or e not in spec.engines],
+        "backends": [
+            {
+                "engine": b.engine,
+                "url": b.url,
+                "name": b.name,
+                "maxConcurrency": b.maxConcurrency,
+                "enabled": b.enabled,
+            }
+            for b in (spec.backends if spec is not None else ())
+        ],
+        "error": None
+        if error is None
+        else {"message": error.message, "line": error.line, "at": int(error.at * 1000)},
+        "reloads": dict(reloader.results),
     }
 
 
@@ -156,7 +188,7 @@ def _workload(entry: Mapping[str, object]) -> WorkloadEntry:
 
 def historyDocument(view: IOpsView) -> HistoryDocument:
     """The ``/status/history`` JSON (see ``History.document``) with error reasons in words."""
-    doc = view.history.document()
+    doc = view.context.history.document()
     codes: set[str] = set()
     for facade in doc["facades"].values():
         codes.update(facade["series"]["errorsByReason"])
@@ -261,9 +293,9 @@ class OpsSite(server.Site):
 def opsFactory(view: IOpsView) -> PersonalityFactory:
     """The loopback-only factory serving the ops app of the process ``view``."""
     settings = view.settings
-    site = OpsSite(opsResource(view), timeout=60, reactor=view.clock)
+    site = OpsSite(opsResource(view), timeout=60, reactor=view.context.clock)
     return PersonalityFactory(
-        view.clock,
+        view.context.clock,
         site,
         None,
         loopbackOnly=True,

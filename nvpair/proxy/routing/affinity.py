@@ -28,7 +28,8 @@ from typing import Protocol
 
 from twisted.internet.interfaces import IReactorTime
 
-from nvpair.proxy.routing.candidates import Node, toFront
+from nvpair.proxy.routing.candidates import toFront
+from nvpair.proxy.routing.nodes import Node
 from nvpair.proxy.routing.reservations import ReservationMap
 
 __all__ = ["Affinity", "AffinityKey", "AffinityTable", "affinityStatus", "keyFor"]

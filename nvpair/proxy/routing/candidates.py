@@ -25,15 +25,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import overload
 
-from nvpair.proxy.routing.nodes import Node, parseNodes
+from nvpair.proxy.routing.nodes import Node
 from nvpair.proxy.routing.reservations import ReservationMap
 
 __all__ = [
     "EMPTY",
-    "Node",
     "Snapshot",
     "orderCandidates",
-    "parseNodes",
     "placeReservation",
 ]
 

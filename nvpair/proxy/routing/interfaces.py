@@ -1,6 +1,7 @@
 """What the placement policies need from the rest of the proxy, declared here so that routing
 imports nothing of ``dispatch`` (nor of the network): the exchange they drive provides
-``IPlacementExchange``, a facade provides ``IFleetView``, an attempt's ending ``IOutcome``.
+``IPlacementExchange``, a facade provides ``IFleetView``, an attempt's ending ``IOutcome``,
+the request context ``IPlacementContext``.
 """
 
 from __future__ import annotations
@@ -15,10 +16,22 @@ if TYPE_CHECKING:
     from twisted.internet.interfaces import IReactorTime
 
     from nvpair.proxy.engines import Engine
-    from nvpair.proxy.interfaces import IRequestContext
+    from nvpair.proxy.routing.affinity import Affinity
     from nvpair.proxy.routing.candidates import Snapshot
     from nvpair.proxy.routing.nodes import Node
+    from nvpair.proxy.routing.reservations import ReservationMap
     from nvpair.proxy.settings import Settings
+
+
+class IPlacementContext(Interface):
+    """What placement reads of the process's request context (``IRequestContext`` extends
+    it): the reservations it ranks and takes, and conversation affinity."""
+
+    reservations: ReservationMap = Attribute("The reservation map.")
+    affinity: Affinity | None = Attribute(
+        "Conversation affinity, or None where it is not ordering candidates (under a "
+        "broker, or ``--affinity off``)."
+    )
 
 
 class IFleetView(Interface):
@@ -42,7 +55,7 @@ class IPlacementExchange(Interface):
     """One client request as a placement policy drives it: what the policy reads of it, and
     what it may do with it (try a node, wait, reserve, answer)."""
 
-    context: IRequestContext = Attribute("The process's request context (reservations...).")
+    context: IPlacementContext = Attribute("The process's request context (reservations...).")
     facade: IFleetView = Attribute("The facade the request arrived on.")
     settings: Settings = Attribute("The process's settings (budget, deadline, backoff).")
     clock: IReactorTime = Attribute("The reactor's clock.")

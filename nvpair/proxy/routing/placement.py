@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING
 
 from nvpair.proxy.routing.admission import bodyDocument
 from nvpair.proxy.routing.affinity import Affinity, AffinityKey, keyFor
-from nvpair.proxy.routing.candidates import Node, orderCandidates, placeReservation
+from nvpair.proxy.routing.candidates import orderCandidates, placeReservation
 from nvpair.proxy.routing.interfaces import IOutcome, IPlacementExchange
+from nvpair.proxy.routing.nodes import Node
 from nvpair.proxy.routing.reservations import ReservationMap
 
 if TYPE_CHECKING:

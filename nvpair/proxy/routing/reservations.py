@@ -165,6 +165,19 @@ class ReservationMap:
         self._total = 0
         return True
 
+    def reorder(self, order: Sequence[str]) -> None:
+        """Change the listed order and nothing else (a standalone fleet reload): the
+        generation, the scheduler's load and the live reservations stay as they are."""
+        newOrder = tuple(order)
+        if newOrder == self.order:
+            return
+        rank: dict[str, int] = {}
+        for position, nodeId in enumerate(newOrder):
+            rank.setdefault(nodeId, position)
+        self.rank = rank
+        self.order = newOrder
+        self._loadSorted = None
+
     def loadSorted(self) -> list[tuple[float, int, str]]:
         """Listed nodes as ``(pending + gpuPressure, rank, nodeId)``, ascending; do not mutate.
 

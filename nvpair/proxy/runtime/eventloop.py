@@ -14,9 +14,12 @@ reactor (A/B in ``bench/RESULTS.md``, "Reactor internals: A/B"; ``python -m
 bench.reactorab``).  ``tests/runtime/test_eventloop.py`` pins what is relied on against the
 installed Twisted.
 
-``install`` puts it in place when twistd has not installed a reactor yet (``--reactor``
-given, or a test process); otherwise the installed reactor is kept.  Should a Twisted
-release rename the epoll reactor's parts it relies on, the stock reactor is installed.
+It is a reactor plugin named ``nvpair`` (``twisted/plugins/nvpair_reactors.py``, listed by
+``twistd --help-reactors``): ``twistd --reactor=nvpair`` (or ``-r nvpair``) calls ``install``,
+and the ``nvpair-proxy`` command passes that option; ``twistd -n nvpair-proxy`` without it
+runs Twisted's default reactor (epoll on Linux), and nothing in the service maker installs
+one.  ``install`` keeps a reactor that is installed already.  Should a Twisted release
+rename the epoll reactor's parts it relies on, the stock epoll reactor is installed instead.
 """
 
 from __future__ import annotations

@@ -26,6 +26,8 @@ from twisted.logger import (
 )
 from zope.interface import implementer
 
+from nvpair.proxy.interfaces import ILogControl
+
 COMPONENT = "nvpair-proxy"
 
 _TO_TWISTED = {
@@ -57,6 +59,7 @@ class TextStream(Protocol):
     def flush(self) -> object: ...
 
 
+@implementer(ILogControl)
 class LogControl:
     """The active log level, shared by the observer and by code that wants to skip work."""
 

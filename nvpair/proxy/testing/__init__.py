@@ -8,5 +8,9 @@ Installed with the project (like ``treq.testing``), never imported by the proxy 
   process with ``python -m nvpair.proxy.testing.fakeengine``;
 * ``certs``: self-signed node certificates and cluster directories;
 * ``wire``: in-memory HTTP exchanges with a facade site and JSON lines to and from a broker
-  channel.
+  channel, and a TCP ``StringTransport`` for the proxy's listeners;
+* ``upstreamspy``: the connector to nodes as a spy (``upstreamSpy(clock)`` returns an
+  ``IUpstream`` and the list of frozen ``UpstreamCall`` records the test answers);
+* ``fakecontext``: the request context (``FakeContext``, an ``IRequestContext`` recording its
+  reports), the settings defaults, a recording broker sink, and ``ExchangeReport``.
 """

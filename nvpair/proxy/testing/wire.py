@@ -12,9 +12,34 @@ from typing import Any
 
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionDone
-from twisted.internet.interfaces import IProtocol, IProtocolFactory
+from twisted.internet.interfaces import IProtocol, IProtocolFactory, ITCPTransport
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
+from zope.interface import implementer
+
+
+@implementer(ITCPTransport)
+class TCPStringTransport(StringTransport):
+    """A ``StringTransport`` that is a TCP one, as the proxy's listeners are given: it
+    records the no-delay and keep-alive switches, and a write-side close as a close."""
+
+    noDelay = False
+    keepAlive = False
+
+    def setTcpNoDelay(self, enabled: bool) -> None:
+        self.noDelay = enabled
+
+    def getTcpNoDelay(self) -> bool:
+        return self.noDelay
+
+    def setTcpKeepAlive(self, enabled: bool) -> None:
+        self.keepAlive = enabled
+
+    def getTcpKeepAlive(self) -> bool:
+        return self.keepAlive
+
+    def loseWriteConnection(self) -> None:
+        self.loseConnection()
 
 
 def siteExchange(site: IProtocolFactory, raw: bytes, host: str = "127.0.0.1") -> bytes:
@@ -22,7 +47,7 @@ def siteExchange(site: IProtocolFactory, raw: bytes, host: str = "127.0.0.1") ->
     channel = site.buildProtocol(IPv4Address("TCP", host, 5555))
     if channel is None:
         raise ValueError("the site refused the connection")
-    transport = StringTransport()
+    transport = TCPStringTransport()
     channel.makeConnection(transport)
     channel.dataReceived(raw)
     value: bytes = transport.value()

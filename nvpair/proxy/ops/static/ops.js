@@ -194,6 +194,7 @@
     tr.setAttribute("data-node", node.id);
     tr.setAttribute("data-state", node.state);
     var id = el("td", "nid", node.id);
+    if (node.name) id.appendChild(el("span", "nname", node.name));
     if (node.self) id.appendChild(el("span", "self", "self"));
     var addresses = node.confirmed ? [node.confirmed] : [];
     node.addresses.forEach(function (a) { if (a !== node.confirmed) addresses.push(a); });
@@ -266,6 +267,11 @@
       box.appendChild(c);
     }
     chip(s.standalone ? "standalone" : "under a broker");
+    if (s.fleet) {
+      chip("fleet generation", s.fleet.generation);
+      if (s.fleet.loadedAt !== null) chip("fleet loaded", ago((s.now - s.fleet.loadedAt) / 1000));
+      if (s.fleet.error) chip("fleet file refused", s.fleet.error.message, true);
+    }
     chip("run", s.runId, true);
     chip("in progress", s.requestsInProgress);
     chip("live workloads", s.workloads.live);

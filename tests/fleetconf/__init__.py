@@ -1,0 +1,1 @@
+"""Tests of the standalone fleet file: parsing, options, reload and deployment."""
