@@ -37,6 +37,7 @@ from nvpair.proxy.routing.enginestates import EngineStates
 from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.runtime.logs import LogControl
 from nvpair.proxy.settings import Settings
+from nvpair.proxy.tracing.interfaces import ITracer
 
 
 @implementer(IRequestContext, IOpsContext)
@@ -54,6 +55,7 @@ class RequestContext:
         metrics: Metrics,
         logControl: LogControl,
         trust: ClusterTrust | None = None,
+        tracer: ITracer | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
@@ -62,6 +64,7 @@ class RequestContext:
         self.metrics = metrics
         self.logControl = logControl
         self.trust = trust
+        self.tracer = tracer  # None unless --otel: then exchanges carry a ``trace``
         self.reservations = ReservationMap()
         self.activity = Activity(sink)
         self.history = History(clock)
@@ -104,6 +107,8 @@ class RequestContext:
                 outcome.node.id, outcome.kind, outcome.status, outcome.retryAfter
             )
         self.history.attempt(exchange.engine.id, outcome.node.id, outcome.kind, outcome.status)
+        if exchange.trace is not None:
+            exchange.trace.attemptFailed(outcome)
         if self.logControl.enabled("debug"):
             self.log.debug(
                 "attempt-failed",
@@ -115,16 +120,21 @@ class RequestContext:
 
     def committed(self, exchange: IExchangeReport, nodeId: str) -> None:
         """A response committed on ``nodeId``."""
-        self.metrics.committed(exchange, nodeId, self.clock.seconds() - exchange.createdAt)
+        firstByte = self.clock.seconds() - exchange.createdAt
+        self.metrics.committed(exchange, nodeId, firstByte)
         if self.queueing is not None:
             self.queueing.committed(nodeId, exchange.committedStatus)
         self.history.attempt(exchange.engine.id, nodeId, None, None)
+        if exchange.trace is not None:
+            exchange.trace.committed(nodeId, firstByte)
 
     def requestEnded(self, exchange: IExchangeReport) -> None:
         """An exchange ended (its terminal bookkeeping has run)."""
         self.metrics.requestEnded(exchange)
         if self.engineStates is not None:
             requestServed(exchange, self.engineStates, self.affinity)
+        if exchange.trace is not None:
+            exchange.trace.ended(exchange)
 
     def streamStalled(self, engineId: str) -> None:
         """A committed stream was cut by its stall watch."""

@@ -5,9 +5,9 @@ This module sits below every package that uses these seams (broker, dispatch, fa
 cluster), so it imports from none of them: what it needs of their classes is an interface
 declared here (``IExchangeReport``, ``IWorkload``, ``IStallWatches``, ``IPeerTrust``...),
 which those classes declare with ``@implementer``.  It imports only leaves: ``settings``,
-``engines``, ``http.interfaces`` and the routing interfaces and values (``routing`` in turn
-declares what it needs of the context as ``IPlacementContext`` and never imports this
-module).
+``engines``, ``http.interfaces``, ``tracing.interfaces`` and the routing interfaces and
+values (``routing`` in turn declares what it needs of the context as ``IPlacementContext``
+and never imports this module).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from nvpair.proxy.http.interfaces import IServerRequest
 from nvpair.proxy.routing.engineview import IEngineStates
 from nvpair.proxy.routing.interfaces import IPlacementContext
 from nvpair.proxy.settings import Settings
+from nvpair.proxy.tracing.interfaces import IRequestTrace, ITracer
 
 if TYPE_CHECKING:
     from nvpair.proxy.routing.nodes import Node
@@ -164,6 +165,7 @@ class IExchangeReport(Interface):
     clientGone: bool = Attribute("Whether the client left before its answer ended.")
     written: int = Attribute("Body bytes relayed to the client so far.")
     workload: IWorkload | None = Attribute("The request's workload, if it is one.")
+    trace: IRequestTrace | None = Attribute("The request's spans, or None (``--otel`` off).")
 
 
 class IAttemptReport(Interface):
@@ -224,6 +226,9 @@ class IRequestContext(IPlacementContext):
     )
     queueing: IQueueing | None = Attribute(
         "Standalone flow control (the fair queue and the node breakers), or None under a broker."
+    )
+    tracer: ITracer | None = Attribute(
+        "Starts request traces (``tracing.spans.Tracer``), or None with ``--otel`` off."
     )
 
     def forwardHeaders(incoming: Headers) -> Headers:

@@ -14,9 +14,11 @@ from typing import Any
 
 from twisted.python import usage
 
+from nvpair.proxy import tracing
 from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.facade.fleetfile import FleetError, FleetSpec, loadFleet
 from nvpair.proxy.facade.hostcheck import parseAllowedHosts
+from nvpair.proxy.runtime.logs import logFormatFor, parseLogFormat, stderrIsTerminal
 from nvpair.proxy.settings import LEVELS, Settings
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
@@ -134,6 +136,7 @@ _VALUED: list[tuple[str, str | None, str | None, Callable[[str], object], str]] 
     ("affinity", "NVPAIR_PROXY_AFFINITY", "prefix", _parseAffinity, "affinity"),
     ("queue-max", "NVPAIR_PROXY_QUEUE_MAX", "256", lambda t: _parseInt(t, 0), "queueMax"),
     ("queue-timeout", "NVPAIR_PROXY_QUEUE_TIMEOUT", "30s", parseDuration, "queueTimeout"),
+    ("log-format", "NVPAIR_LOG_FORMAT", None, parseLogFormat, "logFormat"),
 ]
 
 _HELP = {
@@ -168,6 +171,8 @@ _HELP = {
     "queue-max": "standalone: requests per facade and model that may wait in the proxy while "
     "every owner is full; 0 = no queue [env NVPAIR_PROXY_QUEUE_MAX]",
     "queue-timeout": "standalone: longest wait in that queue [env NVPAIR_PROXY_QUEUE_TIMEOUT]",
+    "log-format": "json or text; default text when stderr is a terminal (standalone), json "
+    "otherwise; a broker always gets json [env NVPAIR_LOG_FORMAT]",
 }
 
 STANDALONE_OPS_PORT = 9464
@@ -186,7 +191,15 @@ class Options(usage.Options):
     synopsis = "[options]"
     longdesc = "Run the nvpair engine proxy: one HTTP facade per enabled inference engine."
 
-    optFlags = [["standalone", None, "run without a broker (protocol §9)"]]
+    optFlags = [
+        ["standalone", None, "run without a broker (protocol §9)"],
+        [
+            "otel",
+            None,
+            "export OpenTelemetry traces, configured by OTEL_* "
+            "[env NVPAIR_PROXY_OTEL] (needs the otel extra)",
+        ],
+    ]
     optParameters = [[flag, None, None, _HELP[flag]] for flag, *_ in _VALUED] + [
         [
             "fleet",
@@ -289,6 +302,13 @@ class Options(usage.Options):
         values["opsPort"] = opsPort
         if self.backends and not standalone:
             _fail("backend", "only meaningful with --standalone")
+        values["logFormat"] = logFormatFor(values["logFormat"], standalone, stderrIsTerminal())
+        otel = (
+            bool(self["otel"]) or self.environ.get("NVPAIR_PROXY_OTEL", "").lower() in tracing.TRUE
+        )
+        if otel and not tracing.available():
+            _fail("otel", "OpenTelemetry is not installed: pip install 'nvpair-proxy[otel]'")
+        values["otel"] = otel
         fleetFile = self._fleet(standalone)
         engines = self.fleetSpec.engines if self.fleetSpec else self.enginesList
         self.settings = Settings(

@@ -15,7 +15,14 @@ from typing import IO, cast
 
 from twisted.application.service import MultiService
 from twisted.internet import defer
-from twisted.internet.interfaces import IAddress, IProtocol, IReactorCore, IReactorTCP, IReactorTime
+from twisted.internet.interfaces import (
+    IAddress,
+    IProtocol,
+    IReactorCore,
+    IReactorFromThreads,
+    IReactorTCP,
+    IReactorTime,
+)
 from twisted.logger import ILogObserver, Logger
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.components import Componentized
@@ -42,8 +49,10 @@ from nvpair.proxy.ops.metrics import Metrics
 from nvpair.proxy.routing.candidates import Snapshot
 from nvpair.proxy.runtime.logs import LogControl, TextStream, makeObserver
 from nvpair.proxy.settings import Settings
+from nvpair.proxy.tracing.interfaces import ITracer
 
 SHUTDOWN_GRACE = 3.0
+TRACE_FLUSH = 2.0  # seconds the trace export may take at stop (within the grace)
 
 
 @implementer(IStandaloneProcess, IOpsView)
@@ -74,6 +83,11 @@ class ProxyService(MultiService):
         # Twisted's reactors provide both interfaces, declared one by one (Twisted's own
         # ``disttrial`` casts its reactor the same way).
         self.upstream = Upstream(cast(IConnectingReactor, reactor), settings.dialTimeout, trust)
+        tracer: ITracer | None = None
+        if settings.otel:
+            from nvpair.proxy.tracing.setup import startTracing
+
+            tracer = startTracing(IReactorFromThreads(reactor), IReactorTime(reactor))
         self.context = RequestContext(
             settings,
             IReactorTime(reactor),
@@ -82,6 +96,7 @@ class ProxyService(MultiService):
             self.metrics,
             self.logControl,
             trust,
+            tracer,
         )
         self.facades: dict[str, Facade] = {}
         self.ports = PortStore(settings.stateDir)
@@ -97,7 +112,8 @@ class ProxyService(MultiService):
     def setServiceParent(self, parent: object) -> None:
         """Attach the JSON stderr log observer to the twistd application (keeps stdout clean)."""
         if isinstance(parent, Componentized) and self.logStream is not None:
-            parent.setComponent(ILogObserver, makeObserver(self.logStream, self.logControl))
+            observer = makeObserver(self.logStream, self.logControl, self.settings.logFormat)
+            parent.setComponent(ILogObserver, observer)
         super().setServiceParent(parent)
 
     # -- start and stop -------------------------------------------------------------------
@@ -140,6 +156,10 @@ class ProxyService(MultiService):
             context.trust.stop()
         d = defer.maybeDeferred(super().stopService)
         d.addBoth(lambda _: self.upstream.close())
+        tracer = context.tracer
+        if tracer is not None:
+            # What the stopped requests traced is exported now, within the grace.
+            d.addBoth(lambda _: tracer.shutdown(TRACE_FLUSH))
         d.addTimeout(SHUTDOWN_GRACE, context.clock)
         d.addErrback(lambda f: self.log.warn("shutdown-incomplete", problem=f.getErrorMessage()))
         return d.addCallback(lambda _: None)

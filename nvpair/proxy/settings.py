@@ -41,3 +41,6 @@ class Settings:
     """Standalone: the fleet file's absolute path (validated at start; reloaded live)."""
     queueMax: int = 256
     queueTimeout: float = 30.0
+    # Traces and log lines for people (spec §9, "Traces").
+    otel: bool = False
+    logFormat: str = "json"

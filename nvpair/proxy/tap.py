@@ -17,7 +17,7 @@ from twisted.internet.posixbase import PosixReactorBase
 from nvpair.proxy.facade.reload import reloadFrom, reloadOnSighup
 from nvpair.proxy.options import Options
 from nvpair.proxy.runtime.logoutlet import LineOutlet
-from nvpair.proxy.runtime.logs import COMPONENT
+from nvpair.proxy.runtime.logs import COMPONENT, FORMATS
 from nvpair.proxy.service import ProxyService, stderrStream
 
 __all__ = ["Options", "makeService"]
@@ -63,10 +63,10 @@ def freezeStartupObjects(reactor: IReactorCore) -> None:
     reactor.callWhenRunning(gc.freeze)
 
 
-def logOutlet() -> LineOutlet:
+def logOutlet(form: str = "json") -> LineOutlet:
     """The log's stream: stderr, written by a thread so that a broker that stops reading
     stderr never stalls the reactor; given two seconds at exit to write what is left."""
-    outlet = LineOutlet(stderrStream(), COMPONENT)
+    outlet = LineOutlet(stderrStream(), COMPONENT, render=FORMATS[form])
     atexit.register(outlet.close)
     return outlet
 
@@ -89,6 +89,6 @@ def makeService(options: Options) -> IService:
     freezeStartupObjects(reactor)
     settings = options.settings
     assert settings is not None
-    proxy = ProxyService(settings, reactor, logOutlet())
+    proxy = ProxyService(settings, reactor, logOutlet(settings.logFormat))
     reloadOnSighup(reactor, lambda: reloadFrom(proxy))  # systemctl reload (the fleet file)
     return proxy

@@ -31,8 +31,14 @@ ENGINE = "llamacpp"
 class LoggedProxy(ProxyFixture):
     """A ``ProxyFixture`` that can wait for a log record (the cluster watch logs each change)."""
 
-    def __init__(self, test: TestCase, reactor: Any, argv: Sequence[str] = ()) -> None:
-        super().__init__(test, reactor, argv)
+    def __init__(
+        self,
+        test: TestCase,
+        reactor: Any,
+        argv: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(test, reactor, argv, env=env)
         self.generation = 0
         self._logWaiters: list[tuple[Callable[[dict[str, Any]], bool], defer.Deferred[Any]]] = []
         self.process._onLog = self._logged
@@ -72,6 +78,7 @@ class ClusterNode:
         models: Sequence[str] = ("m1",),
         argv: Sequence[str] = (),
         engine: bool = True,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.test = test
         self.reactor = reactor
@@ -82,7 +89,7 @@ class ClusterNode:
         self.engine: FakeEngine | None = (
             startEngine(test, reactor, "openai", models, name=f"engine-{name}") if engine else None
         )
-        self.proxy = LoggedProxy(test, reactor, ["--cluster-dir", self.dir, *argv])
+        self.proxy = LoggedProxy(test, reactor, ["--cluster-dir", self.dir, *argv], env)
         self.port = 0
 
     @property

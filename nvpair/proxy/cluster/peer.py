@@ -28,6 +28,7 @@ from nvpair.proxy.dispatch.relay import ClientFlow, abortClient, copyResponseHea
 from nvpair.proxy.engines import Engine
 from nvpair.proxy.http.interfaces import IDoor, IServerRequest
 from nvpair.proxy.interfaces import IPeerTrust, IRequestContext
+from nvpair.proxy.tracing.interfaces import IPeerTrace
 
 
 def peerTransport(request: IServerRequest) -> object:
@@ -148,6 +149,8 @@ class PeerForward:
         self._pending: defer.Deferred[IResponse] | None = None
         self._body: IPushProducer | None = None
         self._flow: ClientFlow | None = None
+        self.status: int | None = None
+        self.trace: IPeerTrace | None = None  # its spans, with --otel on
 
     def start(self) -> None:
         """Send the request to the local backend."""
@@ -155,13 +158,14 @@ class PeerForward:
         self.context.exchanges.add(self)
         request.notifyFinish().addErrback(self._clientLost)
         body = request.content.getvalue() if request.content is not None else b""
+        headers = forwardHeaders(request.requestHeaders)
+        tracer = self.context.tracer
+        if tracer is not None:
+            self.trace = tracer.peerStarted(
+                self.engine.id, request, headers, self.peer, self.backend
+            )
         d = self.context.upstream.request(
-            None,
-            self.backend,
-            request.method,
-            request.uri,
-            forwardHeaders(request.requestHeaders),
-            body,
+            None, self.backend, request.method, request.uri, headers, body
         )
         self._pending = d
         d.addCallbacks(self._gotResponse, self._failed)
@@ -169,7 +173,7 @@ class PeerForward:
     def _failed(self, failure: Failure) -> None:
         self._pending = None
         if self.clientGone:
-            self._end()
+            self._end("cancelled")
             return
         if self.context.logControl.enabled("debug"):
             self.log.debug(
@@ -178,7 +182,7 @@ class PeerForward:
                 peer=self.peer,
                 problem=failure.type.__name__ if failure.type else "unknown",
             )
-        self._end()
+        self._end("transport")
         self.context.sendError(
             self.request,
             self.engine,
@@ -191,8 +195,9 @@ class PeerForward:
         self._pending = None
         if self.clientGone:
             discard(response, self.context.clock, 0)
-            self._end()
+            self._end("cancelled")
             return
+        self.status = response.code
         self.phase = Phase.RELAYING
         request = self.request
         request.setResponseCode(response.code, response.phrase)
@@ -224,12 +229,14 @@ class PeerForward:
         """The body ended: finish the client's response, or cut it when truncated."""
         if self._flow is not None:
             self._flow.cancel()
-        self._end()
+        clean = isinstance(reason.value, ResponseDone | PotentialDataLoss)
         if self.clientGone:
+            self._end("cancelled")
             return
+        self._end("completed" if clean else "truncated")
         request = self.request
         request.unregisterProducer()
-        if isinstance(reason.value, ResponseDone | PotentialDataLoss):
+        if clean:
             request.finish()
         else:
             abortClient(request)
@@ -253,7 +260,9 @@ class PeerForward:
         if not self.clientGone:
             abortClient(self.request)
 
-    def _end(self) -> None:
+    def _end(self, outcome: str) -> None:
         if self.phase is not Phase.ENDED:
             self.phase = Phase.ENDED
             self.context.exchanges.discard(self)
+            if self.trace is not None:
+                self.trace.ended(self.status, outcome)

@@ -49,6 +49,7 @@ from nvpair.proxy.routing.interfaces import IOutcome, IPlacementExchange
 from nvpair.proxy.routing.placement import placeInference, placeVerbatim
 from nvpair.proxy.routing.reservations import Reservation
 from nvpair.proxy.routing.stats import StatsMeter
+from nvpair.proxy.tracing.interfaces import IRequestTrace
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -75,7 +76,7 @@ class Exchange:
         *("driver", "seat", "prefixKey", "reservation", "activeNode", "attempts"),
         # its answer
         *("meter", "flow", "committedStatus", "committed", "expectedLength", "written"),
-        *("client", "stopping", "answered", "serving"),
+        *("client", "stopping", "answered", "serving", "trace"),
     )
 
     def __init__(
@@ -121,6 +122,7 @@ class Exchange:
         self.seat = QueueSeat(context.queueing)  # standalone: the fair queue, the breakers
         self.prefixKey: AffinityKey | None = None  # set by placement at commit
         self.reservation: Reservation | None = None  # this round's, on the node tried
+        self.trace: IRequestTrace | None = None  # its spans, with --otel on
 
     @property
     def clientGone(self) -> bool:
@@ -139,6 +141,8 @@ class Exchange:
         if self.inference and self.model is not None:
             self.workload = self.context.reporter.admit(self.engine.id, self.model)
         self.context.exchanges.add(self)
+        if (tracer := self.context.tracer) is not None:
+            self.trace = tracer.requestStarted(self)
         request = self.request
         request.whenLost(self._clientLost)
         if request.disconnected:
@@ -219,8 +223,6 @@ class Exchange:
             abortClient(self.request)
         self._cancel()
 
-    # -- in-flight counts -----------------------------------------------------------------
-
     def _setActive(self, nodeId: str | None) -> None:
         if self.activeNode is not None:
             self.context.activity.change(self.activeNode, -1)
@@ -247,7 +249,7 @@ class Exchange:
 
     def waitForRoom(self, owners: Sequence[Node]) -> defer.Deferred[None] | None:
         """Standalone: wait in the fair queue while every owner is known full."""
-        return self.seat.waitForRoom(self, self.request.requestHeaders, owners)
+        return self.seat.waitForRoom(self, self.request.requestHeaders, owners, self.trace)
 
     def knownFull(self, owners: Sequence[Node]) -> bool:
         """Whether every one of ``owners`` is known full (``QueueSeat.knownFull``)."""
@@ -287,6 +289,8 @@ class Exchange:
         if self.workload is not None:
             self.workload.submitted(node.id)
         self._setActive(node.id)
+        if self.trace is not None:
+            self.forwardHeaders = self.trace.attemptStarted(node, self.forwardHeaders)
         return Attempt(self, node, final, gated).start()
 
     def attemptFailed(self, outcome: Failed) -> None:
@@ -320,8 +324,8 @@ class Exchange:
 
     def _served(self, ending: BodyEnding, committed: Committed) -> None:
         if self.workload is not None:
-            gone = self.client is GONE
             now = self.clock.seconds()
+            gone = self.client is GONE
             finishServed(self.workload, ending, gone, committed.status, self.meter, now)
 
     # -- writing the client's answer -------------------------------------------------------
@@ -340,10 +344,8 @@ class Exchange:
         self.expectedLength = length
         self.answered = True
         request = self.request
-        # Committed: no further attempt will send the request, so its copies can go now
-        # rather than when the (possibly long) stream ends.
-        self.body = b""
-        self.forwardHeaders = _NO_HEADERS
+        # Committed: no attempt will send the request again, so its copies can go now.
+        self.body, self.forwardHeaders = b"", _NO_HEADERS
         content = request.content
         if content is not None:
             content.close()

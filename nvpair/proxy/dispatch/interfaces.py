@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from nvpair.proxy.engines import Engine
     from nvpair.proxy.interfaces import IRequestContext, IUpstream, IWorkload
     from nvpair.proxy.settings import Settings
+    from nvpair.proxy.tracing.interfaces import IRequestTrace
 
 
 class IDiscoveryWatcher(Interface):
@@ -65,6 +66,7 @@ class IAttemptExchange(IExchangeReport):
     inference: bool = Attribute("Whether this is an inference request (404 is retried).")
     workload: IWorkload | None = Attribute("The request's workload, if it is one.")
     written: int = Attribute("Body bytes relayed to the client so far.")
+    trace: IRequestTrace | None = Attribute("The request's spans, or None (``--otel`` off).")
 
     def writeHead(
         committed: Committed,

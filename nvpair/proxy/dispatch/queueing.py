@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
@@ -31,6 +32,7 @@ from nvpair.proxy.flow.room import SERVED_RECENTLY, RoomBoard, isBusyAnswer
 from nvpair.proxy.routing.admission import bodyDocument
 from nvpair.proxy.routing.engineview import IEngineStates
 from nvpair.proxy.routing.interfaces import IFleetView, IPlacementExchange
+from nvpair.proxy.tracing.interfaces import IRequestTrace
 
 if TYPE_CHECKING:
     from nvpair.proxy.routing.nodes import Node
@@ -346,7 +348,11 @@ class QueueSeat:
         self.queued = 0  # 0: not charged to its client yet; 1: charged; 2: just let out
 
     def waitForRoom(
-        self, ex: IPlacementExchange, headers: Headers, owners: Sequence[Node]
+        self,
+        ex: IPlacementExchange,
+        headers: Headers,
+        owners: Sequence[Node],
+        trace: IRequestTrace | None = None,
     ) -> defer.Deferred[None] | None:
         """None to go on now; else wait in the queue: a Deferred that fires once dispatched
         (or fails with ``CancelledError`` once answered ``queue_full``/``queue_timeout``);
@@ -368,6 +374,9 @@ class QueueSeat:
         # Peer requests are served on the local backend and never routed here: no peer id.
         wait = queueing.waitForRoom(ex, owners, clientKey(authorization, document, None))
         self.queued = 1 if wait is None else 2
+        if wait is not None and trace is not None:
+            trace.queueWaitStarted()  # a ``queue-wait`` span, ended with how it ended
+            wait.addBoth(_waitEnded, trace)
         return wait
 
     def knownFull(self, owners: Sequence[Node]) -> bool:
@@ -380,3 +389,10 @@ class QueueSeat:
         if self.queueing is None:
             return owners, ()
         return self.queueing.demote(owners)
+
+
+def _waitEnded(result: object, trace: IRequestTrace) -> object:
+    """A traced queue wait ended: ``dispatched``, or ``left`` (answered ``queue_full`` or
+    ``queue_timeout``, or its client gone)."""
+    trace.queueWaitEnded("left" if isinstance(result, Failure) else "dispatched")
+    return result

@@ -156,6 +156,8 @@ class StallWatch:
             idle=round(idle, 3),
         )
         exchange.context.streamStalled(engineId)
+        if exchange.trace is not None:
+            exchange.trace.stalled()
         self._upstream.stopProducing()
 
     # -- IPushProducer: what the client's flow control asks of the engine ---------------

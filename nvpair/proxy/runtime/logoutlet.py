@@ -47,11 +47,13 @@ class LineOutlet:
         limit: int = DEFAULT_LIMIT,
         start: Starter = _daemonThread,
         clock: Callable[[], float] = time.time,
+        render: Callable[[dict[str, object]], str] = json.dumps,
     ) -> None:
         self._stream = stream
         self._component = component
         self._limit = limit
         self._clock = clock
+        self._render = render  # the format of the dropped-lines record (JSON or text)
         self._ready = threading.Condition()
         self._lines: list[str] = []
         self._bytes = 0
@@ -124,11 +126,11 @@ class LineOutlet:
             self._done.set()
 
     def _droppedRecord(self, count: int) -> str:
-        record = {
+        record: dict[str, object] = {
             "time": self._clock(),
             "level": "warn",
             "component": self._component,
             "event": "log-lines-dropped",
             "count": count,
         }
-        return json.dumps(record) + "\n"
+        return self._render(record) + "\n"

@@ -1,13 +1,19 @@
-"""JSON log lines on stderr (protocol §10) with a level switchable at runtime.
+"""Log lines on stderr (protocol §10) with a level switchable at runtime.
 
 Every record is one JSON object: ``time``, ``level``, ``component`` (always
-``nvpair-proxy``), ``engine`` for facade records, ``event`` and operational fields.  Code
-logs operational metadata only; nothing here inspects or adds request content.
+``nvpair-proxy``), ``engine`` for facade records, ``event`` and operational fields.  With
+``--log-format text`` the same record is one line for people (``textLine``): time, level,
+event, engine, then ``key=value`` fields.  Code logs operational metadata only; nothing
+here inspects or adds request content.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Protocol
 
 from twisted.logger import (
@@ -95,18 +101,90 @@ def toRecord(event: LogEvent) -> dict[str, object]:
     return record
 
 
-@implementer(ILogObserver)
-class JSONLineObserver:
-    """Write each event as one JSON line to a text stream (stderr in production)."""
+def jsonLine(record: dict[str, object]) -> str:
+    """A record as its JSON line (without the newline)."""
+    return json.dumps(record, default=str, ensure_ascii=False)
 
-    def __init__(self, stream: TextStream) -> None:
+
+# A value written bare in a text line; anything else is quoted (JSON string syntax).
+_BARE = re.compile(r"[A-Za-z0-9_.,:/@+\-]+")
+# Line breaks JSON leaves unescaped (``str.splitlines`` splits on them).
+_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+_HEAD = ("time", "level", "component", "event", "engine")
+
+
+def textValue(value: object) -> str:
+    """One field value of a text line: bare when plain, else quoted with escapes."""
+    if isinstance(value, str):
+        if _BARE.fullmatch(value):
+            return value
+        return json.dumps(value, ensure_ascii=False).translate(_BREAKS)
+    text = json.dumps(value, default=str, ensure_ascii=False, separators=(",", ":"))
+    if _BARE.fullmatch(text):
+        return text
+    return json.dumps(text, ensure_ascii=False).translate(_BREAKS)
+
+
+def textLine(record: dict[str, object]) -> str:
+    """A record as one line for people (without the newline): UTC time with milliseconds,
+    level, event, ``engine=`` when present, then the other fields as ``key=value``."""
+    when = record.get("time")
+    if isinstance(when, int | float):
+        stamp = datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    else:
+        stamp = "-"
+    level = str(record.get("level", "info")).upper()
+    parts = [stamp, f"{level:<5}", textValue(str(record.get("event", "")))]
+    if "engine" in record:
+        parts.append(f"engine={textValue(record['engine'])}")
+    for key, value in record.items():
+        if key not in _HEAD:
+            parts.append(f"{textValue(key)}={textValue(value)}")
+    return " ".join(parts)
+
+
+FORMATS: dict[str, Callable[[dict[str, object]], str]] = {"json": jsonLine, "text": textLine}
+
+
+def parseLogFormat(text: str) -> str:
+    """``--log-format``: json or text (any case)."""
+    form = text.strip().lower()
+    if form not in FORMATS:
+        raise ValueError(f"unknown format {text!r} (one of {', '.join(FORMATS)})")
+    return form
+
+
+def logFormatFor(asked: str | None, standalone: bool, terminal: bool) -> str:
+    """The log format: JSON under a broker whatever is asked (its pipe always gets JSON,
+    protocol §10); standalone, the one asked, else text on a terminal and JSON otherwise."""
+    if not standalone:
+        return "json"
+    if asked is not None:
+        return asked
+    return "text" if terminal else "json"
+
+
+def stderrIsTerminal() -> bool:
+    """Whether the process's stderr is a terminal."""
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+@implementer(ILogObserver)
+class LineObserver:
+    """Write each event as one line, JSON or text, to a text stream (stderr in production)."""
+
+    def __init__(self, stream: TextStream, render: Callable[[dict[str, object]], str]) -> None:
         self._stream = stream
+        self._render = render
 
     def __call__(self, event: LogEvent) -> None:
         try:
-            line = json.dumps(toRecord(event), default=str, ensure_ascii=False)
+            line = self._render(toRecord(event))
         except Exception:
-            line = json.dumps(
+            line = self._render(
                 {
                     "time": event.get("log_time"),
                     "level": "error",
@@ -118,6 +196,14 @@ class JSONLineObserver:
         self._stream.flush()
 
 
-def makeObserver(stream: TextStream, control: LogControl) -> ILogObserver:
-    """The process's log observer: JSON lines to ``stream``, filtered by ``control``."""
-    return FilteringLogObserver(JSONLineObserver(stream), [control.predicate])
+class JSONLineObserver(LineObserver):
+    """Write each event as one JSON line to a text stream."""
+
+    def __init__(self, stream: TextStream) -> None:
+        super().__init__(stream, jsonLine)
+
+
+def makeObserver(stream: TextStream, control: LogControl, form: str = "json") -> ILogObserver:
+    """The process's log observer: lines in ``form`` (json or text) to ``stream``, filtered
+    by ``control``."""
+    return FilteringLogObserver(LineObserver(stream, FORMATS[form]), [control.predicate])

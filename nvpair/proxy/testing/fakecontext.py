@@ -4,7 +4,8 @@
 workloads and stall watches over a ``ListSink`` and a ``Clock``; the settings are the
 protocol defaults overridden by keyword (``makeSettings``); the upstream is an
 ``upstreamspy.UpstreamSpy`` unless a test brings its own; every report (internal errors,
-generated errors, failed attempts, commits, ends, stalls) is recorded in ``record``.
+generated errors, failed attempts, commits, ends, stalls) is recorded in ``record``; with a
+``tracer`` the hooks feed an exchange's trace as ``context.RequestContext`` does.
 ``ExchangeReport`` is what its hooks read of an exchange, as a record.
 """
 
@@ -39,6 +40,7 @@ from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.runtime.logs import LogControl
 from nvpair.proxy.settings import Settings
 from nvpair.proxy.testing.upstreamspy import UpstreamSpy
+from nvpair.proxy.tracing.interfaces import IRequestTrace, ITracer
 
 __all__ = ["RUN_ID", "ExchangeReport", "FakeContext", "ListSink", "Recorder", "makeSettings"]
 
@@ -128,6 +130,7 @@ class FakeContext(Generic[UpstreamT]):
         *,
         upstream: UpstreamT,
         trust: IClusterTrust | None = None,
+        tracer: ITracer | None = None,
         **settings: object,
     ) -> None: ...
 
@@ -137,6 +140,7 @@ class FakeContext(Generic[UpstreamT]):
         clock: Clock | None = None,
         *,
         trust: IClusterTrust | None = None,
+        tracer: ITracer | None = None,
         **settings: object,
     ) -> None: ...
 
@@ -146,6 +150,7 @@ class FakeContext(Generic[UpstreamT]):
         *,
         upstream: Any = None,
         trust: IClusterTrust | None = None,
+        tracer: ITracer | None = None,
         **settings: object,
     ) -> None:
         self.clock = clock or Clock()
@@ -158,6 +163,7 @@ class FakeContext(Generic[UpstreamT]):
         # The overloads tie ``UpstreamT`` to what is stored here.
         self.upstream = cast(UpstreamT, UpstreamSpy(self.clock) if upstream is None else upstream)
         self.trust = trust
+        self.tracer = tracer
         self.sink = ListSink()
         self.reporter = WorkloadReporter(self.sink, self.clock, RUN_ID)
         self.activity = Activity(self.sink)
@@ -198,14 +204,20 @@ class FakeContext(Generic[UpstreamT]):
             self.queueing.attemptFailed(
                 outcome.node.id, outcome.kind, outcome.status, outcome.retryAfter
             )
+        if exchange.trace is not None:
+            exchange.trace.attemptFailed(outcome)
 
     def committed(self, exchange: IExchangeReport, nodeId: str) -> None:
         self.record.commits.append(nodeId)
         if self.queueing is not None:
             self.queueing.committed(nodeId, exchange.committedStatus)
+        if exchange.trace is not None:
+            exchange.trace.committed(nodeId, self.clock.seconds() - exchange.createdAt)
 
     def requestEnded(self, exchange: IExchangeReport) -> None:
         self.record.ended.append(exchange)
+        if exchange.trace is not None:
+            exchange.trace.ended(exchange)
 
     def streamStalled(self, engineId: str) -> None:
         self.record.stalled.append(engineId)
@@ -227,3 +239,4 @@ class ExchangeReport:
     clientGone: bool = False
     written: int = 0
     workload: IWorkload | None = None
+    trace: IRequestTrace | None = None
