@@ -72,14 +72,22 @@ class QueueProcessTests(TestCase):
         wait in the proxy; past --queue-max one is refused
         at once (503 queue_full, Retry-After); a queued client that leaves never reaches the
         engine; the rest are served in turn; the secret never reaches the log."""
-        engine = self.sim(slots=1, queueMax=0, decodeMs=50.0, prefillMs=0.0)
+        # No state endpoints: "full" is learnt from busy answers alone (the other path).
+        engine = self.sim(
+            slots=1,
+            queueMax=0,
+            decodeMs=50.0,
+            prefillMs=0.0,
+            slotsEndpoint=False,
+            metricsEndpoint=False,
+        )
         proxy = yield defer.Deferred.fromCoroutine(
             self.proxy([engine], "--queue-max", "3", "--queue-timeout", "60s")
         )
         warm = yield self.post(proxy, 1)  # it has served ours: its 503s mean busy
         self.assertEqual(warm.code, 200)
         yield warm.content()
-        first = self.post(proxy, 10)  # about 0.5 s on the one slot
+        first = self.post(proxy, 80)  # 4 s on the one slot (a learnt limit grows after 5 s)
         yield defer.Deferred.fromCoroutine(until(lambda: engine.stats.requests == 2))
         second = self.post(proxy, 1)  # bounced busy once, then waits
         yield defer.Deferred.fromCoroutine(until(lambda: engine.stats.requests == 3))
