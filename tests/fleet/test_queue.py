@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import treq
@@ -133,3 +134,57 @@ class QueueProcessTests(TestCase):
 
         yield defer.Deferred.fromCoroutine(healed())
         self.assertIn(bad.url, served)
+
+
+class SlotLimitProcessTests(TestCase):
+    """A fleet file's ``max_concurrency`` is the slots of an engine that reports none: the
+    proxy never sends it more at once, and the rest wait in the proxy's queue."""
+
+    timeout = 120
+
+    @defer.inlineCallbacks
+    def test_maxConcurrencyHoldsTheRestInTheQueue(self):  # type: ignore[no-untyped-def]
+        """One slot, no state endpoints, a 503 for anything beyond the slot: with
+        ``max_concurrency = 1`` three concurrent requests are all served, one at a time,
+        and the engine never refuses one (without the limit it would)."""
+        engine = SimEngine(
+            reactor,
+            SimConfig(
+                models=("m",),
+                slots=1,
+                queueMax=0,
+                decodeMs=20.0,
+                prefillMs=0.0,
+                slotsEndpoint=False,
+                metricsEndpoint=False,
+            ),
+        )
+        engine.listen(0)
+        self.addCleanup(engine.close)
+        fleet = os.path.abspath(self.mktemp())  # the proxy runs in its own directory
+        with open(fleet, "w") as f:
+            f.write(
+                f'[[backend]]\nengine = "llamacpp"\nurl = "{engine.url}"\nmax_concurrency = 1\n'
+            )
+        proxy = StandaloneProxy(self, reactor, ("llamacpp",), fleet=fleet)
+        yield defer.Deferred.fromCoroutine(proxy.start())
+
+        def up(record: dict[str, Any]) -> bool:
+            return record.get("event") == "backend-up" and record["url"] == engine.url
+
+        yield proxy.waitForLog(up)
+        requests = [
+            treq.post(
+                proxy.url("llamacpp") + "/v1/chat/completions",
+                json=chat(20),
+                headers=Headers({b"Authorization": [f"Bearer client-{i}".encode()]}),
+                persistent=False,
+            )
+            for i in range(3)
+        ]
+        responses = yield defer.gatherResults(requests)
+        self.assertEqual([r.code for r in responses], [200, 200, 200])
+        for response in responses:
+            yield response.content()
+        self.assertEqual(engine.stats.refused, 0)
+        self.assertEqual(engine.stats.requests, 3)

@@ -240,6 +240,19 @@ class FleetPoller(Service):
                 loop.stop()
 
 
+@implementer(IFleetFollower)
+class SlotLimits:
+    """Gives the engine states each backend's ``max_concurrency`` (fleet file), at start and
+    on every reload: the slots of an engine that reports none."""
+
+    def __init__(self, states: EngineStates) -> None:
+        self.states = states
+
+    def setBackends(self, backends: Sequence[Backend]) -> None:
+        for backend in backends:
+            self.states.setLimit(backend.url, backend.maxConcurrency)
+
+
 def startStandalone(process: IStandaloneProcess) -> None:
     """Enable the facades of the fleet file (``--fleet``) or of ``--engines``, and give
     each its polled fleet."""
@@ -277,9 +290,12 @@ def startStandalone(process: IStandaloneProcess) -> None:
         poller.backends = tuple(backends)
         poller.setServiceParent(process)
         statePoller = startEngineState(process, context, states, engine, urls, context.affinity)
+        limits = SlotLimits(states)  # ``max_concurrency``: slots of engines that report none
+        limits.setBackends(backends)
         if reloader is not None:
             reloader.follow(engineId, poller)
             reloader.follow(engineId, UrlFollower(statePoller.setBackends))
+            reloader.follow(engineId, limits)
         return True
 
     def reorder(order: Sequence[str]) -> None:

@@ -8,6 +8,11 @@ Our own requests fill the gap between probes: ``availableSlots`` is the reported
 minus the reservations this process took on the node since that probe, counted as the rise
 of its live reservation count since the probe (never below zero; requests that ended since
 the probe do not give slots back: the next probe does).
+
+A backend of the fleet file may carry ``max_concurrency``: its slots when its engine
+reports none (Ollama, LM Studio, a llama.cpp server without ``/slots``), a limit that holds
+whatever the probes say.  Then ``totalSlots`` is that limit and ``availableSlots`` the limit
+less this process's live reservations on the node.
 """
 
 from __future__ import annotations
@@ -52,6 +57,14 @@ class EngineStates:
         self._states: dict[str, _State] = {}
         self._listeners: list[Callable[[str], None]] = []
         self.cache: dict[str, list[int]] = {}  # node -> [prompt tokens, cached] reported
+        self.limits: dict[str, int] = {}  # node -> configured slots (``max_concurrency``)
+
+    def setLimit(self, nodeId: str, limit: int | None) -> None:
+        """``nodeId``'s configured slots, for an engine that reports none (None: no limit)."""
+        if limit is None:
+            self.limits.pop(nodeId, None)
+        elif nodeId in self.limits or len(self.limits) < self.maxNodes:
+            self.limits[nodeId] = limit
 
     def served(self, nodeId: str, prompt: int, cached: int) -> None:
         """The engine of ``nodeId`` reported ``cached`` of ``prompt`` prompt tokens cached."""
@@ -98,6 +111,7 @@ class EngineStates:
         """``nodeId`` left its fleet: drop its state and counts."""
         self._states.pop(nodeId, None)
         self.cache.pop(nodeId, None)
+        self.limits.pop(nodeId, None)
 
     def fresh(self, nodeId: str) -> EngineReport | None:
         """The report of ``nodeId``'s last probe if it succeeded within two intervals."""
@@ -116,30 +130,33 @@ class EngineStates:
 
     def totalSlots(self, nodeId: str) -> int | None:
         report = self.fresh(nodeId)
-        return None if report is None else report.total
+        if report is not None and report.total is not None:
+            return report.total
+        return self.limits.get(nodeId)
 
     def availableSlots(self, nodeId: str) -> int | None:
-        """Free slots as reported, less the reservations we took on it since that probe."""
-        free = self.freeSlots(nodeId)
-        if free is None:
-            return None
-        state = self._states[nodeId]
-        since = self.reservations.reservedCount(nodeId) - state.reservedAt
-        return max(0, free - max(0, since))
+        """Free slots as reported, less the reservations we took on it since that probe;
+        for an engine that reports none, its configured limit less our live reservations."""
+        return self.roomAndLoaded(nodeId, None)[0]
 
     def roomAndLoaded(self, nodeId: str, model: str | None) -> tuple[int | None, bool | None]:
         """``availableSlots`` and ``modelLoaded`` (None without a model) in one read."""
-        state = self._states.get(nodeId)
-        if state is None or state.report is None:
-            return None, None
-        if self.clock.seconds() - state.at > 2 * state.interval:
-            return None, None
-        report = state.report
         free: int | None = None
-        if report.busy is not None and report.total is not None:
-            since = self.reservations.reservedCount(nodeId) - state.reservedAt
-            free = max(0, report.total - report.busy - max(0, since))
-        loaded = None if model is None or report.loaded is None else model in report.loaded
+        loaded: bool | None = None
+        state = self._states.get(nodeId)
+        report = None if state is None else state.report
+        if state is not None and report is not None:
+            if self.clock.seconds() - state.at > 2 * state.interval:
+                report = None  # stale: unknown
+            elif report.busy is not None and report.total is not None:
+                since = self.reservations.reservedCount(nodeId) - state.reservedAt
+                free = max(0, report.total - report.busy - max(0, since))
+        if report is not None and model is not None and report.loaded is not None:
+            loaded = model in report.loaded
+        if free is None:
+            limit = self.limits.get(nodeId)
+            if limit is not None:
+                free = max(0, limit - self.reservations.reservedCount(nodeId))
         return free, loaded
 
     def modelLoaded(self, nodeId: str, model: str) -> bool | None:
@@ -163,11 +180,14 @@ class EngineStates:
         """The ``/status`` view: per node, slots busy/total, loaded models, age, state."""
         now = self.clock.seconds()
         out: dict[str, dict[str, object]] = {}
-        for nodeId in sorted(set(self._states) | set(self.cache)):
+        for nodeId in sorted(set(self._states) | set(self.cache) | set(self.limits)):
             counts = self.cache.get(nodeId)
             state = self._states.get(nodeId)
+            limit = self.limits.get(nodeId)
             if state is None:
                 out[nodeId] = {"state": "unknown"}
+                if limit is not None:
+                    out[nodeId]["slotsLimit"] = limit
                 if counts is not None:
                     out[nodeId].update(_cacheStatus(counts))
                 continue
@@ -179,6 +199,8 @@ class EngineStates:
             }
             if state.problem:
                 entry["problem"] = state.problem
+            if limit is not None:
+                entry["slotsLimit"] = limit
             if report is not None:
                 entry["slotsBusy"] = report.busy
                 entry["slotsTotal"] = report.total
