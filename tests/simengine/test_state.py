@@ -29,6 +29,8 @@ class StateEndpointTests(SynchronousTestCase):
         """/slots lists every slot with id, n_ctx and is_processing."""
         slots = Harness(slots=3, nCtx=2048).exchange(get(b"/slots")).json()
         self.assertEqual([s["id"] for s in slots], [0, 1, 2])
+        idle = Harness(slots=1).exchange(get(b"/slots?fail_on_no_slot=1"))
+        self.assertEqual(idle.status, 200)
         self.assertEqual(
             {(s["n_ctx"], s["is_processing"], s["id_task"]) for s in slots}, {(2048, False, -1)}
         )

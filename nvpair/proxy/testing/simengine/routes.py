@@ -52,8 +52,9 @@ def _notSupported(what: str, flag: str) -> bytes:
     return dumps({"error": {"code": 501, "message": message, "type": "not_supported_error"}})
 
 
-def answerGet(core: Core, connection: EngineConnection, path: bytes) -> None:
-    """Answer a state, list or probe route from the engine's live state."""
+def answerGet(core: Core, connection: EngineConnection, path: bytes, query: bytes = b"") -> None:
+    """Answer a state, list or probe route from the engine's live state
+    (``/slots?fail_on_no_slot=1`` is 503 when no slot is idle, as in llama-server)."""
     config, slots = core.config, core.slots
     models = list(config.models)
     body: bytes
@@ -79,6 +80,13 @@ def answerGet(core: Core, connection: EngineConnection, path: bytes) -> None:
             core.document(connection, 501, _notSupported("slots", "--slots"))
             return
         busy = [slots.isBusy(i) for i in range(slots.total)]
+        if all(busy) and any(
+            p.startswith(b"fail_on_no_slot=") and p != b"fail_on_no_slot="
+            for p in query.split(b"&")
+        ):
+            error = {"code": 503, "message": "no slot available", "type": "unavailable_error"}
+            core.document(connection, 503, dumps({"error": error}))
+            return
         tasks = [core.taskAt(i) for i in range(slots.total)]
         body = state.slotsDocument(busy, config.nCtx, tasks)
     else:  # /metrics
