@@ -95,4 +95,11 @@ def markdown(peers: dict[str, Any]) -> str:
         ]
         cells = [fmt.format(med[c]) for c in configs] + [f"{x:.2f}" for x in ratios]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    errors = [
+        str(
+            sum(int(r[c][m].get("errors", 0)) for r in rounds for m in ("post32", "post1", "sse16"))
+        )
+        for c in configs
+    ]
+    lines.append("| errors (all runs) | " + " | ".join(errors) + " |" + " |" * len(others))
     return "\n".join(lines) + "\n"
