@@ -119,8 +119,8 @@ async def run(reactor: Any, args: argparse.Namespace) -> None:
     os.makedirs(os.path.join(procs.ROOT, "bench", "out"), exist_ok=True)
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "command": "python -m bench.routing " + " ".join(sys.argv[1:]),
-        "machine": f"{os.cpu_count()} cores",
+        "command": " ".join(["python -m bench.routing", *sys.argv[1:]]),
+        "machine": f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.0f} at start",
         "workload": attrs.asdict(sizes),
         "engines": {"count": args.engines, **attrs.asdict(settings)},
         "turns": sizes.tenants * sizes.users * sizes.turns,
