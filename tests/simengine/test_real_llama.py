@@ -19,7 +19,7 @@ from typing import Any
 import treq
 from treq.client import HTTPClient
 from twisted.internet import reactor as _reactor
-from twisted.internet import task, utils
+from twisted.internet import task
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorProcess, IReactorTCP
 from twisted.internet.protocol import ProcessProtocol
@@ -79,16 +79,7 @@ class RealLlamaServerTests(TestCase):
         )
         if binary and model:
             return [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port)]
-        venv = serverVenv()
-        if venv is None:
-            raise SkipTest(f"llama-server is not installed; {HINT}")
-        python = os.path.join(venv, "bin", "python")
-        out, err, code = await utils.getProcessOutputAndValue(python, ["-c", CHECK])
-        if code != 0:
-            raise SkipTest(f"{venv} has no llama-server or model ({err[-200:]!r}); {HINT}")
-        model = out.decode().strip().splitlines()[-1]
-        launcher = os.path.join(venv, "bin", "llama-cpp-server")
-        return [launcher, "-m", model, "--host", "127.0.0.1", "--port", str(port), "--"]
+        raise SkipTest(f"NVPAIR_LLAMA_SERVER_BIN and NVPAIR_LLAMA_MODEL are not set; {HINT}")
 
     async def start(self) -> None:
         """Start llama-server (2 slots, --metrics) and a simulated engine like it."""
