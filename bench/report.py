@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench import profile
+from bench.peers import markdown as peersMarkdown
 
 CONFIGS = ("direct", "nginx", "nvpair")
 MARK = "<!-- bench:run -->"
@@ -344,6 +345,8 @@ def write(
     """Write the run's markdown (and ``summary.json`` for the plot); return the markdown."""
     s = summarize(results)
     text = markdown(results, s)
+    if "peers" in results:  # bench/peers.py: the Rust routers beside nginx
+        text += peersMarkdown(results["peers"])
     summaryPath = summaryPath or os.path.join(os.path.dirname(path), "out", "summary.json")
     with open(summaryPath, "w") as f:
         json.dump(

@@ -1,13 +1,14 @@
 """The benchmark: direct vs nginx vs nvpair on 127.0.0.1, alternating round by round.
 
     bench/run.sh [--quick] [--rounds N] [--proxy-mode broker|standalone] [--no-held]
-                 [--no-profile] [--no-routing]
+                 [--no-profile] [--no-routing] [--no-peers]
 
 Phases: (1) load: one fake engine (50-chunk answers), nginx and the proxy in front of it;
 each round runs every metric on every configuration (the order rotates from round to round);
 (2) a py-spy profile of the proxy under the 32-connection load and under the SSE load;
 (3) held streams: fresh servers per configuration and size, a slow engine keeping every
-stream open, the server's RSS sampled; (4) the routing micro-benchmark.  Writes
+stream open, the server's RSS sampled; (4) the Rust routers (sglang-router, vllm-router) as
+overhead peers beside nginx (``bench.peers``); (5) the routing micro-benchmark.  Writes
 ``bench/out/results.json``, ``bench/RESULTS.md`` and ``bench/ratios.png``.
 """
 
@@ -25,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench import load, procs, profile, report
+from bench import load, peers, procs, profile, report
 
 OUT = os.path.join(procs.ROOT, "bench", "out")
 CONFIGS = ("direct", "nginx", "nvpair")
@@ -259,6 +260,7 @@ def parseArgs(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--no-held", action="store_true")
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--no-routing", action="store_true")
+    parser.add_argument("--no-peers", action="store_true", help="skip the Rust routers")
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (3 if args.quick else 5)
     args.duration = args.duration or (2.0 if args.quick else 6.0)
@@ -292,6 +294,8 @@ def main(argv: list[str] | None = None) -> None:
     results["rounds"], results["extras"] = loadPhase(args, bodyFile)
     if not args.no_held:
         results["held"] = heldPhase(args)
+    if not args.no_peers:
+        results["peers"] = peers.peerPhase(args, bodyFile, log)
     if not args.no_routing:
         results["routing"] = routingPhase(args)
     results["elapsed_s"] = time.monotonic() - started

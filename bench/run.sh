@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark in one command, from anywhere: bench/run.sh [--quick] [options of bench/run.py]
-# Installs what it needs (wrk and nginx-light from Debian, matplotlib and py-spy into
-# bench/.venv), raises the fd limit, runs `python -m bench.run` with the project's venv and
+# Installs what it needs (wrk and nginx-light from Debian, matplotlib, py-spy, sglang-router
+# and vllm-router into bench/.venv), raises the fd limit, runs `python -m bench.run` with the project's venv and
 # ends it (by its pid) if this script is interrupted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +25,12 @@ if [ ! -x bench/.venv/bin/py-spy ] || ! bench/.venv/bin/python -c 'import matplo
   echo "bench: creating bench/.venv (matplotlib, py-spy)" >&2
   python3 -m venv bench/.venv
   bench/.venv/bin/pip install -q --disable-pip-version-check matplotlib py-spy
+fi
+# The Rust routers measured beside nginx (bench/peers.py) and by bench.routing: binary wheels
+if [ ! -x bench/.venv/bin/sglang-router ] || [ ! -x bench/.venv/bin/vllm-router ]; then
+  echo "bench: installing sglang-router and vllm-router into bench/.venv" >&2
+  bench/.venv/bin/pip install -q --disable-pip-version-check --only-binary=:all: \
+    sglang-router vllm-router || echo "bench: the Rust routers are not installed: skipped" >&2
 fi
 
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true

@@ -1,7 +1,7 @@
 """``python -m bench.routing``: the placement benchmark (see ``bench/README.md``).
 
     python -m bench.routing [--tenants 12] [--users 4] [--turns 4] [--system-words 1500]
-        [--think 1.0] [--engines 4] [--slots 2] [--cache-tokens N] [--prefill-ms 0.3]
+        [--think 3.0] [--engines 4] [--slots 4] [--cache-tokens N] [--prefill-ms 0.3]
         [--decode-ms 5] [--routers nvpair-prefix,nvpair-off,nginx,random,oracle,sglang,vllm]
         [--no-write]
 
@@ -48,11 +48,11 @@ def parseArgs(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--system-words", type=int, default=1500)
     p.add_argument("--question-words", type=int, default=40)
     p.add_argument("--answer-tokens", type=int, default=32)
-    p.add_argument("--think", type=float, default=1.0, help="mean seconds between turns")
-    p.add_argument("--ramp", type=float, default=4.0, help="conversations start within this")
+    p.add_argument("--think", type=float, default=3.0, help="mean seconds between turns")
+    p.add_argument("--ramp", type=float, default=8.0, help="conversations start within this")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--engines", type=int, default=4)
-    p.add_argument("--slots", type=int, default=2, help="per engine")
+    p.add_argument("--slots", type=int, default=4, help="per engine")
     p.add_argument(
         "--cache-tokens", type=int, default=0, help="per engine; 0: half the working set"
     )
@@ -119,8 +119,8 @@ async def run(reactor: Any, args: argparse.Namespace) -> None:
     os.makedirs(os.path.join(procs.ROOT, "bench", "out"), exist_ok=True)
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "command": "python -m bench.routing " + " ".join(sys.argv[1:]),
-        "machine": f"{os.cpu_count()} cores",
+        "command": " ".join(["python -m bench.routing", *sys.argv[1:]]),
+        "machine": f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.0f} at start",
         "workload": attrs.asdict(sizes),
         "engines": {"count": args.engines, **attrs.asdict(settings)},
         "turns": sizes.tenants * sizes.users * sizes.turns,

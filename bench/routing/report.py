@@ -76,7 +76,9 @@ def markdown(results: dict[str, Any]) -> str:
         f"decode {e['decodeMs']} ms per token. TTFT: request sent → first content chunk. "
         "Cache hits: prompt tokens the engines served from cache over all prompt tokens "
         "(their `/sim/stats`). Tenants per engine: the engine that served most of each "
-        "tenant's turns.",
+        "tenant's turns. A turn whose system prompt is not cached pays about "
+        f"{w['systemWords'] * e['prefillMs'] / 1000:.2f} s of prefill before its first token; "
+        "one whose prompt and history are cached, a few tens of milliseconds.",
         "",
         "| router | TTFT p50 | TTFT p90 | TTFT p99 | prompt tokens from cache "
         "| requests per engine | tenants per engine | errors |",

@@ -143,9 +143,10 @@ def _startProxy(engines: list[procs.Server], affinity: str) -> procs.Server:
     return procs.Server("nvpair", port, proc.pid, [proc])
 
 
-def _startRust(name: str, engines: list[procs.Server]) -> procs.Server:
+def startRustRouter(name: str, urls: list[str]) -> procs.Server:
+    """``sglang-router launch`` or ``vllm-router`` (``cache_aware``) in front of ``urls``,
+    its log in ``bench/out/NAME-router.log``; returns once a chat completion passes."""
     port, metrics = procs.freePort(), procs.freePort()
-    urls = [f"http://127.0.0.1:{e.port}" for e in engines]
     if name == "sglang":
         head = [os.path.join(BENCH_VENV, "sglang-router"), "launch"]
     else:
@@ -163,6 +164,7 @@ def _startRust(name: str, engines: list[procs.Server]) -> procs.Server:
         "--prometheus-port",
         str(metrics),
     ]
+    os.makedirs(os.path.join(procs.ROOT, "bench", "out"), exist_ok=True)
     log = open(os.path.join(procs.ROOT, "bench", "out", f"{name}-router.log"), "wb")
     proc = procs.spawn(argv, stdout=log, stderr=subprocess.STDOUT)
     log.close()
@@ -189,6 +191,6 @@ def startRouter(
         out = os.path.join(procs.ROOT, "bench", "out")
         server = procs.startNginx([e.port for e in engines], out, 4096)
     else:
-        server = _startRust(name, engines)
+        server = startRustRouter(name, urls)
     url = f"http://127.0.0.1:{server.port}"
     return server, lambda conv, turn: url

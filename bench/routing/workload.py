@@ -25,8 +25,8 @@ class Sizes:
     systemWords: int = 1500
     questionWords: int = 40
     answerTokens: int = 32
-    think: float = 1.0
-    ramp: float = 4.0
+    think: float = 3.0
+    ramp: float = 8.0
     seed: int = 1
 
     def workingSet(self) -> int:

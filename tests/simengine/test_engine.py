@@ -88,18 +88,32 @@ class DialectUsageTests(SynchronousTestCase):
         h.exchange(post(path, {**doc, "stream": False}))
         return h.exchange(post(path, doc))
 
-    def test_llamacppStreamAlwaysReportsUsage(self) -> None:
-        """llama.cpp's last chunk carries usage with cached tokens and timings, unasked."""
+    def test_llamacppStreamTimingsAlways(self) -> None:
+        """llama.cpp's last chunk always carries timings (cache_n); usage only when asked, in a
+        last chunk with no choices."""
         h = Harness(decodeMs=1.0)
         events = self.twice(h, b"/v1/chat/completions", chat(SYSTEM, "x", stream=True)).events()
         last = events[-1]
         self.assertEqual(last["choices"][0]["finish_reason"], "stop")
-        self.assertEqual(last["usage"]["prompt_tokens_details"]["cached_tokens"], 96)
-        self.assertEqual(last["timings"]["cache_n"], 96)
+        self.assertEqual((last["timings"]["cache_n"], last["timings"]["prompt_n"]), (96, 8))
+        self.assertNotIn("usage", last)
         self.assertEqual(
             "".join(e["choices"][0]["delta"].get("content") or "" for e in events),
-            "tok0 tok1 tok2 tok3 tok4 tok5 tok6 tok7 tok8 tok9 tok10 tok11 tok12 tok13 tok14 tok15",
+            " ".join(f"tok{i}" for i in range(16)),
         )
+        asked = chat(SYSTEM, "x", stream=True, stream_options={"include_usage": True})
+        tail = h.exchange(post(b"/v1/chat/completions", asked)).events()[-1]
+        self.assertEqual(tail["choices"], [])
+        self.assertEqual(tail["usage"]["prompt_tokens_details"]["cached_tokens"], 96)
+        self.assertEqual(tail["timings"]["cache_n"], 96)
+
+    def test_llamacppCompletionStreamUsage(self) -> None:
+        """llama.cpp's streamed completion ends with usage and timings, unasked."""
+        h = Harness(decodeMs=1.0)
+        doc = {"prompt": sentence(40), "stream": True, "max_tokens": 2}
+        last = self.twice(h, b"/v1/completions", doc).events()[-1]
+        self.assertEqual(last["usage"]["prompt_tokens_details"]["cached_tokens"], 32)
+        self.assertEqual(last["timings"]["cache_n"], 32)
 
     def test_lmstudioUsageOnlyWhenAsked(self) -> None:
         """LM Studio streams usage only with include_usage, with empty choices, no cached count."""
@@ -158,6 +172,7 @@ class SlotTests(SynchronousTestCase):
         self.assertEqual(
             [(s["id"], s["is_processing"], s["id_task"]) for s in slots], [(0, True, 1)]
         )
+        self.assertEqual(self.h.exchange(get(b"/slots?fail_on_no_slot=1")).status, 503)
         metrics = self.h.exchange(get(b"/metrics")).body.decode()
         self.assertIn("llamacpp:requests_processing 1\n", metrics)
         self.assertIn("llamacpp:requests_deferred 1\n", metrics)

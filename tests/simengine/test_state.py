@@ -29,6 +29,8 @@ class StateEndpointTests(SynchronousTestCase):
         """/slots lists every slot with id, n_ctx and is_processing."""
         slots = Harness(slots=3, nCtx=2048).exchange(get(b"/slots")).json()
         self.assertEqual([s["id"] for s in slots], [0, 1, 2])
+        idle = Harness(slots=1).exchange(get(b"/slots?fail_on_no_slot=1"))
+        self.assertEqual(idle.status, 200)
         self.assertEqual(
             {(s["n_ctx"], s["is_processing"], s["id_task"]) for s in slots}, {(2048, False, -1)}
         )
@@ -47,16 +49,46 @@ class StateEndpointTests(SynchronousTestCase):
         self.assertIn("llamacpp:tokens_predicted_total 4\n", text)
 
     def test_ollamaPs(self) -> None:
-        """/api/ps lists loaded models with an RFC 3339 expires_at five minutes after use."""
+        """/api/ps lists loaded models with an RFC 3339 expires_at five minutes after use; a
+        model unused for longer is unloaded."""
         h = Harness(dialect="ollama", models=("a:latest", "b:latest"))
         h.clock.advance(1_700_000_000)
         h.exchange(post(b"/api/generate", {"model": "a", "prompt": "x", "stream": False}))
         models = h.exchange(get(b"/api/ps")).json()["models"]
-        self.assertEqual([m["name"] for m in models], ["a:latest", "b:latest"])
+        self.assertEqual([m["name"] for m in models], ["a:latest"])
         expires = datetime.datetime.fromisoformat(models[0]["expires_at"].replace("Z", "+00:00"))
         self.assertLessEqual(abs(expires.timestamp() - (h.clock.seconds() + 300)), 1)
         self.assertGreater(models[0]["size_vram"], 0)
         self.assertEqual(h.exchange(get(b"/slots")).status, 404)
+
+    def test_modelLoading(self) -> None:
+        """A model not loaded costs its load time once; past the limit the least recently used
+        unloads; /sim/unload unloads."""
+        h = Harness(
+            dialect="lmstudio",
+            models=("a", "b"),
+            loaded=("a",),
+            loadMs=500.0,
+            maxLoaded=1,
+            prefillMs=0.0,
+            decodeMs=1.0,
+            outputTokens=1,
+        )
+
+        def states() -> list[str]:
+            return [m["state"] for m in h.exchange(get(b"/api/v0/models")).json()["data"]]
+
+        self.assertEqual(states(), ["loaded", "not-loaded"])
+        start = h.clock.seconds()
+        h.exchange(post(b"/v1/completions", {"model": "b", "prompt": "x"}))
+        self.assertLessEqual(abs(h.clock.seconds() - start - 0.501), 0.0001)
+        self.assertEqual(states(), ["not-loaded", "loaded"])
+        start = h.clock.seconds()
+        h.exchange(post(b"/v1/completions", {"model": "b", "prompt": "x"}))
+        self.assertLessEqual(abs(h.clock.seconds() - start - 0.001), 0.0001)
+        self.assertEqual(h.exchange(post(b"/sim/unload", {"model": "b"})).status, 200)
+        self.assertEqual(states(), ["not-loaded", "not-loaded"])
+        self.assertEqual(h.exchange(post(b"/sim/unload", {"model": 1})).status, 400)
 
     def test_lmstudioModels(self) -> None:
         """/api/v0/models names every model with its state."""
@@ -171,7 +203,8 @@ class CommandLineTests(SynchronousTestCase):
         config, host, port = configFromArgs(
             "--port 9 --dialect ollama --models a,b --slots 1 --queue-max 3 --block-size 8 "
             "--cache-tokens 800 --prefill-ms 2 --decode-ms 3 --output-tokens 4 --ctx 99 "
-            "--no-slots --no-metrics --fail-status 503 --fail-delay-ms 20 --name z".split()
+            "--no-slots --no-metrics --fail-status 503 --fail-delay-ms 20 --name z "
+            "--loaded a --load-ms 7 --max-loaded 1 --keep-alive-s 9".split()
         )
         self.assertEqual(
             (host, port, config.dialect, config.models), ("127.0.0.1", 9, "ollama", ("a", "b"))
@@ -184,6 +217,9 @@ class CommandLineTests(SynchronousTestCase):
         )
         self.assertFalse(config.slotsEndpoint or config.metricsEndpoint)
         self.assertEqual(config.failure, Failure(503, 20.0, None))
+        self.assertEqual(
+            (config.loaded, config.loadMs, config.maxLoaded, config.keepAlive), (("a",), 7, 1, 9)
+        )
 
     def test_badValues(self) -> None:
         """A bad value exits 2 naming it."""

@@ -41,6 +41,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx", type=int, default=8192, help="n_ctx: longest prompt + 1")
     p.add_argument("--no-slots", action="store_true", help="/slots answers 501")
     p.add_argument("--no-metrics", action="store_true", help="/metrics answers 501")
+    p.add_argument("--loaded", default=None, help="models loaded at start (default: all)")
+    p.add_argument("--load-ms", type=float, default=0.0, help="to load a model not loaded")
+    p.add_argument("--max-loaded", type=int, default=0, help="models loaded at once (0: all)")
+    p.add_argument("--keep-alive-s", type=float, default=300.0, help="unused model unloads")
     p.add_argument("--fail-status", type=int, default=None, help="fail inference with this")
     p.add_argument("--fail-delay-ms", type=float, default=0.0)
     p.add_argument("--fail-retry-after", type=int, default=None)
@@ -73,6 +77,10 @@ def configFromArgs(argv: Sequence[str]) -> tuple[SimConfig, str, int]:
             slotsEndpoint=not args.no_slots,
             metricsEndpoint=not args.no_metrics,
             failure=failure,
+            loaded=None if args.loaded is None else tuple(m for m in args.loaded.split(",") if m),
+            loadMs=args.load_ms,
+            maxLoaded=args.max_loaded,
+            keepAlive=args.keep_alive_s,
         )
     except ValueError as e:
         p.error(str(e))

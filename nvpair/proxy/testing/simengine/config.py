@@ -38,6 +38,11 @@ class SimConfig:
     of ``blockSize``); ``queueMax`` bounds the FIFO behind the ``slots``; ``outputTokens`` is
     the answer length when the request sets no ``max_tokens`` (nor ``n_predict``, nor
     Ollama's ``options.num_predict``), and ``maxOutputTokens`` caps any request's.
+
+    Models: ``loaded`` are loaded at start (None: all of them); a request for another one
+    first waits ``loadMs`` while it loads; past ``maxLoaded`` models (0: no limit) the least
+    recently used unloads, and so does one unused for ``keepAlive`` seconds (Ollama's 5
+    minutes).
     """
 
     dialect: str = attrs.field(default="llamacpp", validator=attrs.validators.in_(DIALECTS))
@@ -55,3 +60,7 @@ class SimConfig:
     slotsEndpoint: bool = True
     metricsEndpoint: bool = True
     failure: Failure | None = None
+    loaded: tuple[str, ...] | None = None
+    loadMs: float = attrs.field(default=0.0, validator=_notNegative)
+    maxLoaded: int = attrs.field(default=0, validator=_notNegative)
+    keepAlive: float = attrs.field(default=300.0, validator=_notNegative)

@@ -5,6 +5,7 @@
 * ``POST /sim/heal``: back to normal;
 * ``POST /sim/hold`` ``{"slots": k}``: ``k`` slots are taken as by clients reaching the
   engine directly (0 gives them back);
+* ``POST /sim/unload`` ``{"model": "m"}``: unload a model (the next request loads it);
 * ``POST /sim/flush``: empty the prefix cache;
 * ``POST /sim/reset``: zero the counters (not the cache);
 * ``GET /sim/stats``: the counters and the live state.
@@ -93,6 +94,13 @@ def answer(
             core.document(connection, 400, _bad("slots must be a non-negative integer"))
             return
         core.slots.hold(k)
+        core.document(connection, 200, _OK)
+    elif path == b"/sim/unload":
+        model = doc.get("model")
+        if not isinstance(model, str):
+            core.document(connection, 400, _bad("model must be a string"))
+            return
+        core.loaded.pop(model, None)
         core.document(connection, 200, _OK)
     elif path == b"/sim/flush":
         core.cache.clear()

@@ -7,6 +7,7 @@ object; ``SimEngine`` owns it and adds the listening socket and the connections.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 
 import attrs
 from twisted.internet.interfaces import IReactorTime
@@ -59,8 +60,42 @@ class Core:
         self.cache = PrefixCache(config.cacheTokens // config.blockSize)
         self.slots = Slots(clock, config.slots, config.queueMax)
         self.responder = Responder(config.name)
-        self.lastUsed: dict[str, float] = {m: clock.seconds() for m in config.models}
+        now = clock.seconds()
+        initial = config.models if config.loaded is None else config.loaded
+        self.loaded: OrderedDict[str, float] = OrderedDict((m, now) for m in initial)
+        """Loaded model -> when it was last used (least recent first)."""
         self.runs: dict[EngineConnection, IRun] = {}
+
+    def loadedModels(self) -> list[tuple[str, float]]:
+        """The models loaded now, each with when it unloads (unused for ``keepAlive``)."""
+        now, keep = self.clock.seconds(), self.config.keepAlive
+        for model, used in list(self.loaded.items()):
+            if used + keep < now:
+                del self.loaded[model]
+        return [(m, used + keep) for m, used in self.loaded.items()]
+
+    def use(self, model: str) -> float:
+        """``model`` is used now: seconds it takes to load first (0 when loaded)."""
+        self.loadedModels()
+        delay = 0.0 if model in self.loaded else self.config.loadMs / 1000.0
+        self.loaded[model] = self.clock.seconds()
+        self.loaded.move_to_end(model)
+        limit = self.config.maxLoaded
+        while limit and len(self.loaded) > limit:
+            self.loaded.popitem(last=False)
+        return delay
+
+    def resolve(self, model: str) -> str | None:
+        """The configured model a request names (Ollama's implicit ``:latest``; llama-server
+        serves its one model whatever the name), or None when unknown."""
+        models = self.config.models
+        if self.config.dialect == "llamacpp":
+            return models[0]
+        if model in models:
+            return model
+        if self.config.dialect == "ollama" and model + ":latest" in models:
+            return model + ":latest"
+        return None
 
     def taskAt(self, slotId: int) -> int:
         """The task id in slot ``slotId``; -1 when idle."""

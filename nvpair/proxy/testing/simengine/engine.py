@@ -118,13 +118,13 @@ class SimEngine:
         body: bytes,
     ) -> None:
         """Route one request: inference, state, probe or control."""
-        path = target.split(b"?", 1)[0]
+        path, _, query = target.partition(b"?")
         dialect = self.config.dialect
         if method == b"POST" and path in INFERENCE[dialect]:
             self.stats.requests += 1
             inference(self.core, connection, INFERENCE[dialect][path], body)
         elif method == b"GET" and (path in GETS[dialect] or path in GETS["*"]):
-            answerGet(self.core, connection, path)
+            answerGet(self.core, connection, path, query)
         elif path.startswith(b"/sim/") or path == b"/tokenize":
             control.answer(self.core, connection, method, path, body)
         else:

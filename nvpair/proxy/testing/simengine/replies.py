@@ -2,10 +2,12 @@
 
 Usage is reported as the real engines report it:
 
-* ``llamacpp`` (llama-server): ``usage`` with ``prompt_tokens`` (the whole prompt) and
-  ``prompt_tokens_details.cached_tokens``, and the ``timings`` object (``cache_n``, ``prompt_n``
-  = the tokens actually evaluated, ``prompt_ms``, ``predicted_n``, ``predicted_ms``, ...), on
-  the non-streamed body and on the last streamed chunk (always, as llama-server does);
+* ``llamacpp`` (llama-server, as its ``server-task.cpp`` builds them): ``usage`` with
+  ``prompt_tokens`` (the whole prompt) and ``prompt_tokens_details.cached_tokens``, and the
+  ``timings`` object (``cache_n``, ``prompt_n`` = the tokens actually evaluated,
+  ``prompt_ms``, ``predicted_n``, ``predicted_ms``, ...) on the non-streamed body; streamed,
+  ``timings`` always ride on the last chunk, and ``usage`` on a last chunk with no choices
+  only with ``stream_options.include_usage`` (completions: on the finishing chunk, always);
 * ``lmstudio``: plain OpenAI ``usage`` (no cached count), streamed only with
   ``stream_options.include_usage``, in a last chunk whose ``choices`` is empty;
 * ``ollama``: native routes end with ``prompt_eval_count`` (the whole prompt), ``eval_count``
@@ -153,18 +155,17 @@ class Reply:
         else:
             choice = {"finish_reason": "stop", "index": 0, "text": "", "logprobs": None}
         final = self._chunk(choice)
-        out = []
-        if self.dialect == "llamacpp":
-            final["usage"] = usage.openai(True)
-            final["timings"] = usage.timings()
-            out.append(final)
-        else:
-            out.append(final)
-            if self.includeUsage:
-                tail = self._chunk(choice)
-                tail["choices"] = []
-                tail["usage"] = usage.openai(False)
-                out.append(tail)
+        out = [final]
+        llama = self.dialect == "llamacpp"
+        if llama and self.route is Route.COMPLETION:
+            final["usage"] = usage.openai(True)  # llama-server's completions: always
+        elif self.includeUsage:
+            tail = self._chunk(choice)
+            tail["choices"] = []
+            tail["usage"] = usage.openai(llama)
+            out.append(tail)
+        if llama:
+            out[-1]["timings"] = usage.timings()
         return b"".join(b"data: " + dumps(ev) + b"\n\n" for ev in out) + b"data: [DONE]\n\n"
 
     def document(self, text: str, usage: Usage) -> bytes:

@@ -52,8 +52,9 @@ def _notSupported(what: str, flag: str) -> bytes:
     return dumps({"error": {"code": 501, "message": message, "type": "not_supported_error"}})
 
 
-def answerGet(core: Core, connection: EngineConnection, path: bytes) -> None:
-    """Answer a state, list or probe route from the engine's live state."""
+def answerGet(core: Core, connection: EngineConnection, path: bytes, query: bytes = b"") -> None:
+    """Answer a state, list or probe route from the engine's live state
+    (``/slots?fail_on_no_slot=1`` is 503 when no slot is idle, as in llama-server)."""
     config, slots = core.config, core.slots
     models = list(config.models)
     body: bytes
@@ -70,15 +71,22 @@ def answerGet(core: Core, connection: EngineConnection, path: bytes) -> None:
     elif path == b"/api/version":
         body = b'{"version":"0.0.0-sim"}'
     elif path == b"/api/ps":
-        loaded = [(m, core.lastUsed[m] + state.KEEP_ALIVE) for m in models]
-        body = state.psDocument(loaded, 300_000_000)
+        body = state.psDocument(core.loadedModels(), 300_000_000)
     elif path == b"/api/v0/models":
-        body = state.lmstudioModels([(m, True) for m in models], config.nCtx)
+        loaded = {m for m, _ in core.loadedModels()}
+        body = state.lmstudioModels([(m, m in loaded) for m in models], config.nCtx)
     elif path == b"/slots":
         if not config.slotsEndpoint:
             core.document(connection, 501, _notSupported("slots", "--slots"))
             return
         busy = [slots.isBusy(i) for i in range(slots.total)]
+        if all(busy) and any(
+            p.startswith(b"fail_on_no_slot=") and p != b"fail_on_no_slot="
+            for p in query.split(b"&")
+        ):
+            error = {"code": 503, "message": "no slot available", "type": "unavailable_error"}
+            core.document(connection, 503, dumps({"error": error}))
+            return
         tasks = [core.taskAt(i) for i in range(slots.total)]
         body = state.slotsDocument(busy, config.nCtx, tasks)
     else:  # /metrics
@@ -117,13 +125,6 @@ def _maxTokens(doc: dict[str, object], default: int, cap: int) -> int:
     return min(default, cap)
 
 
-def _modelKnown(core: Core, model: str) -> bool:
-    if core.config.dialect == "llamacpp":
-        return True  # llama-server serves its one model whatever the request names
-    models = core.config.models
-    return model in models or (core.config.dialect == "ollama" and model + ":latest" in models)
-
-
 def inference(core: Core, connection: EngineConnection, route: Route, body: bytes) -> None:
     """Answer an inference request: refuse it, fail it (``/sim/fail``) or run it."""
     config = core.config
@@ -147,7 +148,8 @@ def inference(core: Core, connection: EngineConnection, route: Route, body: byte
             refuse(400, "model is required", "invalid_request_error")
             return
         model = config.models[0]
-    if not _modelKnown(core, model):
+    served = core.resolve(model)
+    if served is None:
         refuse(404, f"model '{model}' not found", "not_found_error")
         return
     words = promptWords(doc, route in (Route.CHAT, Route.OLLAMA_CHAT))
@@ -178,8 +180,7 @@ def inference(core: Core, connection: EngineConnection, route: Route, body: byte
     reply = Reply(dialect, route, model, ident, includeUsage)
     streaming = stream is not False if native else stream is True
     maxTokens = _maxTokens(doc, config.outputTokens, config.maxOutputTokens)
-    core.lastUsed[model if model in core.lastUsed else config.models[0]] = core.clock.seconds()
-    run = Run(core, connection, reply, streaming, words, maxTokens, core.untrack)
+    run = Run(core, connection, reply, streaming, words, maxTokens, core.untrack, served)
     core.track(connection, run)
     if not run.begin():
         core.untrack(run)

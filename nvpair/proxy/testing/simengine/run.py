@@ -1,11 +1,12 @@
 """One inference request inside the simulated engine: wait for a slot, prefill, decode.
 
-Timeline, once the request has a slot: the leading prompt blocks held in the prefix cache
-are free; every other prompt token costs ``prefillMs``; then the prompt's blocks are cached
-and (streaming) the headers go out; the i-th token goes out ``(i + 1) * decodeMs`` later.
-When the last token is out, the blocks of prompt and answer together are cached (the next
-turn of the conversation starts with exactly those tokens), the usage is reported as the
-dialect does, and the slot goes to the next request in the FIFO.
+Timeline, once the request has a slot: a model not loaded first takes ``loadMs`` to load;
+the leading prompt blocks held in the prefix cache are free; every other prompt token costs
+``prefillMs``; then the prompt's blocks are cached and (streaming) the headers go out; the
+i-th token goes out ``(i + 1) * decodeMs`` later. When the last token is out, the blocks of
+prompt and answer together are cached (the next turn of the conversation starts with
+exactly those tokens), the usage is reported as the dialect does, and the slot goes to the
+next request in the FIFO.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Run:
         words: Sequence[str],
         maxTokens: int,
         onDone: Callable[[Run], None],
+        served: str = "",
     ) -> None:
         self._parts = core
         self._connection = connection
@@ -43,6 +45,7 @@ class Run:
         self._ids = [tokenId(w) for w in words]
         self._n = maxTokens
         self._onDone = onDone
+        self._served = served or reply.model
         self._digests = blockDigests(reply.model, self._ids, core.config.blockSize)
         self.job = Job(self._start)
         self.cached = 0
@@ -76,7 +79,8 @@ class Run:
         stats.promptTokens += len(self._ids)
         stats.cachedTokens += self.cached
         stats.promptSeconds += self._promptMs / 1000.0
-        self._connection.later(self._promptMs / 1000.0, self._prefilled)
+        loading = parts.use(self._served)
+        self._connection.later(loading + self._promptMs / 1000.0, self._prefilled)
 
     def _prefilled(self) -> None:
         self._parts.cache.insert(self._digests)

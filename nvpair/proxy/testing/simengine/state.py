@@ -17,9 +17,6 @@ from collections.abc import Sequence
 
 from nvpair.proxy.testing.simengine.replies import dumps
 
-KEEP_ALIVE = 300.0
-"""Seconds a loaded Ollama model stays loaded after use (Ollama's default, 5 minutes)."""
-
 
 def slotsDocument(busy: Sequence[bool], nCtx: int, tasks: Sequence[int]) -> bytes:
     """llama-server's ``/slots``: one entry per slot (``tasks[i]`` is -1 when idle)."""
