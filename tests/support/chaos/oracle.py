@@ -64,11 +64,15 @@ ARRIVAL_SLACK = 0.02
 
 def _sentBefore(a: Attempt, b: Attempt) -> bool:
     """Whether the proxy sent ``a`` before ``b``: by the kernel's arrival times when they are
-    clearly apart, else by the read order (right whenever one attempt's answer led to the
-    next, as the next could only be read after that answer was written)."""
+    clearly apart; else a request the proxy had reset before it was read first (its node
+    left just after it was sent, and the next attempt went out at once); else by the read
+    order (right whenever one attempt's answer led to the next, as the next could only be
+    read after that answer was written)."""
     if a.arrival is not None and b.arrival is not None:
         if abs(a.arrival - b.arrival) > ARRIVAL_SLACK:
             return a.arrival < b.arrival
+    if a.abandoned != b.abandoned:
+        return a.abandoned
     return a.seq < b.seq
 
 
