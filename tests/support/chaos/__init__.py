@@ -10,8 +10,9 @@ terminal workload events against the answers, and at the end the process must ho
 reservation, no in-flight dispatch, no extra descriptor and no growing memory.
 
 The package: ``records`` (config, ledger, sends), ``engine`` (the chaos fake engine),
-``oracle`` (``classify`` and ``judge``), ``checks`` (process probes, ``Report``, the end-of-run
-checks), ``traffic`` (the client side) and ``soak`` (``Soak``, one run).
+``oracle`` (``classify``, ``judge``, and ``sentOrder``: the order the proxy sent the attempts
+in), ``checks`` (process probes, ``Report``, the end-of-run checks), ``traffic`` (the client
+side) and ``soak`` (``Soak``, one run).
 
 Used by ``tests/hostile/test_chaos.py`` (CI mode) and ``bench/soak.py`` (long mode).
 """
@@ -23,19 +24,24 @@ from tests.support.chaos.engine import (
     STATUS_BODY,
     VERBATIM_WEIGHTS,
     ChaosEngine,
+    socketFacts,
 )
 from tests.support.chaos.oracle import (
+    ARRIVAL_SLACK,
     GENERATED_REASONS,
     OUTCOMES,
     VERBATIM_OUTCOMES,
     classify,
     judge,
+    sentOrder,
+    unanswered,
 )
 from tests.support.chaos.records import Attempt, ChaosConfig, Ledger, Sent
 from tests.support.chaos.soak import Soak
 from tests.support.chaos.traffic import SoakTraffic
 
 __all__ = [
+    "ARRIVAL_SLACK",
     "CHAOS_HEADER",
     "GENERATED_REASONS",
     "INFERENCE_WEIGHTS",
@@ -57,4 +63,7 @@ __all__ = [
     "openFds",
     "proxyPid",
     "rssKiB",
+    "sentOrder",
+    "socketFacts",
+    "unanswered",
 ]

@@ -2,15 +2,21 @@
 
 The draw is weighted by route kind (inference or verbatim); ``refuse`` also stops listening
 for ``refuseFor`` seconds so new connections are refused.
+
+Each request is recorded as it is read, before it is answered, with what the kernel knows of
+it (``socketFacts``): under CPU starvation the engines read requests late and out of the
+order the proxy sent them, and the oracle orders attempts by those facts, not by the read.
 """
 
 from __future__ import annotations
 
 import random
+import socket
+import struct
 from typing import Any
 
 from twisted.internet import defer
-from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.interfaces import IDelayedCall, ISystemHandle
 
 from nvpair.proxy.testing.fakeengine import (
     Answer,
@@ -49,6 +55,28 @@ VERBATIM_WEIGHTS = {
 }
 
 
+_ESTABLISHED = 1  # tcpi_state of a connection neither side has reset or closed
+_LAST_DATA_RECV = 52  # offset of tcpi_last_data_recv (ms since data last arrived) in tcp_info
+
+
+def socketFacts(transport: Any, now: float) -> tuple[float | None, bool]:
+    """When the last bytes reached the connection's socket (``now`` minus the kernel's
+    ``tcpi_last_data_recv``, a few milliseconds coarse), and whether the peer had already
+    reset or closed the connection; ``(None, False)`` when the socket cannot tell."""
+    handle = ISystemHandle(transport, None)
+    sock = handle.getHandle() if handle is not None else None
+    if not isinstance(sock, socket.socket):
+        return None, False
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    except OSError:
+        return None, False
+    if len(info) < _LAST_DATA_RECV + 4:
+        return None, False
+    (sinceMs,) = struct.unpack_from("I", info, _LAST_DATA_RECV)
+    return now - sinceMs / 1000.0, info[0] != _ESTABLISHED
+
+
 class ChaosEngine(FakeEngine):
     """A fake engine whose every request draws its behaviour at random and records it."""
 
@@ -75,7 +103,9 @@ class ChaosEngine(FakeEngine):
         rng = random.Random(f"{self.config.seed}:{chaosId}:{self.name}:{seen}")
         weights = INFERENCE_WEIGHTS if inference else VERBATIM_WEIGHTS
         label = rng.choices(list(weights), list(weights.values()))[0]
-        self.ledger.record(chaosId, self.name, label)
+        now = self.clock.seconds()
+        arrival, abandoned = socketFacts(proto.transport, now)
+        self.ledger.record(chaosId, self.name, label, arrival, now, abandoned)
         if label == "refuse":
             self._refuse()
         self.behaviours[:] = [self._behaviour(label, rng)]
@@ -94,7 +124,9 @@ class ChaosEngine(FakeEngine):
         if label == "slow":
             return SlowFirstByte(self.config.slowDelay)
         if label == "slowlong":
-            return SlowFirstByte(timeout * 1.6)
+            # Later than the first-content cap even when the proxy reads the headers late
+            # (its cap starts when it reads them): after the whole job deadline.
+            return SlowFirstByte(timeout + self.config.jobDeadline)
         if label == "die":
             return DieMidStream(rng.randint(1, 2))
         return Drop()  # drop, refuse

@@ -2,11 +2,18 @@
 
 ``classify`` names the answer (full, cut, passthrough, gen:<reason>, ...); ``judge`` checks it
 against the engine-side attempts recorded for its chaos id and the discovery churn.
+
+The attempts are judged in the order the proxy sent them (``sentOrder``), which is not
+always the order the engines read them: when the soak's process is starved of CPU, a request
+the proxy already gave up on (its header cap expired, its node left) can be read after the
+next attempt's.  The kernel's arrival times order such attempts; an attempt read only after
+the proxy gave up on it (``unanswered``) may fail whatever its engine then did.
 """
 
 from __future__ import annotations
 
 import json
+from functools import cmp_to_key
 
 from tests.support.chaos.records import Attempt, ChaosConfig, Sent
 from tests.support.harness import CANARY
@@ -48,6 +55,46 @@ VERBATIM_OUTCOMES: dict[str, set[str]] = {
     "drop": {"transport"},
     "refuse": {"transport"},
 }
+
+
+# How far apart two kernel arrival times must be to order two attempts: the kernel keeps
+# them in scheduler ticks (a few milliseconds), and they are read a little later.
+ARRIVAL_SLACK = 0.02
+
+
+def _sentBefore(a: Attempt, b: Attempt) -> bool:
+    """Whether the proxy sent ``a`` before ``b``: by the kernel's arrival times when they are
+    clearly apart; else a request the proxy had reset before it was read first (its node
+    left just after it was sent, and the next attempt went out at once); else by the read
+    order (right whenever one attempt's answer led to the next, as the next could only be
+    read after that answer was written)."""
+    if a.arrival is not None and b.arrival is not None:
+        if abs(a.arrival - b.arrival) > ARRIVAL_SLACK:
+            return a.arrival < b.arrival
+    if a.abandoned != b.abandoned:
+        return a.abandoned
+    return a.seq < b.seq
+
+
+def sentOrder(attempts: list[Attempt]) -> list[Attempt]:
+    """The attempts in the order the proxy sent them."""
+
+    def compare(a: Attempt, b: Attempt) -> int:
+        return -1 if _sentBefore(a, b) else 1 if _sentBefore(b, a) else 0
+
+    return sorted(attempts, key=cmp_to_key(compare))
+
+
+def unanswered(a: Attempt, config: ChaosConfig) -> bool:
+    """Whether the proxy may have given up on the attempt before its engine answered: the
+    proxy had reset or closed the connection when the engine read the request, or the
+    engine read it only once the header cap (which starts before the request is sent) may
+    have run out."""
+    if a.abandoned:
+        return True
+    if a.arrival is None or a.read is None:
+        return False
+    return a.read - a.arrival >= config.responseTimeout - ARRIVAL_SLACK
 
 
 def _complete(s: Sent) -> bool:
@@ -113,6 +160,7 @@ def judge(
         return None if answer == "full" else f"fleet list answered {s.status}"
     inference = s.kind == "inference"
     outcomes = OUTCOMES if inference else VERBATIM_OUTCOMES
+    attempts = sentOrder(attempts)
     last = attempts[-1] if attempts else None
 
     def can(a: Attempt | None, what: str) -> bool:
@@ -132,11 +180,15 @@ def judge(
             return "non-inference request dispatched to more nodes than exist"
     # every attempt but the last must have failed (nothing commits twice)
     for a in attempts[:-1]:
+        if unanswered(a, config):
+            continue  # the proxy gave up on it: a header timeout, or its node left
         if not (can(a, "status") or can(a, "nocontent") or can(a, "transport") or can(a, "left")):
             return f"attempt {a.label} on {a.engine} could not have failed"
     if answer in ("full", "cut", "passthrough"):
         if last is None or last.engine != s.node:
             return "committed on a node that did not receive it last"
+        if last.abandoned:
+            return "committed on a request the proxy had reset before its engine read it"
         if s.attempts is not None and not (len(attempts) <= s.attempts <= config.maxAttempts):
             return f"x-nvpair-attempts {s.attempts} inconsistent with {len(attempts)} seen"
         if answer == "passthrough":
@@ -187,6 +239,8 @@ def judge(
         if reason == "upstream_unreachable":
             if can(last, "transport") or can(last, "left"):
                 return None
+            if last is not None and unanswered(last, config):
+                return None  # its header cap ran out first
             if len(attempts) < (config.maxAttempts if inference else fleet):
                 return None  # the final attempt was refused at connect (unrecorded)
             return f"502 after a {last.label if last else '?'} final attempt"

@@ -30,24 +30,44 @@ class ChaosConfig:
 
 @attrs.define
 class Attempt:
-    """One request an engine received for a chaos id."""
+    """One request an engine received for a chaos id.
+
+    ``seq`` is the order the engines *read* the requests in, which is not the order the
+    proxy sent them when the soak's process is starved of CPU: an attempt the proxy gave up
+    on (header timeout, node left) may be read after the next one.  So each record also
+    holds what the kernel saw: ``arrival``, when the request's bytes reached the engine's
+    socket (None where unknown), ``read``, when the engine read it, and ``abandoned``,
+    whether the proxy had already reset or closed the connection when it was read.
+    """
 
     seq: int
     engine: str
     label: str
+    arrival: float | None = None
+    read: float | None = None
+    abandoned: bool = False
 
 
 class Ledger:
-    """Every engine-side request of the soak, by chaos id, in arrival order."""
+    """Every engine-side request of the soak, by chaos id, in the order the engines read them."""
 
     def __init__(self) -> None:
         self.seq = 0
         self.byId: dict[str, list[Attempt]] = {}
 
-    def record(self, chaosId: str, engine: str, label: str) -> None:
-        """Record one arrival."""
+    def record(
+        self,
+        chaosId: str,
+        engine: str,
+        label: str,
+        arrival: float | None = None,
+        read: float | None = None,
+        abandoned: bool = False,
+    ) -> None:
+        """Record one request as the engine reads it (before it answers)."""
         self.seq += 1
-        self.byId.setdefault(chaosId, []).append(Attempt(self.seq, engine, label))
+        attempt = Attempt(self.seq, engine, label, arrival, read, abandoned)
+        self.byId.setdefault(chaosId, []).append(attempt)
 
 
 @attrs.define
