@@ -1,10 +1,12 @@
-"""What the kit's engines share: a TCP listener of engine connections, counted and closed."""
+"""What the kit's engines share: a TCP listener of engine connections, counted and closed,
+and a client connection to one in memory."""
 
 from __future__ import annotations
 
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import Deferred, DeferredList, fail, succeed
 from twisted.internet.interfaces import IListeningPort, IReactorTCP, IReactorTime
+from twisted.internet.testing import MemoryReactor, StringTransport
 from zope.interface import implementer
 
 from nvpair.proxy.testing.fakeengine.connection import (
@@ -92,3 +94,14 @@ class EngineServer:
     ) -> None:
         """Answer one request: each engine says how."""
         raise NotImplementedError(f"{type(self).__name__} answers no requests")
+
+
+def memoryConnection(reactor: MemoryReactor) -> tuple[EngineConnection, StringTransport]:
+    """A new client connection, on a ``StringTransport``, to the engine that listened first
+    on ``reactor`` (a ``MemoryReactor``: nothing is dialled)."""
+    factory = reactor.tcpServers[0][1]
+    connection = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5555))
+    assert isinstance(connection, EngineConnection)
+    transport = StringTransport()
+    connection.makeConnection(transport)
+    return connection, transport
