@@ -1,4 +1,5 @@
-"""A kit engine (``python -m nvpair.proxy.testing.<engine>``) as a process, and its ready line."""
+"""Child processes of tests: a kit engine (``python -m nvpair.proxy.testing.<engine>``) and its
+ready line; any child killed at the test's end."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import sys
 from typing import Any
 
 from twisted.internet.defer import Deferred
-from twisted.internet.error import ProcessDone, ProcessTerminated
-from twisted.internet.interfaces import IReactorProcess
+from twisted.internet.error import ProcessDone, ProcessExitedAlready, ProcessTerminated
+from twisted.internet.interfaces import IProcessTransport, IReactorProcess
 from twisted.internet.protocol import ProcessProtocol
 from twisted.python.failure import Failure
-from twisted.trial.unittest import TestCase
+from twisted.trial.unittest import SynchronousTestCase
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -37,18 +38,30 @@ class ReadyLine(ProcessProtocol):
         self.ended.callback(None)
 
 
-async def spawnKitEngine(case: TestCase, reactor: object, module: str, *args: str) -> Any:
+def killAtCleanup(
+    case: SynchronousTestCase, process: IProcessTransport, ended: Deferred[Any]
+) -> None:
+    """At the test's end, kill ``process`` unless it has ended (``ended`` fired); wait for it."""
+
+    def kill() -> Deferred[Any]:
+        if not ended.called:
+            try:
+                process.signalProcess("KILL")
+            except ProcessExitedAlready:
+                pass
+        return ended
+
+    case.addCleanup(kill)
+
+
+async def spawnKitEngine(
+    case: SynchronousTestCase, reactor: object, module: str, *args: str
+) -> Any:
     """Start ``python -m module --port 0 *args``, killed at cleanup; its ready line's JSON."""
     proto = ReadyLine()
     argv = [sys.executable, "-m", module, "--port", "0", *args]
     process = IReactorProcess(reactor).spawnProcess(
         proto, sys.executable, argv, env=os.environ, path=ROOT
     )
-
-    async def stop() -> None:
-        if process.pid is not None:
-            process.signalProcess("KILL")
-        await proto.ended
-
-    case.addCleanup(stop)
+    killAtCleanup(case, process, proto.ended)
     return json.loads(await proto.firstLine)
