@@ -7,10 +7,11 @@ from collections.abc import Sequence
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTCP
+from zope.interface import implementer
 
 from nvpair.proxy.testing.fakeengine.answers import JSON, Responder
 from nvpair.proxy.testing.fakeengine.behaviours import Answer, Behaviour, Echo, Recorded
-from nvpair.proxy.testing.fakeengine.connection import EngineConnection
+from nvpair.proxy.testing.fakeengine.connection import EngineConnection, IRequestHandler
 from nvpair.proxy.testing.fakeengine.dialects import (
     LISTS,
     OLLAMA_STREAMS,
@@ -29,6 +30,7 @@ STATE_PROBES = frozenset((b"/slots", b"/metrics", b"/api/ps"))
 _NO_STATE = b'{"error":"fake engine: no state endpoint"}'
 
 
+@implementer(IRequestHandler)
 class FakeEngine(EngineServer):
     """A scriptable fake inference engine speaking the Ollama or OpenAI-style dialect.
 

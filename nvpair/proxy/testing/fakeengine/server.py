@@ -7,7 +7,6 @@ from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import Deferred, DeferredList, fail, succeed
 from twisted.internet.interfaces import IListeningPort, IReactorTCP, IReactorTime
 from twisted.internet.testing import MemoryReactor, StringTransport
-from zope.interface import implementer
 
 from nvpair.proxy.testing.fakeengine.connection import (
     EngineConnection,
@@ -16,11 +15,11 @@ from nvpair.proxy.testing.fakeengine.connection import (
 )
 
 
-@implementer(IRequestHandler)
 class EngineServer:
     """Listens for engine connections, counts them and closes them all; subclasses answer.
 
-    A subclass provides ``requestReceived``; ``reactor`` must also provide ``IReactorTime``.
+    A subclass provides ``IRequestHandler`` (its ``requestReceived``); ``reactor`` must also
+    provide ``IReactorTime``.
     """
 
     def __init__(self, reactor: IReactorTCP) -> None:
@@ -35,7 +34,7 @@ class EngineServer:
 
     def listen(self, port: int = 0, interface: str = "127.0.0.1") -> int:
         """Start listening and return the bound port."""
-        factory = EngineFactory(self, self.clock)
+        factory = EngineFactory(IRequestHandler(self), self.clock)
         self._listening = self.reactor.listenTCP(port, factory, interface=interface)
         address = self._listening.getHost()
         if not isinstance(address, IPv4Address | IPv6Address):
@@ -83,17 +82,6 @@ class EngineServer:
             waiters, self._closeWaiters = self._closeWaiters, []
             for d in waiters:
                 d.callback(None)
-
-    def requestReceived(
-        self,
-        connection: EngineConnection,
-        method: bytes,
-        target: bytes,
-        headers: dict[str, list[str]],
-        body: bytes,
-    ) -> None:
-        """Answer one request: each engine says how."""
-        raise NotImplementedError(f"{type(self).__name__} answers no requests")
 
 
 def memoryConnection(reactor: MemoryReactor) -> tuple[EngineConnection, StringTransport]:

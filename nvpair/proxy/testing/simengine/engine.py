@@ -9,9 +9,10 @@ control routes of tests and benchmarks (spec.md, "The simulated engine").
 from __future__ import annotations
 
 from twisted.internet.interfaces import IReactorTCP
+from zope.interface import implementer
 
 from nvpair.proxy.testing.fakeengine.answers import JSON
-from nvpair.proxy.testing.fakeengine.connection import EngineConnection
+from nvpair.proxy.testing.fakeengine.connection import EngineConnection, IRequestHandler
 from nvpair.proxy.testing.fakeengine.server import EngineServer
 from nvpair.proxy.testing.simengine import control
 from nvpair.proxy.testing.simengine.config import Failure, SimConfig
@@ -21,6 +22,7 @@ from nvpair.proxy.testing.simengine.routes import GETS, INFERENCE, answerGet, in
 _NOT_FOUND = b'{"error":{"code":404,"message":"File Not Found","type":"not_found_error"}}'
 
 
+@implementer(IRequestHandler)
 class SimEngine(EngineServer):
     """A simulated inference engine (llama.cpp, LM Studio or Ollama dialect).
 
