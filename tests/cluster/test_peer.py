@@ -9,21 +9,19 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any, cast
 
 from twisted.internet import defer
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectError, ConnectionRefusedError
-from twisted.internet.interfaces import IOpenSSLClientConnectionCreator, IProtocol, IPushProducer
-from twisted.internet.protocol import Protocol
+from twisted.internet.interfaces import IOpenSSLClientConnectionCreator, IPushProducer
+from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
-from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
+from twisted.web.iweb import IResponse
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
@@ -36,6 +34,7 @@ from nvpair.proxy.interfaces import IClusterTrust, IConnectingReactor, IPeerTrus
 from nvpair.proxy.routing.nodes import Node
 from nvpair.proxy.testing.certs import makeNodeCert, writeClusterDir, writePins
 from nvpair.proxy.testing.fakecontext import FakeContext
+from nvpair.proxy.testing.upstreamspy import FakeResponse, UpstreamSpy
 
 LOCAL = "http://127.0.0.1:11435"
 BODY = b'{"model": "m1", "stream": true}'
@@ -67,92 +66,14 @@ class FakeTrust:
         return self.current
 
 
-@implementer(IPushProducer)
-class BodyTransport:
-    """The upstream body transport: records flow control; stopping loses the body."""
-
-    def __init__(self) -> None:
-        self.paused = False
-        self.stopped = False
-        self.protocol: IProtocol = Protocol()  # the body's receiver, once delivered
-
-    def pauseProducing(self) -> None:
-        self.paused = True
-
-    def resumeProducing(self) -> None:
-        self.paused = False
-
-    def stopProducing(self) -> None:
-        if not self.stopped:
-            self.stopped = True
-            self.protocol.connectionLost(Failure(ResponseFailed([Failure(ConnectError())])))
-
-
-@implementer(IResponse)
-class FakeResponse:
-    """An upstream response whose body the test feeds by hand."""
-
-    version = (b"HTTP", 1, 1)
-    request = None
-    previousResponse = None
-
-    def __init__(
-        self,
-        code: int = 200,
-        headers: dict[bytes, list[bytes]] | None = None,
-        length: int | object = UNKNOWN_LENGTH,
-    ) -> None:
-        self.code = code
-        self.phrase = b"OK"
-        self.headers = Headers(headers or {b"content-type": [b"text/event-stream"]})
-        self.length = length
-        self.transport = BodyTransport()
-
-    def deliverBody(self, protocol: IProtocol) -> None:
-        self.transport.protocol = protocol
-        protocol.makeConnection(self.transport)  # type: ignore[arg-type]
-
-    def setPreviousResponse(self, response: IResponse) -> None:
-        raise NotImplementedError("no redirects here")
-
-
-@implementer(IUpstream)
-class FakeUpstream:
-    """Records requests; each returns a Deferred the test fires."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[object, str | None, bytes, bytes, Headers, bytes]] = []
-        self.pending: list[defer.Deferred[IResponse]] = []
-        self.cancelled = 0
-
-    def request(
-        self,
-        node: object,
-        address: str | None,
-        method: bytes,
-        path: bytes,
-        headers: Headers,
-        body: bytes,
-        connected: Callable[[], None] | None = None,
-    ) -> defer.Deferred[IResponse]:
-        self.calls.append((node, address, method, path, headers, body))
-
-        def cancel(d: defer.Deferred[IResponse]) -> None:
-            self.cancelled += 1
-
-        d: defer.Deferred[IResponse] = defer.Deferred(cancel)
-        self.pending.append(d)
-        return d
-
-
 class FakesTests(SynchronousTestCase):
     """The fakes provide the interfaces they stand in for; so does the real trust."""
 
     def test_fakes(self) -> None:
         """Trust, upstream, response and its body transport."""
         self.assertTrue(verifyObject(IClusterTrust, FakeTrust()))
-        self.assertTrue(verifyObject(IUpstream, FakeUpstream()))
-        response = FakeResponse()
+        self.assertTrue(verifyObject(IUpstream, UpstreamSpy(Clock())))
+        response = FakeResponse(Clock(), 200)
         self.assertTrue(verifyObject(IResponse, response))
         self.assertTrue(verifyObject(IPushProducer, response.transport))
 
@@ -168,7 +89,7 @@ class PeerDoorTests(SynchronousTestCase):
 
     def setUp(self) -> None:
         self.trust = FakeTrust()
-        self.context = FakeContext(upstream=FakeUpstream(), trust=self.trust)
+        self.context = FakeContext(trust=self.trust)
         self.facade = SimpleNamespace(engine=ENGINES["llamacpp"], localBackend=LOCAL)
         site = FacadeSite(
             PeerDoor(self.context, self.facade), self.context.clock, 1 << 20, 30.0, 65536
@@ -186,21 +107,22 @@ class PeerDoorTests(SynchronousTestCase):
             + body
         )
 
-    def respond(self, response: FakeResponse | None = None) -> FakeResponse:
-        response = response or FakeResponse()
-        self.context.upstream.pending[-1].callback(response)
-        return response
+    def respond(
+        self, headers: dict[bytes, list[bytes]] | None = None, length: int | None = None
+    ) -> FakeResponse:
+        return self.context.upstream.last().respond(200, headers, length, b"OK")
 
     def test_forwardsVerbatimToLocalBackend(self) -> None:
         """Method, target, end-to-end headers and body go to the local backend as sent."""
         self.send()
-        [(node, address, method, path, headers, body)] = self.context.upstream.calls
+        [call] = self.context.upstream.calls
         self.assertEqual(
-            (address, method, path, body), (LOCAL, b"POST", b"/v1/chat/completions?x=1", BODY)
+            (call.address, call.method, call.path, call.body),
+            (LOCAL, b"POST", b"/v1/chat/completions?x=1", BODY),
         )
-        self.assertEqual(headers.getRawHeaders(b"x-custom"), [b"yes"])
-        self.assertFalse(headers.hasHeader(b"connection"))
-        self.assertFalse(headers.hasHeader(b"host"))
+        self.assertEqual(call.headers.getRawHeaders(b"x-custom"), [b"yes"])
+        self.assertFalse(call.headers.hasHeader(b"connection"))
+        self.assertFalse(call.headers.hasHeader(b"host"))
         self.assertEqual(self.trust.asked, [self.transport])
 
     def test_headersAtOnceThenStream(self) -> None:
@@ -213,9 +135,9 @@ class PeerDoorTests(SynchronousTestCase):
         self.assertNotIn(b"X-Nvpair", head)
         self.assertTrue(head.endswith(b"\r\n\r\n"), "nothing of the body yet")
         self.transport.clear()
-        response.transport.protocol.dataReceived(b"data: 1\n\n")
+        response.send(b"data: 1\n\n")
         self.assertEqual(self.transport.value(), b"9\r\ndata: 1\n\n\r\n")
-        response.transport.protocol.connectionLost(Failure(ResponseDone()))
+        response.end()
         self.assertTrue(self.transport.value().endswith(b"0\r\n\r\n"))
         self.assertFalse(self.transport.disconnecting)
         self.assertEqual(self.context.exchanges, set())
@@ -223,9 +145,9 @@ class PeerDoorTests(SynchronousTestCase):
     def test_contentLengthPassedThrough(self) -> None:
         """A known upstream length becomes the client's Content-Length."""
         self.send()
-        response = self.respond(FakeResponse(200, {b"content-type": [b"application/json"]}, 2))
-        response.transport.protocol.dataReceived(b"{}")
-        response.transport.protocol.connectionLost(Failure(ResponseDone()))
+        response = self.respond({b"content-type": [b"application/json"]}, 2)
+        response.send(b"{}")
+        response.end()
         self.assertIn(b"Content-Length: 2\r\n", self.transport.value())
         self.assertTrue(self.transport.value().endswith(b"\r\n\r\n{}"))
 
@@ -258,8 +180,8 @@ class PeerDoorTests(SynchronousTestCase):
         """An upstream that dies mid-body makes the client see a truncated response."""
         self.send()
         response = self.respond()
-        response.transport.protocol.dataReceived(b"data: 1\n\n")
-        response.transport.protocol.connectionLost(Failure(ResponseFailed([])))
+        response.send(b"data: 1\n\n")
+        response.fail()
         self.assertTrue(self.transport.disconnected)
         self.assertFalse(self.transport.value().endswith(b"0\r\n\r\n"))
 
@@ -267,7 +189,7 @@ class PeerDoorTests(SynchronousTestCase):
         """A client that leaves before the upstream answers cancels the upstream request."""
         self.send()
         self.channel.connectionLost(Failure(ConnectionRefusedError()))
-        self.assertEqual(self.context.upstream.cancelled, 1)
+        self.assertEqual([c.cancelled for c in self.context.upstream.calls], [True])
         self.assertEqual(self.context.exchanges, set())
 
     def test_clientGoneDuringBody(self) -> None:
@@ -276,6 +198,7 @@ class PeerDoorTests(SynchronousTestCase):
         response = self.respond()
         self.channel.connectionLost(Failure(ConnectionRefusedError()))
         self.assertTrue(response.transport.stopped)
+        self.context.clock.advance(0)  # the stopped body ends a turn later, as a closed socket
         self.assertEqual(self.context.exchanges, set())
 
     def test_noLocalBackend(self) -> None:
@@ -292,7 +215,7 @@ class PeerDoorTests(SynchronousTestCase):
     def test_backendFailure(self) -> None:
         """A local backend that fails at the transport answers 502 upstream_unreachable."""
         self.send()
-        self.context.upstream.pending[-1].errback(ConnectionRefusedError())
+        self.context.upstream.last().refuse()
         self.assertEqual(self.context.errors, [(502, "upstream_unreachable")])
         self.assertEqual(self.context.exchanges, set())
 
@@ -307,8 +230,8 @@ class PeerDoorTests(SynchronousTestCase):
     def test_pinRemovedOnKeptAliveConnection(self) -> None:
         """The pin is checked per request: a kept-alive connection is cut once it is gone."""
         self.send()
-        response = self.respond(FakeResponse(200, None, 0))
-        response.transport.protocol.connectionLost(Failure(ResponseDone()))
+        response = self.respond(None, 0)
+        response.end()
         self.assertFalse(self.transport.disconnecting)
         self.trust.pinned = None
         self.transport.clear()

@@ -277,9 +277,9 @@ class ClusterPersonalityTests(SynchronousTestCase):
         from nvpair.proxy.cluster.peer import PeerDoor
         from nvpair.proxy.http.site import FacadeSite
         from nvpair.proxy.testing.fakecontext import FakeContext
-        from tests.cluster.test_peer import FakeTrust, FakeUpstream
+        from tests.cluster.test_peer import FakeTrust
 
-        context = FakeContext(upstream=FakeUpstream(), trust=FakeTrust())
+        context = FakeContext(trust=FakeTrust())
         facade = SimpleNamespace(engine=ENGINES["llamacpp"], localBackend="http://127.0.0.1:9")
         site = FacadeSite(PeerDoor(context, facade), context.clock, 1 << 20, 30.0, 65536)
         channel = site.buildProtocol(IPv4Address("TCP", "10.203.0.2", 40000))

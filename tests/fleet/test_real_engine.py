@@ -17,12 +17,12 @@ from typing import Any
 
 import treq
 from twisted.internet import defer, reactor, task, threads, utils
-from twisted.internet.error import ProcessExitedAlready
 from twisted.internet.protocol import ProcessProtocol
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SkipTest, TestCase
 
 from tests.support.harness import ProxyFixture, freePort
+from tests.support.kitprocess import killAtCleanup
 from tests.support.standaloneharness import StandaloneProxy
 
 MODEL = "gemma3-270m"
@@ -121,15 +121,7 @@ class RealEngineTests(TestCase):
         ]
         process = reactor.spawnProcess(proto, python, argv, env=dict(os.environ))
 
-        def stop() -> defer.Deferred[Any]:
-            if not proto.ended.called:
-                try:
-                    process.signalProcess("KILL")
-                except ProcessExitedAlready:
-                    pass
-            return proto.ended
-
-        self.addCleanup(stop)
+        killAtCleanup(self, process, proto.ended)
         url = f"http://127.0.0.1:{port}"
         for _ in range(240):  # bounded: up to 120 s for the model to load
             if proto.ended.called:

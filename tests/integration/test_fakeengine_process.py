@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 from typing import Any
 
 import treq
-from twisted.internet.defer import Deferred
-from twisted.internet.error import ProcessDone, ProcessTerminated
-from twisted.internet.protocol import ProcessProtocol
 from twisted.internet.threads import deferToThread
-from twisted.python.failure import Failure
 
 from nvpair.proxy.testing.fakeengine import Answer, engineFromArgs
 from tests.integration.test_fakeengine import EngineTestCase, reactor
+from tests.support.kitprocess import spawnKitEngine
 
 
 class OfficialClientTests(EngineTestCase):
@@ -76,26 +71,6 @@ class OfficialClientTests(EngineTestCase):
         self.assertEqual([m.model for m in listed.models], ["m1", "m2"])
 
 
-class _LineReader(ProcessProtocol):
-    """Collects a child's stdout and reports the first line."""
-
-    def __init__(self) -> None:
-        self.out = b""
-        self.firstLine: Deferred[bytes] = Deferred()
-        self.ended: Deferred[None] = Deferred()
-
-    def outReceived(self, data: bytes) -> None:
-        self.out += data
-        if b"\n" in self.out and not self.firstLine.called:
-            self.firstLine.callback(self.out.split(b"\n", 1)[0])
-
-    def processEnded(self, reason: Failure) -> None:
-        reason.trap(ProcessDone, ProcessTerminated)
-        if not self.firstLine.called:
-            self.firstLine.errback(reason)
-        self.ended.callback(None)
-
-
 class CLITests(EngineTestCase):
     """The standalone entry point."""
 
@@ -113,31 +88,10 @@ class CLITests(EngineTestCase):
 
     async def test_processPrintsPort(self) -> None:
         """python -m nvpair.proxy.testing.fakeengine prints {"port": N} and serves on it."""
-        proto = _LineReader()
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        process = reactor.spawnProcess(
-            proto,
-            sys.executable,
-            [
-                sys.executable,
-                "-m",
-                "nvpair.proxy.testing.fakeengine",
-                "--port",
-                "0",
-                "--models",
-                "x",
-            ],
-            env=os.environ,
-            path=root,
+        ready = await spawnKitEngine(
+            self, reactor, "nvpair.proxy.testing.fakeengine", "--models", "x"
         )
-
-        async def stop() -> None:
-            if process.pid is not None:
-                process.signalProcess("KILL")
-            await proto.ended
-
-        self.addCleanup(stop)
-        port = json.loads(await proto.firstLine)["port"]
+        port = ready["port"]
         response = await self.http.get(f"http://127.0.0.1:{port}/v1/models")
         doc = json.loads(await treq.content(response))
         self.assertEqual(doc["data"][0]["id"], "x")

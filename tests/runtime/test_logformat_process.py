@@ -20,6 +20,7 @@ from zope.interface import implementer
 
 from nvpair.proxy.engines import ENGINES
 from tests.support.harness import freePort
+from tests.support.kitprocess import killAtCleanup
 from tests.support.standaloneharness import StandaloneProxy, facadeEnabled
 
 
@@ -115,15 +116,7 @@ class TerminalTests(TestCase):
         reactor.addReader(terminal)
         self.addCleanup(lambda: reactor.removeReader(terminal))
 
-        def kill() -> defer.Deferred[Any]:
-            if not proto.ended.called:
-                try:
-                    process.signalProcess("KILL")
-                except ProcessExitedAlready:
-                    pass
-            return proto.ended
-
-        self.addCleanup(kill)
+        killAtCleanup(self, process, proto.ended)
         line = yield terminal.waitFor("facade-enabled")
         self.assertRegex(line, rf"^\S+Z INFO  facade-enabled engine=llamacpp port={port} ")
         try:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from twisted.internet.address import IPv4Address
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 
 from nvpair.proxy.testing.fakeengine.connection import EngineConnection, dechunk
+from nvpair.proxy.testing.fakeengine.server import memoryConnection
 from nvpair.proxy.testing.simengine import SimConfig, SimEngine
 
 
@@ -80,12 +80,7 @@ class Harness:
 
     def connect(self) -> tuple[EngineConnection, StringTransport]:
         """A new client connection."""
-        factory = self.clock.tcpServers[0][1]
-        connection = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5555))
-        assert isinstance(connection, EngineConnection)
-        transport = StringTransport()
-        connection.makeConnection(transport)
-        return connection, transport
+        return memoryConnection(self.clock)
 
     def send(self, raw: bytes) -> tuple[EngineConnection, StringTransport]:
         """Send one request on a new connection."""

@@ -3,46 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 from typing import Any
 
 import treq
 from treq.client import HTTPClient
 from twisted.internet import reactor as _reactor
-from twisted.internet.defer import Deferred
-from twisted.internet.error import ProcessDone, ProcessTerminated
-from twisted.internet.interfaces import IReactorProcess, IReactorTCP
-from twisted.internet.protocol import ProcessProtocol
+from twisted.internet.interfaces import IReactorTCP
 from twisted.internet.threads import deferToThread
-from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 from twisted.web.client import Agent, HTTPConnectionPool
 
 from tests.simengine.helpers import chat, sentence
+from tests.support.kitprocess import spawnKitEngine
 
 reactor: Any = _reactor
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-class _ReadyLine(ProcessProtocol):
-    """Collects a child's stdout and reports its first line."""
-
-    def __init__(self) -> None:
-        self.out = b""
-        self.firstLine: Deferred[bytes] = Deferred()
-        self.ended: Deferred[None] = Deferred()
-
-    def outReceived(self, data: bytes) -> None:
-        self.out += data
-        if b"\n" in self.out and not self.firstLine.called:
-            self.firstLine.callback(self.out.split(b"\n", 1)[0])
-
-    def processEnded(self, reason: Failure) -> None:
-        reason.trap(ProcessDone, ProcessTerminated)
-        if not self.firstLine.called:
-            self.firstLine.errback(reason)
-        self.ended.callback(None)
 
 
 class ProcessTests(TestCase):
@@ -50,19 +24,7 @@ class ProcessTests(TestCase):
 
     async def spawn(self, *args: str) -> str:
         """Start a simulated engine process; its URL, from the ready line."""
-        proto = _ReadyLine()
-        argv = [sys.executable, "-m", "nvpair.proxy.testing.simengine", "--port", "0", *args]
-        process = IReactorProcess(reactor).spawnProcess(
-            proto, sys.executable, argv, env=os.environ, path=ROOT
-        )
-
-        async def stop() -> None:
-            if process.pid is not None:
-                process.signalProcess("KILL")
-            await proto.ended
-
-        self.addCleanup(stop)
-        ready = json.loads(await proto.firstLine)
+        ready = await spawnKitEngine(self, reactor, "nvpair.proxy.testing.simengine", *args)
         self.assertEqual(ready["url"], f"http://127.0.0.1:{ready['port']}")
         return str(ready["url"])
 

@@ -12,7 +12,6 @@ import json
 import os
 import sys
 
-from twisted.internet.address import IPv4Address
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
@@ -29,6 +28,7 @@ from nvpair.proxy.testing.fakeengine import (
     streamPieces,
 )
 from nvpair.proxy.testing.fakeengine.connection import ConnectionState, EngineConnection
+from nvpair.proxy.testing.fakeengine.server import memoryConnection
 
 CHAT = json.dumps({"model": "llama3", "messages": []}).encode()
 
@@ -48,12 +48,7 @@ class InMemoryEngineTests(SynchronousTestCase):
 
     def connect(self) -> tuple[EngineConnection, StringTransport]:
         """A new connection to the engine's listening factory."""
-        factory = self.reactor.tcpServers[0][1]
-        connection = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5555))
-        assert isinstance(connection, EngineConnection)
-        transport = StringTransport()
-        connection.makeConnection(transport)
-        return connection, transport
+        return memoryConnection(self.reactor)
 
     def test_providesRequestHandler(self) -> None:
         """The engine is what its connections hand requests to."""

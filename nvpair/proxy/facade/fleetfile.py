@@ -188,24 +188,16 @@ def _validate(document: Mapping[str, object], lines: _Lines, path: str) -> Fleet
     if len(raw) > MAX_BACKENDS:
         raise FleetError(path, lines.backend(MAX_BACKENDS), f"more than {MAX_BACKENDS} backends")
     backends = tuple(_backend(entry, i, lines, path) for i, entry in enumerate(raw))
-    seenUrls: dict[str, int] = {}
-    seenNames: dict[str, int] = {}
+    seen: dict[str, dict[str, int]] = {"url": {}, "name": {}}
     for i, b in enumerate(backends):
-        if b.url in seenUrls:
-            raise FleetError(
-                path,
-                lines.backend(i, "url"),
-                f"duplicate url {b.url!r} (already backend #{seenUrls[b.url] + 1})",
-            )
-        seenUrls[b.url] = i
-        if b.name is not None:
-            if b.name in seenNames:
+        for key, value in (("url", b.url), ("name", b.name)):
+            first = i if value is None else seen[key].setdefault(value, i)
+            if first != i:
                 raise FleetError(
                     path,
-                    lines.backend(i, "name"),
-                    f"duplicate name {b.name!r} (already backend #{seenNames[b.name] + 1})",
+                    lines.backend(i, key),
+                    f"duplicate {key} {value!r} (already backend #{first + 1})",
                 )
-            seenNames[b.name] = i
     if engines is None:
         engines = tuple(dict.fromkeys(b.engine for b in backends))
         if not engines:

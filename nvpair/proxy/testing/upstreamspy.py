@@ -185,11 +185,12 @@ class UpstreamCall:
         code: int = 200,
         headers: dict[bytes, list[bytes]] | None = None,
         length: int | None = None,
+        phrase: bytes = b"Phrase",
     ) -> FakeResponse:
         """Headers arrived: fire the request with a response whose body is still to come."""
         self._unanswered("respond()")
         self.connect()
-        response = self.state.response = FakeResponse(self.clock, code, headers, length)
+        response = self.state.response = FakeResponse(self.clock, code, headers, length, phrase)
         self.deferred.callback(response)
         return response
 

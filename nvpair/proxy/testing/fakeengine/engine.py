@@ -5,18 +5,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from twisted.internet.address import IPv4Address, IPv6Address
-from twisted.internet.defer import Deferred, DeferredList, fail, succeed
-from twisted.internet.interfaces import IListeningPort, IReactorTCP, IReactorTime
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IReactorTCP
 from zope.interface import implementer
 
 from nvpair.proxy.testing.fakeengine.answers import JSON, Responder
 from nvpair.proxy.testing.fakeengine.behaviours import Answer, Behaviour, Echo, Recorded
-from nvpair.proxy.testing.fakeengine.connection import (
-    EngineConnection,
-    EngineFactory,
-    IRequestHandler,
-)
+from nvpair.proxy.testing.fakeengine.connection import EngineConnection, IRequestHandler
 from nvpair.proxy.testing.fakeengine.dialects import (
     LISTS,
     OLLAMA_STREAMS,
@@ -25,6 +20,7 @@ from nvpair.proxy.testing.fakeengine.dialects import (
     Listing,
     Route,
 )
+from nvpair.proxy.testing.fakeengine.server import EngineServer
 
 _NO_MODEL = b'{"error":"fake engine: body must be a JSON object with a model"}'
 # The engine-state probes standalone mode polls (spec §11.2): a fake engine has none of
@@ -35,7 +31,7 @@ _NO_STATE = b'{"error":"fake engine: no state endpoint"}'
 
 
 @implementer(IRequestHandler)
-class FakeEngine:
+class FakeEngine(EngineServer):
     """A scriptable fake inference engine speaking the Ollama or OpenAI-style dialect.
 
     ``reactor`` must also provide ``IReactorTime`` (for delays); any reactor does, and so
@@ -63,8 +59,7 @@ class FakeEngine:
     ) -> None:
         if dialect not in ROUTES:
             raise ValueError(f"dialect must be 'openai' or 'ollama', not {dialect!r}")
-        self.reactor = reactor
-        self.clock = IReactorTime(reactor)
+        super().__init__(reactor)
         self.dialect = dialect
         self.models: list[str] = list(models)
         self.name = name
@@ -74,18 +69,12 @@ class FakeEngine:
         self.listBehaviour: Behaviour | None = None
         self.requests: list[Recorded] = []
         self.requestCount = 0
-        self.openConnections = 0
-        self.port = 0
-        self.url = ""
         self.routes: dict[bytes, Route] = ROUTES[dialect]
         """POST path -> the inference route it asks for, in this dialect."""
         self.lists: dict[bytes, Listing] = LISTS[dialect]
         """GET path -> the model list it answers, in this dialect."""
         self._responder = Responder(name)
-        self._listening: IListeningPort | None = None
-        self._connections: set[EngineConnection] = set()
         self._waiters: dict[int, list[Deferred[Recorded]]] = {}
-        self._closeWaiters: list[Deferred[None]] = []
 
     @property
     def corsHeaders(self) -> dict[str, str]:
@@ -95,43 +84,6 @@ class FakeEngine:
     @corsHeaders.setter
     def corsHeaders(self, headers: dict[str, str]) -> None:
         self._responder.corsHeaders = headers
-
-    # -- lifecycle --
-
-    def listen(self, port: int = 0, interface: str = "127.0.0.1") -> int:
-        """Start listening and return the bound port."""
-        factory = EngineFactory(self, self.clock)
-        self._listening = self.reactor.listenTCP(port, factory, interface=interface)
-        address = self._listening.getHost()
-        if not isinstance(address, IPv4Address | IPv6Address):
-            raise TypeError(f"not a TCP address: {address!r}")
-        self.port = address.port
-        self.url = f"http://{interface}:{self.port}"
-        return self.port
-
-    def stopListening(self) -> Deferred[None]:
-        """Stop accepting connections (new ones are refused); open ones stay."""
-        listening, self._listening = self._listening, None
-        if listening is None:
-            return succeed(None)
-        try:
-            stopped = listening.stopListening()
-        except Exception:
-            return fail()
-        return succeed(None) if stopped is None else stopped
-
-    def close(self) -> Deferred[None]:
-        """Stop listening and abort every open connection; fires when all are gone."""
-        waits = [self.stopListening()]
-        if self._connections:
-            d: Deferred[None] = Deferred()
-            self._closeWaiters.append(d)
-            waits.append(d)
-            for connection in list(self._connections):
-                connection.abort()
-        return DeferredList(waits, fireOnOneErrback=True, consumeErrors=True).addCallback(
-            lambda _: None
-        )
 
     def script(self, *behaviours: Behaviour) -> None:
         """Append behaviours for the next requests."""
@@ -146,20 +98,6 @@ class FakeEngine:
         return d
 
     # -- IRequestHandler: called by the engine's connections --
-
-    def connectionOpened(self, connection: EngineConnection) -> None:
-        """Count the new connection."""
-        self._connections.add(connection)
-        self.openConnections += 1
-
-    def connectionClosed(self, connection: EngineConnection) -> None:
-        """Forget the connection; the last one gone fires ``close()``."""
-        self._connections.discard(connection)
-        self.openConnections -= 1
-        if not self._connections:
-            waiters, self._closeWaiters = self._closeWaiters, []
-            for d in waiters:
-                d.callback(None)
 
     def requestReceived(
         self,

@@ -8,17 +8,12 @@ control routes of tests and benchmarks (spec.md, "The simulated engine").
 
 from __future__ import annotations
 
-from twisted.internet.address import IPv4Address, IPv6Address
-from twisted.internet.defer import Deferred, DeferredList, succeed
-from twisted.internet.interfaces import IListeningPort, IReactorTCP, IReactorTime
+from twisted.internet.interfaces import IReactorTCP
 from zope.interface import implementer
 
 from nvpair.proxy.testing.fakeengine.answers import JSON
-from nvpair.proxy.testing.fakeengine.connection import (
-    EngineConnection,
-    EngineFactory,
-    IRequestHandler,
-)
+from nvpair.proxy.testing.fakeengine.connection import EngineConnection, IRequestHandler
+from nvpair.proxy.testing.fakeengine.server import EngineServer
 from nvpair.proxy.testing.simengine import control
 from nvpair.proxy.testing.simengine.config import Failure, SimConfig
 from nvpair.proxy.testing.simengine.core import Core
@@ -28,7 +23,7 @@ _NOT_FOUND = b'{"error":{"code":404,"message":"File Not Found","type":"not_found
 
 
 @implementer(IRequestHandler)
-class SimEngine:
+class SimEngine(EngineServer):
     """A simulated inference engine (llama.cpp, LM Studio or Ollama dialect).
 
     ``reactor`` must also provide ``IReactorTime``; tests pass a ``MemoryReactorClock``.
@@ -36,19 +31,12 @@ class SimEngine:
     """
 
     def __init__(self, reactor: IReactorTCP, config: SimConfig) -> None:
-        self.reactor = reactor
-        self.clock = IReactorTime(reactor)
+        super().__init__(reactor)
         self.config = config
         self.core = Core(self.clock, config)
         self.stats = self.core.stats
         self.cache = self.core.cache
         self.slots = self.core.slots
-        self.port = 0
-        self.url = ""
-        self.openConnections = 0
-        self._listening: IListeningPort | None = None
-        self._connections: set[EngineConnection] = set()
-        self._closeWaiters: list[Deferred[None]] = []
 
     @property
     def failure(self) -> Failure | None:
@@ -59,55 +47,14 @@ class SimEngine:
     def failure(self, failure: Failure | None) -> None:
         self.core.failure = failure
 
-    # -- lifecycle --
-
-    def listen(self, port: int = 0, interface: str = "127.0.0.1") -> int:
-        """Start listening and return the bound port."""
-        self._listening = self.reactor.listenTCP(
-            port, EngineFactory(self, self.clock), interface=interface
-        )
-        address = self._listening.getHost()
-        if not isinstance(address, IPv4Address | IPv6Address):
-            raise TypeError(f"not a TCP address: {address!r}")
-        self.port = address.port
-        self.url = f"http://{interface}:{self.port}"
-        return self.port
-
-    def close(self) -> Deferred[None]:
-        """Stop listening and abort every open connection; fires when all are gone."""
-        listening, self._listening = self._listening, None
-        waits: list[Deferred[None]] = []
-        if listening is not None:
-            stopped = listening.stopListening()
-            waits.append(succeed(None) if stopped is None else stopped)
-        if self._connections:
-            d: Deferred[None] = Deferred()
-            self._closeWaiters.append(d)
-            waits.append(d)
-            for connection in list(self._connections):
-                connection.abort()
-        return DeferredList(waits, fireOnOneErrback=True, consumeErrors=True).addCallback(
-            lambda _: None
-        )
-
     # -- IRequestHandler --
-
-    def connectionOpened(self, connection: EngineConnection) -> None:
-        """Count the new connection."""
-        self._connections.add(connection)
-        self.openConnections += 1
 
     def connectionClosed(self, connection: EngineConnection) -> None:
         """A client went away: its request (running or queued) gives up its slot."""
-        self._connections.discard(connection)
-        self.openConnections -= 1
         run = self.core.runs.pop(connection, None)
         if run is not None:
             run.cancel()
-        if not self._connections:
-            waiters, self._closeWaiters = self._closeWaiters, []
-            for d in waiters:
-                d.callback(None)
+        super().connectionClosed(connection)
 
     def requestReceived(
         self,
