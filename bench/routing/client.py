@@ -44,6 +44,8 @@ class Record:
     engine: str = ""
     promptTokens: int = 0
     cachedTokens: int | None = None
+    promptMs: float | None = None
+    sent: float = 0.0
     error: str = ""
 
 
@@ -69,11 +71,13 @@ class _Body(Protocol):
             self.done.errback(reason)
 
 
-def parseStream(body: bytes) -> tuple[str, str, dict[str, Any]]:
-    """The answer text, the serving engine's name (from the id) and the last usage seen."""
+def parseStream(body: bytes) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
+    """The answer text, the serving engine's name (from the id), the last usage and the
+    last llama.cpp ``timings`` seen."""
     text: list[str] = []
     engine = ""
     usage: dict[str, Any] = {}
+    timings: dict[str, Any] = {}
     for line in body.split(b"\n"):
         line = line.strip()
         if not line.startswith(b"data:"):
@@ -91,7 +95,9 @@ def parseStream(body: bytes) -> tuple[str, str, dict[str, Any]]:
                 text.append(piece)
         if isinstance(event.get("usage"), dict):
             usage = event["usage"]
-    return "".join(text), engine, usage
+        if isinstance(event.get("timings"), dict):
+            timings = event["timings"]
+    return "".join(text), engine, usage, timings
 
 
 class Replayer:
@@ -146,6 +152,7 @@ class Replayer:
         producer = FileBodyProducer(io.BytesIO(json.dumps(doc).encode()))
         headers = Headers({b"content-type": [b"application/json"]})
         sent = self.clock.seconds()
+        record.sent = sent
         url = (base + "/v1/chat/completions").encode()
         try:
             d = self.agent.request(b"POST", url, headers, producer)
@@ -163,7 +170,7 @@ class Replayer:
         if record.status != 200:
             record.error = f"status {record.status}"
             return None
-        text, engine, usage = parseStream(raw)
+        text, engine, usage, timings = parseStream(raw)
         named = response.headers.getRawHeaders(b"x-fake-engine")
         record.engine = engine or (named[0].decode() if named else "?")
         record.ttft = None if body.first is None else body.first - sent
@@ -171,4 +178,7 @@ class Replayer:
         details = usage.get("prompt_tokens_details")
         if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
             record.cachedTokens = details["cached_tokens"]
+        promptMs = timings.get("prompt_ms")
+        if isinstance(promptMs, (int, float)):
+            record.promptMs = float(promptMs)
         return text

@@ -39,6 +39,7 @@ def summarize(records: list[Record], stats: list[dict[str, Any]], tenants: int) 
         "tenantsPerEngine": [homes.get(n, 0) for n in names],
         "tenantsTotal": tenants,
         "queueWaitMsMax": max(float(s["queue"]["wait_ms_max"]) for s in stats),
+        "queueWaitMsTotal": sum(float(s["queue"]["wait_ms_total"]) for s in stats),
     }
 
 
@@ -60,8 +61,12 @@ def _s(value: float | None) -> str:
 def markdown(results: dict[str, Any]) -> str:
     """The section: settings, then one row per router."""
     w, e = results["workload"], results["engines"]
+    direct = results.get("direct")
+    title = f"{HEADING}, run of {results['date']}"
+    if direct:
+        title += f": {direct['slots']} slots held by direct clients on {direct['engines']} engines"
     lines = [
-        HEADING,
+        title,
         "",
         f"Run of {results['date']} by `{results['command']}` ({results['machine']}). "
         f"{w['tenants']} tenants × {w['users']} users × {w['turns']} turns "
@@ -81,33 +86,68 @@ def markdown(results: dict[str, Any]) -> str:
         "one whose prompt and history are cached, a few tens of milliseconds.",
         "",
         "| router | TTFT p50 | TTFT p90 | TTFT p99 | prompt tokens from cache "
-        "| requests per engine | tenants per engine | errors |",
-        "|---|---:|---:|---:|---:|---|---|---:|",
+        "| requests per engine | tenants per engine | errors | load average (start → end) |",
+        "|---|---:|---:|---:|---:|---|---|---:|---|",
     ]
     for name, s in results["routers"].items():
         if "skipped" in s:
-            lines.append(f"| {LABELS.get(name, name)} | skipped: {s['skipped']} | | | | | | |")
+            lines.append(f"| {LABELS.get(name, name)} | skipped: {s['skipped']} | | | | | | | |")
             continue
         t = s["ttft"]
+        load = s.get("load", [])
         lines.append(
             f"| {LABELS.get(name, name)} | {_s(t['p50'])} | {_s(t['p90'])} | {_s(t['p99'])} "
             f"| {s['hitRatio']:.0%} | {'/'.join(map(str, s['perEngine']))} "
-            f"| {'/'.join(map(str, s['tenantsPerEngine']))} | {s['errors']} |"
+            f"| {'/'.join(map(str, s['tenantsPerEngine']))} | {s['errors']} "
+            f"| {' → '.join(f'{x:.0f}' for x in load)} |"
         )
+    if direct:
+        lines += _directTable(results)
     return "\n".join(lines) + "\n"
 
 
+def _directTable(results: dict[str, Any]) -> list[str]:
+    rows = [(n, s["direct"]) for n, s in results["routers"].items() if "direct" in s]
+    if not rows:
+        return []
+    d0 = rows[0][1]
+    lines = [
+        "",
+        f"Direct clients: the first {results['direct']['engines']} engines had "
+        f"{results['direct']['slots']} of their slots held (`POST /sim/hold`) for the whole "
+        "run. A turn *waited inside its engine* when its TTFT exceeded the engine's own work "
+        f"on it (`timings.prompt_ms` + one decode step) by more than {d0['threshold']:.2f} s; "
+        "*while another engine had a free slot* when a sample of every engine's `/sim/stats` "
+        "(every 0.1 s) taken during that wait showed another engine with a slot free. Short "
+        "turns: at most 256 uncached prompt tokens; one service time = answer tokens × decode "
+        f"= {d0['serviceTime']:.2f} s.",
+        "",
+        "| router | turns waited in engine | of them while another engine had a free slot "
+        "| share of turns (target ≤ 2 %) | wait p90 | engines' own queue wait, all turns "
+        "| short turns | short turns' TTFT p90 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, d in rows:
+        total = results["routers"][name].get("queueWaitMsTotal")
+        lines.append(
+            f"| {LABELS.get(name, name)} | {d['waited']} | {d['waitedWhileFreeElsewhere']} "
+            f"| {d['misplacedShare']:.1%} | {_s(d['waitP90'])} "
+            f"| {'–' if total is None else f'{total / 1000:.1f} s'} | {d['shortTurns']} "
+            f"| {_s(d['shortTtftP90'])} |"
+        )
+    return lines
+
+
 def writeSection(path: str, section: str) -> None:
-    """Put ``section`` into the results file, replacing an earlier one with the same heading."""
+    """Put ``section`` (a dated run) into the results file before the earlier runs of this
+    benchmark, which are kept: newest first, at the end of the file if there is none."""
     old = ""
     if os.path.exists(path):
         with open(path) as f:
             old = f.read()
     if HEADING in old:
-        before, rest = old.split(HEADING, 1)
-        cut = rest.find("\n## ")
-        after = "" if cut < 0 else rest[cut + 1 :]
-        text = before + section + ("\n" + after if after else "")
+        before, after = old.split(HEADING, 1)
+        text = before + section + "\n" + HEADING + after
     else:
         text = old.rstrip("\n") + "\n\n" + section
     with open(path, "w") as f:
