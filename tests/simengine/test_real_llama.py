@@ -24,6 +24,8 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SkipTest, TestCase
 from twisted.web.client import Agent, HTTPConnectionPool
 
+from nvpair.proxy.routing.engineprobe import parseMetrics, parseSlots
+from nvpair.proxy.routing.stats import StatsMeter
 from nvpair.proxy.testing.simengine import SimConfig, SimEngine
 from tests.simengine.helpers import sentence
 from tests.support.harness import freePort
@@ -131,6 +133,12 @@ class RealLlamaServerTests(TestCase):
             names[base] = {line.split()[0] for line in lines if line and not line.startswith("#")}
         self.assertEqual(names[self.sim] - names[self.real], set())
         self.assertIn("llamacpp:requests_deferred", names[self.real])
+        # The proxy's own probes read the real server: all slots idle, their contexts summed.
+        report = parseSlots(real)
+        self.assertEqual((report.busy, report.total), (0, len(realSlots)))
+        self.assertEqual(report.contextTokens, sum(r["n_ctx"] for r in realSlots))
+        _, metrics = await self.call(self.real, "/metrics")
+        self.assertEqual(parseMetrics(metrics).busy, 0)
 
     async def test_cachedTokens(self) -> None:
         """A repeated long prompt: cached_tokens and timings as the real server reports them."""
@@ -158,6 +166,15 @@ class RealLlamaServerTests(TestCase):
             self.assertGreater(cached, usage["prompt_tokens"] // 2)
             self.assertEqual(cached, timings["cache_n"])
             self.assertEqual(usage["prompt_tokens"], timings["cache_n"] + timings["prompt_n"])
+        # The proxy's statistics meter reads the real answer's cached count.
+        meter = StatsMeter("openai", 0.0)
+        meter.firstByte(0.0)
+        meter.feed(json.dumps(real).encode())
+        stats = meter.result(1.0)
+        assert stats is not None
+        self.assertEqual(
+            stats["cachedTokens"], real["usage"]["prompt_tokens_details"]["cached_tokens"]
+        )
 
     async def test_streamTail(self) -> None:
         """Streamed: timings on the last chunk; usage only with include_usage, choices empty."""

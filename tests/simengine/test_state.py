@@ -26,13 +26,15 @@ class StateEndpointTests(SynchronousTestCase):
             self.assertEqual(answer.json()["error"]["type"], "not_supported_error")
 
     def test_slotsShape(self) -> None:
-        """/slots lists every slot with id, n_ctx and is_processing."""
+        """/slots lists every slot with id, n_ctx and is_processing; as llama-server, an idle
+        slot has no task, parameters or next-token state."""
         slots = Harness(slots=3, nCtx=2048).exchange(get(b"/slots")).json()
         self.assertEqual([s["id"] for s in slots], [0, 1, 2])
         idle = Harness(slots=1).exchange(get(b"/slots?fail_on_no_slot=1"))
         self.assertEqual(idle.status, 200)
+        self.assertEqual({(s["n_ctx"], s["is_processing"]) for s in slots}, {(2048, False)})
         self.assertEqual(
-            {(s["n_ctx"], s["is_processing"], s["id_task"]) for s in slots}, {(2048, False, -1)}
+            set(slots[0]), {"id", "n_ctx", "speculative", "is_processing"}, "idle slot"
         )
 
     def test_metricsCountEvaluatedTokens(self) -> None:

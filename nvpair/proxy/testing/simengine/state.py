@@ -1,8 +1,9 @@
 """The simulated engine's state and probe documents, in the shapes the real servers use.
 
-* llama.cpp ``GET /slots`` (a list of slots: ``id``, ``id_task``, ``n_ctx``,
-  ``is_processing``, ...) and ``GET /metrics`` (Prometheus text, ``llamacpp:*``); when the
-  server was started without them, 501 ``not_supported_error``, as llama-server answers;
+* llama.cpp ``GET /slots`` (a list of slots: ``id``, ``n_ctx``, ``speculative``,
+  ``is_processing``, and a busy slot's task) and ``GET /metrics`` (Prometheus text,
+  ``llamacpp:*``); when the server was started without them, 501 ``not_supported_error``,
+  as llama-server answers;
 * Ollama ``GET /api/ps`` (the loaded models, with ``expires_at``) and ``GET /api/version``;
 * LM Studio ``GET /api/v0/models`` (every model with ``state`` ``loaded`` or ``not-loaded``);
 * the probes of the Rust routers: ``GET /health``, SGLang's ``GET /get_model_info`` and
@@ -19,26 +20,28 @@ from nvpair.proxy.testing.simengine.replies import dumps
 
 
 def slotsDocument(busy: Sequence[bool], nCtx: int, tasks: Sequence[int]) -> bytes:
-    """llama-server's ``/slots``: one entry per slot (``tasks[i]`` is -1 when idle)."""
-    return dumps(
-        [
-            {
-                "id": i,
-                "id_task": tasks[i],
-                "n_ctx": nCtx,
-                "speculative": False,
-                "is_processing": processing,
-                "params": {"n_predict": -1, "stream": True},
-                "next_token": {
-                    "has_next_token": processing,
-                    "has_new_line": False,
-                    "n_remain": -1,
-                    "n_decoded": 0,
-                },
+    """llama-server's ``/slots``: one entry per slot (``tasks[i]`` is -1 when idle); as the
+    real server, an idle slot is ``id``, ``n_ctx``, ``speculative`` and ``is_processing``
+    only, a busy one adds its task, parameters and next-token state."""
+    slots: list[dict[str, object]] = []
+    for i, processing in enumerate(busy):
+        slot: dict[str, object] = {
+            "id": i,
+            "n_ctx": nCtx,
+            "speculative": False,
+            "is_processing": processing,
+        }
+        if processing:
+            slot["id_task"] = tasks[i]
+            slot["params"] = {"n_predict": -1, "stream": True}
+            slot["next_token"] = {
+                "has_next_token": True,
+                "has_new_line": False,
+                "n_remain": -1,
+                "n_decoded": 0,
             }
-            for i, processing in enumerate(busy)
-        ]
-    )
+        slots.append(slot)
+    return dumps(slots)
 
 
 def metricsText(
