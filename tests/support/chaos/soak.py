@@ -76,8 +76,8 @@ class Soak(SoakTraffic, SoakChecks):
         """The discovery snapshot of the nodes currently present."""
         return [directNode(e.name, e) for e in self.engines if e.name in self.present]
 
-    async def setUp(self) -> None:
-        """Start the fleet and the proxy, enable the Ollama facade, publish discovery."""
+    def startEngines(self) -> None:
+        """Start the configured number of scripted Ollama engines (``N0``, ``N1``, ...)."""
         for i in range(self.config.engines):
             engine = ChaosEngine(
                 self.reactor,
@@ -90,6 +90,10 @@ class Soak(SoakTraffic, SoakChecks):
             engine.listen(0)
             self.cleanups.addCleanup(engine.close)
             self.engines.append(engine)
+
+    async def setUp(self) -> None:
+        """Start the fleet and the proxy, enable the Ollama facade, publish discovery."""
+        self.startEngines()
         proxy = self.proxy = ProxyFixture(self.cleanups, self.reactor, self.argv())
         proxy.level = self.config.logLevel  # sync() sets the level: keep the configured one
         await proxy.start()

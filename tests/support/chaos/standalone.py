@@ -16,7 +16,6 @@ from typing import Any
 from twisted.internet import defer
 
 from tests.support.chaos.checks import Report, openFds
-from tests.support.chaos.engine import ChaosEngine
 from tests.support.chaos.soak import Soak
 from tests.support.harness import CANARY
 from tests.support.standaloneharness import StandaloneProxy
@@ -31,18 +30,7 @@ class StandaloneSoak(Soak):
 
     async def setUpStandalone(self) -> None:
         """Start the fleet and the standalone proxy over it; wait until every engine is up."""
-        for i in range(self.config.engines):
-            engine = ChaosEngine(
-                self.reactor,
-                self.ledger,
-                self.config,
-                dialect="ollama",
-                models=self.models(),
-                name=f"N{i}",
-            )
-            engine.listen(0)
-            self.cleanups.addCleanup(engine.close)
-            self.engines.append(engine)
+        self.startEngines()
         backends = [("ollama", e.url) for e in self.engines]
         proxy = StandaloneProxy(
             self.cleanups, self.reactor, ("ollama",), backends, (*self.argv(), *QUEUE_ARGS)
