@@ -45,6 +45,7 @@ class Record:
     promptTokens: int = 0
     cachedTokens: int | None = None
     promptMs: float | None = None
+    queueMs: float | None = None  # the simulated engine's FIFO wait (``X-Sim-Queue-Ms``)
     sent: float = 0.0
     error: str = ""
 
@@ -181,4 +182,10 @@ class Replayer:
         promptMs = timings.get("prompt_ms")
         if isinstance(promptMs, (int, float)):
             record.promptMs = float(promptMs)
+        queued = response.headers.getRawHeaders(b"x-sim-queue-ms")
+        if queued:
+            try:
+                record.queueMs = float(queued[0])
+            except ValueError:
+                record.queueMs = None
         return text

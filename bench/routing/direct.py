@@ -6,11 +6,14 @@ free, before the engine's queue, so only the engine's own state shows them).  Wh
 workload replays, a thread samples every engine's ``GET /sim/stats`` (slots busy and total,
 queue depth) every ``interval`` seconds.
 
-A turn *waited inside its engine* when its time to first token exceeds what the engine
-reported spending on it (``timings.prompt_ms``, then one decode step) by more than
-``threshold`` seconds (the proxy hop and a loaded machine's scheduling stay well below it);
-it waited *while another engine had a free slot* when, in a sample taken during that wait,
-another engine had fewer slots busy than it has.  Short turns: those whose uncached part of
+A turn *waited inside its engine* when the engine's FIFO held it for a slot longer than
+``threshold`` seconds: the simulated engine says how long in ``X-Sim-Queue-Ms`` (without
+it, the time to first token beyond what the engine reported spending on the turn,
+``timings.prompt_ms`` and one decode step, counts instead); it waited *while another engine
+had a free slot* when, in a sample taken during that wait, another engine had fewer slots
+busy than it has.  A turn held in front of the engines (the proxy's queue or a hold for its
+prefix holder) waited too, but not inside an engine: those waits are reported apart
+(``waitedInFront``, ``frontWaitP90``).  Short turns: those whose uncached part of
 the prompt is at most ``SHORT_TOKENS`` tokens; their TTFT p90 is set against one service
 time, the time such a turn holds a slot (``answerTokens × decodeMs``).
 """
@@ -109,16 +112,22 @@ def measure(
 ) -> dict[str, Any]:
     """The scenario's figures from the turns and the samples."""
     served = [r for r in records if not r.error and r.ttft is not None and r.promptMs is not None]
-    waited = misplaced = 0
+    waited = misplaced = front = 0
     waits: list[float] = []
+    fronts: list[float] = []
     for r in served:
         assert r.ttft is not None and r.promptMs is not None
-        wait = r.ttft - r.promptMs / 1000.0 - decodeMs / 1000.0
+        total = r.ttft - r.promptMs / 1000.0 - decodeMs / 1000.0
+        wait = total if r.queueMs is None else r.queueMs / 1000.0
+        before = max(0.0, total - wait)  # in front of the engine: the router's own wait
         waits.append(wait)
+        if before > threshold:
+            front += 1
+            fronts.append(before)
         if wait <= threshold:
             continue
         waited += 1
-        if sampler.freeElsewhere(r.engine, r.sent, r.sent + wait):
+        if sampler.freeElsewhere(r.engine, r.sent + before, r.sent + before + wait):
             misplaced += 1
     short = [
         r.ttft
@@ -131,6 +140,8 @@ def measure(
         "waitedWhileFreeElsewhere": misplaced,
         "misplacedShare": misplaced / len(served) if served else 0.0,
         "waitP90": _p90(waits),
+        "waitedInFront": front,
+        "frontWaitP90": _p90(fronts),
         "shortTurns": len(short),
         "shortTtftP90": _p90(short),
         "serviceTime": answerTokens * decodeMs / 1000.0,

@@ -115,24 +115,26 @@ def _directTable(results: dict[str, Any]) -> list[str]:
         "",
         f"Direct clients: the first {results['direct']['engines']} engines had "
         f"{results['direct']['slots']} of their slots held (`POST /sim/hold`) for the whole "
-        "run. A turn *waited inside its engine* when its TTFT exceeded the engine's own work "
-        f"on it (`timings.prompt_ms` + one decode step) by more than {d0['threshold']:.2f} s; "
+        "run. A turn *waited inside its engine* when the engine's FIFO held it for a slot "
+        f"longer than {d0['threshold']:.2f} s (the simulated engine's `X-Sim-Queue-Ms`); "
         "*while another engine had a free slot* when a sample of every engine's `/sim/stats` "
         "(every 0.1 s) taken during that wait showed another engine with a slot free. Short "
         "turns: at most 256 uncached prompt tokens; one service time = answer tokens × decode "
-        f"= {d0['serviceTime']:.2f} s.",
+        f"= {d0['serviceTime']:.2f} s. Turns waited in front: held by the router itself "
+        f"(a queue, or a hold for the prefix holder) longer than {d0['threshold']:.2f} s.",
         "",
         "| router | turns waited in engine | of them while another engine had a free slot "
         "| share of turns (target ≤ 2 %) | wait p90 | engines' own queue wait, all turns "
-        "| short turns | short turns' TTFT p90 |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| turns waited in front | their wait p90 | short turns | short turns' TTFT p90 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, d in rows:
         total = results["routers"][name].get("queueWaitMsTotal")
         lines.append(
             f"| {LABELS.get(name, name)} | {d['waited']} | {d['waitedWhileFreeElsewhere']} "
             f"| {d['misplacedShare']:.1%} | {_s(d['waitP90'])} "
-            f"| {'–' if total is None else f'{total / 1000:.1f} s'} | {d['shortTurns']} "
+            f"| {'–' if total is None else f'{total / 1000:.1f} s'} "
+            f"| {d.get('waitedInFront', '–')} | {_s(d.get('frontWaitP90'))} | {d['shortTurns']} "
             f"| {_s(d['shortTtftP90'])} |"
         )
     return lines

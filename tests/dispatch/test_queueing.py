@@ -287,7 +287,7 @@ class ModeTests(LoopCase):
         self.clock.advance(self.context.settings.backoffBase)
         self.assertEqual(len(self.upstream.calls), 3)
         self.assertEqual(ex.attempts, 2)
-        self.assertEqual(ex.demote([]), ([], ()))
+        self.assertEqual(ex.demote([]), ([], (), ()))
 
     def test_standaloneWiresQueueing(self) -> None:
         """``startStandalone`` gives the context a queue listening to in-flight changes; a

@@ -34,13 +34,15 @@ class PlacementTests(TestCase):
 
     timeout = 120
 
-    async def start(self, engines: int = 2, slots: int = 2) -> None:
+    async def start(self, engines: int = 2, slots: int = 2, prefillMs: float = 0.05) -> None:
         self.engines: list[SimEngine] = []
         self.urls: list[str] = []
         for i in range(engines):
             engine = SimEngine(
                 reactor,
-                SimConfig(models=("m1",), name=f"E{i}", slots=slots, prefillMs=0.05, decodeMs=1),
+                SimConfig(
+                    models=("m1",), name=f"E{i}", slots=slots, prefillMs=prefillMs, decodeMs=1
+                ),
             )
             port = engine.listen()
             self.addCleanup(engine.close)
@@ -59,7 +61,8 @@ class PlacementTests(TestCase):
             await self.proxy.waitForLog(backendUp(url))
 
     async def chat(self, system: str, user: str) -> tuple[str, dict[str, Any]]:
-        """One request through the proxy: the serving node and the usage reported."""
+        """One request through the proxy: the serving node and the usage reported (with
+        the engine's FIFO wait, ``X-Sim-Queue-Ms``, as ``queueMs``)."""
         response = await treq.post(
             self.proxy.url("llamacpp") + CHAT,
             json={
@@ -75,7 +78,8 @@ class PlacementTests(TestCase):
         body = await response.json()
         self.assertEqual(response.code, 200, body)
         [nodeId] = response.headers.getRawHeaders("x-nvpair-node")
-        return nodeId, body["usage"]
+        [queued] = response.headers.getRawHeaders("x-sim-queue-ms")
+        return nodeId, {**body["usage"], "queueMs": float(queued)}
 
     async def ops(self, path: str) -> bytes:
         response = await treq.get(f"http://127.0.0.1:{self.opsPort}{path}", persistent=False)
@@ -137,3 +141,48 @@ class PlacementTests(TestCase):
         await self.waitForState(full, 2)
         served = [(await self.chat(f"short system {i}", "hi"))[0] for i in range(8)]
         self.assertEqual(served, [free] * 8)
+
+    async def hold(self, url: str, slots: int) -> None:
+        """Take ``slots`` of the engine at ``url`` as a direct client would."""
+        response = await treq.post(url + "/sim/hold", json={"slots": slots}, persistent=False)
+        self.assertEqual(response.code, 200, await response.text())
+        await self.waitForState(url, slots)
+
+    async def test_heldInTheProxyForItsPrefix(self) -> None:
+        """The tenant's engine full (direct clients), the other free: a second user's
+        request (a long shared prefix, slow to recompute) waits in the proxy, not in that
+        engine's queue, and goes there, cached, once a slot is free."""
+        await self.start(prefillMs=5.0)
+        system = words(400, "acme")
+        home, _ = await self.chat(system, "alice asks about invoices")
+        await self.hold(home, 2)
+        asked = Deferred.fromCoroutine(self.chat(system, "bob wants a refund"))
+        deadline = reactor.seconds() + DEADLINE
+        while (await self.status())["queueing"]["held"]["now"] != 1:
+            self.assertLess(reactor.seconds(), deadline, "the request was never held")
+            await pause(0.05)
+        response = await treq.post(home + "/sim/hold", json={"slots": 0}, persistent=False)
+        self.assertEqual(response.code, 200)
+        node, usage = await asked
+        self.assertEqual(node, home)
+        self.assertGreater(usage["prompt_tokens_details"]["cached_tokens"], 300)
+        self.assertEqual(usage["queueMs"], 0.0)  # it never waited inside the engine
+        held = (await self.status())["queueing"]["held"]
+        self.assertEqual(held, {"now": 0, "endedWithRoom": 1, "endedWithBudget": 0})
+        metrics = (await self.ops("/metrics")).decode()
+        self.assertIn('nvpair_proxy_holds_total{result="room"} 1.0', metrics)
+
+    async def test_heldNoLongerThanRecomputing(self) -> None:
+        """The tenant's engine stays full: the held request goes to the free engine once it
+        has waited what recomputing the prompt there takes, and never waits in a queue."""
+        await self.start(prefillMs=0.5)
+        system = words(400, "acme")
+        home, _ = await self.chat(system, "alice asks about invoices")
+        free = next(url for url in self.urls if url != home)
+        await self.hold(home, 2)
+        node, usage = await self.chat(system, "bob wants a refund")
+        self.assertEqual(node, free)
+        self.assertEqual(usage["prompt_tokens_details"]["cached_tokens"], 0)
+        self.assertEqual(usage["queueMs"], 0.0)
+        held = (await self.status())["queueing"]["held"]
+        self.assertEqual(held, {"now": 0, "endedWithRoom": 0, "endedWithBudget": 1})

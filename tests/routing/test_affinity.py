@@ -11,6 +11,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.facade.standalone import startStandalone
+from nvpair.proxy.ops.server import affinityStatus
 from nvpair.proxy.routing import admission
 from nvpair.proxy.routing.affinity import (
     MAX_LOOKUPS,
@@ -19,7 +20,6 @@ from nvpair.proxy.routing.affinity import (
     Affinity,
     AffinityKey,
     AffinityTable,
-    affinityStatus,
     keyFor,
 )
 from nvpair.proxy.routing.candidates import Snapshot, orderCandidates

@@ -14,7 +14,14 @@ from nvpair.proxy.routing.engineprobe import EngineReport
 from nvpair.proxy.routing.enginestates import MAX_LISTENERS, EngineStates
 from nvpair.proxy.routing.engineview import IEngineStates
 from nvpair.proxy.routing.nodes import Node
-from nvpair.proxy.routing.prefixplace import RECOMPUTE_CHARS, Placed, confirmedMiss
+from nvpair.proxy.routing.prefixplace import (
+    HOLD_DEFAULT,
+    RECOMPUTE_CHARS,
+    RESULTS,
+    Hold,
+    Placed,
+    confirmedMiss,
+)
 from nvpair.proxy.routing.reservations import ReservationMap
 
 CHAT = b"/v1/chat/completions"
@@ -49,12 +56,21 @@ class Fleet:
         assert self.states is not None
         self.states.record(nodeId, EngineReport(busy=busy, total=total, **kw), 1.0, "/slots")  # type: ignore[arg-type]
 
-    def place(self, key: AffinityKey, serve: bool = True, model: str = "m") -> tuple[str, Placed]:
-        before = list(self.affinity.counts.get("e", [0, 0, 0]))
-        node = self.affinity.place(list(NODES), key, self.reservations, "e", model)
+    def place(
+        self,
+        key: AffinityKey,
+        serve: bool = True,
+        model: str = "m",
+        hold: Hold = Hold.NONE,
+        full: tuple[Node, ...] = (),
+    ) -> tuple[str, Placed | None]:
+        """Where ``key`` goes and how (None: held for that node)."""
+        before = list(self.affinity.counts.get("e", [0] * len(RESULTS)))
+        node = self.affinity.place(list(NODES), key, self.reservations, "e", model, hold, full)
         assert node is not None
-        after = self.affinity.counts["e"]
-        result = Placed([i for i in range(3) if after[i] != before[i]][0])
+        after = self.affinity.counts.get("e", before)
+        changed = [i for i in range(len(RESULTS)) if after[i] != before[i]]
+        result = Placed(changed[0]) if changed else None
         if serve:
             self.affinity.served(key, node.id)
         return node.id, result
@@ -130,6 +146,61 @@ class SlotTests(SynchronousTestCase):
             fleet.report(node.id, busy=2 if node.id == home else 0)
         self.assertGreater(key.ends[0], RECOMPUTE_CHARS)
         self.assertEqual(fleet.place(request(tenantPrompt(1), "other user")), (home, Placed.HIT))
+
+    def test_fullHolderHeldInTheProxy(self) -> None:
+        """Where the proxy can hold it, a request whose long prefix is on a full engine is
+        held for that engine (nothing recorded or reserved), at most as long as recomputing
+        takes; once the hold is spent it recomputes on a free owner; let out because the
+        holder has room, it goes to the holder."""
+        fleet = Fleet()
+        assert fleet.states is not None
+        home, _ = fleet.place(request(tenantPrompt(1), "q"))
+        for node in NODES:
+            fleet.report(node.id, busy=2 if node.id == home else 0)
+        key = request(tenantPrompt(1), "other user")
+        self.assertEqual(fleet.place(key, serve=False, hold=Hold.ALLOWED), (home, None))
+        self.assertEqual(key.hold, HOLD_DEFAULT)
+        self.assertIsNone(key.placed)
+        self.assertEqual(fleet.reservations.totalReserved(), 0)
+        fleet.states.served("B" if home != "B" else "C", 4000, 0, promptMs=400.0)
+        fleet.states.served("A" if home != "A" else "D", 4000, 0, promptMs=400.0)
+        fleet.place(key, serve=False, hold=Hold.ALLOWED)
+        self.assertLess(key.hold or 0.0, HOLD_DEFAULT)  # 0.1 ms a token: a short hold
+        again = request(tenantPrompt(1), "third user")
+        self.assertEqual(fleet.place(again, serve=False, hold=Hold.ROOMY), (home, Placed.HIT))
+        moved, result = fleet.place(key, serve=False, hold=Hold.SPENT)
+        self.assertNotEqual(moved, home)
+        self.assertIs(result, Placed.OVERRIDDEN)
+        self.assertIsNone(key.hold)
+
+    def test_unknownSlotsNotHeld(self) -> None:
+        """Without the engines' slots (load alone says the holder is busy) nothing is held:
+        the long prefix waits there as before."""
+        fleet = Fleet(states=False)
+        home, _ = fleet.place(request(tenantPrompt(2), "q"))
+        for _ in range(3):
+            fleet.reservations.reserve(home)
+        key = request(tenantPrompt(2), "other")
+        self.assertEqual(fleet.place(key, hold=Hold.ALLOWED), (home, Placed.HIT))
+        self.assertIsNone(key.hold)
+
+    def test_knownFullByTheQueue(self) -> None:
+        """An owner the queue knows is full (say, our requests at its learnt limit) has no
+        room whatever its engine last reported: a short prefix moves, a long one is held."""
+        fleet = Fleet()
+        short = "Be brief. " * 80
+        home, _ = fleet.place(request(short, "x"))
+        for node in NODES:
+            fleet.report(node.id, busy=0)
+        full = tuple(n for n in NODES if n.id == home)
+        moved, result = fleet.place(request(short, "y"), full=full)
+        self.assertEqual((moved != home, result), (True, Placed.OVERRIDDEN))
+        longHome, _ = fleet.place(request(tenantPrompt(4), "x"))
+        full = tuple(n for n in NODES if n.id == longHome)
+        key = request(tenantPrompt(4), "y")
+        self.assertEqual(
+            fleet.place(key, hold=Hold.ALLOWED, full=full, serve=False), (longHome, None)
+        )
 
     def test_fullHolderLosesShortPrefix(self) -> None:
         """A short cached prefix on a full node goes to an owner with a free slot; slots
@@ -227,10 +298,29 @@ class SlotTests(SynchronousTestCase):
         states = EngineStates(clock, ReservationMap(), maxNodes=3)
         for i in range(10):
             states.record(f"n{i}", EngineReport(busy=0, total=1), 1.0, "/slots")
-            states.served(f"n{i}", 10, 5)
+            states.served(f"n{i}", 100, 5, promptMs=9.5)
         self.assertEqual(sorted(states.status()), ["n0", "n1", "n2"])
         self.assertIsNone(states.freeSlots("n9"))
         self.assertIsNone(states.hitRatio("n9"))
+        self.assertEqual((len(states.prefill), states.prefillMs("n9")), (3, None))
+
+    def test_prefillTime(self) -> None:
+        """The prefill time per evaluated token is a moving average of what the engine
+        reported, over requests that evaluated enough tokens to say; shown in the status."""
+        fleet = Fleet()
+        assert fleet.states is not None
+        states = fleet.states
+        states.served("A", 1000, 900, promptMs=50.0)  # 100 evaluated: 0.5 ms a token
+        self.assertEqual(states.prefillMs("A"), 0.5)
+        states.served("A", 1000, 990, promptMs=500.0)  # 10 evaluated: too few to say
+        states.served("A", 100, 0)  # no time reported
+        self.assertEqual(states.prefillMs("A"), 0.5)
+        states.served("A", 100, 0, promptMs=100.0)  # 1 ms a token
+        self.assertAlmostEqual(states.prefillMs("A") or 0.0, 0.625)
+        fleet.report("A", busy=0)
+        self.assertEqual(states.status()["A"]["prefillMsPerToken"], 0.625)
+        states.forget("A")
+        self.assertIsNone(states.prefillMs("A"))
 
 
 class MissTests(SynchronousTestCase):

@@ -54,7 +54,20 @@ class CachedTokenTests(SynchronousTestCase):
         )
         stats = measure(body)
         assert stats is not None
-        self.assertEqual(stats["cachedTokens"], 256)
+        self.assertEqual((stats["cachedTokens"], stats["promptMs"]), (256, 3.1))
+
+    def test_promptTimeOnlyWhenSound(self) -> None:
+        """``timings.prompt_ms`` is kept only as a finite, non-negative number."""
+        for value in (-1, "3.1", True, None, 1e300, [1]):
+            body = json.dumps(
+                {
+                    "usage": {"prompt_tokens": 300, "completion_tokens": 2},
+                    "timings": {"cache_n": 256, "prompt_ms": value},
+                }
+            ).encode()
+            stats = measure(body)
+            assert stats is not None
+            self.assertNotIn("promptMs", stats, value)
 
     def test_absentOrNonsense(self) -> None:
         """No count (Ollama, LM Studio), a wrong type or more than the prompt: absent."""

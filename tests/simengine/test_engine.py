@@ -182,6 +182,9 @@ class SlotTests(SynchronousTestCase):
         stats = self.h.exchange(get(b"/sim/stats")).json()
         self.assertEqual((stats["completed"], stats["refused"]), (2, 1))
         self.assertLessEqual(abs(stats["queue"]["wait_ms_max"] - 1000.0), 1)
+        # Each answer says how long it waited in the FIFO: none, then one service time.
+        waits = [Answer(t.value()).headers[b"x-sim-queue-ms"] for t in (first, second)]
+        self.assertEqual(waits, [b"0.0", b"1000.0"])
 
     def test_disconnectFreesSlotAndQueue(self) -> None:
         """A client leaving frees its slot; a queued one leaving never runs."""

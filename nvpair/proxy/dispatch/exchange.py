@@ -36,12 +36,8 @@ from nvpair.proxy.dispatch.outcome import (
     Committed,
     Failed,
 )
-from nvpair.proxy.dispatch.queueing import QueueSeat
-from nvpair.proxy.dispatch.relay import (
-    ClientFlow,
-    abortClient,
-    truncateClient,
-)
+from nvpair.proxy.dispatch.relay import ClientFlow, abortClient, truncateClient
+from nvpair.proxy.dispatch.seat import QueueSeat
 from nvpair.proxy.http.interfaces import IServerRequest
 from nvpair.proxy.interfaces import IRequestContext, IUpstream, IWorkload
 from nvpair.proxy.routing.affinity import AffinityKey
@@ -54,7 +50,7 @@ from nvpair.proxy.tracing.interfaces import IRequestTrace
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from nvpair.proxy.routing.nodes import Node
+    from nvpair.proxy.routing.nodes import Node, OwnerSplit
     from nvpair.proxy.settings import Settings
 
 _NO_HEADERS = Headers()
@@ -251,12 +247,16 @@ class Exchange:
         """Standalone: wait in the fair queue while every owner is known full."""
         return self.seat.waitForRoom(self, self.request.requestHeaders, owners, self.trace)
 
+    def holdFor(self, node: Node, seconds: float) -> defer.Deferred[None] | None:
+        """Standalone: held for ``node``'s next free slot (``QueueSeat.holdFor``)."""
+        return self.seat.holdFor(node, seconds, self.trace)
+
     def knownFull(self, owners: Sequence[Node]) -> bool:
         """Whether every one of ``owners`` is known full (``QueueSeat.knownFull``)."""
         return self.seat.knownFull(owners)
 
-    def demote(self, owners: Sequence[Node]) -> tuple[Sequence[Node], tuple[Node, ...]]:
-        """``owners`` split by the node breakers (``QueueSeat.demote``)."""
+    def demote(self, owners: Sequence[Node]) -> OwnerSplit:
+        """``owners`` split by room and breakers (``QueueSeat.demote``)."""
         return self.seat.demote(owners)
 
     def retrying(self) -> None:

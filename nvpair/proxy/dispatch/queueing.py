@@ -19,51 +19,25 @@ from typing import TYPE_CHECKING
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
-from twisted.python.failure import Failure
-from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
+from nvpair.proxy.dispatch.holds import Holds
 from nvpair.proxy.flow.breaker import Breakers
-from nvpair.proxy.flow.clients import clientKey
 from nvpair.proxy.flow.fairqueue import FairQueue, Ticket
 from nvpair.proxy.flow.interfaces import IQueueing
 from nvpair.proxy.flow.room import MAX_NODES as MAX_SERVED
 from nvpair.proxy.flow.room import SERVED_RECENTLY, RoomBoard, isBusyAnswer
-from nvpair.proxy.routing.admission import bodyDocument
+from nvpair.proxy.flow.waits import WaitHistogram
 from nvpair.proxy.routing.engineview import IEngineStates
 from nvpair.proxy.routing.interfaces import IFleetView, IPlacementExchange
-from nvpair.proxy.tracing.interfaces import IRequestTrace
 
 if TYPE_CHECKING:
-    from nvpair.proxy.routing.nodes import Node
+    from nvpair.proxy.routing.nodes import Node, OwnerSplit
     from nvpair.proxy.settings import Settings
 
-__all__ = ["MAX_QUEUES", "WAIT_BUCKETS", "QueueSeat", "Queueing", "WaitHistogram"]
+__all__ = ["MAX_QUEUES", "Queueing"]
 
 MAX_QUEUES = 256
-WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-
-
-class WaitHistogram:
-    """Time spent in the queue by the requests it dispatched, cumulative (Prometheus)."""
-
-    __slots__ = ("counts", "total", "count", "last")
-
-    def __init__(self) -> None:
-        self.counts = [0] * (len(WAIT_BUCKETS) + 1)
-        self.total = 0.0
-        self.count = 0
-        self.last = 0.0
-
-    def observe(self, seconds: float) -> None:
-        """Record one wait."""
-        index = 0
-        while index < len(WAIT_BUCKETS) and seconds > WAIT_BUCKETS[index]:
-            index += 1
-        self.counts[index] += 1
-        self.total += seconds
-        self.count += 1
-        self.last = seconds
 
 
 class _Waiter:
@@ -107,6 +81,7 @@ class Queueing:
         self.inFlight = inFlight  # ``Activity.inFlight``: our requests per node, live
         self.board = RoomBoard(states)
         self.breakers = Breakers()
+        self.holds = Holds(clock, self._hasRoom, settings.queueMax)  # spec §11 "Placement"
         self.lines: OrderedDict[tuple[str, str], _Line] = OrderedDict()
         self.served: OrderedDict[str, float] = OrderedDict()  # when each node last served ours
         self.refused: dict[tuple[str, str], int] = {}
@@ -188,6 +163,15 @@ class Queueing:
         self.drain()  # room may have come back since the last event
         return wait
 
+    def holdFor(self, nodeId: str, seconds: float) -> defer.Deferred[None] | None:
+        """Hold a request in the proxy for ``nodeId``'s next free slot, at most ``seconds``
+        (``Holds.hold``); None when it cannot be held (no queue, or too many held)."""
+        if self.settings.queueMax == 0:
+            return None
+        if self._hasRoom(nodeId, self.clock.seconds()):
+            return defer.succeed(None)  # room came back since the engine's last report
+        return self.holds.hold(nodeId, seconds)
+
     def _retryAfter(self, line: _Line | None) -> int:
         fallback = self.settings.retryAfter
         if line is None:
@@ -226,6 +210,7 @@ class Queueing:
             again = True
             while again:
                 self._again = False
+                self.holds.release()  # held for one node: they were placed before the queue
                 for line in list(self.lines.values()):
                     self._drainLine(line)
                 again = self._again
@@ -278,13 +263,13 @@ class Queueing:
             self.board.started(nodeId)
             return
         self.board.ended(nodeId)
-        if self.lines:
+        if self.lines or self.holds:
             self.drain()
 
     def probed(self, nodeId: str) -> None:
         """A fresh engine probe of ``nodeId`` (``IEngineStates.subscribe``)."""
         self.board.probed(nodeId)
-        if self.lines:
+        if self.lines or self.holds:
             self.drain()
 
     def attemptFailed(
@@ -313,17 +298,17 @@ class Queueing:
         while len(served) > MAX_SERVED:
             served.popitem(last=False)
 
-    def demote(self, owners: Sequence[Node]) -> tuple[Sequence[Node], tuple[Node, ...]]:
-        """``owners`` split: those to order as usual, then the rest in their order (nodes whose
-        breaker is open; known-full nodes, while another owner has room)."""
+    def demote(self, owners: Sequence[Node]) -> OwnerSplit:
+        """``owners`` split: those to order as usual, then the known-full ones (while another
+        owner has room), then those whose breaker is open, each in their order."""
         now = self.clock.seconds()
         preferred, demoted = self.breakers.order(owners, now)
-        full = [node for node in preferred if not self._hasRoom(node.id, now)]
+        full = tuple(node for node in preferred if not self._hasRoom(node.id, now))
         if not full or len(full) == len(preferred):
-            return preferred, demoted
+            return preferred, (), demoted
         # Owners with room first (a request let out of the queue goes where the room is).
         roomy = tuple(node for node in preferred if node not in full)
-        return roomy, (*full, *demoted)
+        return roomy, full, demoted
 
     # -- read by the ops views -------------------------------------------------------------
 
@@ -334,65 +319,3 @@ class Queueing:
             (engine, model, len(line.queue), line.queue.oldestWait(now), line.waits)
             for (engine, model), line in self.lines.items()
         ]
-
-
-class QueueSeat:
-    """One exchange's standing with the standalone queue and breakers: what it answers for
-    ``IPlacementExchange.waitForRoom``, ``knownFull`` and ``demote`` (nothing under a broker,
-    where ``queueing`` is None)."""
-
-    __slots__ = ("queueing", "queued")
-
-    def __init__(self, queueing: IQueueing | None) -> None:
-        self.queueing = queueing
-        self.queued = 0  # 0: not charged to its client yet; 1: charged; 2: just let out
-
-    def waitForRoom(
-        self,
-        ex: IPlacementExchange,
-        headers: Headers,
-        owners: Sequence[Node],
-        trace: IRequestTrace | None = None,
-    ) -> defer.Deferred[None] | None:
-        """None to go on now; else wait in the queue: a Deferred that fires once dispatched
-        (or fails with ``CancelledError`` once answered ``queue_full``/``queue_timeout``);
-        the client is told apart by the request's ``headers`` and body (``clientKey``)."""
-        queueing = self.queueing
-        if queueing is None or ex.model is None:
-            return None
-        state = self.queued
-        if state == 2:
-            self.queued = 1  # just let out (and charged): it goes on
-            return None
-        if state == 1 and not queueing.knownFull(owners):
-            return None  # a later round, already charged
-        values = headers.getRawHeaders(b"authorization")
-        authorization = values[0] if values else None
-        document = ex.document
-        if document is None and authorization is None:
-            document = bodyDocument(ex.body)
-        # Peer requests are served on the local backend and never routed here: no peer id.
-        wait = queueing.waitForRoom(ex, owners, clientKey(authorization, document, None))
-        self.queued = 1 if wait is None else 2
-        if wait is not None and trace is not None:
-            trace.queueWaitStarted()  # a ``queue-wait`` span, ended with how it ended
-            wait.addBoth(_waitEnded, trace)
-        return wait
-
-    def knownFull(self, owners: Sequence[Node]) -> bool:
-        """Whether every one of ``owners`` is known full (the next round waits in the queue
-        instead of backing off)."""
-        return self.queueing is not None and self.queueing.knownFull(owners)
-
-    def demote(self, owners: Sequence[Node]) -> tuple[Sequence[Node], tuple[Node, ...]]:
-        """``owners`` split by the node breakers: those to order as usual, then the demoted."""
-        if self.queueing is None:
-            return owners, ()
-        return self.queueing.demote(owners)
-
-
-def _waitEnded(result: object, trace: IRequestTrace) -> object:
-    """A traced queue wait ended: ``dispatched``, or ``left`` (answered ``queue_full`` or
-    ``queue_timeout``, or its client gone)."""
-    trace.queueWaitEnded("left" if isinstance(result, Failure) else "dispatched")
-    return result

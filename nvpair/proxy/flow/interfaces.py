@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
 
     from nvpair.proxy.routing.interfaces import IPlacementExchange
-    from nvpair.proxy.routing.nodes import Node
+    from nvpair.proxy.routing.nodes import Node, OwnerSplit
 
 
 class IQueueing(Interface):
@@ -29,8 +29,13 @@ class IQueueing(Interface):
         """None when ``ex`` may go on now (charged to ``client``); else a Deferred that
         fires when it is dispatched, or fails with ``CancelledError`` once answered."""
 
-    def demote(owners: Sequence[Node]) -> tuple[Sequence[Node], tuple[Node, ...]]:
-        """``owners`` split by the node breakers: those to order as usual, then the demoted."""
+    def holdFor(nodeId: str, seconds: float) -> Deferred[None] | None:
+        """Hold a request for ``nodeId``'s next free slot, at most ``seconds``: a Deferred
+        firing then (cancel it when the client goes), or None when it cannot be held."""
+
+    def demote(owners: Sequence[Node]) -> OwnerSplit:
+        """``owners`` split: those to order as usual, then the known-full ones (while another
+        has room), then those whose breaker is open."""
 
     def attemptFailed(nodeId: str, kind: str, status: int | None, retryAfter: float | None) -> None:
         """An attempt on ``nodeId`` failed uncommitted (``kind``, its status and the

@@ -13,8 +13,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from nvpair.proxy.dispatch.queueing import WAIT_BUCKETS, Queueing
+from nvpair.proxy.dispatch.queueing import Queueing
 from nvpair.proxy.flow.breaker import BreakerState
+from nvpair.proxy.flow.waits import WAIT_BUCKETS
 
 _STATE_VALUE = {"closed": 0, "half-open": 1, "open": 2}
 
@@ -63,6 +64,21 @@ class QueueCollector(Collector):
         for (engine, reason), count in sorted(queueing.refused.items()):
             refused.add_metric([engine, reason], count)
         yield refused
+        holds = queueing.holds
+        yield GaugeMetricFamily(
+            "nvpair_proxy_held_requests",
+            "Requests held in the proxy now for their prefix holder's next free slot.",
+            value=len(holds),
+        )
+        ended = CounterMetricFamily(
+            "nvpair_proxy_holds",
+            "Holds for a prefix holder that ended: room (the holder had a free slot) or "
+            "budget (waited as long as recomputing takes: recomputed elsewhere).",
+            labels=["result"],
+        )
+        for result, count in zip(("room", "budget"), holds.counts, strict=True):
+            ended.add_metric([result], count)
+        yield ended
         now = queueing.clock.seconds()
         state = GaugeMetricFamily(
             "nvpair_proxy_breaker_state",
@@ -108,6 +124,11 @@ def queueStatus(queueing: Queueing | None) -> dict[str, object] | None:
         "queueTimeoutSeconds": queueing.settings.queueTimeout,
         "queues": queues,
         "refused": refused,
+        "held": {
+            "now": len(queueing.holds),
+            "endedWithRoom": queueing.holds.counts[0],
+            "endedWithBudget": queueing.holds.counts[1],
+        },
         "breakers": queueing.breakers.snapshot(now),
         "breakerStates": [s.value for s in BreakerState],
     }

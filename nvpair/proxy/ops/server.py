@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from importlib.resources import files
+from typing import Protocol
 
 from klein import Klein
 from prometheus_client import CollectorRegistry, generate_latest
@@ -48,7 +49,7 @@ from nvpair.proxy.ops.interfaces import IOpsView
 from nvpair.proxy.ops.nodestate import nodeHealth
 from nvpair.proxy.ops.page import renderPage
 from nvpair.proxy.ops.queuegauges import QueueCollector, queueStatus
-from nvpair.proxy.routing.affinity import affinityStatus
+from nvpair.proxy.routing.affinity import Affinity
 
 MAX_MODEL_NAMES = 64
 _STATIC = files("nvpair.proxy.ops") / "static"
@@ -351,3 +352,31 @@ def startOps(view: IOpsView, port: int) -> OpsListener:
     listener = OpsListener(view.reactor, port, opsFactory(view))
     listener.setServiceParent(view)
     return listener
+
+
+class _Mode(Protocol):
+    @property
+    def affinity(self) -> str: ...
+
+
+class AffinityOwner(Protocol):
+    """What ``affinityStatus`` reads of the process (or any view of it): the ``--affinity``
+    setting, and the conversation affinity when it orders candidates."""
+
+    @property
+    def settings(self) -> _Mode: ...
+
+    @property
+    def affinity(self) -> Affinity | None: ...
+
+
+def affinityStatus(service: AffinityOwner) -> dict[str, object]:
+    """The ``affinity`` object of ``/status``: the mode, whether it orders, and its table."""
+    affinity = service.affinity
+    document: dict[str, object] = {
+        "mode": service.settings.affinity,
+        "active": affinity is not None,
+    }
+    if affinity is not None:
+        document.update(affinity.status())
+    return document

@@ -25,8 +25,8 @@ from __future__ import annotations
 import functools
 import json
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from collections.abc import Collection, Iterable, Sequence
+from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
 
@@ -36,6 +36,7 @@ from nvpair.proxy.routing.nodes import Node
 from nvpair.proxy.routing.prefixindex import MAX_BLOCKS, PrefixIndex
 from nvpair.proxy.routing.prefixplace import (
     RESULTS,
+    Hold,
     Placed,
     choose,
     confirmedMiss,
@@ -49,8 +50,8 @@ __all__ = [
     "Affinity",
     "AffinityKey",
     "AffinityTable",
+    "Hold",
     "Placed",
-    "affinityStatus",
     "keyFor",
 ]
 
@@ -76,10 +77,11 @@ ROUTES: dict[bytes, str] = {
 class AffinityKey:
     """One request's digests: looked up (longest first), recorded at commit, spread by; its
     prompt's chained block digests with where each block ends (characters) for the prefix
-    index, and what placement expected of the node it chose (node, matched blocks, index
-    stamp) until the engine confirms a hit or a miss."""
+    index, what placement expected of the node it chose (node, matched blocks, index
+    stamp) until the engine confirms a hit or a miss, and the seconds it may be held in
+    the proxy for that node when placement held it (else None)."""
 
-    __slots__ = ("lookups", "records", "spread", "blocks", "ends", "expect", "placed")
+    __slots__ = ("lookups", "records", "spread", "blocks", "ends", "expect", "placed", "hold")
 
     def __init__(
         self,
@@ -95,6 +97,7 @@ class AffinityKey:
         self.ends = ends
         self.expect: tuple[str, int, int] | None = None
         self.placed: str | None = None  # the node its blocks were recorded on when placed
+        self.hold: float | None = None
 
     @property
     def chars(self) -> int:
@@ -254,13 +257,13 @@ class Affinity:
         self.index = index if index is not None else PrefixIndex()
         self.states = states
         self.maxImbalance = maxImbalance
-        self.counts: dict[str, list[int]] = {}  # engine id -> [hits, misses, overridden]
+        self.counts: dict[str, list[int]] = {}  # engine id -> a count per ``RESULTS``
         self.confirmed = [0, 0]  # requests the index expected cached: [hits, misses]
 
     def _count(self, engineId: str, result: Placed) -> None:
         counts = self.counts.get(engineId)
         if counts is None:
-            counts = self.counts[engineId] = [0, 0, 0]
+            counts = self.counts[engineId] = [0] * len(RESULTS)
         counts[result] += 1
 
     def place(
@@ -270,10 +273,17 @@ class Affinity:
         reservations: ReservationMap,
         engineId: str | None,
         model: str | None = None,
+        hold: Hold = Hold.NONE,
+        full: Collection[Node] = (),
     ) -> Node | None:
         """Move the request's node to the front of ``ordered`` and return it (the caller
         reserves it), by ``prefixplace.choose``.  ``engineId`` counts the outcome (None:
-        not again); ``model`` is the model asked for (whether engines have it loaded)."""
+        not again); ``model`` is the model asked for (whether engines have it loaded);
+        ``hold`` whether it may be held; ``full`` owners known full by other means than
+        their engines' slots (our in-flight at a learnt limit, say).  A held request
+        (``key.hold`` set: its seconds) is neither counted nor recorded: the caller holds
+        it, then places it again."""
+        key.hold = None
         if not ordered:
             return None
         home = self.table.lookup(key.lookups)
@@ -289,10 +299,15 @@ class Affinity:
             self.states,
             model,
             self.maxImbalance,
+            hold=hold,
+            full=full,
         )
+        chosen = ordered[choice.position]
+        if choice.hold:
+            key.hold = choice.hold
+            return chosen  # counted where it goes once let out
         if engineId is not None:
             self._count(engineId, choice.result)
-        chosen = ordered[choice.position]
         key.expect = None
         if choice.matched:
             stamp = index.stampOf(chosen.id, key.blocks[choice.matched - 1])
@@ -365,36 +380,8 @@ def requestServed(exchange: Any, states: EngineStates, affinity: Affinity | None
     served = servedStats(exchange)
     if served is None:
         return
-    nodeId, prompt, cached = served
-    states.served(nodeId, prompt, cached)
+    nodeId, prompt, cached, promptMs = served
+    states.served(nodeId, prompt, cached, promptMs)
     key = exchange.prefixKey
     if affinity is not None and key is not None:
         affinity.ended(key, nodeId, prompt, cached)
-
-
-class _Mode(Protocol):
-    @property
-    def affinity(self) -> str: ...
-
-
-class AffinityOwner(Protocol):
-    """What ``affinityStatus`` reads of the process (or any view of it): the ``--affinity``
-    setting, and the conversation affinity when it orders candidates."""
-
-    @property
-    def settings(self) -> _Mode: ...
-
-    @property
-    def affinity(self) -> Affinity | None: ...
-
-
-def affinityStatus(service: AffinityOwner) -> dict[str, object]:
-    """The ``affinity`` object of ``/status``: the mode, whether it orders, and its table."""
-    affinity = service.affinity
-    document: dict[str, object] = {
-        "mode": service.settings.affinity,
-        "active": affinity is not None,
-    }
-    if affinity is not None:
-        document.update(affinity.status())
-    return document

@@ -30,6 +30,8 @@ __all__ = ["EngineStates"]
 
 MAX_NODES = 1024
 MAX_LISTENERS = 64
+MIN_EVALUATED = 32  # prompt tokens evaluated at least, for a prefill time per token
+PREFILL_WEIGHT = 0.25  # weight of the newest request in the prefill time's moving average
 
 
 class _State:
@@ -57,6 +59,7 @@ class EngineStates:
         self._states: dict[str, _State] = {}
         self._listeners: list[Callable[[str], None]] = []
         self.cache: dict[str, list[int]] = {}  # node -> [prompt tokens, cached] reported
+        self.prefill: dict[str, float] = {}  # node -> prefill ms per evaluated token (EWMA)
         self.limits: dict[str, int] = {}  # node -> configured slots (``max_concurrency``)
 
     def setLimit(self, nodeId: str, limit: int | None) -> None:
@@ -66,8 +69,9 @@ class EngineStates:
         elif nodeId in self.limits or len(self.limits) < self.maxNodes:
             self.limits[nodeId] = limit
 
-    def served(self, nodeId: str, prompt: int, cached: int) -> None:
-        """The engine of ``nodeId`` reported ``cached`` of ``prompt`` prompt tokens cached."""
+    def served(self, nodeId: str, prompt: int, cached: int, promptMs: float | None = None) -> None:
+        """The engine of ``nodeId`` reported ``cached`` of ``prompt`` prompt tokens cached,
+        and evaluating the rest took ``promptMs`` milliseconds (None: not reported)."""
         counts = self.cache.get(nodeId)
         if counts is None:
             if len(self.cache) >= self.maxNodes:
@@ -75,6 +79,16 @@ class EngineStates:
             counts = self.cache[nodeId] = [0, 0]
         counts[0] += prompt
         counts[1] += cached
+        evaluated = prompt - cached
+        if promptMs is not None and promptMs >= 0 and evaluated >= MIN_EVALUATED:
+            rate = promptMs / evaluated
+            last = self.prefill.get(nodeId)
+            self.prefill[nodeId] = rate if last is None else last + PREFILL_WEIGHT * (rate - last)
+
+    def prefillMs(self, nodeId: str) -> float | None:
+        """The engine of ``nodeId``'s prefill time per evaluated prompt token (ms, a moving
+        average of what it reported), or None before it reported one."""
+        return self.prefill.get(nodeId)
 
     def hitRatio(self, nodeId: str) -> float | None:
         """Cached prompt tokens over prompt tokens the engine of ``nodeId`` reported."""
@@ -111,6 +125,7 @@ class EngineStates:
         """``nodeId`` left its fleet: drop its state and counts."""
         self._states.pop(nodeId, None)
         self.cache.pop(nodeId, None)
+        self.prefill.pop(nodeId, None)
         self.limits.pop(nodeId, None)
 
     def fresh(self, nodeId: str) -> EngineReport | None:
@@ -189,7 +204,7 @@ class EngineStates:
                 if limit is not None:
                     out[nodeId]["slotsLimit"] = limit
                 if counts is not None:
-                    out[nodeId].update(_cacheStatus(counts))
+                    out[nodeId].update(_cacheStatus(counts, self.prefill.get(nodeId)))
                 continue
             report = self.fresh(nodeId)
             entry: dict[str, object] = {
@@ -210,15 +225,18 @@ class EngineStates:
                 if report.expires:
                     entry["loadedUntil"] = dict(report.expires)
             if counts is not None:
-                entry.update(_cacheStatus(counts))
+                entry.update(_cacheStatus(counts, self.prefill.get(nodeId)))
             out[nodeId] = entry
         return out
 
 
-def _cacheStatus(counts: list[int]) -> dict[str, object]:
+def _cacheStatus(counts: list[int], prefill: float | None) -> dict[str, object]:
     prompt, cached = counts
-    return {
+    out: dict[str, object] = {
         "promptTokens": prompt,
         "cachedTokens": cached,
         "cacheHitRatio": round(cached / prompt, 4) if prompt else None,
     }
+    if prefill is not None:
+        out["prefillMsPerToken"] = round(prefill, 4)
+    return out

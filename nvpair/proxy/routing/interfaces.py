@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from nvpair.proxy.engines import Engine
     from nvpair.proxy.routing.affinity import Affinity
     from nvpair.proxy.routing.candidates import Snapshot
-    from nvpair.proxy.routing.nodes import Node
+    from nvpair.proxy.routing.nodes import Node, OwnerSplit
     from nvpair.proxy.routing.reservations import ReservationMap
     from nvpair.proxy.settings import Settings
 
@@ -81,12 +81,17 @@ class IPlacementExchange(Interface):
         out of the fair queue (every owner was known full), or fails with ``CancelledError``
         once it has been answered (``queue_full``, ``queue_timeout``) or its client left."""
 
+    def holdFor(node: Node, seconds: float) -> Deferred[None] | None:
+        """Standalone: hold the request in the proxy for ``node``'s next free slot, at most
+        ``seconds``; a Deferred that fires then (None: it cannot be held)."""
+
     def knownFull(owners: Sequence[Node]) -> bool:
         """Whether every one of ``owners`` is known full (always False under a broker)."""
 
-    def demote(owners: Sequence[Node]) -> tuple[Sequence[Node], tuple[Node, ...]]:
-        """``owners`` split by the node breakers: those to order as usual, then those to try
-        after them (``owners`` and none under a broker)."""
+    def demote(owners: Sequence[Node]) -> OwnerSplit:
+        """``owners`` split: those to order as usual, then the known-full ones (while another
+        owner has room), then those whose breaker is open (``owners`` and none under a
+        broker)."""
 
     def pause(seconds: float, wakeOnDiscovery: bool) -> Deferred[None]:
         """Wait ``seconds``, or until discovery changes when ``wakeOnDiscovery``."""

@@ -6,7 +6,7 @@ entry.  ``candidates.Snapshot`` indexes them for routing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -69,3 +69,7 @@ def parseNodes(raw: object) -> tuple[Node, ...]:
         seen.add(nodeId)
         result.append(Node(nodeId, isSelf, addresses, frozenset(models)))
     return tuple(result)
+
+
+# Owners split for one placement round: to order as usual, known full, breaker open.
+OwnerSplit = tuple[Sequence["Node"], tuple["Node", ...], tuple["Node", ...]]

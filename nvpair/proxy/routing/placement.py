@@ -8,7 +8,8 @@ itself.  A cancelled wait (client gone, shutdown) closes the generator where it 
 
 In standalone mode with ``--affinity prefix`` the inference policy orders each round with
 ``affinity.Affinity.place`` instead of ``placeReservation`` (a pin still wins), and the
-node that commits becomes the conversation's home.
+node that commits becomes the conversation's home.  A request placement holds for its full
+prefix holder waits in the proxy (``IPlacementExchange.holdFor``), then is placed again.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from itertools import chain
 from typing import TYPE_CHECKING
 
 from nvpair.proxy.routing.admission import bodyDocument
-from nvpair.proxy.routing.affinity import Affinity, AffinityKey, keyFor
+from nvpair.proxy.routing.affinity import Affinity, AffinityKey, Hold, keyFor
 from nvpair.proxy.routing.candidates import orderCandidates, placeReservation
 from nvpair.proxy.routing.interfaces import IOutcome, IPlacementExchange
 from nvpair.proxy.routing.nodes import Node
@@ -66,6 +67,7 @@ def placeInference(ex: IPlacementExchange) -> Policy:
         doc = ex.document if ex.document is not None else bodyDocument(ex.body)
     key: AffinityKey | None = None
     counted: str | None = facade.engine.id  # affinity outcomes count once per request
+    hold = Hold.ALLOWED  # held in the proxy for its prefix holder at most once
     while True:
         snapshot = facade.snapshot
         owners = snapshot.owners(model, facade.hasLocalBackend)
@@ -82,15 +84,33 @@ def placeInference(ex: IPlacementExchange) -> Policy:
         if wait is not None:
             yield wait
             continue  # let out: the current owners, in a new round
-        preferred, demoted = ex.demote(owners)  # open breakers go last
-        ordered, pinApplied = orderCandidates(preferred, facade.pin, reservations.rank)
         if doc is not None and model is not None and len(snapshot) > 1:
             # Computed once, and only in a fleet of several nodes: one has no choice to make.
             key = keyFor(facade.engine.id, model, ex.path, doc)
             doc = None
+        # Known-full owners go after those with room, open breakers last; prefix placement
+        # weighs the full ones itself (a full prefix holder may be worth a short hold).
+        preferred, full, demoted = ex.demote(owners)
+        if key is None or affinity is None:
+            demoted, full = (*full, *demoted), ()
+        elif full:
+            preferred = (*preferred, *full)
+        ordered, pinApplied = orderCandidates(preferred, facade.pin, reservations.rank)
         if key is not None and affinity is not None and not pinApplied:
-            target = affinity.place(ordered, key, reservations, counted, model)
+            target = affinity.place(ordered, key, reservations, counted, model, hold, full)
+            if key.hold is not None and target is not None:
+                # Its prefix holder is full: held in the proxy for a slot there, at most as
+                # long as recomputing elsewhere would take (spec §11 "Placement").
+                wait = ex.holdFor(target, key.hold)
+                if wait is None:
+                    hold = Hold.NONE  # it cannot be held: it waits in the holder's engine
+                    continue
+                yield wait
+                hold = Hold.SPENT if ex.knownFull((target,)) else Hold.ROOMY
+                continue
             counted = None
+            if hold is Hold.ROOMY:
+                hold = Hold.SPENT  # a later round (after a failed attempt) is not held
         else:
             target = placeReservation(ordered, pinApplied, reservations)
         if target is not None:

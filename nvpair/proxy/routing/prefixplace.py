@@ -14,8 +14,16 @@ shared by everyone groups nothing worth grouping).
    room, or if no owner has room.  Otherwise the best owner that has room (by not unloaded,
    matched, least load, rendezvous) is chosen instead when it is not unloaded while the best
    is loaded and what it must recompute beyond the best's prefix is at most
-   ``RECOMPUTE_CHARS`` characters (recomputing that costs less than waiting for a slot);
-   else the request waits for the best.
+   ``RECOMPUTE_CHARS`` characters (recomputing that costs less than waiting for a slot).
+   Otherwise, where the best's slots are known (from its engine, or ``full``) and the
+   proxy can hold the request (``Hold.ALLOWED``), it is *held* in the proxy for the best's
+   next free slot (a choice with a ``hold``), at most as long as recomputing the
+   difference would take on the owner with room (``holdBudget``, at that engine's
+   reported prefill time, else the best's); once that budget is spent (``Hold.SPENT``) it goes to
+   the owner with room and recomputes, and when the best shows room first (``Hold.ROOMY``)
+   it goes to the best.  Waiting at most as long as recomputing costs keeps its time to
+   first token within twice the better of the two choices (the ski-rental bound).  With no
+   hold in the proxy (``Hold.NONE``) the request waits for the best inside its engine.
 2. No owner holds a prefix (a new prompt family: a new tenant's system prompt, a new
    conversation): among the owners not unloaded, those holding the fewest prompt families
    (distinct family blocks: a request's first block ending at ``MIN_MATCH_CHARS`` or later)
@@ -30,7 +38,7 @@ shared by everyone groups nothing worth grouping).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +53,9 @@ MIN_MATCH_CHARS = 512  # a shorter cached prefix (about 128 tokens) is not worth
 RENDEZVOUS_SCAN = 64  # owners scored per new prompt family, at most
 ROOT_SLACK = 1  # families more than the fewest an engine with room may take a new one at
 MISS_SHARE = 0.5  # a reported cached share under half the expected one is a miss
+CHARS_PER_TOKEN = 4  # prompt characters per token, for the recompute estimate
+HOLD_DEFAULT = 0.5  # seconds held when no engine has reported its prefill time yet
+HOLD_MAX = 5.0  # seconds held at most, however slow the engine
 
 _MASK = (1 << 64) - 1
 
@@ -64,21 +75,33 @@ class Placed(IntEnum):
 
     HIT = 0  # on the owner holding its longest prefix (or its home)
     MISS = 1  # no owner holds a prefix: a new prompt family, spread
-    OVERRIDDEN = 2  # the prefix holder had no room: an owner with room, recomputing a little
+    OVERRIDDEN = 2  # the prefix holder had no room: an owner with room, recomputing
 
 
-RESULTS = ("hit", "miss", "overridden")  # the counts' names, in ``Placed`` order
+RESULTS = ("hit", "miss", "overridden")  # the counts' names, in ``Placed`` order (a held
+# request is counted where it goes once let out)
+
+
+class Hold(IntEnum):
+    """Whether a request whose prefix holder is full may be held in the proxy for it."""
+
+    NONE = 0  # no hold in the proxy (no queue): it waits for the holder inside the engine
+    ALLOWED = 1  # it may be held (once) for the holder's next free slot
+    SPENT = 2  # held as long as recomputing costs, or could not be: it recomputes
+    ROOMY = 3  # let out of its hold because the holder has room: it goes there
 
 
 class Choice:
-    """The chosen owner's position, how it was chosen, and its matched prefix (blocks)."""
+    """The chosen owner's position, how it was chosen, its matched prefix (blocks), and
+    for a request to hold for that owner the seconds it may be held (else 0)."""
 
-    __slots__ = ("position", "result", "matched")
+    __slots__ = ("position", "result", "matched", "hold")
 
-    def __init__(self, position: int, result: Placed, matched: int) -> None:
+    def __init__(self, position: int, result: Placed, matched: int, hold: float = 0.0) -> None:
         self.position = position
         self.result = result
         self.matched = matched
+        self.hold = hold
 
 
 def choose(
@@ -93,8 +116,11 @@ def choose(
     model: str | None,
     maxImbalance: int,
     recomputeChars: int = RECOMPUTE_CHARS,
+    hold: Hold = Hold.NONE,
+    full: Collection[Node] = (),
 ) -> Choice:
-    """Choose among ``ordered`` (non-empty) by the rules above."""
+    """Choose among ``ordered`` (non-empty) by the rules above; ``full`` are known to have
+    no room whatever their engines last said (the queue's room board)."""
     ids = [node.id for node in ordered]  # one pass: ``ordered`` may be a lazy view
     count = len(ids)
     loads = [load(nodeId) for nodeId in ids]
@@ -103,14 +129,20 @@ def choose(
     if states is None:
         room = [value <= least + maxImbalance for value in loads]
         ready = [1] * count
+        known = [False] * count
     else:
         room = []
         ready = []
+        known = []
         read = states.roomAndLoaded
         for position, nodeId in enumerate(ids):
             free, loaded = read(nodeId, model)
             room.append(free > 0 if free is not None else loads[position] <= least + maxImbalance)
             ready.append(0 if loaded is False else 1)
+            known.append(free is not None)
+    for node in full:
+        position = ids.index(node.id)
+        room[position], known[position] = False, True
     matched = [0] * count
     best = -1
     bestScore: tuple[int, int, bool] = (0, 0, False)
@@ -126,12 +158,18 @@ def choose(
                 if best < 0 or score > bestScore:
                     best, bestScore = position, score
     if best >= 0:
-        if room[best] or not any(room):
+        if room[best] or hold is Hold.ROOMY or not any(room):
             return Choice(best, Placed.HIT, matched[best])
         alt = _pick(ids, [i for i in range(count) if room[i]], ready, matched, loads, spread)
         extra = _chars(ends, matched[best]) - _chars(ends, matched[alt])
-        if ready[alt] >= ready[best] and extra <= recomputeChars:
-            return Choice(alt, Placed.OVERRIDDEN, matched[alt])
+        if ready[alt] >= ready[best]:
+            if extra <= recomputeChars or hold is Hold.SPENT:
+                return Choice(alt, Placed.OVERRIDDEN, matched[alt])
+            if hold is Hold.ALLOWED and known[best]:
+                rate = None
+                if states is not None:  # the free owner's prefill time, else the holder's
+                    rate = states.prefillMs(ids[alt]) or states.prefillMs(ids[best])
+                return Choice(best, Placed.HIT, matched[best], holdBudget(extra, rate))
         return Choice(best, Placed.HIT, matched[best])
     top = max(ready)
     pool = [i for i in range(count) if ready[i] == top]
@@ -148,6 +186,15 @@ def choose(
         pool = [i for i in pool if room[i]] or pool
     spreadBy = spread if root is None else blocks[root]
     return Choice(_pick(ids, pool, ready, None, loads, spreadBy), Placed.MISS, 0)
+
+
+def holdBudget(extraChars: int, msPerToken: float | None) -> float:
+    """Seconds a request may be held for its prefix holder: what recomputing ``extraChars``
+    characters takes at ``msPerToken`` (the engine's reported prefill time per token;
+    ``HOLD_DEFAULT`` when unknown), at most ``HOLD_MAX``."""
+    if msPerToken is None:
+        return HOLD_DEFAULT
+    return min(HOLD_MAX, extraChars / CHARS_PER_TOKEN * msPerToken / 1000.0)
 
 
 def familyRoot(ends: Sequence[int]) -> int | None:
@@ -200,9 +247,9 @@ def confirmedMiss(expectedChars: int, chars: int, prompt: int, cached: int) -> b
     return cached / prompt < MISS_SHARE * expected
 
 
-def servedStats(exchange: Any) -> tuple[str, int, int] | None:
-    """(node, prompt tokens, cached prompt tokens) of an ended exchange whose engine
-    reported both, else None."""
+def servedStats(exchange: Any) -> tuple[str, int, int, float | None] | None:
+    """(node, prompt tokens, cached prompt tokens, prompt milliseconds or None) of an ended
+    exchange whose engine reported both counts, else None."""
     committed = exchange.committed
     workload = exchange.workload
     if committed is None or workload is None or workload.stats is None:
@@ -211,4 +258,7 @@ def servedStats(exchange: Any) -> tuple[str, int, int] | None:
     prompt, cached = stats.get("promptTokens"), stats.get("cachedTokens")
     if type(prompt) is not int or type(cached) is not int:
         return None
-    return committed.node.id, prompt, cached
+    promptMs = stats.get("promptMs")
+    if type(promptMs) is not float:
+        promptMs = None
+    return committed.node.id, prompt, cached, promptMs

@@ -119,8 +119,9 @@ class StatsMeter:
         completion: int | None
         duration: float | None = None
         cached: int | None = None
+        promptMs: float | None = None
         if self._dialect == "openai":
-            prompt, completion, cached = _openaiUsage(tail)
+            prompt, completion, cached, promptMs = _openaiUsage(tail)
         else:
             prompt, completion, duration = _ollamaUsage(tail)
         # Events are those counted as they left the tail plus those still in it; only an
@@ -141,6 +142,8 @@ class StatsMeter:
             stats["promptTokens"] = prompt
             if cached is not None and cached <= prompt:
                 stats["cachedTokens"] = cached
+            if promptMs is not None:
+                stats["promptMs"] = promptMs
         firstByteAt = self._firstByteAt
         if completion is not None:
             stats["completionTokens"] = completion
@@ -184,10 +187,11 @@ def _count(value: object) -> int | None:
     return None
 
 
-def _openaiUsage(tail: bytes) -> tuple[int | None, int | None, int | None]:
+def _openaiUsage(tail: bytes) -> tuple[int | None, int | None, int | None, float | None]:
     """The (prompt, completion, cached prompt) counts of the last ``usage`` object in the
     tail; cached from ``usage.prompt_tokens_details.cached_tokens``, else from llama.cpp's
-    ``timings.cache_n`` (kept only when at most the prompt count, by ``result``).
+    ``timings.cache_n`` (kept only when at most the prompt count, by ``result``); and
+    llama.cpp's ``timings.prompt_ms`` (the prompt's evaluation, milliseconds) if reported.
 
     Inside a JSON string every quote is escaped, so ``"usage"`` with both quotes bare only
     ever matches a real key, even in a tail that starts in the middle of a string.
@@ -203,21 +207,27 @@ def _openaiUsage(tail: bytes) -> tuple[int | None, int | None, int | None]:
         if prompt is not None or completion is not None:
             details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
             cached = _count(details.get("cached_tokens")) if type(details) is dict else None
+            timings = _timings(tail)
             if cached is None:
-                cached = _timingsCached(tail)
-            return prompt, completion, cached
-    return None, None, None
+                cached = _count(timings.get("cache_n"))
+            return prompt, completion, cached, _milliseconds(timings.get("prompt_ms"))
+    return None, None, None, None
 
 
-def _timingsCached(tail: bytes) -> int | None:
-    """llama.cpp's cached prompt tokens from the last ``timings`` object in the tail."""
+def _timings(tail: bytes) -> dict[str, object]:
+    """llama.cpp's last ``timings`` object in the tail (empty when there is none)."""
     at = tail.rfind(_TIMINGS_KEY)
     if at < 0:
-        return None
+        return {}
     timings = _valueAfter(tail, at, _TIMINGS_KEY)
-    if type(timings) is not dict:
-        return None
-    return _count(timings.get("cache_n"))
+    return timings if type(timings) is dict else {}
+
+
+def _milliseconds(value: object) -> float | None:
+    """A finite, non-negative duration in milliseconds (rounded to µs), else None."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e12:
+        return round(float(value), 3)
+    return None
 
 
 def _ollamaUsage(tail: bytes) -> tuple[int | None, int | None, float | None]:

@@ -6,7 +6,9 @@ the leading prompt blocks held in the prefix cache are free; every other prompt 
 i-th token goes out ``(i + 1) * decodeMs`` later. When the last token is out, the blocks of
 prompt and answer together are cached (the next turn of the conversation starts with
 exactly those tokens), the usage is reported as the dialect does, and the slot goes to the
-next request in the FIFO.
+next request in the FIFO.  Every answer carries ``X-Sim-Queue-Ms``: how long the request
+waited in the engine's FIFO for its slot (no real engine says so; benchmarks tell a wait in
+the engine from one in front of it by it).
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ class Run:
         if not self._stream:
             self._connection.later(decode * self._n, self._finish)
             return
-        head = self._parts.responder.head(200, None, self._reply.contentType, None)
+        head = self._parts.responder.head(200, self._waited(), self._reply.contentType, None)
         first = self._reply.first()
         self._connection.write(head + (chunk(first) if first else b""))
         self._connection.later(decode, lambda: self._token(0))
@@ -125,4 +127,7 @@ class Run:
         else:
             text = " ".join(outputWord(i) for i in range(n))
             body = self._reply.document(text, usage)
-            parts.responder.sendDocument(self._connection, 200, None, body, JSON)
+            parts.responder.sendDocument(self._connection, 200, self._waited(), body, JSON)
+
+    def _waited(self) -> dict[str, str]:
+        return {"X-Sim-Queue-Ms": f"{self.job.waited * 1000:.1f}"}
