@@ -9,6 +9,7 @@ checkout's ``.venv-llama-server``); skipped, saying why, otherwise.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -144,3 +145,5 @@ class RealLlamaProxyTests(TestCase):
             found = re.search(rf"^{name}{node} (\S+)$", metrics, re.MULTILINE)
             assert found is not None, f"{name} missing for the node"
             self.assertAlmostEqual(float(found.group(1)), value, places=6)
+        # The prompt went through the proxy and never into its log.
+        self.assertNotIn(system[-30:], json.dumps(self.proxy.logs))
