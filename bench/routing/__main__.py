@@ -46,6 +46,7 @@ from bench.routing.routers import (
     ROUTERS,
     EngineSettings,
     engineStats,
+    proxyPlacement,
     routerAvailable,
     startEngines,
     startRouter,
@@ -145,6 +146,9 @@ async def _one(
         elapsed = time.monotonic() - started
         sampler.stop()
         summary = summarize(records, [engineStats(e) for e in engines], sizes.tenants)
+        placed = None if server is None else proxyPlacement(server)
+        if placed is not None:
+            summary["proxy"] = placed
         summary["seconds"] = round(elapsed, 1)
         summary["load"] = [round(load, 1), round(os.getloadavg()[0], 1)]
         if args.direct_engines:

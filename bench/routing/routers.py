@@ -19,6 +19,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 
@@ -140,7 +141,26 @@ def _startProxy(engines: list[procs.Server], affinity: str) -> procs.Server:
     proc = procs.spawn(argv, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=state)
     procs.waitForPort(port, "standalone proxy", proc)
     _waitForNodes(ops, len(engines), proc)
+    OPS_PORTS[port] = ops
     return procs.Server("nvpair", port, proc.pid, [proc])
+
+
+OPS_PORTS: dict[int, int] = {}  # a started proxy's port -> its operations port
+
+
+def proxyPlacement(server: procs.Server) -> dict[str, Any] | None:
+    """What a started proxy says of its placements (``/status``): the affinity counts of
+    its llama.cpp facade, and how holds for a prefix holder ended; None for other routers."""
+    ops = OPS_PORTS.get(server.port)
+    if ops is None:
+        return None
+    with urllib.request.urlopen(f"http://127.0.0.1:{ops}/status", timeout=10) as r:
+        status = json.loads(r.read())
+    queueing = status.get("queueing") or {}
+    return {
+        "placements": (status.get("affinity") or {}).get("counts", {}).get("llamacpp"),
+        "held": queueing.get("held"),
+    }
 
 
 def startRustRouter(name: str, urls: list[str]) -> procs.Server:
