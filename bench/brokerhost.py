@@ -70,7 +70,8 @@ async def _main(args: argparse.Namespace) -> None:
     }
     proc.notify("llamacpp:discovery:nodes", {"nodes": [node]})
     await proc.request("log/set-level", {"level": args.log_level})  # round trip: applied
-    sys.stdout.write(json.dumps({"port": int(result["port"]), "pid": proc.pid}) + "\n")
+    port = result["port"] if isinstance(result, dict) else None
+    sys.stdout.write(json.dumps({"port": port, "pid": proc.pid}) + "\n")
     sys.stdout.flush()
 
     stopping: list[bool] = []

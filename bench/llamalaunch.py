@@ -30,6 +30,6 @@ def _withFullSWA(self: Any, *args: Any, **kwargs: Any) -> None:
 
 
 if __name__ == "__main__":
-    llama_cpp.Llama.__init__ = _withFullSWA  # type: ignore[method-assign]
+    setattr(llama_cpp.Llama, "__init__", _withFullSWA)  # noqa: B010 (typed either way)
     sys.argv[0] = "llama_cpp.server"
     main()

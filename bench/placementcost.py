@@ -29,7 +29,8 @@ from twisted.internet.task import Clock
 
 from nvpair.proxy.routing import affinity as affinityModule
 from nvpair.proxy.routing.affinity import Affinity, keyFor
-from nvpair.proxy.routing.candidates import Snapshot, orderCandidates, parseNodes
+from nvpair.proxy.routing.candidates import Snapshot, orderCandidates
+from nvpair.proxy.routing.nodes import parseNodes
 from nvpair.proxy.routing.reservations import ReservationMap
 
 PATH = b"/v1/chat/completions"
@@ -79,9 +80,9 @@ def measure(args: argparse.Namespace) -> float:
         key = keyFor("llamacpp", "m", PATH, doc)
         assert key is not None
         ordered, _ = orderCandidates(owners, None, reservations.rank)
-        node = affinity.place(ordered, key, reservations, "llamacpp")
-        assert node is not None
-        affinity.served(key, node.id)
+        chosen = affinity.place(ordered, key, reservations, "llamacpp")
+        assert chosen is not None
+        affinity.served(key, chosen.id)
     count = len(docs)
     gc.collect()
     gc.disable()
@@ -92,13 +93,13 @@ def measure(args: argparse.Namespace) -> float:
             key = keyFor("llamacpp", "m", PATH, doc)
             assert key is not None
             ordered, _ = orderCandidates(owners, None, reservations.rank)
-            node = affinity.place(ordered, key, reservations, "llamacpp")
-            assert node is not None
-            affinity.served(key, node.id)
+            chosen = affinity.place(ordered, key, reservations, "llamacpp")
+            assert chosen is not None
+            affinity.served(key, chosen.id)
         elapsed = time.process_time() - started
     finally:
         gc.enable()
-    return elapsed / args.requests * 1e6
+    return float(elapsed / args.requests * 1e6)
 
 
 def main() -> None:

@@ -39,6 +39,10 @@ class Cleanups:
                 sys.stderr.write(f"cleanup failed: {e!r}\n")
 
 
+def _progress(text: str) -> None:
+    sys.stderr.write(text + "\n")
+
+
 async def main(reactor: Any, argv: list[str]) -> None:
     """Run one long soak and print its figures."""
     parser = argparse.ArgumentParser(prog="python -m bench.soak")
@@ -52,7 +56,7 @@ async def main(reactor: Any, argv: list[str]) -> None:
         concurrency=args.concurrency,
         seed=args.seed,
         logLevel=args.log_level,
-        progress=lambda t: sys.stderr.write(t + "\n"),
+        progress=_progress,
     )
     cleanups = Cleanups()
     try:

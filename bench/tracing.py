@@ -30,8 +30,10 @@ from nvpair.proxy.context import RequestContext
 from nvpair.proxy.dispatch.exchange import Exchange
 from nvpair.proxy.ops.metrics import Metrics
 from nvpair.proxy.runtime.logs import LogControl
+from nvpair.proxy.testing.fakecontext import makeSettings
+from nvpair.proxy.testing.upstreamspy import UpstreamSpy
 from tests.support.fakerequest import FakeRequest
-from tests.support.fakeupstream import CHAT, FakeUpstream, makeFacade, makeSettings, node
+from tests.support.fakeupstream import CHAT, makeFacade, node
 
 SSE = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
 USAGE = (
@@ -61,9 +63,9 @@ def makeTracer(clock: Clock, ratio: float) -> tuple[Any, Any]:
     return Tracer(provider.get_tracer(SCOPE), clock), provider
 
 
-def makeContext(variant: str) -> tuple[RequestContext, Any, FakeUpstream, Any]:
+def makeContext(variant: str) -> tuple[RequestContext, Any, UpstreamSpy, Any]:
     clock = Clock()
-    upstream = FakeUpstream(clock)
+    upstream = UpstreamSpy(clock)
     extra: dict[str, Any] = {}
     provider = None
     if variant != "off":
