@@ -24,7 +24,7 @@ from tests.support.chaos import (
     judge,
     sentOrder,
 )
-from tests.support.chaos.standalone import StandaloneSoak
+from tests.support.chaos.standalone import StandaloneSoak, downWindows
 from tests.support.harness import CANARY
 
 
@@ -345,3 +345,22 @@ class EngineRecordTests(TestCase):
         assert attempt.arrival is not None and attempt.read is not None
         self.assertGreaterEqual(attempt.arrival, before - ARRIVAL_SLACK)
         self.assertLessEqual(attempt.arrival, attempt.read + ARRIVAL_SLACK)
+
+
+class DownWindowTests(SynchronousTestCase):
+    """The standalone soak reads an empty fleet from the proxy's backend-down/up log."""
+
+    def test_everyBackendDown(self) -> None:
+        """Only the stretches with every backend down count; one still open runs to now."""
+        logs = [
+            {"event": "backend-down", "url": "a", "time": 1.0},
+            {"event": "backend-down", "url": "b", "time": 2.0},
+            {"event": "request", "time": 2.5},
+            {"event": "backend-up", "url": "a", "time": 3.0},
+            {"event": "backend-down", "url": "a", "time": 4.0},
+            {"event": "backend-down", "url": "a", "time": 4.5},
+            {"event": "backend-up", "url": "b", "time": 5.0},
+            {"event": "backend-down", "url": "b", "time": 6.0},
+        ]
+        self.assertEqual(downWindows(logs, 2, 9.0), [(2.0, 3.0), (4.0, 5.0), (6.0, 9.0)])
+        self.assertEqual(downWindows(logs, 3, 9.0), [])

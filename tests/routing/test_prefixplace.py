@@ -162,8 +162,8 @@ class SlotTests(SynchronousTestCase):
         self.assertEqual(key.hold, HOLD_DEFAULT)
         self.assertIsNone(key.placed)
         self.assertEqual(fleet.reservations.totalReserved(), 0)
-        fleet.states.served("B" if home != "B" else "C", 4000, 0, promptMs=400.0)
-        fleet.states.served("A" if home != "A" else "D", 4000, 0, promptMs=400.0)
+        for node in NODES:
+            fleet.states.served(node.id, 4000, 0, promptMs=400.0)
         fleet.place(key, serve=False, hold=Hold.ALLOWED)
         self.assertLess(key.hold or 0.0, HOLD_DEFAULT)  # 0.1 ms a token: a short hold
         again = request(tenantPrompt(1), "third user")

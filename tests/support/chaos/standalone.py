@@ -5,7 +5,10 @@ The same faulty fleet of ``ChaosEngine`` nodes and the same oracle, behind a rea
 ``--queue-timeout``, so that 429/503 answers fill the queue and refusing engines open their
 breakers.  There is no discovery churn (a standalone fleet is static) and no broker: the
 terminal workload states are checked against ``/status``'s counts, and at the end nothing
-may wait in a queue.
+may wait in a queue.  The fleet still empties when every backend's model poll fails at
+once (engines that stop listening for a while, a poll timing out on a starved machine): the
+proxy logs each ``backend-down`` and ``backend-up``, and the stretches with every backend
+down count as an empty discovery, as a broker's empty node list does.
 """
 
 from __future__ import annotations
@@ -82,6 +85,8 @@ class StandaloneSoak(Soak):
         pooled = {e.name: e.openConnections for e in self.engines}
         f["fds end minus pooled"] = fdsEnd - sum(pooled.values())
         f["fds baseline"] = baselineFds
+        self.empty.extend(downWindows(proxy.logs, len(self.engines), self.reactor.seconds()))
+        f["empty discovery periods"] = len(self.empty)
         self.checkAnswers()
         self.checkStandalone(status)
         leaks = [rec for rec in proxy.logs if CANARY in repr(rec)]
@@ -125,3 +130,27 @@ class StandaloneSoak(Soak):
                 r.violations.append(
                     f"{state} workloads {terminals.get(state, 0)} != answers {wanted.get(state, 0)}"
                 )
+
+
+def downWindows(logs: list[dict[str, Any]], backends: int, now: float) -> list[tuple[float, float]]:
+    """The stretches (start, end) during which the proxy had logged every one of
+    ``backends`` backends down (``backend-down`` until its next ``backend-up``)."""
+    down: set[str] = set()
+    windows: list[tuple[float, float]] = []
+    since: float | None = None
+    for record in logs:
+        event, url, when = record.get("event"), record.get("url"), record.get("time")
+        if event not in ("backend-down", "backend-up") or not isinstance(when, int | float):
+            continue
+        if event == "backend-down":
+            down.add(str(url))
+        else:
+            down.discard(str(url))
+        if len(down) >= backends and since is None:
+            since = float(when)
+        elif len(down) < backends and since is not None:
+            windows.append((since, float(when)))
+            since = None
+    if since is not None:
+        windows.append((since, now))
+    return windows
