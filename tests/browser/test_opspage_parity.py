@@ -58,6 +58,7 @@ QUEUEING: dict[str, object] = {
         }
     },
     "refused": {"llamacpp": {"queue_full": 2}},
+    "held": {"now": 1, "endedWithRoom": 1234, "endedWithBudget": 5},
     "breakers": {
         HOSTILE: {"state": "open", "opens": 2, "cooldownSeconds": 2.0, "recentFailures": 0},
     },
@@ -191,7 +192,8 @@ class ScriptParityTests(TestCase):
         (queue,) = dom.all("div", class_="queue")
         self.assertEqual(
             queue.textContent(),
-            f"queue 3 {HOSTILE} 0 waiting, last wait 12.5 s · m1 3 waiting, last wait 250 ms",
+            f"queue 3 {HOSTILE} 0 waiting, last wait 12.5 s · m1 3 waiting, last wait 250 ms"
+            " · held for a prefix 1 now, 1234 got its slot, 5 recomputed",
         )
         (note,) = dom.all("div", class_="breaker")
         self.assertEqual(note.textContent(), "breaker open · opened 2×")

@@ -17,7 +17,8 @@ def _queueing(status: StatusDocument) -> Mapping[str, object] | None:
 
 def queueTile(status: StatusDocument, engineId: str) -> str:
     """The facade's queue tile: requests waiting now, and per model its depth and last
-    wait; nothing under a broker."""
+    wait; requests held for their prefix holder (placement's holds: held now, let out with
+    a slot, recomputed elsewhere) once there were any; nothing under a broker."""
     queueing = _queueing(status)
     if queueing is None:
         return ""
@@ -33,6 +34,12 @@ def queueTile(status: StatusDocument, engineId: str) -> str:
         total += int(depth)
         parts.append(
             f"{model} {number(depth)} waiting, last wait {seconds(entry['lastWaitSeconds'])}"
+        )
+    held = queueing.get("held")
+    if isinstance(held, dict) and any(held.values()):
+        parts.append(
+            f"held for a prefix {number(held['now'])} now, {number(held['endedWithRoom'])} "
+            f"got its slot, {number(held['endedWithBudget'])} recomputed"
         )
     detail = " \u00b7 ".join(parts) or "nobody waits"
     return (

@@ -175,6 +175,13 @@
       return m + " " + number(queues[m].depth) + " waiting, last wait " +
         seconds(queues[m].lastWaitSeconds);
     });
+    var held = q.held;
+    if (held && typeof held === "object" &&
+        (held.now || held.endedWithRoom || held.endedWithBudget)) {
+      parts.push("held for a prefix " + number(held.now) + " now, " +
+        number(held.endedWithRoom) + " got its slot, " + number(held.endedWithBudget) +
+        " recomputed");
+    }
     return add(el("div", "tile queue"), [el("div", "tlabel", "queue"),
       el("div", "tval", number(total)), el("div", "tsub", parts.join(" \u00b7 ") || "nobody waits")]);
   }
