@@ -28,13 +28,12 @@ import os
 import random
 import statistics
 import subprocess
-import tempfile
 import threading
 import time
 import urllib.request
 from typing import Any
 
-from bench.procs import ROOT, freePort, spawn, stop, waitForPort
+from bench.procs import ROOT, freePort, spawn, spawnStandalone, stop, waitForFleet
 from tests.fleet.test_real_engine import CHECK, INSTALL_HINT, llamaPython
 
 MODEL = "gemma3-270m"
@@ -116,45 +115,10 @@ def startEngine(python: str, model: str, args: argparse.Namespace) -> tuple[Any,
 
 def startProxy(urls: list[str], mode: str) -> tuple[Any, int, int]:
     """The standalone proxy over ``urls``; (process, facade port, ops port)."""
-    state = tempfile.mkdtemp(prefix="nvpair-bench-affinity-")
-    port, opsPort = freePort(), freePort()
-    with open(os.path.join(state, "llamacpp-proxy-port.json"), "w") as f:
-        json.dump({"port": port}, f)
-    twistd = os.path.join(ROOT, ".venv", "bin", "twistd")
-    argv = [
-        os.path.join(ROOT, ".venv", "bin", "python"),
-        twistd,
-        "--reactor=nvpair",
-        "-n",
-        "--pidfile=",
-        "nvpair-proxy",
-        "--standalone",
-        "--engines",
-        "llamacpp",
-        "--state-dir",
-        state,
-        "--ops-port",
-        str(opsPort),
-        "--affinity",
-        mode,
-    ]
-    for url in urls:
-        argv += ["--backend", f"llamacpp={url}"]
-    proc = spawn(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        cwd=state,
-    )
-    waitForPort(port, "standalone proxy", proc)
-
-    def fleetUp() -> bool:
-        nodes = getJSON(f"http://127.0.0.1:{opsPort}/status")["facades"]["llamacpp"]["nodes"]
-        return len(nodes) == len(urls) and all(n["models"] for n in nodes)
-
-    waitUntil(fleetUp, "proxy fleet", 30)
-    return proc, port, opsPort
+    opsPort = freePort()
+    server = spawnStandalone(urls, "--affinity", mode, opsPort=opsPort)
+    waitForFleet(server, opsPort, len(urls))
+    return server.procs[0], server.port, opsPort
 
 
 def text(rng: random.Random, words: int) -> str:

@@ -272,38 +272,68 @@ def twistdCommand() -> list[str]:
     return [PYTHON, os.path.join(ROOT, ".venv", "bin", "twistd")]
 
 
-def startProxyStandalone(enginePort: int, maxConnections: int) -> Server:
-    """The proxy in ``--standalone`` mode with a persisted facade port in a temp state dir."""
+def spawnStandalone(backends: list[str], *options: str, opsPort: int = 0) -> Server:
+    """The proxy in ``--standalone`` mode (its llama.cpp facade) over ``backends`` (URLs),
+    with ``options`` added, a persisted facade port in a temp state dir, the operations
+    listener on ``opsPort`` (0: any); returned once the facade listens."""
     state = tempfile.mkdtemp(prefix="nvpair-bench-state-")
     port = freePort()
     with open(os.path.join(state, "llamacpp-proxy-port.json"), "w") as f:
         json.dump({"port": port}, f)
+    argv = [
+        *twistdCommand(),
+        "--reactor=nvpair",
+        "-n",
+        "--pidfile=",
+        "nvpair-proxy",
+        "--standalone",
+        "--engines",
+        "llamacpp",
+        *(f"--backend=llamacpp={url}" for url in backends),
+        "--state-dir",
+        state,
+        "--ops-port",
+        str(opsPort),
+        *options,
+    ]
     proc = spawn(
-        [
-            *twistdCommand(),
-            "--reactor=nvpair",
-            "-n",
-            "--pidfile=",
-            "nvpair-proxy",
-            "--standalone",
-            "--engines",
-            "llamacpp",
-            "--backend",
-            f"llamacpp=http://127.0.0.1:{enginePort}",
-            "--state-dir",
-            state,
-            "--ops-port",
-            "0",
-            "--max-connections",
-            str(maxConnections),
-        ],
+        argv,
         stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         cwd=state,
     )
     waitForPort(port, "standalone proxy", proc)
-    waitForRoute(port)
     return Server("nvpair", port, proc.pid, [proc])
+
+
+def waitForFleet(server: Server, opsPort: int, n: int, timeout: float = 30) -> None:
+    """Wait until the standalone proxy's ``/status`` shows ``n`` llama.cpp nodes that each
+    list a model."""
+    (proc,) = server.procs
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the proxy exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{opsPort}/status", timeout=5) as r:
+                doc = json.loads(r.read())
+            nodes = doc["facades"]["llamacpp"]["nodes"]
+            if len(nodes) == n and all(node["models"] for node in nodes):
+                return
+        except (OSError, KeyError, ValueError):
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"the proxy did not see {n} engines with models within {timeout:.0f}s")
+
+
+def startProxyStandalone(enginePort: int, maxConnections: int) -> Server:
+    """The standalone proxy over the one engine, once a chat completion passes."""
+    server = spawnStandalone(
+        [f"http://127.0.0.1:{enginePort}"], "--max-connections", str(maxConnections)
+    )
+    waitForRoute(server.port)
+    return server
 
 
 def waitForPort(port: int, what: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:

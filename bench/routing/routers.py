@@ -15,8 +15,6 @@ import json
 import os
 import random
 import subprocess
-import tempfile
-import time
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -98,51 +96,13 @@ def routerAvailable(name: str) -> str | None:
     return None
 
 
-def _waitForNodes(opsPort: int, n: int, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
-    """Wait until the proxy's /status shows ``n`` nodes that each list a model."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the proxy exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{opsPort}/status", timeout=5) as r:
-                doc = json.loads(r.read())
-            nodes = doc["facades"]["llamacpp"]["nodes"]
-            if len(nodes) == n and all(node["models"] > 0 for node in nodes):
-                return
-        except (OSError, KeyError, ValueError):
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"the proxy did not see {n} engines with models within {timeout:.0f}s")
-
-
 def _startProxy(engines: list[procs.Server], affinity: str) -> procs.Server:
-    state = tempfile.mkdtemp(prefix="nvpair-bench-state-")
-    port, ops = procs.freePort(), procs.freePort()
-    with open(os.path.join(state, "llamacpp-proxy-port.json"), "w") as f:
-        json.dump({"port": port}, f)
-    backends = [f"--backend=llamacpp=http://127.0.0.1:{e.port}" for e in engines]
-    argv = [
-        *procs.twistdCommand(),
-        "-n",
-        "--pidfile=",
-        "nvpair-proxy",
-        "--standalone",
-        "--engines",
-        "llamacpp",
-        *backends,
-        "--affinity",
-        affinity,
-        "--state-dir",
-        state,
-        "--ops-port",
-        str(ops),
-    ]
-    proc = procs.spawn(argv, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=state)
-    procs.waitForPort(port, "standalone proxy", proc)
-    _waitForNodes(ops, len(engines), proc)
-    OPS_PORTS[port] = ops
-    return procs.Server("nvpair", port, proc.pid, [proc])
+    ops = procs.freePort()
+    urls = [f"http://127.0.0.1:{e.port}" for e in engines]
+    server = procs.spawnStandalone(urls, "--affinity", affinity, opsPort=ops)
+    procs.waitForFleet(server, ops, len(engines))
+    OPS_PORTS[server.port] = ops
+    return server
 
 
 OPS_PORTS: dict[int, int] = {}  # a started proxy's port -> its operations port
