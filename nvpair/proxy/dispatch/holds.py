@@ -1,14 +1,14 @@
 """Requests held in the proxy for one node's next free slot (spec §11 "Placement").
 
 Placement holds a request (``prefixplace.choose`` gives a ``hold``) when the owner holding
-its longest cached prefix is full while another owner has room, and recomputing the difference there
-would cost more than a short wait.  Held here, it waits in the proxy rather than in that
-engine's own queue: it holds no attempt, reservation or connection, and stays free to go
-elsewhere.  Its Deferred fires (with None) as soon as the node has room (checked whenever
-the queue drains: an engine probe, one of our requests ending, a busy mark lapsing) or when
-its budget runs out (the seconds recomputing would take), and is cancelled when its client
-goes.  Per node first come, first served; at most ``maxHeld`` at once (beyond that a
-request is not held: it recomputes).
+its longest cached prefix is full while another owner has room, and recomputing the
+difference there would cost more than a short wait.  Held here, it waits in the proxy
+rather than in that engine's own queue: it holds no attempt, reservation or connection,
+and stays free to go elsewhere.  Its Deferred fires (with None) as soon as the node has
+room (checked whenever the queue drains: an engine probe, one of our requests ending, a
+busy mark lapsing) or when its budget runs out (the seconds recomputing would take), and
+is cancelled when its client goes.  Per node first come, first served; at most
+``maxHeld`` at once (beyond that a request is not held).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class _Held:
 
     def __init__(self, nodeId: str) -> None:
         self.nodeId = nodeId
-        self.deferred: defer.Deferred[None] = defer.Deferred()
+        self.deferred: defer.Deferred[None]  # set once held: its canceller needs the entry
         self.timer: IDelayedCall | None = None
 
 
@@ -72,9 +72,12 @@ class Holds:
     def _remove(self, entry: _Held) -> bool:
         """Take ``entry`` out (cancelling its timer); False if it was out already."""
         queue = self._nodes.get(entry.nodeId)
-        if queue is None or entry not in queue:
+        if queue is None:
             return False
-        queue.remove(entry)
+        try:
+            queue.remove(entry)
+        except ValueError:
+            return False
         if not queue:
             del self._nodes[entry.nodeId]
         self._count -= 1

@@ -45,7 +45,7 @@ class _Waiter:
 
     def __init__(self, exchange: IPlacementExchange) -> None:
         self.exchange = exchange
-        self.deferred: defer.Deferred[None] = defer.Deferred()
+        self.deferred: defer.Deferred[None]  # set once queued: its canceller needs the ticket
         self.timer: IDelayedCall | None = None
 
 

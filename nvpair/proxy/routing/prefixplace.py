@@ -19,8 +19,8 @@ shared by everyone groups nothing worth grouping).
    proxy can hold the request (``Hold.ALLOWED``), it is *held* in the proxy for the best's
    next free slot (a choice with a ``hold``), at most as long as recomputing the
    difference would take on the owner with room (``holdBudget``, at that engine's
-   reported prefill time, else the best's); once that budget is spent (``Hold.SPENT``) it goes to
-   the owner with room and recomputes, and when the best shows room first (``Hold.ROOMY``)
+   reported prefill time, else the best's); once that budget is spent (``Hold.SPENT``) it
+   goes to the owner with room and recomputes, and when the best shows room first (``Hold.ROOMY``)
    it goes to the best.  Waiting at most as long as recomputing costs keeps its time to
    first token within twice the better of the two choices (the ski-rental bound).  With no
    hold in the proxy (``Hold.NONE``) the request waits for the best inside its engine.
@@ -140,9 +140,11 @@ def choose(
             room.append(free > 0 if free is not None else loads[position] <= least + maxImbalance)
             ready.append(0 if loaded is False else 1)
             known.append(free is not None)
-    for node in full:
-        position = ids.index(node.id)
-        room[position], known[position] = False, True
+    if full:
+        fullIds = {node.id for node in full}
+        for position, nodeId in enumerate(ids):
+            if nodeId in fullIds:
+                room[position], known[position] = False, True
     matched = [0] * count
     best = -1
     bestScore: tuple[int, int, bool] = (0, 0, False)
