@@ -27,8 +27,9 @@ from typing import Any
 
 from twisted.internet.task import Clock
 
-from nvpair.proxy.routing import affinity as affinityModule
-from nvpair.proxy.routing.affinity import Affinity, keyFor
+from nvpair.proxy.placement import affinity as affinityModule
+from nvpair.proxy.placement.affinity import Affinity
+from nvpair.proxy.placement.keys import keyFor
 from nvpair.proxy.routing.candidates import Snapshot, orderCandidates
 from nvpair.proxy.routing.nodes import parseNodes
 from nvpair.proxy.routing.reservations import ReservationMap
@@ -63,8 +64,8 @@ def measure(args: argparse.Namespace) -> float:
     reservations = ReservationMap()
     kwargs: dict[str, Any] = {}
     if args.states:
-        from nvpair.proxy.routing.engineprobe import EngineReport
-        from nvpair.proxy.routing.enginestates import EngineStates
+        from nvpair.proxy.nodestate.probes import EngineReport
+        from nvpair.proxy.nodestate.states import EngineStates
 
         states = EngineStates(clock, reservations)
         for node in NODES:

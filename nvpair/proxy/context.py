@@ -29,11 +29,11 @@ from nvpair.proxy.interfaces import (
     IRequestContext,
     IUpstream,
 )
+from nvpair.proxy.nodestate.states import EngineStates
 from nvpair.proxy.ops.history import History
 from nvpair.proxy.ops.interfaces import IOpsContext
 from nvpair.proxy.ops.metrics import Metrics
-from nvpair.proxy.routing.affinity import Affinity, requestServed
-from nvpair.proxy.routing.enginestates import EngineStates
+from nvpair.proxy.placement.affinity import Affinity, requestServed
 from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.runtime.logs import LogControl
 from nvpair.proxy.settings import Settings

@@ -29,8 +29,8 @@ from zope.interface import Attribute, Interface
 from nvpair.proxy.engines import Engine
 from nvpair.proxy.flow.interfaces import IQueueing
 from nvpair.proxy.http.interfaces import IServerRequest
-from nvpair.proxy.routing.engineview import IEngineStates
-from nvpair.proxy.routing.interfaces import IPlacementContext
+from nvpair.proxy.nodestate.interfaces import IEngineStates
+from nvpair.proxy.placement.interfaces import IPlacementContext
 from nvpair.proxy.settings import Settings
 from nvpair.proxy.tracing.interfaces import IRequestTrace, ITracer
 

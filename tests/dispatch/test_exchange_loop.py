@@ -173,7 +173,7 @@ class DriverTests(LoopCase):
     def test_crashInPolicyAnswers500(self) -> None:
         """An exception raised by the policy itself is answered 500 internal, reported
         once, and everything is released."""
-        from nvpair.proxy.routing import placement
+        from nvpair.proxy.placement import policies as placement
 
         def boom(*a: object) -> None:
             raise ZeroDivisionError()

@@ -28,8 +28,8 @@ from nvpair.proxy.http.interfaces import (
     IStreamTransport,
 )
 from nvpair.proxy.interfaces import IBrokerSink, IUpstream
-from nvpair.proxy.routing.affinity import RESULTS, Placed
-from nvpair.proxy.routing.interfaces import IFleetView, IOutcome, IPlacementExchange
+from nvpair.proxy.placement.choose import RESULTS, Placed
+from nvpair.proxy.placement.interfaces import IFleetView, IOutcome, IPlacementExchange
 from nvpair.proxy.testing.fakecontext import ListSink
 from nvpair.proxy.testing.upstreamspy import BodyTransport, FakeResponse, NoPool, UpstreamSpy
 from tests.support.exchangecase import LoopCase

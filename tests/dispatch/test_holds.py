@@ -14,11 +14,11 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.dispatch.holds import Holds
 from nvpair.proxy.dispatch.queueing import Queueing
+from nvpair.proxy.nodestate.probes import EngineReport
+from nvpair.proxy.nodestate.states import EngineStates
 from nvpair.proxy.ops.queuegauges import QueueCollector, queueStatus
-from nvpair.proxy.routing.affinity import Affinity
-from nvpair.proxy.routing.engineprobe import EngineReport
-from nvpair.proxy.routing.enginestates import EngineStates
-from nvpair.proxy.routing.prefixplace import HOLD_DEFAULT, RECOMPUTE_CHARS, holdBudget
+from nvpair.proxy.placement.affinity import Affinity
+from nvpair.proxy.placement.choose import HOLD_DEFAULT, RECOMPUTE_CHARS, holdBudget
 from tests.support.exchangecase import LoopCase
 from tests.support.fakerequest import FakeRequest
 

@@ -11,8 +11,8 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.engines import LLAMACPP, OLLAMA
 from nvpair.proxy.facade.enginepoller import FAST, PROBE_TIMEOUT, SLOW, EnginePoller
-from nvpair.proxy.routing.engineprobe import EngineReport
-from nvpair.proxy.routing.enginestates import EngineStates
+from nvpair.proxy.nodestate.probes import EngineReport
+from nvpair.proxy.nodestate.states import EngineStates
 from nvpair.proxy.routing.reservations import ReservationMap
 from tests.facade.fleetkit import FakeResponse, FakeUpstream
 from tests.facade.test_hostcheck import Events

@@ -23,7 +23,7 @@ from nvpair.proxy.facade.standalone import (
     startStandalone,
 )
 from nvpair.proxy.ops.metrics import Metrics
-from nvpair.proxy.routing.affinity import Affinity
+from nvpair.proxy.placement.affinity import Affinity
 from nvpair.proxy.routing.candidates import Snapshot
 from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.settings import Settings

@@ -10,8 +10,8 @@ from zope.interface.verify import verifyObject
 
 from nvpair.proxy.flow import breaker as b
 from nvpair.proxy.flow.breaker import Breakers, BreakerState, retryAfterSeconds
-from nvpair.proxy.flow.room import BUSY_HOLD, GROW_EVERY, MAX_NODES, RoomBoard, isBusyAnswer
-from nvpair.proxy.routing.engineview import IEngineStates
+from nvpair.proxy.nodestate.interfaces import IEngineStates
+from nvpair.proxy.nodestate.room import BUSY_HOLD, GROW_EVERY, MAX_NODES, RoomBoard, isBusyAnswer
 from nvpair.proxy.routing.nodes import Node
 
 A, B, C = (Node(n, False, (n,), frozenset({"m"})) for n in ("a", "b", "c"))

@@ -6,13 +6,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
+from nvpair.proxy.nodestate.probes import EngineReport
+from nvpair.proxy.nodestate.states import EngineStates
 from nvpair.proxy.ops.gauges import StateCollector
 from nvpair.proxy.ops.history import Window
 from nvpair.proxy.ops.page import engineLine, renderPage
 from nvpair.proxy.ops.server import historyDocument, statusDocument
-from nvpair.proxy.routing.affinity import Affinity
-from nvpair.proxy.routing.engineprobe import EngineReport
-from nvpair.proxy.routing.enginestates import EngineStates
+from nvpair.proxy.placement.affinity import Affinity
 from tests.ops.opskit import makeService, scripted
 from tests.support.dom import parseDom
 

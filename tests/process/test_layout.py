@@ -27,6 +27,14 @@ ROOT = Path(nvpair.__file__).parent
 TESTS = Path(__file__).parents[1]
 MAX_LINES = 400
 MAX_MODULES = 15
+# The pure policy: what a request is and where it goes, what is known of each node, and
+# standalone's flow control.
+POLICY = (
+    "nvpair.proxy.routing",
+    "nvpair.proxy.nodestate",
+    "nvpair.proxy.placement",
+    "nvpair.proxy.flow",
+)
 # What a routing module may import from twisted.internet: Deferreds, and the interfaces it
 # types a clock with.  Reactors, protocols, endpoints and transports stay out.
 ROUTING_MAY_IMPORT = {"twisted.internet.defer", "twisted.internet.interfaces"}
@@ -34,6 +42,8 @@ ROUTING_MAY_IMPORT = {"twisted.internet.defer", "twisted.internet.interfaces"}
 # library, and the leaves everything depends on (prefixes: every module under them).
 LEAN = (
     "nvpair.proxy.routing",
+    "nvpair.proxy.nodestate",
+    "nvpair.proxy.placement",
     "nvpair.proxy.flow",
     "nvpair.supervisor",
     "nvpair.proxy.engines",
@@ -250,7 +260,7 @@ class LayoutTests(TestCase):
         offending = {
             (name, m)
             for name, path in found.items()
-            if name.startswith(("nvpair.proxy.routing", "nvpair.proxy.flow"))
+            if name.startswith(POLICY)
             for m in importsOf(name, path, known)
             if (m.startswith("twisted.internet") and m not in ROUTING_MAY_IMPORT)
             or m.startswith(("nvpair.proxy.dispatch", "nvpair.proxy.http", "nvpair.proxy.facade"))
@@ -263,14 +273,14 @@ class LayoutTests(TestCase):
         loads the runtime, and the routing interfaces' typing-only imports do not count."""
         self.assertIn("httptools", closure(["nvpair.proxy.http.reader"]))
         self.assertIn("nvpair.proxy.runtime.logs", closure(["nvpair.proxy.service"]))
-        self.assertNotIn("nvpair.proxy.engines", closure(["nvpair.proxy.routing.interfaces"]))
+        self.assertNotIn("nvpair.proxy.engines", closure(["nvpair.proxy.placement.interfaces"]))
         self.assertIn("httptools", loadedConcrete(["nvpair.proxy.http.rules"]))
 
     def test_leanClosures(self) -> None:
         """Routing, the supervisor library, the engine table, the JSON-RPC format and the
         interfaces load no HTTP parser, no reactor and no runtime, transitively."""
         modules = leanModules()
-        self.assertIn("nvpair.proxy.routing.placement", modules)
+        self.assertIn("nvpair.proxy.placement.policies", modules)
         self.assertIn("nvpair.supervisor.process", modules)
         offending = {
             (root, m, by) for root in modules for m, by in closure([root]).items() if isConcrete(m)

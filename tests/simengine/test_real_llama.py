@@ -20,7 +20,7 @@ from twisted.internet.interfaces import IReactorTCP
 from twisted.trial.unittest import TestCase
 from twisted.web.client import Agent, HTTPConnectionPool
 
-from nvpair.proxy.routing.engineprobe import parseMetrics, parseSlots
+from nvpair.proxy.nodestate.probes import parseMetrics, parseSlots
 from nvpair.proxy.routing.stats import StatsMeter
 from nvpair.proxy.testing.simengine import SimConfig, SimEngine
 from tests.simengine.helpers import sentence

@@ -33,7 +33,7 @@ from nvpair.proxy.dispatch.relay import Relay, stopReceiving
 from nvpair.proxy.dispatch.upstream import addressesFor
 from nvpair.proxy.flow.breaker import retryAfterSeconds
 from nvpair.proxy.interfaces import IStallWatch
-from nvpair.proxy.routing.interfaces import IOutcome
+from nvpair.proxy.placement.interfaces import IOutcome
 from nvpair.proxy.routing.nodes import Node
 
 __all__ = ["Attempt", "AttemptState", "discard", "retryableStatus"]

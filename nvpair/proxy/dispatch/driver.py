@@ -17,8 +17,8 @@ from twisted.internet import defer
 from twisted.python.failure import Failure
 
 from nvpair.proxy.dispatch.interfaces import IPolicyOwner
-from nvpair.proxy.routing.interfaces import IOutcome, IPlacementExchange
-from nvpair.proxy.routing.placement import Policy
+from nvpair.proxy.placement.interfaces import IOutcome, IPlacementExchange
+from nvpair.proxy.placement.policies import Policy
 
 
 class Early(Enum):

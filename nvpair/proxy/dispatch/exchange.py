@@ -40,9 +40,9 @@ from nvpair.proxy.dispatch.relay import ClientFlow, abortClient, truncateClient
 from nvpair.proxy.dispatch.seat import QueueSeat
 from nvpair.proxy.http.interfaces import IServerRequest
 from nvpair.proxy.interfaces import IRequestContext, IUpstream, IWorkload
-from nvpair.proxy.routing.affinity import AffinityKey
-from nvpair.proxy.routing.interfaces import IOutcome, IPlacementExchange
-from nvpair.proxy.routing.placement import placeInference, placeVerbatim
+from nvpair.proxy.placement.interfaces import IOutcome, IPlacementExchange
+from nvpair.proxy.placement.keys import AffinityKey
+from nvpair.proxy.placement.policies import placeInference, placeVerbatim
 from nvpair.proxy.routing.reservations import Reservation
 from nvpair.proxy.routing.stats import StatsMeter
 from nvpair.proxy.tracing.interfaces import IRequestTrace

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from zope.interface import Attribute, Interface
 
 from nvpair.proxy.interfaces import IExchangeReport
-from nvpair.proxy.routing.interfaces import IFleetView, IPlacementExchange
+from nvpair.proxy.placement.interfaces import IFleetView, IPlacementExchange
 
 if TYPE_CHECKING:
     from twisted.internet.defer import Deferred

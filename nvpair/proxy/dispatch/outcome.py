@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Final
 from zope.interface import Interface, implementer
 
 from nvpair.proxy.interfaces import IAttemptReport
-from nvpair.proxy.routing.interfaces import IOutcome
+from nvpair.proxy.placement.interfaces import IOutcome
 
 if TYPE_CHECKING:
     from nvpair.proxy.routing.nodes import Node

@@ -25,11 +25,11 @@ from nvpair.proxy.dispatch.holds import Holds
 from nvpair.proxy.flow.breaker import Breakers
 from nvpair.proxy.flow.fairqueue import FairQueue, Ticket
 from nvpair.proxy.flow.interfaces import IQueueing
-from nvpair.proxy.flow.room import MAX_NODES as MAX_SERVED
-from nvpair.proxy.flow.room import SERVED_RECENTLY, RoomBoard, isBusyAnswer
 from nvpair.proxy.flow.waits import WaitHistogram
-from nvpair.proxy.routing.engineview import IEngineStates
-from nvpair.proxy.routing.interfaces import IFleetView, IPlacementExchange
+from nvpair.proxy.nodestate.interfaces import IEngineStates
+from nvpair.proxy.nodestate.room import MAX_NODES as MAX_SERVED
+from nvpair.proxy.nodestate.room import SERVED_RECENTLY, RoomBoard, isBusyAnswer
+from nvpair.proxy.placement.interfaces import IFleetView, IPlacementExchange
 
 if TYPE_CHECKING:
     from nvpair.proxy.routing.nodes import Node, OwnerSplit

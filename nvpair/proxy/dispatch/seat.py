@@ -13,8 +13,8 @@ from twisted.web.http_headers import Headers
 
 from nvpair.proxy.flow.clients import clientKey
 from nvpair.proxy.flow.interfaces import IQueueing
+from nvpair.proxy.placement.interfaces import IPlacementExchange
 from nvpair.proxy.routing.admission import bodyDocument
-from nvpair.proxy.routing.interfaces import IPlacementExchange
 from nvpair.proxy.tracing.interfaces import IRequestTrace
 
 if TYPE_CHECKING:

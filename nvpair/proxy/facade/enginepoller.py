@@ -25,9 +25,9 @@ from twisted.web.http_headers import Headers
 from nvpair.proxy.engines import Engine
 from nvpair.proxy.facade.fleet import NodeAnswer, askNode
 from nvpair.proxy.interfaces import IRequestContext, IUpstream
-from nvpair.proxy.routing.affinity import Affinity
-from nvpair.proxy.routing.engineprobe import BadProbe, EngineReport, parseProbe
-from nvpair.proxy.routing.enginestates import EngineStates
+from nvpair.proxy.nodestate.probes import BadProbe, EngineReport, parseProbe
+from nvpair.proxy.nodestate.states import EngineStates
+from nvpair.proxy.placement.affinity import Affinity
 from nvpair.proxy.routing.nodes import Node
 
 FAST = 1.0

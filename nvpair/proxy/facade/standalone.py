@@ -32,9 +32,9 @@ from nvpair.proxy.facade.fleet import NODE_GRACE, NodeAnswer, askNode
 from nvpair.proxy.facade.fleetfile import Backend
 from nvpair.proxy.facade.reload import FleetReloader, IFleetFollower, UrlFollower
 from nvpair.proxy.interfaces import IRequestContext, IUpstream
-from nvpair.proxy.routing.affinity import Affinity
+from nvpair.proxy.nodestate.states import EngineStates
+from nvpair.proxy.placement.affinity import Affinity
 from nvpair.proxy.routing.candidates import Snapshot
-from nvpair.proxy.routing.enginestates import EngineStates
 from nvpair.proxy.routing.nodes import Node
 
 POLL_INTERVAL = 5.0

@@ -12,7 +12,7 @@ from zope.interface import Interface
 if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
 
-    from nvpair.proxy.routing.interfaces import IPlacementExchange
+    from nvpair.proxy.placement.interfaces import IPlacementExchange
     from nvpair.proxy.routing.nodes import Node, OwnerSplit
 
 

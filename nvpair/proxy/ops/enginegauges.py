@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from nvpair.proxy.routing.affinity import Affinity
-from nvpair.proxy.routing.enginestates import EngineStates
+from nvpair.proxy.nodestate.states import EngineStates
+from nvpair.proxy.placement.affinity import Affinity
 
 
 def engineFamilies(states: EngineStates, affinity: Affinity | None) -> Iterator[Metric]:

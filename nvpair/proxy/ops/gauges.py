@@ -14,8 +14,8 @@ from prometheus_client.registry import Collector
 
 from nvpair.proxy.ops.enginegauges import engineFamilies
 from nvpair.proxy.ops.interfaces import IOpsView
-from nvpair.proxy.routing.affinity import RESULTS as AFFINITY_RESULTS
-from nvpair.proxy.routing.affinity import Affinity
+from nvpair.proxy.placement.affinity import Affinity
+from nvpair.proxy.placement.choose import RESULTS as AFFINITY_RESULTS
 
 WORKLOAD_STATES = ("completed", "failed", "cancelled")
 

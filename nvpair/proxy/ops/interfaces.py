@@ -23,10 +23,10 @@ if TYPE_CHECKING:
     from nvpair.proxy.dispatch.upstream import Upstream
     from nvpair.proxy.facade.facade import Facade
     from nvpair.proxy.facade.hostcheck import HostGate
+    from nvpair.proxy.nodestate.states import EngineStates
     from nvpair.proxy.ops.history import History
     from nvpair.proxy.ops.metrics import Metrics
-    from nvpair.proxy.routing.affinity import Affinity
-    from nvpair.proxy.routing.enginestates import EngineStates
+    from nvpair.proxy.placement.affinity import Affinity
     from nvpair.proxy.routing.reservations import ReservationMap
     from nvpair.proxy.settings import Settings
 

@@ -49,7 +49,7 @@ from nvpair.proxy.ops.interfaces import IOpsView
 from nvpair.proxy.ops.nodestate import nodeHealth
 from nvpair.proxy.ops.page import renderPage
 from nvpair.proxy.ops.queuegauges import QueueCollector, queueStatus
-from nvpair.proxy.routing.affinity import Affinity
+from nvpair.proxy.placement.affinity import Affinity
 
 MAX_MODEL_NAMES = 64
 _STATIC = files("nvpair.proxy.ops") / "static"

@@ -34,8 +34,8 @@ from nvpair.proxy.interfaces import (
     IRequestContext,
     IWorkload,
 )
-from nvpair.proxy.routing.affinity import Affinity
-from nvpair.proxy.routing.enginestates import EngineStates
+from nvpair.proxy.nodestate.states import EngineStates
+from nvpair.proxy.placement.affinity import Affinity
 from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.runtime.logs import LogControl
 from nvpair.proxy.settings import Settings

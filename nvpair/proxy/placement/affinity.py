@@ -1,11 +1,9 @@
 """Conversation affinity (spec §11.1): keep a conversation on the node that holds its cache.
 
 Standalone mode only (under a broker the scheduler ranks).  Each inference request on a
-chat, completion or generate route gets an ``AffinityKey``: digests of the model and of
-successive leading parts of its prompt (message-list prefixes for chat routes; for prompt
-text the whole text and its prefixes of 256·2^k characters).  A later turn, whose
-messages extend an earlier turn's, finds among its prefix digests the earlier turn's
-whole-request digest, and with it the node that served that turn.
+chat, completion or generate route gets an ``AffinityKey`` (``keys``); a later turn finds
+among its prefix digests the earlier turn's whole-request digest, and with it the node that
+served that turn.
 
 ``AffinityTable`` keeps only those digests (64-bit integers, never text), capped both in
 entries and in age, so its memory is constant under any load.  Layered on it, the prefix
@@ -15,26 +13,18 @@ chooses by ``prefixplace.choose``: the owner holding the longest prefix (the con
 home breaking ties) unless it has no room while another owner does and recomputing the
 difference is cheap; a new prompt family goes to the owner holding the fewest families.
 The node that commits becomes the home and holds the request's blocks.
-
-Digests are Python's per-process keyed ``hash`` of tuples of the strings (SipHash of each
-string, no copy or encoding of the text): a collision can only misplace a request.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
 
-from nvpair.proxy.routing.candidates import toFront
-from nvpair.proxy.routing.enginestates import EngineStates
-from nvpair.proxy.routing.nodes import Node
-from nvpair.proxy.routing.prefixindex import MAX_BLOCKS, PrefixIndex
-from nvpair.proxy.routing.prefixplace import (
+from nvpair.proxy.nodestate.states import EngineStates
+from nvpair.proxy.placement.choose import (
     RESULTS,
     Hold,
     Placed,
@@ -43,163 +33,17 @@ from nvpair.proxy.routing.prefixplace import (
     familyRoot,
     servedStats,
 )
+from nvpair.proxy.placement.keys import AffinityKey
+from nvpair.proxy.placement.prefixindex import PrefixIndex
+from nvpair.proxy.routing.candidates import toFront
+from nvpair.proxy.routing.nodes import Node
 from nvpair.proxy.routing.reservations import ReservationMap
 
-__all__ = [
-    "RESULTS",
-    "Affinity",
-    "AffinityKey",
-    "AffinityTable",
-    "Hold",
-    "Placed",
-    "keyFor",
-]
+__all__ = ["Affinity", "AffinityTable"]
 
-MAX_LOOKUPS = 8  # the longest message-list prefixes looked up per request
-MAX_MESSAGES = 4096  # a longer message list gets no key
-PROMPT_BLOCK = 256  # prompt prefixes are taken at 256·2^k characters
 MAX_IMBALANCE = 2  # home keeps the turn while its load <= least-loaded owner's + this
 MAX_ENTRIES = 16384
 MAX_AGE = 900.0
-
-CHAT, PROMPT, RESPONSES = "chat", "prompt", "responses"
-ROUTES: dict[bytes, str] = {
-    b"/v1/chat/completions": CHAT,
-    b"/api/chat": CHAT,
-    b"/api/v0/chat/completions": CHAT,
-    b"/v1/completions": PROMPT,
-    b"/api/generate": PROMPT,
-    b"/api/v0/completions": PROMPT,
-    b"/v1/responses": RESPONSES,
-}
-
-
-class AffinityKey:
-    """One request's digests: looked up (longest first), recorded at commit, spread by; its
-    prompt's chained block digests with where each block ends (characters) for the prefix
-    index, what placement expected of the node it chose (node, matched blocks, index
-    stamp) until the engine confirms a hit or a miss, and the seconds it may be held in
-    the proxy for that node when placement held it (else None)."""
-
-    __slots__ = ("lookups", "records", "spread", "blocks", "ends", "expect", "placed", "hold")
-
-    def __init__(
-        self,
-        lookups: tuple[int, ...],
-        records: tuple[int, ...],
-        blocks: tuple[int, ...] = (),
-        ends: tuple[int, ...] = (),
-    ) -> None:
-        self.lookups = lookups
-        self.records = records
-        self.spread = records[0]
-        self.blocks = blocks
-        self.ends = ends
-        self.expect: tuple[str, int, int] | None = None
-        self.placed: str | None = None  # the node its blocks were recorded on when placed
-        self.hold: float | None = None
-
-    @property
-    def chars(self) -> int:
-        """The characters of prompt material the blocks cover."""
-        return self.ends[-1] if self.ends else 0
-
-
-def _messagePart(message: object) -> object:
-    if type(message) is dict and len(message) == 2:
-        role = message.get("role")
-        content = message.get("content")
-        if type(role) is str and type(content) is str:
-            return (role, content)  # the common shape: hashed without serializing
-    return json.dumps(message, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-
-
-@functools.lru_cache(maxsize=MAX_MESSAGES)
-def _marks(count: int) -> tuple[int, ...]:
-    """Which message prefixes of a list of ``count`` messages are prefix-index blocks: the
-    first four (system prompt, shared documents), those of 2^k messages, and the last two
-    turns' ends (so a later turn finds the earlier turn's whole prompt)."""
-    marks = {i for i in range(min(count, 4))} | {count - 1}
-    length = 8
-    while length <= count:
-        marks.add(length - 1)
-        length *= 2
-    if count >= 3:
-        marks.add(count - 3)
-    return tuple(sorted(marks))[:MAX_BLOCKS]
-
-
-def _chatKey(seed: int, messages: object) -> AffinityKey | None:
-    if type(messages) is not list or not messages or len(messages) > MAX_MESSAGES:
-        return None
-    digest = seed
-    digests: list[int] = []
-    ends: list[int] = []
-    addDigest, addEnd = digests.append, ends.append
-    size = 0
-    for message in messages:  # chained: one digest per message prefix
-        part = _messagePart(message)
-        digest = hash((digest, part))
-        size += len(part[1]) if type(part) is tuple else len(part)  # type: ignore[arg-type]
-        addDigest(digest)
-        addEnd(size)
-    marks = _marks(len(digests))
-    return AffinityKey(
-        tuple(digests[: -MAX_LOOKUPS - 1 : -1]),
-        (digest,),
-        tuple([digests[i] for i in marks]),
-        tuple([ends[i] for i in marks]),
-    )
-
-
-def _promptKey(seed: int, prompt: str) -> AffinityKey | None:
-    if not prompt:
-        return None
-    whole = hash((seed, prompt))
-    aligned: list[int] = []
-    lengths: list[int] = []
-    length = PROMPT_BLOCK
-    while length <= len(prompt):  # every slice together copies under twice the prompt
-        aligned.append(hash((seed, prompt[:length])))
-        lengths.append(length)
-        length *= 2
-    blocks, ends = list(aligned), list(lengths)  # the prefixes, then the whole text
-    if not lengths or lengths[-1] != len(prompt):
-        blocks.append(whole)
-        ends.append(len(prompt))
-    aligned.reverse()
-    records = (whole, aligned[0]) if aligned else (whole,)
-    return AffinityKey((whole, *aligned[: MAX_LOOKUPS - 1]), records, tuple(blocks), tuple(ends))
-
-
-def keyFor(engineId: str, model: str, path: bytes, doc: object) -> AffinityKey | None:
-    """The affinity key of a request on ``path`` with the parsed JSON body ``doc``, if any."""
-    kind = ROUTES.get(path)
-    if kind is None or type(doc) is not dict:
-        return None
-    return _keyOf(kind, hash(("nvpair-affinity", engineId, model)), doc)
-
-
-def _keyOf(kind: str, seed: int, doc: dict[str, object]) -> AffinityKey | None:
-    if kind == CHAT:
-        return _chatKey(seed, doc.get("messages"))
-    if kind == RESPONSES:
-        source = doc.get("input")
-        instructions = doc.get("instructions")
-        if type(instructions) is str:
-            seed = hash((seed, instructions))
-        return (
-            _chatKey(seed, source)
-            if type(source) is list
-            else (_promptKey(seed, source) if type(source) is str else None)
-        )
-    prompt = doc.get("prompt")
-    if type(prompt) is list and len(prompt) == 1:
-        prompt = prompt[0]
-    system = doc.get("system")
-    if type(system) is str:
-        seed = hash((seed, system))
-    return _promptKey(seed, prompt) if type(prompt) is str else None
 
 
 class AffinityTable:

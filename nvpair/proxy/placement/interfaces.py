@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from twisted.internet.interfaces import IReactorTime
 
     from nvpair.proxy.engines import Engine
-    from nvpair.proxy.routing.affinity import Affinity
+    from nvpair.proxy.placement.affinity import Affinity
     from nvpair.proxy.routing.candidates import Snapshot
     from nvpair.proxy.routing.nodes import Node, OwnerSplit
     from nvpair.proxy.routing.reservations import ReservationMap

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.engines import ENGINES
-from nvpair.proxy.routing.engineprobe import (
+from nvpair.proxy.nodestate.probes import (
     MAX_PROBE_BYTES,
     PARSERS,
     BadProbe,

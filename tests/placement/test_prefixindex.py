@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.routing.affinity import AffinityKey, keyFor
-from nvpair.proxy.routing.prefixindex import MIN_NODE_CHARS, PrefixIndex
+from nvpair.proxy.placement.keys import AffinityKey, keyFor
+from nvpair.proxy.placement.prefixindex import MIN_NODE_CHARS, PrefixIndex
 
 CHAT = b"/v1/chat/completions"
 SYSTEM = "You are the helpful assistant of ACME. " * 40  # 1,560 characters

@@ -10,8 +10,8 @@ from zope.interface.verify import verifyObject
 from nvpair.proxy.facade.fleetfile import Backend
 from nvpair.proxy.facade.reload import IFleetFollower
 from nvpair.proxy.facade.standalone import SlotLimits
-from nvpair.proxy.routing.engineprobe import EngineReport
-from nvpair.proxy.routing.enginestates import EngineStates
+from nvpair.proxy.nodestate.probes import EngineReport
+from nvpair.proxy.nodestate.states import EngineStates
 from nvpair.proxy.routing.reservations import ReservationMap
 
 A = "http://a:1"

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
-from nvpair.proxy.routing.engineprobe import EngineReport
-from nvpair.proxy.routing.engineview import IEngineStates
+from nvpair.proxy.nodestate.interfaces import IEngineStates
+from nvpair.proxy.nodestate.probes import EngineReport
 from nvpair.proxy.routing.reservations import ReservationMap
 
 __all__ = ["EngineStates"]

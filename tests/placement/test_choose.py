@@ -9,12 +9,11 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
-from nvpair.proxy.routing.affinity import Affinity, AffinityKey, keyFor, requestServed
-from nvpair.proxy.routing.engineprobe import EngineReport
-from nvpair.proxy.routing.enginestates import MAX_LISTENERS, EngineStates
-from nvpair.proxy.routing.engineview import IEngineStates
-from nvpair.proxy.routing.nodes import Node
-from nvpair.proxy.routing.prefixplace import (
+from nvpair.proxy.nodestate.interfaces import IEngineStates
+from nvpair.proxy.nodestate.probes import EngineReport
+from nvpair.proxy.nodestate.states import MAX_LISTENERS, EngineStates
+from nvpair.proxy.placement.affinity import Affinity, requestServed
+from nvpair.proxy.placement.choose import (
     HOLD_DEFAULT,
     RECOMPUTE_CHARS,
     RESULTS,
@@ -22,6 +21,8 @@ from nvpair.proxy.routing.prefixplace import (
     Placed,
     confirmedMiss,
 )
+from nvpair.proxy.placement.keys import AffinityKey, keyFor
+from nvpair.proxy.routing.nodes import Node
 from nvpair.proxy.routing.reservations import ReservationMap
 
 CHAT = b"/v1/chat/completions"

@@ -42,10 +42,10 @@ from collections.abc import Callable, Collection, Sequence
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
-from nvpair.proxy.routing.prefixindex import PrefixIndex
+from nvpair.proxy.placement.prefixindex import PrefixIndex
 
 if TYPE_CHECKING:
-    from nvpair.proxy.routing.enginestates import EngineStates
+    from nvpair.proxy.nodestate.states import EngineStates
     from nvpair.proxy.routing.nodes import Node
 
 RECOMPUTE_CHARS = 2048  # about 512 tokens: recomputing less than this beats waiting

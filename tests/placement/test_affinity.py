@@ -12,16 +12,9 @@ from twisted.trial.unittest import SynchronousTestCase
 from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.facade.standalone import startStandalone
 from nvpair.proxy.ops.server import affinityStatus
+from nvpair.proxy.placement.affinity import Affinity, AffinityTable
+from nvpair.proxy.placement.keys import MAX_LOOKUPS, MAX_MESSAGES, PROMPT_BLOCK, AffinityKey, keyFor
 from nvpair.proxy.routing import admission
-from nvpair.proxy.routing.affinity import (
-    MAX_LOOKUPS,
-    MAX_MESSAGES,
-    PROMPT_BLOCK,
-    Affinity,
-    AffinityKey,
-    AffinityTable,
-    keyFor,
-)
 from nvpair.proxy.routing.candidates import Snapshot, orderCandidates
 from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.testing.fakecontext import FakeContext

@@ -18,10 +18,12 @@ from collections.abc import Generator
 from itertools import chain
 from typing import TYPE_CHECKING
 
+from nvpair.proxy.placement.affinity import Affinity
+from nvpair.proxy.placement.choose import Hold
+from nvpair.proxy.placement.interfaces import IOutcome, IPlacementExchange
+from nvpair.proxy.placement.keys import AffinityKey, keyFor
 from nvpair.proxy.routing.admission import bodyDocument
-from nvpair.proxy.routing.affinity import Affinity, AffinityKey, Hold, keyFor
 from nvpair.proxy.routing.candidates import orderCandidates, placeReservation
-from nvpair.proxy.routing.interfaces import IOutcome, IPlacementExchange
 from nvpair.proxy.routing.nodes import Node
 from nvpair.proxy.routing.reservations import ReservationMap
 

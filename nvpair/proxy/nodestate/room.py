@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from nvpair.proxy.routing.engineview import IEngineStates
+from nvpair.proxy.nodestate.interfaces import IEngineStates
 
 __all__ = [
     "BUSY_HOLD",
