@@ -27,8 +27,11 @@ from typing import Any
 
 from twisted.internet.task import Clock
 
-from nvpair.proxy.placement import affinity as affinityModule
+from nvpair.proxy.nodestate.ledger import RoomLedger
+from nvpair.proxy.nodestate.probes import EngineReport
+from nvpair.proxy.nodestate.states import EngineStates
 from nvpair.proxy.placement.affinity import Affinity
+from nvpair.proxy.placement.choose import Hold
 from nvpair.proxy.placement.keys import keyFor
 from nvpair.proxy.routing.candidates import Snapshot, orderCandidates
 from nvpair.proxy.routing.nodes import parseNodes
@@ -62,16 +65,14 @@ def measure(args: argparse.Namespace) -> float:
     """µs per request of key + place + record, one round."""
     clock = Clock()
     reservations = ReservationMap()
-    kwargs: dict[str, Any] = {}
+    ledger = states = None
     if args.states:
-        from nvpair.proxy.nodestate.probes import EngineReport
-        from nvpair.proxy.nodestate.states import EngineStates
-
-        states = EngineStates(clock, reservations)
+        ledger = RoomLedger(clock, {})
+        states = EngineStates(clock, ledger)
         for node in NODES:
             states.record(node, EngineReport(busy=0, total=8), 1e9, "/slots")
-        kwargs["states"] = states
-    affinity = Affinity(clock, **kwargs)
+            ledger.probed(node, 0, 8, 1e9)
+    affinity = Affinity(clock, reservations, ledger, states)
     snapshot = Snapshot(
         parseNodes([{"id": n, "addresses": [n], "models": ["m"]} for n in NODES]), str
     )
@@ -81,9 +82,9 @@ def measure(args: argparse.Namespace) -> float:
         key = keyFor("llamacpp", "m", PATH, doc)
         assert key is not None
         ordered, _ = orderCandidates(owners, None, reservations.rank)
-        chosen = affinity.place(ordered, key, reservations, "llamacpp")
+        chosen = affinity.place(ordered, key, "m", Hold.NONE, "llamacpp")
         assert chosen is not None
-        affinity.served(key, chosen.id)
+        affinity.served(key, chosen.node.id)
     count = len(docs)
     gc.collect()
     gc.disable()
@@ -94,9 +95,9 @@ def measure(args: argparse.Namespace) -> float:
             key = keyFor("llamacpp", "m", PATH, doc)
             assert key is not None
             ordered, _ = orderCandidates(owners, None, reservations.rank)
-            chosen = affinity.place(ordered, key, reservations, "llamacpp")
+            chosen = affinity.place(ordered, key, "m", Hold.NONE, "llamacpp")
             assert chosen is not None
-            affinity.served(key, chosen.id)
+            affinity.served(key, chosen.node.id)
         elapsed = time.process_time() - started
     finally:
         gc.enable()
@@ -113,8 +114,6 @@ def main() -> None:
     p.add_argument("--turn-words", type=int, default=30)
     p.add_argument("--states", action="store_true")
     args = p.parse_args()
-    if args.states and not hasattr(affinityModule, "requestServed"):
-        p.error("--states: this checkout has no engine states")
     rounds = [measure(args) for _ in range(args.rounds)]
     median = statistics.median(rounds)
     least = min(rounds)

@@ -19,30 +19,66 @@ from nvpair.proxy.dispatch.queueing import Queueing
 from nvpair.proxy.dispatch.relay import forwardHeaders
 from nvpair.proxy.dispatch.stallwatch import StallWatches
 from nvpair.proxy.engines import Engine
+from nvpair.proxy.hooks import ObservedContext, RequestObserver, TraceObserver
 from nvpair.proxy.http.interfaces import IServerRequest
 from nvpair.proxy.http.site import sendError
 from nvpair.proxy.interfaces import (
     IAttemptReport,
     IBrokerSink,
     IExchangeReport,
+    ILogControl,
     InFlight,
     IRequestContext,
     IUpstream,
 )
+from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.nodestate.states import EngineStates
 from nvpair.proxy.ops.history import History
 from nvpair.proxy.ops.interfaces import IOpsContext
 from nvpair.proxy.ops.metrics import Metrics
-from nvpair.proxy.placement.affinity import Affinity, requestServed
+from nvpair.proxy.placement.affinity import Affinity
 from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.runtime.logs import LogControl
 from nvpair.proxy.settings import Settings
 from nvpair.proxy.tracing.interfaces import ITracer
 
 
+class HistoryObserver(RequestObserver):
+    """Feeds the traffic history: every attempt's outcome per node."""
+
+    def __init__(self, history: History) -> None:
+        self.history = history
+
+    def attemptFailed(self, exchange: IExchangeReport, outcome: IAttemptReport) -> None:
+        self.history.attempt(exchange.engine.id, outcome.node.id, outcome.kind, outcome.status)
+
+    def committed(self, exchange: IExchangeReport, nodeId: str, firstByte: float) -> None:
+        self.history.attempt(exchange.engine.id, nodeId, None, None)
+
+
+class DebugObserver(RequestObserver):
+    """Logs each failed attempt at ``debug`` (built only while debug is on)."""
+
+    log = Logger()
+
+    def __init__(self, logControl: ILogControl) -> None:
+        self.logControl = logControl
+
+    def attemptFailed(self, exchange: IExchangeReport, outcome: IAttemptReport) -> None:
+        if self.logControl.enabled("debug"):
+            self.log.debug(
+                "attempt-failed",
+                engine=exchange.engine.id,
+                node=outcome.node.id,
+                kind=outcome.kind,
+                status=outcome.status,
+            )
+
+
 @implementer(IRequestContext, IOpsContext)
-class RequestContext:
-    """The one request context of a process."""
+class RequestContext(ObservedContext):
+    """The one request context of a process; its hooks go to its observers (the metrics,
+    the history, the traces with ``--otel``, debug logs, and standalone's features)."""
 
     log = Logger()
 
@@ -57,6 +93,7 @@ class RequestContext:
         trust: ClusterTrust | None = None,
         tracer: ITracer | None = None,
     ) -> None:
+        super().__init__(metrics.hookFailed)
         self.settings = settings
         self.clock = clock
         self.upstream = upstream
@@ -70,12 +107,18 @@ class RequestContext:
         self.history = History(clock)
         self.reporter = WorkloadReporter(sink, clock, ends=self.history)
         self.stalls = StallWatches(clock, settings.streamIdleTimeout)
-        # Standalone with ``--affinity prefix`` sets this (the proxy then orders candidates).
-        self.affinity: Affinity | None = None
-        # Standalone sets these: the engines' own state (polled), and the queue and breakers.
+        # Standalone sets these (``features.useStandalone``): the room ledger, the engines'
+        # own state, placement by cache (with ``--affinity prefix``), the queue and breakers.
+        self.ledger: RoomLedger | None = None
         self.engineStates: EngineStates | None = None
+        self.affinity: Affinity | None = None
         self.queueing: Queueing | None = None
         self.exchanges: set[InFlight] = set()
+        self.observe(metrics)
+        self.observe(HistoryObserver(self.history))
+        self.observe(DebugObserver(logControl))
+        if tracer is not None:
+            self.observe(TraceObserver())
 
     forwardHeaders = staticmethod(forwardHeaders)
 
@@ -98,44 +141,3 @@ class RequestContext:
         self.sink.notify(
             "errors:report", {"kind": "internal", "message": f"unexpected {exceptionType}"}
         )
-
-    def attemptFailed(self, exchange: IExchangeReport, outcome: IAttemptReport) -> None:
-        """An attempt ended uncommitted."""
-        self.metrics.attemptFailed(exchange, outcome)
-        if self.queueing is not None:
-            self.queueing.attemptFailed(
-                outcome.node.id, outcome.kind, outcome.status, outcome.retryAfter
-            )
-        self.history.attempt(exchange.engine.id, outcome.node.id, outcome.kind, outcome.status)
-        if exchange.trace is not None:
-            exchange.trace.attemptFailed(outcome)
-        if self.logControl.enabled("debug"):
-            self.log.debug(
-                "attempt-failed",
-                engine=exchange.engine.id,
-                node=outcome.node.id,
-                kind=outcome.kind,
-                status=outcome.status,
-            )
-
-    def committed(self, exchange: IExchangeReport, nodeId: str) -> None:
-        """A response committed on ``nodeId``."""
-        firstByte = self.clock.seconds() - exchange.createdAt
-        self.metrics.committed(exchange, nodeId, firstByte)
-        if self.queueing is not None:
-            self.queueing.committed(nodeId, exchange.committedStatus)
-        self.history.attempt(exchange.engine.id, nodeId, None, None)
-        if exchange.trace is not None:
-            exchange.trace.committed(nodeId, firstByte)
-
-    def requestEnded(self, exchange: IExchangeReport) -> None:
-        """An exchange ended (its terminal bookkeeping has run)."""
-        self.metrics.requestEnded(exchange)
-        if self.engineStates is not None:
-            requestServed(exchange, self.engineStates, self.affinity)
-        if exchange.trace is not None:
-            exchange.trace.ended(exchange)
-
-    def streamStalled(self, engineId: str) -> None:
-        """A committed stream was cut by its stall watch."""
-        self.metrics.streamStalled(engineId)

@@ -26,15 +26,17 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 from zope.interface import Attribute, Interface
 
+from nvpair.proxy.endings import BodyEnding, FailureKind
 from nvpair.proxy.engines import Engine
 from nvpair.proxy.flow.interfaces import IQueueing
 from nvpair.proxy.http.interfaces import IServerRequest
-from nvpair.proxy.nodestate.interfaces import IEngineStates
+from nvpair.proxy.nodestate.interfaces import IEngineStates, IRoomLedger
 from nvpair.proxy.placement.interfaces import IPlacementContext
 from nvpair.proxy.settings import Settings
 from nvpair.proxy.tracing.interfaces import IRequestTrace, ITracer
 
 if TYPE_CHECKING:
+    from nvpair.proxy.placement.keys import AffinityKey
     from nvpair.proxy.routing.nodes import Node
 
 
@@ -119,6 +121,9 @@ class IWorkload(Interface):
 
     id: str = Attribute("The workload id.")
     ended: bool = Attribute("Whether its terminal event was emitted.")
+    stats: dict[str, object] | None = Attribute(
+        "The statistics of its terminal event (None before it, or when nothing was measured)."
+    )
 
     def submitted(scheduledOn: str | None) -> None:
         """Queued again (``None``) or placed on ``scheduledOn``."""
@@ -152,8 +157,9 @@ class IActivity(Interface):
 
 
 class IExchangeReport(Interface):
-    """What the request context's hooks (metrics, history, logs) and a stream's stall
-    watch read of an exchange (``dispatch.exchange.Exchange``)."""
+    """What the request context's observers (metrics, history, traces, logs, standalone's
+    queue and cache accounting) and a stream's stall watch read of an exchange
+    (``dispatch.exchange.Exchange``).  Read only: nothing outside the exchange writes it."""
 
     context: IRequestContext = Attribute("The process's request context.")
     engine: Engine = Attribute("The facade's engine.")
@@ -166,15 +172,43 @@ class IExchangeReport(Interface):
     written: int = Attribute("Body bytes relayed to the client so far.")
     workload: IWorkload | None = Attribute("The request's workload, if it is one.")
     trace: IRequestTrace | None = Attribute("The request's spans, or None (``--otel`` off).")
+    attempts: int = Attribute("Dispatches made so far.")
+    stopping: bool = Attribute("Whether the process is stopping (the request is cancelled).")
+    servedBy: str | None = Attribute(
+        "The node whose response committed; before a commit, the node of the attempt in "
+        "flight; None when there is neither."
+    )
+    dispatchedAt: float | None = Attribute("When the latest attempt was dispatched.")
+    ending: BodyEnding | None = Attribute("How the committed body ended, once it did.")
+    prefixKey: AffinityKey | None = Attribute(
+        "The prompt digests placement committed with (standalone placement by cache)."
+    )
 
 
 class IAttemptReport(Interface):
     """What the hooks read of an attempt that ended uncommitted (``dispatch.outcome.Failed``)."""
 
     node: Node = Attribute("The node the attempt went to.")
-    kind: str = Attribute("Why it ended (a ``dispatch.outcome.FailureKind``).")
+    kind: FailureKind = Attribute("Why it ended.")
     status: int | None = Attribute("The retryable status it got, if it got one.")
     retryAfter: float | None = Attribute("The engine's ``Retry-After`` with it, in seconds.")
+
+
+class IRequestObserver(Interface):
+    """An observer of every request's outcomes, to which the request context's hooks fan out
+    (``hooks.ObservedContext``; ``hooks.RequestObserver`` does nothing for each)."""
+
+    def attemptFailed(exchange: IExchangeReport, outcome: IAttemptReport) -> None:
+        """An attempt of ``exchange`` ended without committing, as ``outcome`` says."""
+
+    def committed(exchange: IExchangeReport, nodeId: str, firstByte: float) -> None:
+        """``exchange`` committed on ``nodeId``, ``firstByte`` seconds after admission."""
+
+    def requestEnded(exchange: IExchangeReport) -> None:
+        """``exchange`` ended; its terminal bookkeeping has run."""
+
+    def streamStalled(engineId: str) -> None:
+        """A committed stream of ``engineId`` was cut: its engine went silent too long."""
 
 
 class IStallWatch(IPushProducer):
@@ -220,8 +254,11 @@ class IRequestContext(IPlacementContext):
         "The cluster trust, or None without a cluster directory."
     )
     stalls: IStallWatches = Attribute("The stream stall watches.")
+    ledger: IRoomLedger | None = Attribute(
+        "The room ledger (``nodestate.ledger.RoomLedger``) in standalone mode, else None."
+    )
     engineStates: IEngineStates | None = Attribute(
-        "The engines' own state (``routing.enginestates.EngineStates``) in standalone mode, "
+        "The engines' own state (``nodestate.states.EngineStates``) in standalone mode, "
         "else None (under a broker)."
     )
     queueing: IQueueing | None = Attribute(
@@ -230,6 +267,9 @@ class IRequestContext(IPlacementContext):
     tracer: ITracer | None = Attribute(
         "Starts request traces (``tracing.spans.Tracer``), or None with ``--otel`` off."
     )
+
+    def observe(observer: IRequestObserver) -> None:
+        """Add ``observer`` to those the hooks below fan out to (``hooks.ObservedContext``)."""
 
     def forwardHeaders(incoming: Headers) -> Headers:
         """The request headers to send upstream for ``incoming``."""

@@ -19,8 +19,9 @@ from nvpair.proxy.dispatch.interfaces import (
     IDiscoveryWatcher,
     IFacadeView,
 )
-from nvpair.proxy.dispatch.outcome import Committed, Failed, FailureKind, ICommittedBody
+from nvpair.proxy.dispatch.outcome import Committed, Failed, ICommittedBody
 from nvpair.proxy.dispatch.relay import ClientFlow
+from nvpair.proxy.endings import FailureKind
 from nvpair.proxy.http.interfaces import (
     IConnectionPool,
     IServerChannel,
@@ -28,7 +29,7 @@ from nvpair.proxy.http.interfaces import (
     IStreamTransport,
 )
 from nvpair.proxy.interfaces import IBrokerSink, IUpstream
-from nvpair.proxy.placement.choose import RESULTS, Placed
+from nvpair.proxy.placement.choose import Placed
 from nvpair.proxy.placement.interfaces import IFleetView, IOutcome, IPlacementExchange
 from nvpair.proxy.testing.fakecontext import ListSink
 from nvpair.proxy.testing.upstreamspy import BodyTransport, FakeResponse, NoPool, UpstreamSpy
@@ -127,9 +128,8 @@ class NamedStateTests(SynchronousTestCase):
     """Named states keep the names that leave the process."""
 
     def test_affinityResults(self) -> None:
-        """Each ``Placed`` indexes the count named by ``RESULTS`` at that index."""
-        self.assertEqual([p.name.lower() for p in Placed], list(RESULTS))
-        self.assertEqual([int(p) for p in Placed], list(range(len(RESULTS))))
+        """Placements are counted under the names ``/status`` and ``/metrics`` show."""
+        self.assertEqual([p.name.lower() for p in Placed], ["hit", "miss", "overridden"])
 
     def test_failureKinds(self) -> None:
         """Failure kinds are the strings metrics and history report."""

@@ -13,16 +13,15 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.dispatch.holds import Holds
-from nvpair.proxy.dispatch.queueing import Queueing
+from nvpair.proxy.features import useStandalone
 from nvpair.proxy.nodestate.probes import EngineReport
-from nvpair.proxy.nodestate.states import EngineStates
 from nvpair.proxy.ops.queuegauges import QueueCollector, queueStatus
-from nvpair.proxy.placement.affinity import Affinity
-from nvpair.proxy.placement.choose import HOLD_DEFAULT, RECOMPUTE_CHARS, holdBudget
+from nvpair.proxy.placement.choose import RECOMPUTE_SECONDS, holdBudget, recomputeSeconds
 from tests.support.exchangecase import LoopCase
 from tests.support.fakerequest import FakeRequest
 
 SYSTEM = "You are the assistant of tenant one. Follow these rules carefully! " * 45
+DEFAULT_BUDGET = holdBudget(len(SYSTEM), None)  # before any engine reported its prefill time
 
 
 def chat(user: str) -> bytes:
@@ -37,7 +36,7 @@ class HoldsTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
         self.room: set[str] = set()
-        self.holds = Holds(self.clock, lambda nodeId, now: nodeId in self.room, 3)
+        self.holds = Holds(self.clock, lambda nodeId: nodeId in self.room, 3)
 
     def test_roomLetsOutInOrder(self) -> None:
         """Held for one node: let out first come first when it has room; others stay."""
@@ -51,7 +50,7 @@ class HoldsTests(SynchronousTestCase):
         self.room.add("A")
         self.holds.release()
         self.assertEqual((fired, len(self.holds)), (["a1", "a2"], 1))
-        self.assertEqual(self.holds.counts, [2, 0])
+        self.assertEqual((self.holds.endedWithRoom, self.holds.endedWithBudget), (2, 0))
 
     def test_budgetRunsOut(self) -> None:
         """Without room, a hold ends when its budget does, and not before."""
@@ -62,7 +61,7 @@ class HoldsTests(SynchronousTestCase):
         self.clock.advance(0.39)
         self.assertEqual(fired, [])
         self.clock.advance(0.01)
-        self.assertEqual((fired, len(self.holds), self.holds.counts), ([None], 0, [0, 1]))
+        self.assertEqual((fired, len(self.holds), self.holds.endedWithBudget), ([None], 0, 1))
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
     def test_cancelLeaves(self) -> None:
@@ -74,7 +73,7 @@ class HoldsTests(SynchronousTestCase):
         self.assertEqual((len(self.holds), self.clock.getDelayedCalls()), (0, []))
         self.room.add("A")
         self.holds.release()
-        self.assertEqual(self.holds.counts, [0, 0])
+        self.assertEqual((self.holds.endedWithRoom, self.holds.endedWithBudget), (0, 0))
 
     def test_bounded(self) -> None:
         """Beyond ``maxHeld`` nothing more is held, however many ask."""
@@ -84,9 +83,9 @@ class HoldsTests(SynchronousTestCase):
 
     def test_budget(self) -> None:
         """The budget is what recomputing takes at the engine's reported prefill time per
-        token (about four characters a token), a default before any report, at most 5 s."""
+        token (about four characters a token), 1 ms a token before any report, at most 5 s."""
         self.assertAlmostEqual(holdBudget(4000, 0.3), 0.3)
-        self.assertEqual(holdBudget(4000, None), HOLD_DEFAULT)
+        self.assertEqual(holdBudget(4000, None), 1.0)
         self.assertEqual(holdBudget(10**9, 1.0), 5.0)
 
 
@@ -98,15 +97,12 @@ class HeldLoopCase(LoopCase):
 
     def setUp(self) -> None:
         super().setUp()
-        context = self.context
-        self.states = EngineStates(self.clock, context.reservations)
-        context.engineStates = self.states
-        context.affinity = Affinity(self.clock, states=self.states)
-        self.queueing = Queueing(
-            context.settings, self.clock, context.activity.inFlight, self.states
+        features = useStandalone(self.context, affinity=True)
+        self.states, self.ledger, self.queueing = (
+            features.states,
+            features.ledger,
+            features.queueing,
         )
-        context.queueing = self.queueing
-        context.activity.listener = self.queueing.activityChanged
         self.report("A", 0)
         self.report("B", 0)
         self.start(body=chat("alice: how do I pay?"))
@@ -118,11 +114,13 @@ class HeldLoopCase(LoopCase):
     def report(self, nodeId: str, busy: int, interval: float = 1.0) -> None:
         """A fresh probe of ``nodeId``: ``busy`` of its two slots taken."""
         self.states.record(nodeId, EngineReport(busy=busy, total=2), interval, "/slots")
+        self.ledger.probeSent(nodeId)
+        self.ledger.probed(nodeId, busy, 2, interval)
 
     def held(self) -> int:
         """Requests held so far (held now, and holds ended either way)."""
         holds = self.queueing.holds
-        return len(holds) + sum(holds.counts)
+        return len(holds) + holds.endedWithRoom + holds.endedWithBudget
 
     def holdSecond(self) -> FakeRequest:
         """The home's slots all taken (by clients the proxy does not see), the other
@@ -139,7 +137,7 @@ class HeldLoopTests(HeldLoopCase):
     def test_heldThenHomeHasRoom(self) -> None:
         """Held with nothing sent, reserved or counted in flight; a probe showing the home
         with a free slot sends it there."""
-        self.assertGreater(len(SYSTEM), RECOMPUTE_CHARS)
+        self.assertGreater(recomputeSeconds(len(SYSTEM), None), RECOMPUTE_SECONDS)
         self.holdSecond()
         self.assertEqual(
             (len(self.upstream.calls), self.held(), len(self.queueing.holds)), (1, 1, 1)
@@ -150,7 +148,8 @@ class HeldLoopTests(HeldLoopCase):
         self.assertEqual(self.upstream.calls[1].nodeId, self.home)
         self.assertEqual(len(self.queueing.holds), 0)
         assert self.context.affinity is not None
-        self.assertEqual(self.context.affinity.counts["llamacpp"], [1, 1, 0])  # counted once
+        counts = self.context.affinity.countsOf("llamacpp")
+        self.assertEqual(counts, {"hit": 1, "miss": 1, "overridden": 0})  # counted once
 
     def test_ourRequestEndingLetsOut(self) -> None:
         """One of ours ending on the home gives the held request its slot."""
@@ -162,23 +161,23 @@ class HeldLoopTests(HeldLoopCase):
         """No room on the home within the budget (the default, before any prefill time
         was reported): it goes to the free owner, overridden."""
         self.holdSecond()
-        self.clock.advance(HOLD_DEFAULT - 0.01)
+        self.clock.advance(DEFAULT_BUDGET - 0.01)
         self.assertEqual(len(self.upstream.calls), 1)
         self.clock.advance(0.01)
         self.assertEqual(self.upstream.calls[1].nodeId, self.other)
         assert self.context.affinity is not None
-        self.assertEqual(self.context.affinity.counts["llamacpp"][2], 1)
+        self.assertEqual(self.context.affinity.countsOf("llamacpp")["overridden"], 1)
 
     def test_budgetFromReportedPrefill(self) -> None:
         """With the free owner's prefill time reported, the hold lasts what recomputing
         the prompt there takes."""
-        self.states.served(self.other, 1000, 0, promptMs=100.0)  # 0.1 ms a token
+        self.states.served(self.other, 1000, 0, promptMs=800.0)  # 0.8 ms a token
         self.holdSecond()
-        budget = holdBudget(len(chat("bob: where is my parcel?")), 0.1)
-        self.assertLess(budget, HOLD_DEFAULT)
-        self.clock.advance(0.1 * len(SYSTEM) / 4 / 1000 * 0.9)
+        budget = holdBudget(len(SYSTEM), 0.8)
+        self.assertLess(budget, DEFAULT_BUDGET)
+        self.clock.advance(budget - 0.01)
         self.assertEqual(len(self.upstream.calls), 1)
-        self.clock.advance(HOLD_DEFAULT)
+        self.clock.advance(0.01)
         self.assertEqual(self.upstream.calls[1].nodeId, self.other)
 
     def test_clientLeavesWhileHeld(self) -> None:
@@ -217,7 +216,7 @@ class HeldVisibleTests(HeldLoopCase):
         text = generate_latest(registry).decode()
         self.assertIn("nvpair_proxy_held_requests 2.0", text)
         self.report(self.home, 1, interval=60.0)  # one slot: the first held goes there
-        self.clock.advance(HOLD_DEFAULT)  # the second recomputes elsewhere
+        self.clock.advance(DEFAULT_BUDGET)  # the second recomputes elsewhere
         text = generate_latest(registry).decode()
         self.assertIn('nvpair_proxy_holds_total{result="room"} 1.0', text)
         self.assertIn('nvpair_proxy_holds_total{result="budget"} 1.0', text)

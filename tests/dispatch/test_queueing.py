@@ -10,14 +10,14 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from zope.interface.verify import verifyObject
 
-from nvpair.proxy.dispatch.queueing import Queueing
 from nvpair.proxy.facade.standalone import startStandalone
+from nvpair.proxy.features import useStandalone
 from nvpair.proxy.flow import breaker as b
 from nvpair.proxy.flow.interfaces import IQueueing
+from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.ops.queuegauges import QueueCollector, queueStatus
 from nvpair.proxy.testing.upstreamspy import FakeResponse
 from tests.facade.test_standalone import FakeService
-from tests.flow.test_breaker import FakeStates
 from tests.support.exchangecase import LoopCase
 from tests.support.fakerequest import FakeRequest
 
@@ -36,14 +36,11 @@ class QueueCase(LoopCase):
 
     def setUp(self) -> None:
         super().setUp()
-        self.states = FakeStates()
+        features = useStandalone(self.context, affinity=False)
+        self.ledger = features.ledger
         for n in self.nodes:
-            self.states.total[n] = 1
-        self.queueing = Queueing(
-            self.context.settings, self.clock, self.context.activity.inFlight, self.states
-        )
-        self.context.queueing = self.queueing
-        self.context.activity.listener = self.queueing.activityChanged
+            self.ledger.configure(n, 1)
+        self.queueing = features.queueing
 
     def commit(self, index: int) -> FakeResponse:
         """Answer upstream call ``index`` with a 200 that starts streaming."""
@@ -133,15 +130,15 @@ class WaitTests(QueueCase):
 
     def test_probeLetsOut(self) -> None:
         """An engine probe saying a slot is free dispatches the next waiter."""
-        self.states.total.clear()
-        self.states.free.update({"A": 1, "B": 1})
+        for n in ("A", "B"):
+            self.ledger.configure(n, None)
+            self.ledger.probed(n, 0, 1, 60.0)
         self.start(client(b"k1"))
         self.start(client(b"k1"))
         self.start(client(b"k2"))
         self.assertEqual(self.depth(), 1)
-        self.states.free["B"] = 1
-        for listener in self.states.listeners:
-            listener("B")
+        self.ledger.probeSent("B")
+        self.ledger.probed("B", 1, 2, 60.0)  # B has a second slot now
         self.assertEqual(self.depth(), 0)
         self.assertEqual(self.upstream.calls[-1].nodeId, "B")
 
@@ -200,9 +197,7 @@ class BusyAnswerTests(LoopCase):
 
     def setUp(self) -> None:
         super().setUp()
-        self.queueing = Queueing(self.context.settings, self.clock, self.context.activity.inFlight)
-        self.context.queueing = self.queueing
-        self.context.activity.listener = self.queueing.activityChanged
+        self.queueing = useStandalone(self.context, affinity=False).queueing
 
     def test_busyThenQueuedThenSent(self) -> None:
         """A 503 while another of ours runs there marks the node full: the request waits in
@@ -233,9 +228,7 @@ class BreakerTests(LoopCase):
 
     def setUp(self) -> None:
         super().setUp()
-        self.queueing = Queueing(self.context.settings, self.clock, self.context.activity.inFlight)
-        self.context.queueing = self.queueing
-        self.context.activity.listener = self.queueing.activityChanged
+        self.queueing = useStandalone(self.context, affinity=False).queueing
 
     def serve(self) -> str:
         """One request: A fails fast while ``failing``; returns the node that served it."""
@@ -287,17 +280,17 @@ class ModeTests(LoopCase):
         self.clock.advance(self.context.settings.backoffBase)
         self.assertEqual(len(self.upstream.calls), 3)
         self.assertEqual(ex.attempts, 2)
-        self.assertEqual(ex.demote([]), ([], (), ()))
+        self.assertEqual(ex.seat.demote([]), ([], (), ()))
 
     def test_standaloneWiresQueueing(self) -> None:
-        """``startStandalone`` gives the context a queue listening to in-flight changes; a
-        process under a broker has none."""
+        """``startStandalone`` gives the context a queue over a room ledger listening to
+        in-flight changes; a process under a broker has none."""
         service = FakeService(("llamacpp",), ())
         startStandalone(service)
-        queueing = service.context.queueing
-        self.assertIsNotNone(queueing)
-        assert queueing is not None
-        self.assertEqual(service.context.activity.listener, queueing.activityChanged)
+        ledger = service.context.ledger
+        self.assertIsNotNone(service.context.queueing)
+        assert isinstance(ledger, RoomLedger)
+        self.assertEqual(service.context.activity.listener, ledger.activityChanged)
 
 
 class VisibleTests(QueueCase):

@@ -92,7 +92,8 @@ class FakeResponse:
 
 @implementer(IUpstream)
 class FakeUpstream:
-    """Answers each address with a scripted response, failure, or a Deferred that never fires."""
+    """Answers each address with a scripted response, failure, a Deferred the test fires,
+    or (``"hang"``) a Deferred that never fires."""
 
     def __init__(self) -> None:
         self.script: dict[str, Any] = {}
@@ -113,6 +114,8 @@ class FakeUpstream:
         answer = self.script.get(f"{address}{path.decode()}", self.script.get(address or ""))
         if answer is None or answer == "hang":
             return defer.Deferred(lambda d: self.cancelled.append(address or ""))
+        if isinstance(answer, defer.Deferred):
+            return answer  # the test fires it
         if isinstance(answer, Exception):
             return defer.fail(answer)
         return defer.succeed(answer)

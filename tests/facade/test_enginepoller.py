@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from twisted.internet import defer
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
 from twisted.logger import Logger
@@ -11,9 +12,9 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.engines import LLAMACPP, OLLAMA
 from nvpair.proxy.facade.enginepoller import FAST, PROBE_TIMEOUT, SLOW, EnginePoller
+from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.nodestate.probes import EngineReport
 from nvpair.proxy.nodestate.states import EngineStates
-from nvpair.proxy.routing.reservations import ReservationMap
 from tests.facade.fleetkit import FakeResponse, FakeUpstream
 from tests.facade.test_hostcheck import Events
 
@@ -30,7 +31,9 @@ class PollerTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
         self.up = FakeUpstream()
-        self.states = EngineStates(self.clock, ReservationMap())
+        self.ours: dict[str, int] = {}
+        self.ledger = RoomLedger(self.clock, self.ours)
+        self.states = EngineStates(self.clock, self.ledger)
         self.traffic = False
         self.reports: list[tuple[str, EngineReport]] = []
         self.events = Events()
@@ -43,6 +46,7 @@ class PollerTests(SynchronousTestCase):
             self.up,
             self.clock,
             self.states,
+            self.ledger,
             active=lambda: self.traffic,
             onReport=lambda n, r: self.reports.append((n, r)),
         )
@@ -80,7 +84,7 @@ class PollerTests(SynchronousTestCase):
         self.assertIn(2.0, gaps)
         self.traffic = True
         self.assertEqual(len(self.probeTimes(1)), 1)
-        self.assertEqual(self.states.freeSlots("http://a"), 1)
+        self.assertEqual(self.ledger.free("http://a"), 1)
         self.assertEqual(self.reports[-1], ("http://a", EngineReport(1, 2, 2048)))
 
     def test_staleAndFailuresAreUnknown(self) -> None:
@@ -89,22 +93,22 @@ class PollerTests(SynchronousTestCase):
         self.traffic = True
         self.up.script["http://a/slots"] = slots(0)
         self.poller("http://a")
-        self.assertEqual(self.states.freeSlots("http://a"), 2)
+        self.assertEqual(self.ledger.free("http://a"), 2)
         self.up.script["http://a/slots"] = "hang"
         self.clock.advance(2 * FAST)
-        self.assertEqual(self.states.freeSlots("http://a"), 2, "fresh for two intervals")
+        self.assertEqual(self.ledger.free("http://a"), 2, "fresh for two intervals")
         self.clock.advance(0.5)
-        self.assertIsNone(self.states.freeSlots("http://a"), "older than two intervals")
+        self.assertIsNone(self.ledger.free("http://a"), "older than two intervals")
         self.clock.advance(PROBE_TIMEOUT)
         self.assertEqual(self.up.cancelled, ["http://a"])
         for bad in (ConnectionRefusedError(), FakeResponse(500), FakeResponse(200, b"[{}]")):
             self.up.script["http://a/slots"] = bad
             for _ in range(3):
                 self.clock.advance(FAST)
-                self.assertIsNone(self.states.freeSlots("http://a"))
+                self.assertIsNone(self.ledger.free("http://a"))
         self.up.script["http://a/slots"] = slots(2)
         self.clock.advance(FAST)
-        self.assertEqual(self.states.freeSlots("http://a"), 0)
+        self.assertEqual(self.ledger.free("http://a"), 0)
         logged = [e["log_format"] for e in self.events]
         self.assertEqual(logged, ["engine-state-unknown", "engine-state-read"])
         self.assertEqual(self.states.status()["http://a"]["state"], "fresh")
@@ -121,12 +125,33 @@ class PollerTests(SynchronousTestCase):
         self.traffic = True
         self.poller("http://a", "http://b")
         self.clock.advance(FAST)
-        self.assertEqual(self.states.freeSlots("http://a"), 0)
-        self.assertEqual(self.states.totalSlots("http://a"), 3)
-        self.assertIsNone(self.states.totalSlots("http://b"))
+        self.assertEqual(self.ledger.free("http://a"), 0)
+        self.assertEqual(self.states.fresh("http://a"), EngineReport(busy=3, total=3))
+        self.assertIsNone(self.ledger.free("http://b"))
         self.clock.advance(FAST)
         paths = [(c[1], c[3]) for c in self.up.calls[-2:]]
         self.assertEqual(sorted(paths), [("http://a", b"/metrics"), ("http://b", b"/metrics")])
+
+    def test_racedProbeAskedAgain(self) -> None:
+        """A probe that one of our requests raced (started while it was in flight) counts
+        that request once, and its backend is asked again at the next tick, not when due."""
+        self.up.script["http://a/slots"] = slots(0)
+        self.poller("http://a")
+        self.clock.advance(FAST)  # idle: the next probe is due two seconds later
+        pending: defer.Deferred[FakeResponse] = defer.Deferred()
+        self.up.script["http://a/slots"] = pending
+        self.clock.advance(2 * FAST)
+        asked = len(self.up.calls)
+        self.ours["http://a"] = 1
+        self.ledger.activityChanged("http://a", +1)
+        pending.callback(slots(1))  # the engine already counted it
+        self.assertEqual(self.ledger.free("http://a"), 1)
+        self.assertTrue(self.ledger.unsettled("http://a"))
+        self.up.script["http://a/slots"] = slots(1)
+        self.clock.advance(FAST)
+        self.assertEqual(len(self.up.calls), asked + 1)
+        self.assertFalse(self.ledger.unsettled("http://a"))
+        self.assertEqual(self.ledger.free("http://a"), 1)
 
     def test_ollamaLoadedModels(self) -> None:
         """Ollama's ``/api/ps`` says which models are loaded."""
@@ -135,7 +160,7 @@ class PollerTests(SynchronousTestCase):
         self.poller("http://o", engine=OLLAMA)
         self.assertIs(self.states.modelLoaded("http://o", "x:latest"), True)
         self.assertIs(self.states.modelLoaded("http://o", "y:latest"), False)
-        self.assertIsNone(self.states.freeSlots("http://o"))
+        self.assertIsNone(self.ledger.free("http://o"))
 
     def test_setBackends(self) -> None:
         """The backend set can change while running: new ones probed at once, removed ones
@@ -147,7 +172,7 @@ class PollerTests(SynchronousTestCase):
         poller.setBackends(["http://c"])
         self.assertEqual(self.up.cancelled, ["http://b"])
         self.assertEqual(sorted(self.states.status()), ["http://c"])
-        self.assertEqual(self.states.freeSlots("http://c"), 1)
+        self.assertEqual(self.ledger.free("http://c"), 1)
 
     def test_stopLeavesNothing(self) -> None:
         """Stopping abandons probes in flight and leaves no timer."""

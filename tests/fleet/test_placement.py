@@ -104,9 +104,10 @@ class PlacementTests(TestCase):
             await pause(0.1)
 
     async def test_tenantGroupsAndStateShown(self) -> None:
-        """Users of one tenant (a long shared system prompt) land on one engine, which
-        reports their shared prefix cached; /status and /metrics show slots and hit ratio."""
-        await self.start()
+        """Users of one tenant (a long shared system prompt, worth grouping at 1 ms a
+        token) land on one engine, which reports their shared prefix cached; /status and
+        /metrics show slots and hit ratio."""
+        await self.start(prefillMs=1.0)
         system = words(400, "acme")
         homes = set()
         cached = []
@@ -174,8 +175,9 @@ class PlacementTests(TestCase):
 
     async def test_heldNoLongerThanRecomputing(self) -> None:
         """The tenant's engine stays full: the held request goes to the free engine once it
-        has waited what recomputing the prompt there takes, and never waits in a queue."""
-        await self.start(prefillMs=0.5)
+        has waited what recomputing the prompt there takes (at 2 ms a token, longer than
+        ``RECOMPUTE_SECONDS``: worth a hold), and never waits in a queue."""
+        await self.start(prefillMs=2.0)
         system = words(400, "acme")
         home, _ = await self.chat(system, "alice asks about invoices")
         free = next(url for url in self.urls if url != home)

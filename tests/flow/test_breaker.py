@@ -1,17 +1,11 @@
-"""The node breaker's transitions on a clock, its order, and the room board."""
+"""The node breaker's transitions on a clock and its order."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from twisted.trial.unittest import SynchronousTestCase
-from zope.interface import implementer
-from zope.interface.verify import verifyObject
 
 from nvpair.proxy.flow import breaker as b
 from nvpair.proxy.flow.breaker import Breakers, BreakerState, retryAfterSeconds
-from nvpair.proxy.nodestate.interfaces import IEngineStates
-from nvpair.proxy.nodestate.room import BUSY_HOLD, GROW_EVERY, MAX_NODES, RoomBoard, isBusyAnswer
 from nvpair.proxy.routing.nodes import Node
 
 A, B, C = (Node(n, False, (n,), frozenset({"m"})) for n in ("a", "b", "c"))
@@ -116,107 +110,3 @@ class TransitionTests(SynchronousTestCase):
         self.assertEqual(retryAfterSeconds([b"99999"]), b.MAX_COOLDOWN)
         for bad in (None, [], [b"soon"], [b"-1"], [b"Wed, 21 Oct 2015 07:28:00 GMT"]):
             self.assertIsNone(retryAfterSeconds(bad))
-
-
-@implementer(IEngineStates)
-class FakeStates:
-    """Engine states a test sets by hand."""
-
-    def __init__(self) -> None:
-        self.free: dict[str, int | None] = {}
-        self.total: dict[str, int | None] = {}
-        self.listeners: list[Callable[[str], None]] = []
-
-    def freeSlots(self, nodeId: str) -> int | None:
-        return self.free.get(nodeId)
-
-    def totalSlots(self, nodeId: str) -> int | None:
-        return self.total.get(nodeId)
-
-    def modelLoaded(self, nodeId: str, model: str) -> bool | None:
-        return None
-
-    def subscribe(self, listener: Callable[[str], None]) -> Callable[[], None]:
-        self.listeners.append(listener)
-        return lambda: self.listeners.remove(listener)
-
-
-class RoomTests(SynchronousTestCase):
-    """Known full: engine slots, our in-flight against the limit, busy answers."""
-
-    def test_fakeStates(self) -> None:
-        """The test provider provides the interface."""
-        self.assertTrue(verifyObject(IEngineStates, FakeStates()))
-
-    def test_nothingKnownMeansRoom(self) -> None:
-        """With no engine state and no busy answer, nothing is ever known full."""
-        board = RoomBoard(None)
-        self.assertTrue(board.hasRoom("a", 1000, 0.0))
-
-    def test_busyLearnsALimit(self) -> None:
-        """A busy answer while two of ours ran there: the node is full at two of ours, room
-        at one; the limit grows by one after a quiet interval while ours fill it."""
-        board = RoomBoard(None)
-        board.busy("a", 0.0, None, 2)
-        self.assertFalse(board.hasRoom("a", 2, 0.5))
-        self.assertTrue(board.hasRoom("a", 1, 0.5))
-        self.assertEqual(board.wakeAt("a"), GROW_EVERY)
-        self.assertTrue(board.hasRoom("a", 2, GROW_EVERY))  # grown to three
-        self.assertFalse(board.hasRoom("a", 3, GROW_EVERY))
-        self.assertEqual(board.limit("a"), 3)
-
-    def test_limitForgottenWhenUnused(self) -> None:
-        """A limit that comes due while ours do not fill it is forgotten."""
-        board = RoomBoard(None)
-        board.busy("a", 0.0, None, 2)
-        self.assertTrue(board.hasRoom("a", 0, GROW_EVERY))
-        self.assertIsNone(board.limit("a"))
-        self.assertTrue(board.hasRoom("a", 100, GROW_EVERY))
-
-    def test_busyWithNoneOfOursHolds(self) -> None:
-        """A 429 with none of ours there holds the node full for the hold, or the engine's
-        Retry-After."""
-        board = RoomBoard(None)
-        board.busy("a", 0.0, None, 0)
-        self.assertFalse(board.hasRoom("a", 0, BUSY_HOLD - 0.01))
-        self.assertTrue(board.hasRoom("a", 0, BUSY_HOLD))
-        board.busy("b", 0.0, 4.0, 0)
-        self.assertFalse(board.hasRoom("b", 0, 3.9))
-
-    def test_slotsFromProbeAndOurs(self) -> None:
-        """Free slots from the probe, less ours started since, plus ours ended since."""
-        states = FakeStates()
-        states.free["a"] = 1
-        board = RoomBoard(states)
-        self.assertTrue(board.hasRoom("a", 0, 0.0))
-        board.started("a")
-        self.assertFalse(board.hasRoom("a", 1, 0.0))
-        board.ended("a")
-        self.assertTrue(board.hasRoom("a", 0, 0.0))
-        states.free["a"] = 0
-        board.probed("a")
-        self.assertFalse(board.hasRoom("a", 0, 0.0))
-
-    def test_limitAgainstOurs(self) -> None:
-        """A slot limit is reached by our own requests in flight."""
-        states = FakeStates()
-        states.total["a"] = 2
-        board = RoomBoard(states)
-        self.assertTrue(board.hasRoom("a", 1, 0.0))
-        self.assertFalse(board.hasRoom("a", 2, 0.0))
-
-    def test_busyAnswer(self) -> None:
-        """429 is busy; 503 is busy only while another of ours ran there, from a node that
-        served ours recently (one that only refuses is failing)."""
-        self.assertTrue(isBusyAnswer(429, 0, False))
-        self.assertTrue(isBusyAnswer(503, 1, True))
-        self.assertFalse(isBusyAnswer(503, 1, False))
-        self.assertFalse(isBusyAnswer(503, 0, True))
-        self.assertFalse(isBusyAnswer(500, 3, True))
-
-    def test_bounded(self) -> None:
-        """Per-node room state is bounded."""
-        board = RoomBoard(None)
-        for i in range(MAX_NODES * 2):
-            board.busy(f"n{i}", 0.0, None, 1)
-        self.assertEqual(len(board), MAX_NODES)

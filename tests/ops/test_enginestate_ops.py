@@ -6,6 +6,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
+from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.nodestate.probes import EngineReport
 from nvpair.proxy.nodestate.states import EngineStates
 from nvpair.proxy.ops.gauges import StateCollector
@@ -25,10 +26,12 @@ class EngineStateOpsTests(SynchronousTestCase):
         self.service = makeService(self.clock)
         scripted(self.service)
         context = self.service.context
-        self.states = EngineStates(context.clock, context.reservations)
+        self.ledger = RoomLedger(context.clock, context.activity.inFlight)
+        self.states = EngineStates(context.clock, self.ledger)
         self.states.record(
             "A", EngineReport(busy=1, total=4, loaded=frozenset({"m1"})), 1.0, "/slots"
         )
+        self.ledger.probed("A", 1, 4, 1.0)
         self.states.served("A", 1000, 800)
 
     def test_absentUnderBroker(self) -> None:
@@ -67,7 +70,7 @@ class EngineStateOpsTests(SynchronousTestCase):
         """Gauges per node, and the prefix index's size."""
         context = self.service.context
         context.engineStates = self.states
-        context.affinity = Affinity(context.clock, states=self.states)
+        context.affinity = Affinity(context.clock, context.reservations, self.ledger, self.states)
         registry = CollectorRegistry()
         registry.register(StateCollector(self.service))
         text = generate_latest(registry).decode()

@@ -8,7 +8,8 @@ from typing import Any
 from prometheus_client import REGISTRY
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.dispatch.outcome import Failed, FailureKind
+from nvpair.proxy.dispatch.outcome import Failed
+from nvpair.proxy.endings import FailureKind
 from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.ops import metrics
 from nvpair.proxy.ops.metrics import Metrics, requestOutcome

@@ -9,7 +9,8 @@ from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.dispatch.outcome import Failed, FailureKind
+from nvpair.proxy.dispatch.outcome import Failed
+from nvpair.proxy.endings import FailureKind
 from nvpair.proxy.facade.standalone import POLL_INTERVAL, FleetPoller
 from nvpair.proxy.ops.nodestate import STALE_AFTER, NodeState, attemptHealth, pollHealth
 from nvpair.proxy.ops.server import opsResource

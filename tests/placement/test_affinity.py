@@ -13,6 +13,7 @@ from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.facade.standalone import startStandalone
 from nvpair.proxy.ops.server import affinityStatus
 from nvpair.proxy.placement.affinity import Affinity, AffinityTable
+from nvpair.proxy.placement.choose import Hold
 from nvpair.proxy.placement.keys import MAX_LOOKUPS, MAX_MESSAGES, PROMPT_BLOCK, AffinityKey, keyFor
 from nvpair.proxy.routing import admission
 from nvpair.proxy.routing.candidates import Snapshot, orderCandidates
@@ -171,8 +172,8 @@ class PlaceTests(SynchronousTestCase):
 
     def setUp(self) -> None:
         self.clock = Clock()
-        self.affinity = Affinity(self.clock, maxImbalance=2)
         self.reservations = ReservationMap()
+        self.affinity = Affinity(self.clock, self.reservations)
         self.reservations.applyPriority(0, ["A", "B", "C"], {})
         engine = ENGINES["llamacpp"]
         self.snapshot = Snapshot([node("A"), node("B"), node("C")], engine.normalize)
@@ -180,10 +181,10 @@ class PlaceTests(SynchronousTestCase):
     def place(self, key: AffinityKey, count: bool = True) -> str:
         owners = self.snapshot.owners("m1", False)
         ordered, _ = orderCandidates(owners, None, self.reservations.rank)
-        chosen = self.affinity.place(ordered, key, self.reservations, "llamacpp" if count else None)
-        assert chosen is not None
-        self.assertIs(ordered[0], chosen)
-        return chosen.id
+        choice = self.affinity.place(ordered, key, "m1", Hold.NONE, "llamacpp" if count else None)
+        assert choice is not None
+        self.assertIs(ordered[0], choice.node)
+        return choice.node.id
 
     def load(self, nodeId: str, n: int) -> None:
         for _ in range(n):
@@ -196,7 +197,7 @@ class PlaceTests(SynchronousTestCase):
         self.assertEqual(self.place(chatKey(turn(2))), "C")
         self.load("C", 2)
         self.assertEqual(self.place(chatKey(turn(2))), "C")
-        self.assertEqual(self.affinity.counts["llamacpp"], [2, 0, 0])
+        self.assertEqual(self.affinity.countsOf("llamacpp"), {"hit": 2, "miss": 0, "overridden": 0})
 
     def test_overloadedHome(self) -> None:
         """Home three requests above the least loaded: the least-loaded owner goes first."""
@@ -204,13 +205,13 @@ class PlaceTests(SynchronousTestCase):
         self.load("C", 3)
         self.load("A", 1)
         self.assertEqual(self.place(chatKey(turn(2))), "B")
-        self.assertEqual(self.affinity.counts["llamacpp"], [0, 0, 1])
+        self.assertEqual(self.affinity.countsOf("llamacpp"), {"hit": 0, "miss": 0, "overridden": 1})
 
     def test_homeNotOwner(self) -> None:
         """A home that no longer owns the model (or is down) is a miss."""
         self.affinity.served(chatKey(turn(1)), "gone")
         self.place(chatKey(turn(2)))
-        self.assertEqual(self.affinity.counts["llamacpp"], [0, 1, 0])
+        self.assertEqual(self.affinity.countsOf("llamacpp"), {"hit": 0, "miss": 1, "overridden": 0})
 
     def test_newConversationsSpread(self) -> None:
         """Distinct new conversations arriving one at a time on an idle fleet land on every
@@ -234,7 +235,7 @@ class PlaceTests(SynchronousTestCase):
         key = chatKey(turn(1))
         self.place(key)
         self.place(key, count=False)
-        self.assertEqual(self.affinity.counts["llamacpp"], [0, 1, 0])
+        self.assertEqual(self.affinity.countsOf("llamacpp"), {"hit": 0, "miss": 1, "overridden": 0})
 
     def test_status(self) -> None:
         """The status view names the limits and the counts, never a digest."""
@@ -261,7 +262,7 @@ class LoopTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.context = FakeContext()
         self.context.reservations.applyPriority(0, ["A", "B"], {})
-        self.affinity = Affinity(self.context.clock)
+        self.affinity = Affinity(self.context.clock, self.context.reservations)
         self.context.affinity = self.affinity
         self.facade = makeFacade(self.context.clock, [node("A"), node("B")])
         self.carried = True
@@ -294,7 +295,7 @@ class LoopTests(SynchronousTestCase):
         other = {"A": "B", "B": "A"}[home]
         self.assertEqual(self.serve(turn(3), 503), other)
         self.assertEqual(self.serve(turn(4)), other)
-        self.assertEqual(self.affinity.counts["llamacpp"], [3, 1, 0])
+        self.assertEqual(self.affinity.countsOf("llamacpp"), {"hit": 3, "miss": 1, "overridden": 0})
 
     def test_withoutDocumentParsesBody(self) -> None:
         """With no document carried from admission the loop parses the body itself: same
@@ -302,7 +303,7 @@ class LoopTests(SynchronousTestCase):
         self.carried = False
         home = self.serve(turn(1))
         self.assertEqual(self.serve(turn(2)), home)
-        self.assertEqual(self.affinity.counts["llamacpp"], [1, 1, 0])
+        self.assertEqual(self.affinity.countsOf("llamacpp"), {"hit": 1, "miss": 1, "overridden": 0})
 
     def test_admissionCarriesTheDocument(self) -> None:
         """An admitted inference request carries its parsed body; it takes no part in the
@@ -367,7 +368,7 @@ class SingleNodeTests(SynchronousTestCase):
         """One backend: served as usual, the table stays empty, no count."""
         context = FakeContext()
         context.reservations.applyPriority(0, ["A"], {})
-        affinity = Affinity(context.clock)
+        affinity = Affinity(context.clock, context.reservations)
         context.affinity = affinity
         facade = makeFacade(context.clock, [node("A")])
         for n in (1, 2):
@@ -382,10 +383,10 @@ class SingleNodeTests(SynchronousTestCase):
         has a home when the other node comes to own the model too."""
         context = FakeContext()
         context.reservations.applyPriority(0, ["A", "B"], {})
-        affinity = Affinity(context.clock)
+        affinity = Affinity(context.clock, context.reservations)
         context.affinity = affinity
         facade = makeFacade(context.clock, [node("A", models=("other",)), node("B")])
         ex, request = startExchange(context, facade, FakeRequest(), body=body(turn(1)))
         context.upstream.last().answer(200, b"data: [DONE]\n\n")
-        self.assertEqual(affinity.counts["llamacpp"], [0, 1, 0])
+        self.assertEqual(affinity.countsOf("llamacpp"), {"hit": 0, "miss": 1, "overridden": 0})
         self.assertEqual(affinity.table.lookup(chatKey(turn(2)).lookups), "B")

@@ -1,4 +1,4 @@
-"""Placement by cached prefix, free slots and loaded models (``prefixplace``, ``Affinity``)."""
+"""Placement by cached prefix, room and loaded models (``choose``, ``Affinity``)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,20 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
 from nvpair.proxy.nodestate.interfaces import IEngineStates
+from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.nodestate.probes import EngineReport
-from nvpair.proxy.nodestate.states import MAX_LISTENERS, EngineStates
+from nvpair.proxy.nodestate.states import EngineStates
 from nvpair.proxy.placement.affinity import Affinity, requestServed
 from nvpair.proxy.placement.choose import (
-    HOLD_DEFAULT,
-    RECOMPUTE_CHARS,
-    RESULTS,
+    CHARS_PER_TOKEN,
+    DEFAULT_MS_PER_TOKEN,
+    MIN_MATCH_SECONDS,
+    RECOMPUTE_SECONDS,
+    Choice,
     Hold,
     Placed,
     confirmedMiss,
+    holdBudget,
 )
 from nvpair.proxy.placement.keys import AffinityKey, keyFor
 from nvpair.proxy.routing.nodes import Node
@@ -44,37 +48,38 @@ def request(system: str, user: str, model: str = "m") -> AffinityKey:
     return key
 
 
+RECOMPUTE_CHARS = int(RECOMPUTE_SECONDS * 1000 / DEFAULT_MS_PER_TOKEN * CHARS_PER_TOKEN)
+
+
 class Fleet:
-    """An ``Affinity`` over four owners with engine states fed by hand on a ``Clock``."""
+    """An ``Affinity`` over four owners with a room ledger and engine states fed by hand
+    on a ``Clock``."""
 
     def __init__(self, states: bool = True) -> None:
         self.clock = Clock()
         self.reservations = ReservationMap()
-        self.states = EngineStates(self.clock, self.reservations) if states else None
-        self.affinity = Affinity(self.clock, states=self.states)
+        self.ours: dict[str, int] = {}
+        self.ledger = RoomLedger(self.clock, self.ours) if states else None
+        self.states = EngineStates(self.clock, self.ledger) if self.ledger else None
+        self.affinity = Affinity(self.clock, self.reservations, self.ledger, self.states)
+        self.choice: Choice | None = None
 
     def report(self, nodeId: str, busy: int, total: int = 2, **kw: object) -> None:
-        assert self.states is not None
+        assert self.states is not None and self.ledger is not None
         self.states.record(nodeId, EngineReport(busy=busy, total=total, **kw), 1.0, "/slots")  # type: ignore[arg-type]
+        self.ledger.probed(nodeId, busy, total, 1.0)
 
     def place(
-        self,
-        key: AffinityKey,
-        serve: bool = True,
-        model: str = "m",
-        hold: Hold = Hold.NONE,
-        full: tuple[Node, ...] = (),
+        self, key: AffinityKey, serve: bool = True, model: str = "m", hold: Hold = Hold.NONE
     ) -> tuple[str, Placed | None]:
-        """Where ``key`` goes and how (None: held for that node)."""
-        before = list(self.affinity.counts.get("e", [0] * len(RESULTS)))
-        node = self.affinity.place(list(NODES), key, self.reservations, "e", model, hold, full)
-        assert node is not None
-        after = self.affinity.counts.get("e", before)
-        changed = [i for i in range(len(RESULTS)) if after[i] != before[i]]
-        result = Placed(changed[0]) if changed else None
+        """Where ``key`` goes and how (None: held for that node, ``self.choice.hold``)."""
+        choice = self.choice = self.affinity.place(list(NODES), key, model, hold, "e")
+        assert choice is not None
+        if choice.hold is not None:
+            return choice.node.id, None
         if serve:
-            self.affinity.served(key, node.id)
-        return node.id, result
+            self.affinity.served(key, choice.node.id)
+        return choice.node.id, choice.result
 
 
 class PrefixTests(SynchronousTestCase):
@@ -160,19 +165,20 @@ class SlotTests(SynchronousTestCase):
             fleet.report(node.id, busy=2 if node.id == home else 0)
         key = request(tenantPrompt(1), "other user")
         self.assertEqual(fleet.place(key, serve=False, hold=Hold.ALLOWED), (home, None))
-        self.assertEqual(key.hold, HOLD_DEFAULT)
+        assert fleet.choice is not None
+        self.assertEqual(fleet.choice.hold, holdBudget(key.ends[0], None))
         self.assertIsNone(key.placed)
         self.assertEqual(fleet.reservations.totalReserved(), 0)
         for node in NODES:
-            fleet.states.served(node.id, 4000, 0, promptMs=400.0)
+            fleet.states.served(node.id, 4000, 0, promptMs=3600.0)  # 0.9 ms a token
         fleet.place(key, serve=False, hold=Hold.ALLOWED)
-        self.assertLess(key.hold or 0.0, HOLD_DEFAULT)  # 0.1 ms a token: a short hold
+        self.assertEqual(fleet.choice.hold, holdBudget(key.ends[0], 0.9))
+        self.assertLess(fleet.choice.hold or 0.0, holdBudget(key.ends[0], None))
         again = request(tenantPrompt(1), "third user")
         self.assertEqual(fleet.place(again, serve=False, hold=Hold.ROOMY), (home, Placed.HIT))
         moved, result = fleet.place(key, serve=False, hold=Hold.SPENT)
         self.assertNotEqual(moved, home)
         self.assertIs(result, Placed.OVERRIDDEN)
-        self.assertIsNone(key.hold)
 
     def test_unknownSlotsNotHeld(self) -> None:
         """Without the engines' slots (load alone says the holder is busy) nothing is held:
@@ -183,25 +189,24 @@ class SlotTests(SynchronousTestCase):
             fleet.reservations.reserve(home)
         key = request(tenantPrompt(2), "other")
         self.assertEqual(fleet.place(key, hold=Hold.ALLOWED), (home, Placed.HIT))
-        self.assertIsNone(key.hold)
+        assert fleet.choice is not None
+        self.assertIsNone(fleet.choice.hold)
 
-    def test_knownFullByTheQueue(self) -> None:
-        """An owner the queue knows is full (say, our requests at its learnt limit) has no
-        room whatever its engine last reported: a short prefix moves, a long one is held."""
+    def test_knownFullByTheLedger(self) -> None:
+        """An owner the ledger knows is full (our own requests fill what it reported) has
+        no room: a short prefix moves, a long one is held."""
         fleet = Fleet()
         short = "Be brief. " * 80
         home, _ = fleet.place(request(short, "x"))
         for node in NODES:
             fleet.report(node.id, busy=0)
-        full = tuple(n for n in NODES if n.id == home)
-        moved, result = fleet.place(request(short, "y"), full=full)
+        fleet.ours[home] = 2
+        moved, result = fleet.place(request(short, "y"))
         self.assertEqual((moved != home, result), (True, Placed.OVERRIDDEN))
         longHome, _ = fleet.place(request(tenantPrompt(4), "x"))
-        full = tuple(n for n in NODES if n.id == longHome)
+        fleet.ours[longHome] = 2
         key = request(tenantPrompt(4), "y")
-        self.assertEqual(
-            fleet.place(key, hold=Hold.ALLOWED, full=full, serve=False), (longHome, None)
-        )
+        self.assertEqual(fleet.place(key, hold=Hold.ALLOWED, serve=False), (longHome, None))
 
     def test_fullHolderLosesShortPrefix(self) -> None:
         """A short cached prefix on a full node goes to an owner with a free slot; slots
@@ -214,24 +219,6 @@ class SlotTests(SynchronousTestCase):
         moved, result = fleet.place(request(short, "y"))
         self.assertNotEqual(moved, home)
         self.assertIs(result, Placed.OVERRIDDEN)
-
-    def test_reservationsFillTheGap(self) -> None:
-        """Our own requests started since a probe use up the free slots it reported."""
-        fleet = Fleet()
-        assert fleet.states is not None
-        fleet.report("A", busy=0, total=2)
-        self.assertEqual(fleet.states.availableSlots("A"), 2)
-        fleet.reservations.reserve("A")
-        fleet.reservations.reserve("A")
-        self.assertEqual(fleet.states.availableSlots("A"), 0)
-        self.assertEqual(fleet.states.freeSlots("A"), 2)
-        fleet.report("A", busy=2, total=2)
-        self.assertEqual(fleet.states.availableSlots("A"), 0)
-        fleet.report("A", busy=1, total=2)
-        self.assertEqual(fleet.states.availableSlots("A"), 1)
-        self.assertEqual(fleet.states.roomAndLoaded("A", "m"), (1, None))
-        fleet.clock.advance(2.5)
-        self.assertEqual(fleet.states.roomAndLoaded("A", "m"), (None, None))
 
     def test_newTenantAvoidsFullEngines(self) -> None:
         """A new prompt family goes to an engine with a free slot while that keeps the
@@ -266,42 +253,24 @@ class SlotTests(SynchronousTestCase):
     def test_staleStateIsUnknown(self) -> None:
         """A probe older than two intervals says nothing: unknown, never idle."""
         fleet = Fleet()
-        assert fleet.states is not None
+        assert fleet.states is not None and fleet.ledger is not None
         verifyObject(IEngineStates, fleet.states)
         fleet.report("A", busy=1, total=4)
-        self.assertEqual(fleet.states.freeSlots("A"), 3)
-        fleet.clock.advance(2.0)
-        self.assertEqual(fleet.states.totalSlots("A"), 4)
-        fleet.clock.advance(0.1)
-        self.assertIsNone(fleet.states.freeSlots("A"))
-        self.assertIsNone(fleet.states.totalSlots("A"))
+        self.assertEqual(fleet.states.status()["A"]["slotsAvailable"], 3)
+        fleet.clock.advance(2.1)
+        self.assertIsNone(fleet.ledger.free("A"))
         self.assertEqual(fleet.states.status()["A"]["state"], "unknown")
-
-    def test_subscribe(self) -> None:
-        """Listeners hear of each fresh probe (not of a failed one) until they unsubscribe;
-        their number is bounded."""
-        fleet = Fleet()
-        assert fleet.states is not None
-        heard: list[str] = []
-        unsubscribe = fleet.states.subscribe(heard.append)
-        fleet.report("A", busy=1)
-        fleet.states.record("B", None, 1.0, "/slots", "timed out")
-        unsubscribe()
-        fleet.report("C", busy=1)
-        self.assertEqual(heard, ["A"])
-        for _ in range(MAX_LISTENERS):
-            fleet.states.subscribe(heard.append)
-        self.assertRaises(ValueError, fleet.states.subscribe, heard.append)
+        self.assertNotIn("slotsAvailable", fleet.states.status()["A"])
 
     def test_statesBounded(self) -> None:
         """More backends than the bound: the rest stay unknown, their counts unkept."""
         clock = Clock()
-        states = EngineStates(clock, ReservationMap(), maxNodes=3)
+        states = EngineStates(clock, RoomLedger(clock, {}), maxNodes=3)
         for i in range(10):
-            states.record(f"n{i}", EngineReport(busy=0, total=1), 1.0, "/slots")
+            states.record(f"n{i}", EngineReport(busy=0, total=1, loaded=frozenset("m")), 1.0, "/x")
             states.served(f"n{i}", 100, 5, promptMs=9.5)
         self.assertEqual(sorted(states.status()), ["n0", "n1", "n2"])
-        self.assertIsNone(states.freeSlots("n9"))
+        self.assertIsNone(states.modelLoaded("n9", "m"))
         self.assertIsNone(states.hitRatio("n9"))
         self.assertEqual((len(states.prefill), states.prefillMs("n9")), (3, None))
 
@@ -345,18 +314,71 @@ class MissTests(SynchronousTestCase):
         self.assertEqual(fleet.place(key, serve=False)[0], home)
         affinity.served(key, home)
         exchange = SimpleNamespace(
-            committed=SimpleNamespace(node=SimpleNamespace(id=home)),
+            committedStatus=200,
+            servedBy=home,
             workload=SimpleNamespace(stats={"promptTokens": 500, "cachedTokens": 450}),
             prefixKey=key,
         )
         requestServed(exchange, fleet.states, affinity)
-        self.assertEqual(affinity.confirmed, [1, 0])
+        self.assertEqual((affinity.expectedHits, affinity.expectedMisses), (1, 0))
         key = request(tenantPrompt(1), "third " * 60)
         fleet.place(key)
         exchange.prefixKey = key
         exchange.workload.stats = {"promptTokens": 500, "cachedTokens": 0}
         requestServed(exchange, fleet.states, affinity)
-        self.assertEqual(affinity.confirmed, [1, 1])
+        self.assertEqual((affinity.expectedHits, affinity.expectedMisses), (1, 1))
         self.assertGreater(affinity.index.dropped, 0)
         self.assertAlmostEqual(fleet.states.hitRatio(home) or 0, 450 / 1000)
         self.assertEqual(fleet.states.status()[home]["cachedTokens"], 450)
+
+
+class TimeThresholdTests(SynchronousTestCase):
+    """Whether a prefix counts and when a full holder is overridden follow from what
+    recomputing costs on the engines (their reported prefill time), not from characters."""
+
+    def slow(self, fleet: Fleet, msPerToken: float) -> None:
+        assert fleet.states is not None
+        for node in NODES:
+            fleet.states.served(node.id, 1000, 0, promptMs=1000 * msPerToken)
+
+    def test_shortSystemPromptsGroupOnSlowEngines(self) -> None:
+        """A ~350-character system prompt (~90 tokens) is not worth grouping at the default
+        rate, but on CPU engines at 7 ms a token (0.6 s to recompute) its users group."""
+        system = "You answer questions about the tenant's parcels, politely and briefly. " * 5
+        self.assertLess(len(system) / CHARS_PER_TOKEN * DEFAULT_MS_PER_TOKEN / 1000, 0.128)
+        fleet = Fleet()
+        first, _ = fleet.place(request(system, "question one " * 3))
+        homes = {fleet.place(request(system, f"user {i} asks " * 3))[0] for i in range(8)}
+        self.assertGreater(len(homes), 1)  # no family at the default rate: spread
+        slow = Fleet()
+        self.slow(slow, 7.0)
+        first, _ = slow.place(request(system, "question one " * 3))
+        for i in range(8):
+            self.assertEqual(
+                slow.place(request(system, f"user {i} asks " * 3)), (first, Placed.HIT)
+            )
+
+    def test_longPrefixIgnoredOnFastEngines(self) -> None:
+        """On engines at 0.02 ms a token a 2.6k-character prefix costs 13 ms to recompute:
+        below ``MIN_MATCH_SECONDS``, it does not pile users onto one node."""
+        fleet = Fleet()
+        self.slow(fleet, 0.02)
+        self.assertLess(len(tenantPrompt(1)) / CHARS_PER_TOKEN * 0.02 / 1000, MIN_MATCH_SECONDS)
+        homes = Counter(fleet.place(request(tenantPrompt(1), f"user {i}"))[1] for i in range(20))
+        self.assertEqual(homes[Placed.HIT], 0)
+
+    def test_overrideByTime(self) -> None:
+        """A full holder of a prefix is overridden when recomputing it elsewhere costs at
+        most ``RECOMPUTE_SECONDS`` there: an 800-character prefix is overridden at the
+        default rate (0.2 s) but held for on a 7 ms-a-token engine (1.4 s)."""
+        short = "Be brief. " * 80
+        for rate, moves in ((None, True), (7.0, False)):
+            fleet = Fleet()
+            if rate is not None:
+                self.slow(fleet, rate)
+            home, _ = fleet.place(request(short, "x"))
+            for node in NODES:
+                fleet.report(node.id, busy=2 if node.id == home else 0)
+            placed, result = fleet.place(request(short, "y"), hold=Hold.ALLOWED, serve=False)
+            self.assertEqual(placed != home, moves)
+            self.assertIs(result, Placed.OVERRIDDEN if moves else None)

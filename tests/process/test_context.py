@@ -14,8 +14,9 @@ from nvpair.proxy.broker.activity import Activity
 from nvpair.proxy.broker.channel import SinkSwitch
 from nvpair.proxy.broker.workloads import WorkloadReporter
 from nvpair.proxy.context import RequestContext
-from nvpair.proxy.dispatch.outcome import Failed, FailureKind
+from nvpair.proxy.dispatch.outcome import Failed
 from nvpair.proxy.dispatch.stallwatch import StallWatches
+from nvpair.proxy.endings import FailureKind
 from nvpair.proxy.engines import LLAMACPP
 from nvpair.proxy.interfaces import (
     IActivity,

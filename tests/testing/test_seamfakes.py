@@ -14,7 +14,8 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 from zope.interface.verify import verifyObject
 
-from nvpair.proxy.dispatch.outcome import Failed, FailureKind
+from nvpair.proxy.dispatch.outcome import Failed
+from nvpair.proxy.endings import FailureKind
 from nvpair.proxy.engines import LLAMACPP
 from nvpair.proxy.http.interfaces import IConnectionPool
 from nvpair.proxy.interfaces import IBrokerSink, IExchangeReport, IRequestContext, IUpstream

@@ -23,14 +23,10 @@ from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 from zope.interface import implementer
 
 from nvpair.proxy.dispatch.interfaces import IAttemptExchange, IBodyGate, IDiscoveryWatcher
-from nvpair.proxy.dispatch.outcome import (
-    Committed,
-    Failed,
-    FailureKind,
-    ICommittedBody,
-)
+from nvpair.proxy.dispatch.outcome import Committed, Failed, ICommittedBody
 from nvpair.proxy.dispatch.relay import Relay, stopReceiving
 from nvpair.proxy.dispatch.upstream import addressesFor
+from nvpair.proxy.endings import FailureKind
 from nvpair.proxy.flow.breaker import retryAfterSeconds
 from nvpair.proxy.interfaces import IStallWatch
 from nvpair.proxy.placement.interfaces import IOutcome

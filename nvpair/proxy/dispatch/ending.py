@@ -12,7 +12,8 @@ from twisted.internet.interfaces import IReactorTime
 
 from nvpair.proxy.broker.workloads import CANCELLED, COMPLETED, FAILED
 from nvpair.proxy.dispatch.interfaces import IFacadeView
-from nvpair.proxy.dispatch.outcome import CLIENT_GONE, BodyEnding
+from nvpair.proxy.dispatch.outcome import CLIENT_GONE
+from nvpair.proxy.endings import BodyEnding
 
 if TYPE_CHECKING:
     from nvpair.proxy.interfaces import IWorkload

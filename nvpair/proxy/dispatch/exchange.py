@@ -31,13 +31,13 @@ from nvpair.proxy.dispatch.outcome import (
     OPEN,
     STOPPED,
     TRUNCATED,
-    BodyEnding,
     ClientState,
     Committed,
     Failed,
 )
 from nvpair.proxy.dispatch.relay import ClientFlow, abortClient, truncateClient
 from nvpair.proxy.dispatch.seat import QueueSeat
+from nvpair.proxy.endings import BodyEnding
 from nvpair.proxy.http.interfaces import IServerRequest
 from nvpair.proxy.interfaces import IRequestContext, IUpstream, IWorkload
 from nvpair.proxy.placement.interfaces import IOutcome, IPlacementExchange
@@ -48,9 +48,7 @@ from nvpair.proxy.routing.stats import StatsMeter
 from nvpair.proxy.tracing.interfaces import IRequestTrace
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-    from nvpair.proxy.routing.nodes import Node, OwnerSplit
+    from nvpair.proxy.routing.nodes import Node
     from nvpair.proxy.settings import Settings
 
 _NO_HEADERS = Headers()
@@ -67,7 +65,7 @@ class Exchange:
         # the request, and what it was admitted with
         *("context", "facade", "engine", "settings", "clock", "upstream", "request"),
         *("method", "uri", "path", "forwardHeaders", "body", "document", "inference"),
-        *("model", "createdAt", "workload"),
+        *("model", "createdAt", "workload", "dispatchedAt"),
         # its placement and attempts
         *("driver", "seat", "prefixKey", "reservation", "activeNode", "attempts"),
         # its answer
@@ -104,6 +102,7 @@ class Exchange:
         self.workload: IWorkload | None = None
         self.activeNode: str | None = None
         self.attempts = 0
+        self.dispatchedAt: float | None = None  # when the latest attempt was dispatched
         self.meter: StatsMeter | None = None
         self.flow: ClientFlow | None = None
         self.committedStatus: int | None = None
@@ -115,7 +114,7 @@ class Exchange:
         self.answered = False
         self.serving: Committed | None = None
         self.driver = PolicyDriver(self)  # the placement loop
-        self.seat = QueueSeat(context.queueing)  # standalone: the fair queue, the breakers
+        self.seat = QueueSeat(context.queueing, self, request.requestHeaders)
         self.prefixKey: AffinityKey | None = None  # set by placement at commit
         self.reservation: Reservation | None = None  # this round's, on the node tried
         self.trace: IRequestTrace | None = None  # its spans, with --otel on
@@ -124,6 +123,18 @@ class Exchange:
     def clientGone(self) -> bool:
         """Whether the client left (or was cut off) before its answer ended (for metrics)."""
         return self.client is GONE
+
+    @property
+    def servedBy(self) -> str | None:
+        """The node whose response committed, else the node of the attempt in flight."""
+        committed = self.committed
+        return committed.node.id if committed is not None else self.activeNode
+
+    @property
+    def ending(self) -> BodyEnding | None:
+        """How the committed body ended, once it did (None before, or with no commit)."""
+        committed = self.committed
+        return None if committed is None else committed.ending
 
     @property
     def halted(self) -> bool:
@@ -243,22 +254,6 @@ class Exchange:
         """Wait ``seconds`` (or until discovery changes, when asked), cancellably."""
         return pauseFor(self.clock, self.facade, seconds, wakeOnDiscovery)
 
-    def waitForRoom(self, owners: Sequence[Node]) -> defer.Deferred[None] | None:
-        """Standalone: wait in the fair queue while every owner is known full."""
-        return self.seat.waitForRoom(self, self.request.requestHeaders, owners, self.trace)
-
-    def holdFor(self, node: Node, seconds: float) -> defer.Deferred[None] | None:
-        """Standalone: held for ``node``'s next free slot (``QueueSeat.holdFor``)."""
-        return self.seat.holdFor(node, seconds, self.trace)
-
-    def knownFull(self, owners: Sequence[Node]) -> bool:
-        """Whether every one of ``owners`` is known full (``QueueSeat.knownFull``)."""
-        return self.seat.knownFull(owners)
-
-    def demote(self, owners: Sequence[Node]) -> OwnerSplit:
-        """``owners`` split by room and breakers (``QueueSeat.demote``)."""
-        return self.seat.demote(owners)
-
     def retrying(self) -> None:
         """The failed attempt was not the last: the workload is queued again."""
         if self.workload is not None:
@@ -283,6 +278,7 @@ class Exchange:
     def attemptOn(self, node: Node, final: bool, gated: bool) -> defer.Deferred[IOutcome]:
         """One attempt on ``node``: move the reservation, report the placement, run it."""
         self.attempts += 1
+        self.dispatchedAt = self.clock.seconds()
         reservation = self.reservation
         if reservation is not None:
             reservation.moveTo(node.id)

@@ -34,15 +34,14 @@ class _Held:
 class Holds:
     """The held requests, per node in arrival order, with their budgets' timers."""
 
-    def __init__(
-        self, clock: IReactorTime, hasRoom: Callable[[str, float], bool], maxHeld: int
-    ) -> None:
+    def __init__(self, clock: IReactorTime, hasRoom: Callable[[str], bool], maxHeld: int) -> None:
         self.clock = clock
-        self.hasRoom = hasRoom  # whether a node has room now (the queue's room board)
+        self.hasRoom = hasRoom  # whether a node has room now (the room ledger)
         self.maxHeld = maxHeld
         self._nodes: dict[str, deque[_Held]] = {}
         self._count = 0
-        self.counts = [0, 0]  # holds ended: [the node had room, the budget ran out]
+        self.endedWithRoom = 0  # holds ended because the node had room
+        self.endedWithBudget = 0  # ... because the budget ran out
 
     def __len__(self) -> int:
         return self._count
@@ -63,10 +62,10 @@ class Holds:
     def release(self) -> None:
         """Let out, first come first, the requests held for nodes that have room now."""
         for nodeId in list(self._nodes):
-            while (queue := self._nodes.get(nodeId)) and self.hasRoom(nodeId, self.clock.seconds()):
+            while (queue := self._nodes.get(nodeId)) and self.hasRoom(nodeId):
                 entry = queue[0]
                 self._remove(entry)
-                self.counts[0] += 1
+                self.endedWithRoom += 1
                 entry.deferred.callback(None)  # placed now: it takes the room it found
 
     def _remove(self, entry: _Held) -> bool:
@@ -93,5 +92,5 @@ class Holds:
     def _expire(self, entry: _Held) -> None:
         entry.timer = None
         if self._remove(entry):
-            self.counts[1] += 1
+            self.endedWithBudget += 1
             entry.deferred.callback(None)

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from twisted.python.failure import Failure
     from twisted.web.http_headers import Headers
 
-    from nvpair.proxy.dispatch.outcome import BodyEnding, Committed, Failed
+    from nvpair.proxy.dispatch.outcome import Committed, Failed
+    from nvpair.proxy.endings import BodyEnding
     from nvpair.proxy.engines import Engine
     from nvpair.proxy.interfaces import IRequestContext, IUpstream, IWorkload
     from nvpair.proxy.settings import Settings

@@ -4,38 +4,17 @@ body then ends, or failed uncommitted, with why; and the client's side of the ex
 
 from __future__ import annotations
 
-from enum import Enum, StrEnum
+from enum import Enum
 from typing import TYPE_CHECKING, Final
 
 from zope.interface import Interface, implementer
 
+from nvpair.proxy.endings import BodyEnding, FailureKind
 from nvpair.proxy.interfaces import IAttemptReport
 from nvpair.proxy.placement.interfaces import IOutcome
 
 if TYPE_CHECKING:
     from nvpair.proxy.routing.nodes import Node
-
-
-class FailureKind(StrEnum):
-    """Why an attempt ended uncommitted (the names metrics and history report).
-
-    On the final permitted attempt ``NO_CONTENT`` answers 504; every other kind answers 502.
-    """
-
-    TRANSPORT = "transport"  # dial failure, connection lost before the first body byte
-    HEADER_TIMEOUT = "header_timeout"  # connected, but no headers within the header cap
-    STATUS = "status"  # a retryable status on a non-final attempt
-    NO_CONTENT = "no_content"  # headers arrived, the first body byte did not (first-content cap)
-    LEFT = "left"  # the target left discovery before commit
-
-
-class BodyEnding(Enum):
-    """How the body of a committed response ended."""
-
-    COMPLETE = "complete"  # cleanly: the client's response is finished
-    TRUNCATED = "truncated"  # uncleanly: the client's response is cut where the engine's was
-    CLIENT_GONE = "client_gone"  # the client left first
-    STOPPED = "stopped"  # the exchange stopped it (client gone, shutdown): nothing to report
 
 
 class ClientState(Enum):

@@ -1,10 +1,11 @@
 """Standalone flow control (spec §11 "The queue", "The breaker"): the fair queue in the
 proxy while every owner is known full, and the per-node breakers.
 
-``Queueing`` composes the pure pieces (``flow.fairqueue``, ``flow.room``,
-``flow.breaker``) with the clock: a waiting request is a Deferred the placement loop
-yields, holding no attempt, reservation or engine connection; it fires when an owner has
-room (an engine probe says so, one of our requests on an owner ends, a busy mark lapses),
+``Queueing`` composes the pure pieces (``flow.fairqueue``, ``flow.breaker``) and the room
+ledger (``nodestate.ledger``, which says whether a node is known full) with the clock: a
+waiting request is a Deferred the placement loop yields, holding no attempt, reservation
+or engine connection; it fires when an owner has room (the ledger says room may have
+appeared: an engine probe, one of our requests on an owner ending; or a busy mark lapses),
 and is cancelled (the request leaves the queue at once) when its client goes.  Over
 ``--queue-max`` a request is answered 503 ``queue_full`` at once, past ``--queue-timeout``
 (or its job deadline) 503 ``queue_timeout`` (or ``deadline_exceeded``), both with a
@@ -26,9 +27,7 @@ from nvpair.proxy.flow.breaker import Breakers
 from nvpair.proxy.flow.fairqueue import FairQueue, Ticket
 from nvpair.proxy.flow.interfaces import IQueueing
 from nvpair.proxy.flow.waits import WaitHistogram
-from nvpair.proxy.nodestate.interfaces import IEngineStates
-from nvpair.proxy.nodestate.room import MAX_NODES as MAX_SERVED
-from nvpair.proxy.nodestate.room import SERVED_RECENTLY, RoomBoard, isBusyAnswer
+from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.placement.interfaces import IFleetView, IPlacementExchange
 
 if TYPE_CHECKING:
@@ -67,41 +66,30 @@ class _Line:
 
 @implementer(IQueueing)
 class Queueing:
-    """The queues of every facade and model, the room board and the breakers."""
+    """The queues of every facade and model, the holds and the breakers, over the room
+    ledger."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        clock: IReactorTime,
-        inFlight: dict[str, int],
-        states: IEngineStates | None = None,
-    ) -> None:
+    def __init__(self, settings: Settings, clock: IReactorTime, ledger: RoomLedger) -> None:
         self.settings = settings
         self.clock = clock
-        self.inFlight = inFlight  # ``Activity.inFlight``: our requests per node, live
-        self.board = RoomBoard(states)
+        self.ledger = ledger
         self.breakers = Breakers()
         self.holds = Holds(clock, self._hasRoom, settings.queueMax)  # spec §11 "Placement"
         self.lines: OrderedDict[tuple[str, str], _Line] = OrderedDict()
-        self.served: OrderedDict[str, float] = OrderedDict()  # when each node last served ours
         self.refused: dict[tuple[str, str], int] = {}
         self._draining = False
         self._again = False
         self._busyTimer: IDelayedCall | None = None
-        if states is not None:
-            states.subscribe(self.probed)  # for the life of the process
+        ledger.subscribe(self.roomMayHaveAppeared)  # for the life of the process
 
     # -- what the placement loop asks --------------------------------------------------
 
-    def _hasRoom(self, nodeId: str, now: float) -> bool:
-        return self.board.hasRoom(nodeId, self.inFlight.get(nodeId, 0), now)
+    def _hasRoom(self, nodeId: str) -> bool:
+        return not self.ledger.knownFull(nodeId)
 
     def knownFull(self, owners: Sequence[Node]) -> bool:
         """Whether every one of ``owners`` is known full now."""
-        if not owners:
-            return False
-        now = self.clock.seconds()
-        return not any(self._hasRoom(node.id, now) for node in owners)
+        return bool(owners) and not any(self._hasRoom(node.id) for node in owners)
 
     def _line(self, facade: IFleetView, model: str) -> _Line | None:
         key = (facade.engine.id, model)
@@ -168,7 +156,7 @@ class Queueing:
         (``Holds.hold``); None when it cannot be held (no queue, or too many held)."""
         if self.settings.queueMax == 0:
             return None
-        if self._hasRoom(nodeId, self.clock.seconds()):
+        if self._hasRoom(nodeId):
             return defer.succeed(None)  # room came back since the engine's last report
         return self.holds.hold(nodeId, seconds)
 
@@ -221,10 +209,9 @@ class Queueing:
     def _drainLine(self, line: _Line) -> None:
         queue = line.queue
         while queue:
-            owners = line.owners()
-            now = self.clock.seconds()
-            if owners and not any(self._hasRoom(node.id, now) for node in owners):
+            if self.knownFull(line.owners()):
                 return
+            now = self.clock.seconds()
             ticket = queue.pop(now)
             assert ticket is not None
             waiter = ticket.payload
@@ -245,7 +232,7 @@ class Queueing:
             if not line.queue:
                 continue
             for node in line.owners():
-                until = self.board.wakeAt(node.id)
+                until = self.ledger.wakeAt(node.id)
                 if until > now and (wake is None or until < wake):
                     wake = until
         if wake is not None:
@@ -257,34 +244,20 @@ class Queueing:
 
     # -- events -------------------------------------------------------------------------
 
-    def activityChanged(self, nodeId: str, delta: int) -> None:
-        """Our in-flight count on ``nodeId`` changed (``Activity``'s listener)."""
-        if delta > 0:
-            self.board.started(nodeId)
-            return
-        self.board.ended(nodeId)
-        if self.lines or self.holds:
-            self.drain()
-
-    def probed(self, nodeId: str) -> None:
-        """A fresh engine probe of ``nodeId`` (``IEngineStates.subscribe``)."""
-        self.board.probed(nodeId)
+    def roomMayHaveAppeared(self, nodeId: str) -> None:
+        """The ledger says ``nodeId`` may have room now (a probe, one of ours ending)."""
         if self.lines or self.holds:
             self.drain()
 
     def attemptFailed(
         self, nodeId: str, kind: str, status: int | None, retryAfter: float | None
     ) -> None:
-        """An attempt on ``nodeId`` ended uncommitted: a busy mark, or a breaker failure."""
-        now = self.clock.seconds()
-        others = self.inFlight.get(nodeId, 0)
-        served = self.served.get(nodeId)
-        recently = served is not None and now - served <= SERVED_RECENTLY
-        if kind == "status" and isBusyAnswer(status, others, recently):
-            self.board.busy(nodeId, now, retryAfter, others)
+        """An attempt on ``nodeId`` ended uncommitted: a busy mark (the ledger learns a
+        limit), or a breaker failure."""
+        if kind == "status" and self.ledger.busyAnswer(nodeId, status, retryAfter):
             return
         if kind in ("status", "transport"):
-            self.breakers.failed(nodeId, now, retryAfter)
+            self.breakers.failed(nodeId, self.clock.seconds(), retryAfter)
 
     def committed(self, nodeId: str, status: int | None) -> None:
         """A response committed on ``nodeId`` (a final attempt's 5xx is a failure)."""
@@ -292,18 +265,13 @@ class Queueing:
             self.attemptFailed(nodeId, "status", status, None)
             return
         self.breakers.succeeded(nodeId)
-        served = self.served
-        served[nodeId] = self.clock.seconds()
-        served.move_to_end(nodeId)
-        while len(served) > MAX_SERVED:
-            served.popitem(last=False)
+        self.ledger.served(nodeId)
 
     def demote(self, owners: Sequence[Node]) -> OwnerSplit:
         """``owners`` split: those to order as usual, then the known-full ones (while another
         owner has room), then those whose breaker is open, each in their order."""
-        now = self.clock.seconds()
-        preferred, demoted = self.breakers.order(owners, now)
-        full = tuple(node for node in preferred if not self._hasRoom(node.id, now))
+        preferred, demoted = self.breakers.order(owners, self.clock.seconds())
+        full = tuple(node for node in preferred if not self._hasRoom(node.id))
         if not full or len(full) == len(preferred):
             return preferred, (), demoted
         # Owners with room first (a request let out of the queue goes where the room is).

@@ -5,72 +5,79 @@ the breakers order its owners; under a broker (no ``IQueueing``) it always goes 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import Enum
 from typing import TYPE_CHECKING
 
 from twisted.internet import defer
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
+from zope.interface import implementer
 
 from nvpair.proxy.flow.clients import clientKey
 from nvpair.proxy.flow.interfaces import IQueueing
-from nvpair.proxy.placement.interfaces import IPlacementExchange
+from nvpair.proxy.placement.interfaces import IPlacementExchange, ISeat
 from nvpair.proxy.routing.admission import bodyDocument
 from nvpair.proxy.tracing.interfaces import IRequestTrace
 
 if TYPE_CHECKING:
     from nvpair.proxy.routing.nodes import Node, OwnerSplit
 
-__all__ = ["QueueSeat"]
+__all__ = ["QueueSeat", "Standing"]
 
 
+class Standing(Enum):
+    """Where a request stands with the fair queue."""
+
+    NEW = "new"  # not charged to its client yet
+    CHARGED = "charged"  # charged (it went on, or waited): a later round only checks room
+    LET_OUT = "let out"  # just let out of the queue (and charged): it goes on
+
+
+@implementer(ISeat)
 class QueueSeat:
-    """One exchange's standing with the standalone queue and breakers: what it answers for
-    ``IPlacementExchange.waitForRoom``, ``knownFull`` and ``demote`` (nothing under a broker,
-    where ``queueing`` is None)."""
+    """One exchange's standing with the standalone queue, holds and breakers: what it
+    answers for ``IPlacementExchange.seat`` (nothing under a broker, where ``queueing`` is
+    None)."""
 
-    __slots__ = ("queueing", "queued")
+    __slots__ = ("queueing", "exchange", "headers", "standing")
 
-    def __init__(self, queueing: IQueueing | None) -> None:
+    def __init__(
+        self, queueing: IQueueing | None, exchange: IPlacementExchange, headers: Headers
+    ) -> None:
         self.queueing = queueing
-        self.queued = 0  # 0: not charged to its client yet; 1: charged; 2: just let out
+        self.exchange = exchange
+        self.headers = headers  # the client's request headers (its key, for fairness)
+        self.standing = Standing.NEW
 
-    def waitForRoom(
-        self,
-        ex: IPlacementExchange,
-        headers: Headers,
-        owners: Sequence[Node],
-        trace: IRequestTrace | None = None,
-    ) -> defer.Deferred[None] | None:
+    def waitForRoom(self, owners: Sequence[Node]) -> defer.Deferred[None] | None:
         """None to go on now; else wait in the queue: a Deferred that fires once dispatched
         (or fails with ``CancelledError`` once answered ``queue_full``/``queue_timeout``);
-        the client is told apart by the request's ``headers`` and body (``clientKey``)."""
+        the client is told apart by the request's headers and body (``clientKey``)."""
         queueing = self.queueing
+        ex = self.exchange
         if queueing is None or ex.model is None:
             return None
-        state = self.queued
-        if state == 2:
-            self.queued = 1  # just let out (and charged): it goes on
+        if self.standing is Standing.LET_OUT:
+            self.standing = Standing.CHARGED  # just let out (and charged): it goes on
             return None
-        if state == 1 and not queueing.knownFull(owners):
+        if self.standing is Standing.CHARGED and not queueing.knownFull(owners):
             return None  # a later round, already charged
-        values = headers.getRawHeaders(b"authorization")
+        values = self.headers.getRawHeaders(b"authorization")
         authorization = values[0] if values else None
         document = ex.document
         if document is None and authorization is None:
             document = bodyDocument(ex.body)
         # Peer requests are served on the local backend and never routed here: no peer id.
         wait = queueing.waitForRoom(ex, owners, clientKey(authorization, document, None))
-        self.queued = 1 if wait is None else 2
-        return _traced(wait, trace)
+        self.standing = Standing.CHARGED if wait is None else Standing.LET_OUT
+        return _traced(wait, ex.trace)
 
-    def holdFor(
-        self, node: Node, seconds: float, trace: IRequestTrace | None = None
-    ) -> defer.Deferred[None] | None:
+    def holdFor(self, node: Node, seconds: float) -> defer.Deferred[None] | None:
         """Hold the request in the proxy for ``node``'s next free slot, at most ``seconds``
         (``Queueing.holdFor``; traced as a queue wait); None when it cannot be held."""
         if self.queueing is None:
             return None
-        return _traced(self.queueing.holdFor(node.id, seconds), trace)
+        return _traced(self.queueing.holdFor(node.id, seconds), self.exchange.trace)
 
     def knownFull(self, owners: Sequence[Node]) -> bool:
         """Whether every one of ``owners`` is known full (the next round waits in the queue

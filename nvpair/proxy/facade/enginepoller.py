@@ -24,10 +24,11 @@ from twisted.web.http_headers import Headers
 
 from nvpair.proxy.engines import Engine
 from nvpair.proxy.facade.fleet import NodeAnswer, askNode
+from nvpair.proxy.features import Standalone
 from nvpair.proxy.interfaces import IRequestContext, IUpstream
+from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.nodestate.probes import BadProbe, EngineReport, parseProbe
 from nvpair.proxy.nodestate.states import EngineStates
-from nvpair.proxy.placement.affinity import Affinity
 from nvpair.proxy.routing.nodes import Node
 
 FAST = 1.0
@@ -60,6 +61,7 @@ class EnginePoller(Service):
         upstream: IUpstream,
         clock: IReactorTime,
         states: EngineStates,
+        ledger: RoomLedger,
         active: Callable[[], bool],
         onReport: Callable[[str, EngineReport], None] | None = None,
         onForget: Callable[[str], None] | None = None,
@@ -69,6 +71,7 @@ class EnginePoller(Service):
         self.upstream = upstream
         self.clock = clock
         self.states = states
+        self.ledger = ledger
         self.active = active
         self.onReport = onReport
         self.onForget = onForget
@@ -86,6 +89,7 @@ class EnginePoller(Service):
             if backend.asking is not None:
                 backend.asking.cancel()
             self.states.forget(url)
+            self.ledger.forget(url)
             if self.onForget is not None:
                 self.onForget(url)
         for url in wanted:
@@ -131,8 +135,10 @@ class EnginePoller(Service):
             if busy and backend.interval > FAST:
                 backend.interval = FAST  # traffic resumed: probe at once, then often
                 backend.due = min(backend.due, now)
-            if backend.asking is not None or now < backend.due:
+            if backend.asking is not None:
                 continue
+            if now < backend.due and not self.ledger.unsettled(backend.url):
+                continue  # not due, and its last report did not race with our requests
             # The interval recorded with a probe is the time to the next one (its state is
             # fresh for two of them); idle, each next interval doubles up to ``SLOW``.
             backend.due = now + backend.interval
@@ -145,6 +151,7 @@ class EnginePoller(Service):
         probes = self.engine.stateProbes
         path = probes[backend.probe]
         node = Node(backend.url, False, (backend.url,), frozenset())
+        self.ledger.probeSent(backend.url)
         asked = askNode(
             self.upstream,
             self.clock,
@@ -198,6 +205,10 @@ class EnginePoller(Service):
             return
         probe = path.decode("latin-1")
         self.states.record(backend.url, report, interval, probe, problem)
+        if report is None:
+            self.ledger.probeFailed(backend.url)
+        else:
+            self.ledger.probed(backend.url, report.busy, report.total, interval)
         if report is not None and self.onReport is not None:
             self.onReport(backend.url, report)
         if not log:
@@ -218,13 +229,14 @@ class EnginePoller(Service):
 def startEngineState(
     parent: IServiceCollection,
     context: IRequestContext,
-    states: EngineStates,
+    features: Standalone,
     engine: Engine,
     urls: Sequence[str],
-    affinity: Affinity | None,
 ) -> EnginePoller:
-    """Poll ``engine``'s backends ``urls`` into ``states`` under ``parent`` (traffic: any
-    request in flight); reported slot contexts bound the prefix index's nodes."""
+    """Poll ``engine``'s backends ``urls`` into standalone's engine states and room ledger
+    under ``parent`` (traffic: any request in flight); reported slot contexts bound the
+    prefix index's nodes."""
+    states, ledger, affinity = features.states, features.ledger, features.affinity
     index = None if affinity is None else affinity.index
 
     def reported(nodeId: str, report: EngineReport) -> None:
@@ -237,6 +249,7 @@ def startEngineState(
         context.upstream,
         context.clock,
         states,
+        ledger,
         active=lambda: bool(context.exchanges),
         onReport=reported,
         onForget=None if index is None else index.forget,

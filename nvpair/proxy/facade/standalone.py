@@ -23,7 +23,6 @@ from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 from zope.interface import Attribute, implementer
 
-from nvpair.proxy.dispatch.queueing import Queueing
 from nvpair.proxy.engines import ENGINES, Engine
 from nvpair.proxy.facade import inventory
 from nvpair.proxy.facade.enginepoller import startEngineState
@@ -31,9 +30,9 @@ from nvpair.proxy.facade.facade import BindError, Facade, IFacadeHost
 from nvpair.proxy.facade.fleet import NODE_GRACE, NodeAnswer, askNode
 from nvpair.proxy.facade.fleetfile import Backend
 from nvpair.proxy.facade.reload import FleetReloader, IFleetFollower, UrlFollower
+from nvpair.proxy.features import useStandalone
 from nvpair.proxy.interfaces import IRequestContext, IUpstream
-from nvpair.proxy.nodestate.states import EngineStates
-from nvpair.proxy.placement.affinity import Affinity
+from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.routing.candidates import Snapshot
 from nvpair.proxy.routing.nodes import Node
 
@@ -242,15 +241,15 @@ class FleetPoller(Service):
 
 @implementer(IFleetFollower)
 class SlotLimits:
-    """Gives the engine states each backend's ``max_concurrency`` (fleet file), at start and
+    """Gives the room ledger each backend's ``max_concurrency`` (fleet file), at start and
     on every reload: the slots of an engine that reports none."""
 
-    def __init__(self, states: EngineStates) -> None:
-        self.states = states
+    def __init__(self, ledger: RoomLedger) -> None:
+        self.ledger = ledger
 
     def setBackends(self, backends: Sequence[Backend]) -> None:
         for backend in backends:
-            self.states.setLimit(backend.url, backend.maxConcurrency)
+            self.ledger.configure(backend.url, backend.maxConcurrency)
 
 
 def startStandalone(process: IStandaloneProcess) -> None:
@@ -259,14 +258,10 @@ def startStandalone(process: IStandaloneProcess) -> None:
     context = process.context
     settings = context.settings
     timeout = settings.dialTimeout + NODE_GRACE
-    states = context.engineStates = EngineStates(context.clock, context.reservations)
-    if settings.affinity == "prefix":
-        # The proxy orders the candidates itself: keep conversations where their cache is.
-        context.affinity = Affinity(context.clock, states=states)
-    # The proxy is its own scheduler: a fair queue while every owner is full, node breakers.
-    queueing = Queueing(settings, context.clock, context.activity.inFlight, states)
-    context.queueing = queueing
-    context.activity.listener = queueing.activityChanged
+    # The proxy is its own scheduler: one room record per node, the engines' own state,
+    # placement by cache (``--affinity prefix``), a fair queue while every owner is full,
+    # node breakers.
+    features = useStandalone(context)
     reservations = context.reservations
     reloader: FleetReloader | None = None
 
@@ -289,8 +284,10 @@ def startStandalone(process: IStandaloneProcess) -> None:
         )
         poller.backends = tuple(backends)
         poller.setServiceParent(process)
-        statePoller = startEngineState(process, context, states, engine, urls, context.affinity)
-        limits = SlotLimits(states)  # ``max_concurrency``: slots of engines that report none
+        statePoller = startEngineState(process, context, features, engine, urls)
+        limits = SlotLimits(
+            features.ledger
+        )  # ``max_concurrency``: slots of engines that report none
         limits.setBackends(backends)
         if reloader is not None:
             reloader.follow(engineId, poller)

@@ -1,6 +1,7 @@
-"""The seam through which standalone placement and the queue read the engines' own state
-(``IEngineStates``): a leaf, so that the state store, placement and the queue share it
-without importing one another."""
+"""The seams through which standalone placement, the queue and holds read what is known of
+each node: its engine's own state (``IEngineStates``) and its room (``IRoomLedger``).  A
+leaf, so that the stores, placement and the queue share them without importing one
+another."""
 
 from __future__ import annotations
 
@@ -10,23 +11,41 @@ from zope.interface import Interface
 
 
 class IEngineStates(Interface):
-    """What standalone placement and the queue read of the engines' own state (spec §10): the
-    latest *fresh* probe of each node's engine (slots, loaded models).  A node never probed,
-    whose last probe failed, timed out, was malformed or is older than two intervals is
-    unknown (``None``), never idle.  Provided in standalone mode only."""
-
-    def freeSlots(nodeId: str) -> int | None:
-        """Free slots the engine of ``nodeId`` reported in its latest fresh probe (0 when all
-        are busy), or None when unknown or when the engine reports no slots."""
-
-    def totalSlots(nodeId: str) -> int | None:
-        """Slots the engine of ``nodeId`` has (reported, or the fleet's configured limit for
-        an engine that reports none), or None when unknown."""
+    """What standalone placement reads of the engines' own state (spec §10) besides room:
+    the latest *fresh* probe of each node's engine (loaded models) and what its answers
+    reported (prefill time).  A node never probed, whose last probe failed, timed out, was
+    malformed or is older than two intervals is unknown (``None``), never idle."""
 
     def modelLoaded(nodeId: str, model: str) -> bool | None:
         """Whether the engine of ``nodeId`` has ``model`` loaded now (Ollama ``/api/ps``,
-        LM Studio ``/api/v0/models``), or None when it does not say or is unknown."""
+        LM Studio's models list), or None when it does not say or is unknown."""
+
+    def prefillMs(nodeId: str) -> float | None:
+        """The engine of ``nodeId``'s prefill time per evaluated prompt token (ms), or None
+        before it reported one."""
+
+
+class IRoomLedger(Interface):
+    """One record per node of the room its engine has for one more of our requests
+    (``nodestate.ledger.RoomLedger``, spec §11 "Room"): one rule for *free now* and one for
+    *known full*, read alike by placement, the fair queue and holds."""
+
+    def free(nodeId: str) -> int | None:
+        """Free slots on ``nodeId`` now (at most 0 when full), or None when unknown."""
+
+    def knownFull(nodeId: str) -> bool:
+        """Whether ``nodeId`` is known to have no room now."""
+
+    def capacity(nodeId: str) -> int | None:
+        """The most of ours ``nodeId`` can run at once as known now, or None."""
+
+    def serviceTime(nodeId: str) -> float | None:
+        """Seconds our requests on ``nodeId`` hold their slot, if seen."""
+
+    def status(nodeId: str) -> dict[str, object]:
+        """What ``/status`` shows of ``nodeId``'s room (``slotsAvailable``, ``slotsLimit``,
+        ``slotsForeign``, ``learntLimit``, ``serviceSeconds`` where known)."""
 
     def subscribe(listener: Callable[[str], None]) -> Callable[[], None]:
-        """Call ``listener(nodeId)`` each time a fresh probe of ``nodeId`` is recorded (room
-        may have appeared); returns a function that unsubscribes it."""
+        """Call ``listener(nodeId)`` whenever room may have appeared on ``nodeId``; returns a
+        function that unsubscribes it."""

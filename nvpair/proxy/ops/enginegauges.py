@@ -22,7 +22,8 @@ def engineFamilies(states: EngineStates, affinity: Affinity | None) -> Iterator[
     )
     available = GaugeMetricFamily(
         "nvpair_proxy_engine_slots_available",
-        "Reported free slots less our reservations since that probe.",
+        "Free slots now by the room ledger: the least of what the engine reported, the "
+        "fleet file's max_concurrency and a limit learnt from busy answers, less ours.",
         labels=["node"],
     )
     fresh = GaugeMetricFamily(

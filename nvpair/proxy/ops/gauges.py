@@ -15,7 +15,6 @@ from prometheus_client.registry import Collector
 from nvpair.proxy.ops.enginegauges import engineFamilies
 from nvpair.proxy.ops.interfaces import IOpsView
 from nvpair.proxy.placement.affinity import Affinity
-from nvpair.proxy.placement.choose import RESULTS as AFFINITY_RESULTS
 
 WORKLOAD_STATES = ("completed", "failed", "cancelled")
 
@@ -131,8 +130,8 @@ def _affinityFamilies(affinity: Affinity) -> Iterator[Metric]:
         "known or home not an owner), overridden (home overloaded).",
         labels=["engine", "result"],
     )
-    for engineId, counts in sorted(affinity.counts.items()):
-        for result, count in zip(AFFINITY_RESULTS, counts, strict=True):
+    for engineId in sorted(affinity.counts):
+        for result, count in affinity.countsOf(engineId).items():
             placements.add_metric([engineId, result], count)
     yield placements
     yield GaugeMetricFamily(

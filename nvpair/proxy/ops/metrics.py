@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from nvpair.proxy.engines import ENGINES
+from nvpair.proxy.hooks import HOOKS, RequestObserver
 
 if TYPE_CHECKING:
     from nvpair.proxy.interfaces import IAttemptReport, IExchangeReport
@@ -58,8 +59,9 @@ def requestOutcome(exchange: IExchangeReport) -> str:
     return _STATUS_CLASS.get(status // 100, "other")
 
 
-class Metrics:
-    """The event metrics of one process; hooks are cheap and allocate nothing once warm."""
+class Metrics(RequestObserver):
+    """The event metrics of one process, an observer of every request (``hooks``); hooks
+    are cheap and allocate nothing once warm."""
 
     def __init__(self) -> None:
         registry = self.registry = CollectorRegistry()
@@ -131,6 +133,15 @@ class Metrics:
             ["engine"],
             registry=registry,
         )
+        self._hookErrors = Counter(
+            "nvpair_proxy_hook_errors",
+            "Exceptions raised by a request observer (metrics, history, queue, cache "
+            "accounting), by hook: logged once each, the request and the others unaffected.",
+            ["hook"],
+            registry=registry,
+        )
+        for hook in HOOKS:
+            self._hookErrors.labels(hook)
         self._fleetReloads = Counter(
             "nvpair_proxy_fleet_reloads",
             "Fleet file loads after the first (standalone --fleet), by result.",
@@ -168,6 +179,10 @@ class Metrics:
         child.inc()
         if errorCode is not None:
             self._rpcErrors.labels(name, str(errorCode)).inc()
+
+    def hookFailed(self, hook: str) -> None:
+        """A request observer raised in ``hook`` (one of ``hooks.HOOKS``)."""
+        self._hookErrors.labels(hook).inc()
 
     def internalError(self) -> None:
         """An unexpected exception escaped while handling a request."""

@@ -76,7 +76,7 @@ class QueueCollector(Collector):
             "budget (waited as long as recomputing takes: recomputed elsewhere).",
             labels=["result"],
         )
-        for result, count in zip(("room", "budget"), holds.counts, strict=True):
+        for result, count in (("room", holds.endedWithRoom), ("budget", holds.endedWithBudget)):
             ended.add_metric([result], count)
         yield ended
         now = queueing.clock.seconds()
@@ -126,8 +126,8 @@ def queueStatus(queueing: Queueing | None) -> dict[str, object] | None:
         "refused": refused,
         "held": {
             "now": len(queueing.holds),
-            "endedWithRoom": queueing.holds.counts[0],
-            "endedWithBudget": queueing.holds.counts[1],
+            "endedWithRoom": queueing.holds.endedWithRoom,
+            "endedWithBudget": queueing.holds.endedWithBudget,
         },
         "breakers": queueing.breakers.snapshot(now),
         "breakerStates": [s.value for s in BreakerState],

@@ -9,7 +9,7 @@ served that turn.
 entries and in age, so its memory is constant under any load.  Layered on it, the prefix
 index (``prefixindex``) matches any shared leading blocks of prompt material (a tenant's
 system prompt, a shared document), which whole-request digests cannot.  ``Affinity.place``
-chooses by ``prefixplace.choose``: the owner holding the longest prefix (the conversation's
+chooses by ``choose.choose``: the owner holding the longest prefix (the conversation's
 home breaking ties) unless it has no room while another owner does and recomputing the
 difference is cheap; a new prompt family goes to the owner holding the fewest families.
 The node that commits becomes the home and holds the request's blocks.
@@ -17,21 +17,23 @@ The node that commits becomes the home and holds the request's blocks.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Collection, Iterable, Sequence
-from typing import Any
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
 
 from twisted.internet.interfaces import IReactorTime
 
-from nvpair.proxy.nodestate.states import EngineStates
+from nvpair.proxy.nodestate.interfaces import IEngineStates, IRoomLedger
 from nvpair.proxy.placement.choose import (
-    RESULTS,
+    MAX_IMBALANCE,
+    Choice,
     Hold,
+    Owner,
     Placed,
     choose,
     confirmedMiss,
     familyRoot,
-    servedStats,
+    fleetRate,
 )
 from nvpair.proxy.placement.keys import AffinityKey
 from nvpair.proxy.placement.prefixindex import PrefixIndex
@@ -41,7 +43,6 @@ from nvpair.proxy.routing.reservations import ReservationMap
 
 __all__ = ["Affinity", "AffinityTable"]
 
-MAX_IMBALANCE = 2  # home keeps the turn while its load <= least-loaded owner's + this
 MAX_ENTRIES = 16384
 MAX_AGE = 900.0
 
@@ -85,85 +86,91 @@ class AffinityTable:
 
 
 class Affinity:
-    """The process's placement by cache: the conversation table, the prefix index, the
-    engines' state when read, the ordering rule and its counts."""
+    """The process's placement by cache: the conversation table, the prefix index, what it
+    reads of each owner (its load, its room in the ledger, its engine's state), the
+    choice, and its counts."""
 
     def __init__(
         self,
         clock: IReactorTime,
+        reservations: ReservationMap,
+        ledger: IRoomLedger | None = None,
+        states: IEngineStates | None = None,
+        index: PrefixIndex | None = None,
         maxEntries: int = MAX_ENTRIES,
         maxAge: float = MAX_AGE,
-        maxImbalance: int = MAX_IMBALANCE,
-        states: EngineStates | None = None,
-        index: PrefixIndex | None = None,
     ) -> None:
         self.table = AffinityTable(clock, maxEntries, maxAge)
         self.index = index if index is not None else PrefixIndex()
+        self.reservations = reservations
+        self.ledger = ledger
         self.states = states
-        self.maxImbalance = maxImbalance
-        self.counts: dict[str, list[int]] = {}  # engine id -> a count per ``RESULTS``
-        self.confirmed = [0, 0]  # requests the index expected cached: [hits, misses]
+        self.counts: dict[str, Counter[Placed]] = {}  # per engine id (three at most)
+        self.expectedHits = 0  # requests the index expected cached, confirmed by the engine
+        self.expectedMisses = 0  # ... and refuted (a confirmed miss)
 
-    def _count(self, engineId: str, result: Placed) -> None:
-        counts = self.counts.get(engineId)
-        if counts is None:
-            counts = self.counts[engineId] = [0] * len(RESULTS)
-        counts[result] += 1
+    def owners(self, ordered: Sequence[Node], key: AffinityKey, model: str | None) -> list[Owner]:
+        """One ``choose.Owner`` record per node of ``ordered`` for the request ``key``."""
+        nodes = list(ordered)  # one pass: ``ordered`` may be a lazy view
+        load = self.reservations.estimatedLoad
+        loads = [load(node.id) for node in nodes]
+        least = min(loads)
+        matches = self.index.matches(key.blocks)
+        home = self.table.lookup(key.lookups)
+        roots = self.index.roots
+        ledger, states = self.ledger, self.states
+        records = []
+        for node, value in zip(nodes, loads, strict=True):
+            nodeId = node.id
+            free = None if ledger is None else ledger.free(nodeId)
+            room = value <= least + MAX_IMBALANCE if free is None else free > 0
+            loaded = prefill = None
+            if states is not None:
+                loaded = None if model is None else states.modelLoaded(nodeId, model)
+                prefill = states.prefillMs(nodeId)
+            held = matches.get(nodeId, 0)
+            records.append(
+                Owner(node, value, room, free is not None, loaded, held, nodeId == home,
+                      roots(nodeId), prefill)
+            )  # fmt: skip
+        return records
 
     def place(
         self,
         ordered: Sequence[Node],
         key: AffinityKey,
-        reservations: ReservationMap,
+        model: str | None,
+        hold: Hold,
         engineId: str | None,
-        model: str | None = None,
-        hold: Hold = Hold.NONE,
-        full: Collection[Node] = (),
-    ) -> Node | None:
-        """Move the request's node to the front of ``ordered`` and return it (the caller
-        reserves it), by ``prefixplace.choose``.  ``engineId`` counts the outcome (None:
-        not again); ``model`` is the model asked for (whether engines have it loaded);
-        ``hold`` whether it may be held; ``full`` owners known full by other means than
-        their engines' slots (our in-flight at a learnt limit, say).  A held request
-        (``key.hold`` set: its seconds) is neither counted nor recorded: the caller holds
-        it, then places it again."""
-        key.hold = None
+    ) -> Choice | None:
+        """Choose the request's node among ``ordered`` (``choose.choose``; None when there
+        is none) and move it to the front (the caller reserves it).  ``model`` is the model
+        asked for (whether engines have it loaded); ``hold`` whether it may be held;
+        ``engineId`` counts the outcome (None: not again).  A choice to hold is neither
+        counted nor recorded: the caller holds the request, then places it again."""
         if not ordered:
             return None
-        home = self.table.lookup(key.lookups)
-        index = self.index
-        choice = choose(
-            ordered,
-            key.blocks,
-            key.ends,
-            key.spread,
-            home,
-            reservations.estimatedLoad,
-            index,
-            self.states,
-            model,
-            self.maxImbalance,
-            hold=hold,
-            full=full,
-        )
-        chosen = ordered[choice.position]
-        if choice.hold:
-            key.hold = choice.hold
-            return chosen  # counted where it goes once let out
+        owners = self.owners(ordered, key, model)
+        choice = choose(owners, key, hold)
+        if choice.hold is not None:
+            return choice  # counted where it goes once let out
         if engineId is not None:
-            self._count(engineId, choice.result)
+            self.counts.setdefault(engineId, Counter())[choice.result] += 1
+        nodeId = choice.node.id
         key.expect = None
+        index = self.index
         if choice.matched:
-            stamp = index.stampOf(chosen.id, key.blocks[choice.matched - 1])
+            stamp = index.stampOf(nodeId, key.blocks[choice.matched - 1])
             if stamp is not None:
-                key.expect = (chosen.id, key.ends[choice.matched - 1], stamp)
+                key.expect = (nodeId, key.ends[choice.matched - 1], stamp)
         if key.blocks:
             # Held from now on (the engine holds the prompt once it has read it): the next
             # request of this family, even one arriving before this one commits, finds it.
-            index.record(chosen.id, key.blocks, key.ends, familyRoot(key.ends))
-            key.placed = chosen.id
+            key.root = familyRoot(key.ends, fleetRate(owners))
+            index.record(nodeId, key.blocks, key.ends, key.root)
+            key.placed = nodeId
         toFront(ordered, choice.position)
-        return chosen
+        return choice
 
     def served(self, key: AffinityKey, nodeId: str) -> None:
         """``nodeId`` committed this request: it is the conversation's home now, and holds
@@ -173,7 +180,7 @@ class Affinity:
         if key.expect is not None and key.expect[0] != nodeId:
             key.expect = None  # failed over: the node that served was expected nothing
         if key.blocks and key.placed != nodeId:
-            self.index.record(nodeId, key.blocks, key.ends, familyRoot(key.ends))
+            self.index.record(nodeId, key.blocks, key.ends, key.root)
 
     def ended(self, key: AffinityKey, nodeId: str, prompt: int, cached: int) -> None:
         """The engine of ``nodeId`` reported ``cached`` of ``prompt`` prompt tokens cached:
@@ -183,10 +190,16 @@ class Affinity:
         if expect is None or expect[0] != nodeId:
             return
         if confirmedMiss(expect[1], key.chars, prompt, cached):
-            self.confirmed[1] += 1
+            self.expectedMisses += 1
             self.index.dropOlder(nodeId, expect[2])
         else:
-            self.confirmed[0] += 1
+            self.expectedHits += 1
+
+    def countsOf(self, engineId: str) -> dict[str, int]:
+        """The placements of ``engineId``'s requests by outcome (``hit``, ``miss``,
+        ``overridden``), every outcome present."""
+        counts = self.counts.get(engineId, Counter())
+        return {result.name.lower(): counts[result] for result in Placed}
 
     def status(self) -> dict[str, object]:
         """The ``/status`` view: table size and limits, the index, counts per engine."""
@@ -195,11 +208,8 @@ class Affinity:
             "entries": len(self.table),
             "maxEntries": self.table.maxEntries,
             "maxAgeSeconds": self.table.maxAge,
-            "maxImbalance": self.maxImbalance,
-            "counts": {
-                engineId: dict(zip(RESULTS, counts, strict=True))
-                for engineId, counts in sorted(self.counts.items())
-            },
+            "maxImbalance": MAX_IMBALANCE,
+            "counts": {engineId: self.countsOf(engineId) for engineId in sorted(self.counts)},
             "prefixIndex": {
                 "blocks": len(index),
                 "maxBlocks": index.maxTotal,
@@ -211,14 +221,60 @@ class Affinity:
                     }
                     for nodeId in index.nodeIds()
                 },
-                "expectedHits": self.confirmed[0],
-                "expectedMisses": self.confirmed[1],
+                "expectedHits": self.expectedHits,
+                "expectedMisses": self.expectedMisses,
                 "staleDropped": index.dropped,
             },
         }
 
 
-def requestServed(exchange: Any, states: EngineStates, affinity: Affinity | None) -> None:
+class ServedWorkload(Protocol):
+    """What ``requestServed`` reads of a workload: its terminal statistics."""
+
+    @property
+    def stats(self) -> Mapping[str, object] | None: ...
+
+
+class ServedExchange(Protocol):
+    """What ``requestServed`` reads of an ended exchange."""
+
+    @property
+    def committedStatus(self) -> int | None: ...
+    @property
+    def servedBy(self) -> str | None: ...
+    @property
+    def workload(self) -> ServedWorkload | None: ...
+    @property
+    def prefixKey(self) -> AffinityKey | None: ...
+
+
+class ICacheCounts(Protocol):
+    """Where ``requestServed`` adds what an engine reported of its cache
+    (``nodestate.states.EngineStates.served``)."""
+
+    def served(
+        self, nodeId: str, prompt: int, cached: int, promptMs: float | None = None
+    ) -> None: ...
+
+
+def servedStats(exchange: ServedExchange) -> tuple[str, int, int, float | None] | None:
+    """(node, prompt tokens, cached prompt tokens, prompt milliseconds or None) of an ended
+    exchange whose engine reported both counts, else None."""
+    workload = exchange.workload
+    stats = None if workload is None else workload.stats
+    nodeId = exchange.servedBy
+    if exchange.committedStatus is None or nodeId is None or stats is None:
+        return None
+    prompt, cached = stats.get("promptTokens"), stats.get("cachedTokens")
+    if type(prompt) is not int or type(cached) is not int:
+        return None
+    promptMs = stats.get("promptMs")
+    return nodeId, prompt, cached, promptMs if type(promptMs) is float else None
+
+
+def requestServed(
+    exchange: ServedExchange, states: ICacheCounts, affinity: Affinity | None
+) -> None:
     """An exchange ended: the cached-prompt count its engine reported (if any) goes to the
     node's hit ratio and confirms or refutes what the index expected."""
     served = servedStats(exchange)

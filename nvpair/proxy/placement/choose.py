@@ -1,60 +1,63 @@
-"""Where a standalone inference request goes among its owners (spec §11.1): the cached prefix
-weighed against free slots and loaded models.
+"""Where a standalone inference request goes among its owners (spec §11 "Placement"): the
+cached prefix weighed against room and loaded models, in time.
 
-Per owner: *matched*, its longest cached prefix of the request (prefix index, in characters;
-the conversation's home from the affinity table breaks ties), *room* (a free slot as the engine
-last reported it less our reservations since, ``EngineStates.availableSlots``; where the
-engine's slots are unknown, a load within ``maxImbalance`` of the least-loaded owner's), and
-*loaded* (False only when the engine says the model is not loaded).
+``choose`` reads one ``Owner`` record per owner: *matched*, its longest cached prefix of the
+request (prefix index blocks); *home*, whether it served the conversation's previous turn;
+*room*, whether it can take the request now (the room ledger's *free now*; where that is
+unknown, a load within ``MAX_IMBALANCE`` of the least-loaded owner's) and whether that is
+*known*; *loaded* (False only when the engine says the model is not loaded); its load, its
+prompt families, and its engine's prefill time per token.
 
-A cached prefix shorter than ``MIN_MATCH_CHARS`` does not count (a one-line system prompt
-shared by everyone groups nothing worth grouping).
+Thresholds are in time, not characters: recomputing ``c`` characters on an engine costs
+``c / CHARS_PER_TOKEN`` tokens at its reported prefill time per token (``prefillMs``;
+``DEFAULT_MS_PER_TOKEN`` before it reported one, which makes the thresholds today's 512
+and 2,048 characters).  A cached prefix that would take less than ``MIN_MATCH_SECONDS`` to
+recompute on its holder does not count (a one-line system prompt shared by everyone groups
+nothing worth grouping, and a short one on a fast engine must not pile users onto one
+node).
 
-1. Some owner holds a prefix: the best by (not unloaded, matched, is home) is chosen if it has
-   room, or if no owner has room.  Otherwise the best owner that has room (by not unloaded,
-   matched, least load, rendezvous) is chosen instead when it is not unloaded while the best
-   is loaded and what it must recompute beyond the best's prefix is at most
-   ``RECOMPUTE_CHARS`` characters (recomputing that costs less than waiting for a slot).
-   Otherwise, where the best's slots are known (from its engine, or ``full``) and the
-   proxy can hold the request (``Hold.ALLOWED``), it is *held* in the proxy for the best's
-   next free slot (a choice with a ``hold``), at most as long as recomputing the
-   difference would take on the owner with room (``holdBudget``, at that engine's
-   reported prefill time, else the best's); once that budget is spent (``Hold.SPENT``) it
-   goes to the owner with room and recomputes, and when the best shows room first (``Hold.ROOMY``)
-   it goes to the best.  Waiting at most as long as recomputing costs keeps its time to
-   first token within twice the better of the two choices (the ski-rental bound).  With no
-   hold in the proxy (``Hold.NONE``) the request waits for the best inside its engine.
+1. Some owner holds a prefix (or is the conversation's home): the best by (not unloaded,
+   matched, is home) is chosen if it has room, or if no owner has room.  Otherwise the
+   best owner with room (by not unloaded, matched, least load, rendezvous) is chosen
+   instead (*overridden*) when it is not unloaded while the best is loaded and recomputing
+   what it lacks of the best's prefix costs at most ``RECOMPUTE_SECONDS`` there (or the
+   hold was spent).  Otherwise, where the best's room is known and the proxy can hold the
+   request (``Hold.ALLOWED``), the choice is to *hold* it in the proxy for the best's next
+   free slot, at most as long as recomputing the difference would take on the owner with
+   room (``holdBudget``); let out because the best has room (``Hold.ROOMY``) it goes there.
+   Waiting at most as long as recomputing costs keeps its time to first token within twice
+   the better of the two choices (the ski-rental bound).  With no hold in the proxy
+   (``Hold.NONE``) the request waits for the best inside its engine.
 2. No owner holds a prefix (a new prompt family: a new tenant's system prompt, a new
    conversation): among the owners not unloaded, those holding the fewest prompt families
-   (distinct family blocks: a request's first block ending at ``MIN_MATCH_CHARS`` or later)
-   that have room; failing that, those holding at most
-   ``ROOT_SLACK`` more families that have room; failing that, the fewest-family ones.
-   Then the least loaded, ties by rendezvous hashing on the family block's digest.  So
-   tenants spread evenly over the engines (within ``ROOT_SLACK``), and a full engine gets
-   a new family only when the engines about as loaded with families are full too.  A
-   prompt shorter than ``MIN_MATCH_CHARS`` has no family: the least loaded owner with room,
-   ties by rendezvous on the whole request's digest (as conversation affinity always did).
+   that have room; failing that, those holding at most ``ROOT_SLACK`` more that have room;
+   failing that, the fewest-family ones.  Then the least loaded, ties by rendezvous hashing
+   on the family block's digest.  A request's family is its first block whose recompute
+   cost reaches ``MIN_MATCH_SECONDS`` at the owners' prefill time (``familyRoot``); a
+   prompt shorter than that has none: the least loaded owner with room, ties by rendezvous
+   on the whole request's digest.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Sequence
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from nvpair.proxy.placement.prefixindex import PrefixIndex
+import attrs
 
 if TYPE_CHECKING:
-    from nvpair.proxy.nodestate.states import EngineStates
+    from nvpair.proxy.placement.keys import AffinityKey
     from nvpair.proxy.routing.nodes import Node
 
-RECOMPUTE_CHARS = 2048  # about 512 tokens: recomputing less than this beats waiting
-MIN_MATCH_CHARS = 512  # a shorter cached prefix (about 128 tokens) is not worth a placement
+CHARS_PER_TOKEN = 4  # prompt characters per token, for the recompute estimates
+DEFAULT_MS_PER_TOKEN = 1.0  # prefill time per token before an engine reported its own
+MIN_MATCH_SECONDS = 0.128  # a cached prefix cheaper to recompute than this does not count
+RECOMPUTE_SECONDS = 0.512  # recomputing at most this elsewhere beats waiting for a slot
+MAX_IMBALANCE = 2  # unknown room: a load within this of the least-loaded owner's has room
 RENDEZVOUS_SCAN = 64  # owners scored per new prompt family, at most
 ROOT_SLACK = 1  # families more than the fewest an engine with room may take a new one at
 MISS_SHARE = 0.5  # a reported cached share under half the expected one is a miss
-CHARS_PER_TOKEN = 4  # prompt characters per token, for the recompute estimate
-HOLD_DEFAULT = 0.5  # seconds held when no engine has reported its prefill time yet
 HOLD_MAX = 5.0  # seconds held at most, however slow the engine
 
 _MASK = (1 << 64) - 1
@@ -71,15 +74,11 @@ def mix(x: int) -> int:
 
 
 class Placed(IntEnum):
-    """How a request was placed; each indexes its count."""
+    """How a request was placed."""
 
     HIT = 0  # on the owner holding its longest prefix (or its home)
     MISS = 1  # no owner holds a prefix: a new prompt family, spread
     OVERRIDDEN = 2  # the prefix holder had no room: an owner with room, recomputing
-
-
-RESULTS = ("hit", "miss", "overridden")  # the counts' names, in ``Placed`` order (a held
-# request is counted where it goes once let out)
 
 
 class Hold(IntEnum):
@@ -91,121 +90,119 @@ class Hold(IntEnum):
     ROOMY = 3  # let out of its hold because the holder has room: it goes there
 
 
+@attrs.frozen
+class Owner:
+    """What ``choose`` reads of one owner (see the module docstring)."""
+
+    node: Node
+    load: float
+    room: bool
+    known: bool  # whether ``room`` comes from the room ledger (else from load alone)
+    loaded: bool | None = None
+    matched: int = 0  # blocks of the request's prompt it holds
+    home: bool = False
+    families: int = 0
+    prefillMs: float | None = None
+
+    @property
+    def ready(self) -> int:
+        """1 unless its engine says the model is not loaded."""
+        return 0 if self.loaded is False else 1
+
+
+@attrs.frozen
 class Choice:
-    """The chosen owner's position, how it was chosen, its matched prefix (blocks), and
-    for a request to hold for that owner the seconds it may be held (else 0)."""
+    """The decision: the owner at ``position`` (``node``), how it was chosen, the prefix
+    blocks it holds; or, when ``hold`` is set, hold the request in the proxy for ``node``'s
+    next free slot at most that many seconds (placed again afterwards)."""
 
-    __slots__ = ("position", "result", "matched", "hold")
-
-    def __init__(self, position: int, result: Placed, matched: int, hold: float = 0.0) -> None:
-        self.position = position
-        self.result = result
-        self.matched = matched
-        self.hold = hold
+    position: int
+    node: Node
+    result: Placed
+    matched: int = 0
+    hold: float | None = None
 
 
-def choose(
-    ordered: Sequence[Node],
-    blocks: Sequence[int],
-    ends: Sequence[int],
-    spread: int,
-    home: str | None,
-    load: Callable[[str], float],
-    index: PrefixIndex,
-    states: EngineStates | None,
-    model: str | None,
-    maxImbalance: int,
-    recomputeChars: int = RECOMPUTE_CHARS,
-    hold: Hold = Hold.NONE,
-    full: Collection[Node] = (),
-) -> Choice:
-    """Choose among ``ordered`` (non-empty) by the rules above; ``full`` are known to have
-    no room whatever their engines last said (the queue's room board)."""
-    ids = [node.id for node in ordered]  # one pass: ``ordered`` may be a lazy view
-    count = len(ids)
-    loads = [load(nodeId) for nodeId in ids]
-    least = min(loads)
-    matches = index.matches(blocks)
-    if states is None:
-        room = [value <= least + maxImbalance for value in loads]
-        ready = [1] * count
-        known = [False] * count
-    else:
-        room = []
-        ready = []
-        known = []
-        read = states.roomAndLoaded
-        for position, nodeId in enumerate(ids):
-            free, loaded = read(nodeId, model)
-            room.append(free > 0 if free is not None else loads[position] <= least + maxImbalance)
-            ready.append(0 if loaded is False else 1)
-            known.append(free is not None)
-    if full:
-        fullIds = {node.id for node in full}
-        for position, nodeId in enumerate(ids):
-            if nodeId in fullIds:
-                room[position], known[position] = False, True
-    matched = [0] * count
-    best = -1
-    bestScore: tuple[int, int, bool] = (0, 0, False)
-    if matches or home is not None:
-        for position, nodeId in enumerate(ids):
-            held = matches.get(nodeId, 0)
-            if held and ends[held - 1] < MIN_MATCH_CHARS:
-                held = 0
-            matched[position] = held
-            isHome = nodeId == home
-            if held or isHome:
-                score = (ready[position], held, isHome)
-                if best < 0 or score > bestScore:
-                    best, bestScore = position, score
-    if best >= 0:
-        if room[best] or hold is Hold.ROOMY or not any(room):
-            return Choice(best, Placed.HIT, matched[best])
-        alt = _pick(ids, [i for i in range(count) if room[i]], ready, matched, loads, spread)
-        extra = _chars(ends, matched[best]) - _chars(ends, matched[alt])
-        if ready[alt] >= ready[best]:
-            if extra <= recomputeChars or hold is Hold.SPENT:
-                return Choice(alt, Placed.OVERRIDDEN, matched[alt])
-            if hold is Hold.ALLOWED and known[best]:
-                rate = None
-                if states is not None:  # the free owner's prefill time, else the holder's
-                    rate = states.prefillMs(ids[alt]) or states.prefillMs(ids[best])
-                return Choice(best, Placed.HIT, matched[best], holdBudget(extra, rate))
-        return Choice(best, Placed.HIT, matched[best])
-    top = max(ready)
-    pool = [i for i in range(count) if ready[i] == top]
-    root = familyRoot(ends)
-    if root is not None:
-        roots = [index.roots(nodeId) for nodeId in ids]
-        fewest = min(roots[i] for i in pool)
-        pool = (
-            [i for i in pool if roots[i] == fewest and room[i]]
-            or [i for i in pool if roots[i] <= fewest + ROOT_SLACK and room[i]]
-            or [i for i in pool if roots[i] == fewest]
-        )
-    else:
-        pool = [i for i in pool if room[i]] or pool
-    spreadBy = spread if root is None else blocks[root]
-    return Choice(_pick(ids, pool, ready, None, loads, spreadBy), Placed.MISS, 0)
+def recomputeSeconds(chars: int, msPerToken: float | None) -> float:
+    """What recomputing ``chars`` characters of prompt costs at ``msPerToken``."""
+    rate = DEFAULT_MS_PER_TOKEN if msPerToken is None else msPerToken
+    return chars / CHARS_PER_TOKEN * rate / 1000.0
 
 
 def holdBudget(extraChars: int, msPerToken: float | None) -> float:
     """Seconds a request may be held for its prefix holder: what recomputing ``extraChars``
-    characters takes at ``msPerToken`` (the engine's reported prefill time per token;
-    ``HOLD_DEFAULT`` when unknown), at most ``HOLD_MAX``."""
-    if msPerToken is None:
-        return HOLD_DEFAULT
-    return min(HOLD_MAX, extraChars / CHARS_PER_TOKEN * msPerToken / 1000.0)
+    characters takes at ``msPerToken`` (the engine's reported prefill time), at most
+    ``HOLD_MAX``."""
+    return min(HOLD_MAX, recomputeSeconds(extraChars, msPerToken))
 
 
-def familyRoot(ends: Sequence[int]) -> int | None:
+def fleetRate(owners: Sequence[Owner]) -> float | None:
+    """The owners' mean reported prefill time per token, or None before any report."""
+    rates = [o.prefillMs for o in owners if o.prefillMs is not None]
+    return sum(rates) / len(rates) if rates else None
+
+
+def familyRoot(ends: Sequence[int], msPerToken: float | None) -> int | None:
     """The block that names a request's prompt family (what tenants share: the first block
-    ending at ``MIN_MATCH_CHARS`` or later), or None for a prompt shorter than that."""
+    worth ``MIN_MATCH_SECONDS`` of recomputing at ``msPerToken``), or None when the whole
+    prompt is cheaper than that."""
     for position, end in enumerate(ends):
-        if end >= MIN_MATCH_CHARS:
+        if recomputeSeconds(end, msPerToken) >= MIN_MATCH_SECONDS:
             return position
     return None
+
+
+def choose(owners: Sequence[Owner], key: AffinityKey, hold: Hold) -> Choice:
+    """Choose among ``owners`` (non-empty) for the request ``key`` by the rules above."""
+    ends = key.ends
+    matched = [
+        o.matched
+        if o.matched and recomputeSeconds(ends[o.matched - 1], o.prefillMs) >= MIN_MATCH_SECONDS
+        else 0
+        for o in owners
+    ]
+    best = -1
+    bestScore = (0, 0, False)
+    for position, owner in enumerate(owners):
+        if matched[position] or owner.home:
+            score = (owner.ready, matched[position], owner.home)
+            if best < 0 or score > bestScore:
+                best, bestScore = position, score
+    if best >= 0:
+        return _prefixChoice(owners, key, hold, matched, best)
+    top = max(o.ready for o in owners)
+    pool = [i for i, o in enumerate(owners) if o.ready == top]
+    root = familyRoot(ends, fleetRate(owners))
+    if root is not None:
+        fewest = min(owners[i].families for i in pool)
+        pool = (
+            [i for i in pool if owners[i].families == fewest and owners[i].room]
+            or [i for i in pool if owners[i].families <= fewest + ROOT_SLACK and owners[i].room]
+            or [i for i in pool if owners[i].families == fewest]
+        )
+    else:
+        pool = [i for i in pool if owners[i].room] or pool
+    position = _pick(owners, pool, None, key.spread if root is None else key.blocks[root])
+    return Choice(position, owners[position].node, Placed.MISS)
+
+
+def _prefixChoice(
+    owners: Sequence[Owner], key: AffinityKey, hold: Hold, matched: list[int], best: int
+) -> Choice:
+    """Rule 1: the best prefix holder ``best``, an owner with room instead, or a hold."""
+    holder = owners[best]
+    if holder.room or hold is Hold.ROOMY or not any(o.room for o in owners):
+        return Choice(best, holder.node, Placed.HIT, matched[best])
+    alt = _pick(owners, [i for i, o in enumerate(owners) if o.room], matched, key.spread)
+    other = owners[alt]
+    extra = _chars(key.ends, matched[best]) - _chars(key.ends, matched[alt])
+    if other.ready >= holder.ready:
+        rate = other.prefillMs if other.prefillMs is not None else holder.prefillMs
+        if hold is Hold.SPENT or recomputeSeconds(extra, rate) <= RECOMPUTE_SECONDS:
+            return Choice(alt, other.node, Placed.OVERRIDDEN, matched[alt])
+        if hold is Hold.ALLOWED and holder.known:
+            return Choice(best, holder.node, Placed.HIT, matched[best], holdBudget(extra, rate))
+    return Choice(best, holder.node, Placed.HIT, matched[best])
 
 
 def _chars(ends: Sequence[int], matched: int) -> int:
@@ -213,27 +210,20 @@ def _chars(ends: Sequence[int], matched: int) -> int:
     return ends[matched - 1] if matched else 0
 
 
-def _pick(
-    ids: Sequence[str],
-    pool: list[int],
-    ready: list[int],
-    matched: list[int] | None,
-    loads: list[float],
-    spread: int,
-) -> int:
+def _pick(owners: Sequence[Owner], pool: list[int], matched: list[int] | None, spread: int) -> int:
     """The best of ``pool``: not unloaded, most matched, least loaded, then rendezvous."""
-    top = max(ready[i] for i in pool)
-    pool = [i for i in pool if ready[i] == top]
+    top = max(owners[i].ready for i in pool)
+    pool = [i for i in pool if owners[i].ready == top]
     if matched is not None:
         most = max(matched[i] for i in pool)
         pool = [i for i in pool if matched[i] == most]
-    lightest = min(loads[i] for i in pool)
+    lightest = min(owners[i].load for i in pool)
     best = -1
     bestScore = 0
-    for scanned, position in enumerate(i for i in pool if loads[i] == lightest):
+    for scanned, position in enumerate(i for i in pool if owners[i].load == lightest):
         if scanned >= RENDEZVOUS_SCAN:
             break
-        score = mix(spread ^ hash(ids[position]))
+        score = mix(spread ^ hash(owners[position].node.id))
         if best < 0 or score > bestScore:
             best, bestScore = position, score
     return best
@@ -247,20 +237,3 @@ def confirmedMiss(expectedChars: int, chars: int, prompt: int, cached: int) -> b
         return False
     expected = min(1.0, expectedChars / chars)
     return cached / prompt < MISS_SHARE * expected
-
-
-def servedStats(exchange: Any) -> tuple[str, int, int, float | None] | None:
-    """(node, prompt tokens, cached prompt tokens, prompt milliseconds or None) of an ended
-    exchange whose engine reported both counts, else None."""
-    committed = exchange.committed
-    workload = exchange.workload
-    if committed is None or workload is None or workload.stats is None:
-        return None
-    stats = workload.stats
-    prompt, cached = stats.get("promptTokens"), stats.get("cachedTokens")
-    if type(prompt) is not int or type(cached) is not int:
-        return None
-    promptMs = stats.get("promptMs")
-    if type(promptMs) is not float:
-        promptMs = None
-    return committed.node.id, prompt, cached, promptMs

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from nvpair.proxy.routing.nodes import Node, OwnerSplit
     from nvpair.proxy.routing.reservations import ReservationMap
     from nvpair.proxy.settings import Settings
+    from nvpair.proxy.tracing.interfaces import IRequestTrace
 
 
 class IPlacementContext(Interface):
@@ -51,6 +52,29 @@ class IOutcome(Interface):
     kind: str | None = Attribute("Why an uncommitted attempt ended (None when committed).")
 
 
+class ISeat(Interface):
+    """One request's standing with standalone's flow control (``dispatch.seat.QueueSeat``):
+    the fair queue, holds for a prefix holder, and the room and breakers that order its
+    owners.  Under a broker there is none of it: it always goes on."""
+
+    def waitForRoom(owners: Sequence[Node]) -> Deferred[None] | None:
+        """None to go on now; else a Deferred that fires once the request is let out of the
+        fair queue (every owner was known full), or fails with ``CancelledError`` once it
+        has been answered (``queue_full``, ``queue_timeout``) or its client left."""
+
+    def holdFor(node: Node, seconds: float) -> Deferred[None] | None:
+        """Hold the request in the proxy for ``node``'s next free slot, at most
+        ``seconds``; a Deferred that fires then (None: it cannot be held)."""
+
+    def knownFull(owners: Sequence[Node]) -> bool:
+        """Whether every one of ``owners`` is known full (always False under a broker)."""
+
+    def demote(owners: Sequence[Node]) -> OwnerSplit:
+        """``owners`` split: those to order as usual, then the known-full ones (while another
+        owner has room), then those whose breaker is open (``owners`` and none under a
+        broker)."""
+
+
 class IPlacementExchange(Interface):
     """One client request as a placement policy drives it: what the policy reads of it, and
     what it may do with it (try a node, wait, reserve, answer)."""
@@ -64,6 +88,8 @@ class IPlacementExchange(Interface):
     body: bytes = Attribute("The request body.")
     document: dict[str, object] | None = Attribute("The body as admission parsed it, if it did.")
     createdAt: float = Attribute("When the request was admitted (clock seconds).")
+    seat: ISeat = Attribute("Its standing with standalone's queue, holds and breakers.")
+    trace: IRequestTrace | None = Attribute("The request's spans, or None (``--otel`` off).")
     prefixKey = Attribute(
         "The ``affinity.AffinityKey`` placement committed with (None until then, and where "
         "affinity does not place): read when the request ends, for its cached-token count."
@@ -75,23 +101,6 @@ class IPlacementExchange(Interface):
 
     def retrying() -> None:
         """An uncommitted attempt was not the last: the request is queued again."""
-
-    def waitForRoom(owners: Sequence[Node]) -> Deferred[None] | None:
-        """Standalone: None to go on now; else a Deferred that fires once the request is let
-        out of the fair queue (every owner was known full), or fails with ``CancelledError``
-        once it has been answered (``queue_full``, ``queue_timeout``) or its client left."""
-
-    def holdFor(node: Node, seconds: float) -> Deferred[None] | None:
-        """Standalone: hold the request in the proxy for ``node``'s next free slot, at most
-        ``seconds``; a Deferred that fires then (None: it cannot be held)."""
-
-    def knownFull(owners: Sequence[Node]) -> bool:
-        """Whether every one of ``owners`` is known full (always False under a broker)."""
-
-    def demote(owners: Sequence[Node]) -> OwnerSplit:
-        """``owners`` split: those to order as usual, then the known-full ones (while another
-        owner has room), then those whose breaker is open (``owners`` and none under a
-        broker)."""
 
     def pause(seconds: float, wakeOnDiscovery: bool) -> Deferred[None]:
         """Wait ``seconds``, or until discovery changes when ``wakeOnDiscovery``."""

@@ -41,10 +41,10 @@ class AffinityKey:
     """One request's digests: looked up (longest first), recorded at commit, spread by; its
     prompt's chained block digests with where each block ends (characters) for the prefix
     index, what placement expected of the node it chose (node, matched blocks, index
-    stamp) until the engine confirms a hit or a miss, and the seconds it may be held in
-    the proxy for that node when placement held it (else None)."""
+    stamp) until the engine confirms a hit or a miss, where its blocks were recorded when
+    placed, and which of them names its prompt family (None: none)."""
 
-    __slots__ = ("lookups", "records", "spread", "blocks", "ends", "expect", "placed", "hold")
+    __slots__ = ("lookups", "records", "spread", "blocks", "ends", "expect", "placed", "root")
 
     def __init__(
         self,
@@ -60,7 +60,7 @@ class AffinityKey:
         self.ends = ends
         self.expect: tuple[str, int, int] | None = None
         self.placed: str | None = None  # the node its blocks were recorded on when placed
-        self.hold: float | None = None
+        self.root: int | None = None
 
     @property
     def chars(self) -> int:

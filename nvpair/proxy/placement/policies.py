@@ -8,24 +8,23 @@ itself.  A cancelled wait (client gone, shutdown) closes the generator where it 
 
 In standalone mode with ``--affinity prefix`` the inference policy orders each round with
 ``affinity.Affinity.place`` instead of ``placeReservation`` (a pin still wins), and the
-node that commits becomes the conversation's home.  A request placement holds for its full
-prefix holder waits in the proxy (``IPlacementExchange.holdFor``), then is placed again.
+node that commits becomes the conversation's home.  A request whose placement is a hold for
+its full prefix holder waits in the proxy (``IPlacementExchange.holdFor``), then is placed
+again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Iterable
 from itertools import chain
 from typing import TYPE_CHECKING
 
-from nvpair.proxy.placement.affinity import Affinity
-from nvpair.proxy.placement.choose import Hold
+from nvpair.proxy.placement.choose import Choice, Hold
 from nvpair.proxy.placement.interfaces import IOutcome, IPlacementExchange
 from nvpair.proxy.placement.keys import AffinityKey, keyFor
 from nvpair.proxy.routing.admission import bodyDocument
 from nvpair.proxy.routing.candidates import orderCandidates, placeReservation
 from nvpair.proxy.routing.nodes import Node
-from nvpair.proxy.routing.reservations import ReservationMap
 
 if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
@@ -35,125 +34,181 @@ if TYPE_CHECKING:
 Policy = Generator["Deferred[IOutcome] | Deferred[None]", "IOutcome | None", None]
 
 
-def _backOff(
-    ex: IPlacementExchange, deadline: float, backoff: float, reason: str, wakeOnDiscovery: bool
-) -> Generator[Deferred[None], IOutcome | None, float | None]:
-    """Wait out ``backoff`` within the job deadline (answering 503 ``reason`` when none is
-    left); the next, doubled backoff, or None once answered."""
-    remaining = deadline - ex.clock.seconds()
-    if remaining <= 0:
-        ex.unavailable(reason)
-        return None
-    yield ex.pause(min(backoff, remaining), wakeOnDiscovery)
-    return float(min(backoff * 2, ex.settings.backoffMax))
+class _Round:
+    """The state an inference request's placement carries from round to round: its
+    budget (attempts tried, the job deadline, the next backoff), its prompt digests, and
+    whether it may still be held for a prefix holder."""
 
+    __slots__ = ("ex", "model", "deadline", "backoff", "tried", "key", "counted", "hold")
 
-def placeInference(ex: IPlacementExchange) -> Policy:
-    """Inference policy: rounds over the owners, bounded by attempts and the job deadline,
-    up to a commit or a final answer."""
-    model = ex.model
-    if model is None:  # admission refuses an inference request that names no model
-        ex.answerError(502, "no_owner")
-        return None
-    settings = ex.settings
-    clock = ex.clock
-    facade = ex.facade
-    reservations: ReservationMap = ex.context.reservations
-    deadline = ex.createdAt + settings.jobDeadline
-    backoff = settings.backoffBase
-    maxAttempts = settings.maxDispatchAttempts
-    tried = 0
-    affinity: Affinity | None = ex.context.affinity  # standalone with --affinity prefix
-    doc: dict[str, object] | None = None
-    if affinity is not None:
-        doc = ex.document if ex.document is not None else bodyDocument(ex.body)
-    key: AffinityKey | None = None
-    counted: str | None = facade.engine.id  # affinity outcomes count once per request
-    hold = Hold.ALLOWED  # held in the proxy for its prefix holder at most once
-    while True:
-        snapshot = facade.snapshot
-        owners = snapshot.owners(model, facade.hasLocalBackend)
-        if not owners:
-            if not tried:
+    def __init__(self, ex: IPlacementExchange, model: str) -> None:
+        self.ex = ex
+        self.model = model
+        self.deadline = ex.createdAt + ex.settings.jobDeadline
+        self.backoff = ex.settings.backoffBase
+        self.tried = 0
+        self.key: AffinityKey | None = None
+        self.counted: str | None = ex.facade.engine.id  # placements count once per request
+        self.hold = Hold.ALLOWED  # held in the proxy for its prefix holder at most once
+
+    def owners(self) -> Generator[Deferred[None], IOutcome | None, tuple[Node, ...] | None]:
+        """The model's owners now; with none, 502 ``no_owner`` before any dispatch, else a
+        wait for discovery within the deadline (None once answered)."""
+        ex = self.ex
+        facade = ex.facade
+        while not (owners := facade.snapshot.owners(self.model, facade.hasLocalBackend)):
+            if not self.tried:
                 ex.answerError(502, "no_owner")
                 return None
-            waited = yield from _backOff(ex, deadline, backoff, "owner_unavailable", True)
-            if waited is None:
+            if not (yield from self.backOff("owner_unavailable", True)):
                 return None
-            backoff = waited
-            continue
-        wait = ex.waitForRoom(owners)  # standalone: the fair queue while all are full
-        if wait is not None:
-            yield wait
-            continue  # let out: the current owners, in a new round
-        if doc is not None and model is not None and len(snapshot) > 1:
-            # Computed once, and only in a fleet of several nodes: one has no choice to make.
-            key = keyFor(facade.engine.id, model, ex.path, doc)
-            doc = None
-        # Known-full owners go after those with room, open breakers last; prefix placement
-        # weighs the full ones itself (a full prefix holder may be worth a short hold).
-        preferred, full, demoted = ex.demote(owners)
+        return owners
+
+    def backOff(
+        self, reason: str, wakeOnDiscovery: bool
+    ) -> Generator[Deferred[None], IOutcome | None, bool]:
+        """Wait out the backoff within the job deadline (False once answered 503 ``reason``
+        because none is left); the next one doubles, up to ``--backoff-max``."""
+        ex = self.ex
+        remaining = self.deadline - ex.clock.seconds()
+        if remaining <= 0:
+            ex.unavailable(reason)
+            return False
+        yield ex.pause(min(self.backoff, remaining), wakeOnDiscovery)
+        self.backoff = float(min(self.backoff * 2, ex.settings.backoffMax))
+        return True
+
+    def choose(self, owners: tuple[Node, ...]) -> tuple[Iterable[Node], Choice | None]:
+        """This round's candidates in order, the first reserved, and the placement's choice
+        (None where affinity does not place: under a broker, ``--affinity off``, a pin, a
+        request without prompt digests)."""
+        ex = self.ex
+        facade = ex.facade
+        reservations = ex.context.reservations
+        affinity = ex.context.affinity
+        if affinity is not None and self.key is None and len(facade.snapshot) > 1:
+            self.key = promptKey(ex)  # once, and only in a fleet of several nodes
+        # Known-full owners go after those with room, open breakers last; placement by cache
+        # weighs the full ones itself (the ledger says they have no room).
+        preferred, full, demoted = ex.seat.demote(owners)
+        key = self.key
         if key is None or affinity is None:
-            demoted, full = (*full, *demoted), ()
+            preferred, demoted = (*preferred, *full), demoted
         elif full:
             preferred = (*preferred, *full)
         ordered, pinApplied = orderCandidates(preferred, facade.pin, reservations.rank)
+        choice = None
         if key is not None and affinity is not None and not pinApplied:
-            target = affinity.place(ordered, key, reservations, counted, model, hold, full)
-            if key.hold is not None and target is not None:
-                # Its prefix holder is full: held in the proxy for a slot there, at most as
-                # long as recomputing elsewhere would take (spec §11 "Placement").
-                wait = ex.holdFor(target, key.hold)
-                if wait is None:
-                    hold = Hold.NONE  # it cannot be held: it waits in the holder's engine
-                    continue
-                yield wait
-                hold = Hold.SPENT if ex.knownFull((target,)) else Hold.ROOMY
-                continue
-            counted = None
-            if hold is Hold.ROOMY:
-                hold = Hold.SPENT  # a later round (after a failed attempt) is not held
+            choice = affinity.place(ordered, key, self.model, self.hold, self.counted)
+            target = choice.node if choice is not None and choice.hold is None else None
         else:
             target = placeReservation(ordered, pinApplied, reservations)
         if target is not None:
             ex.reserve(target.id)
-        for node in chain(ordered, demoted):
-            if tried >= maxAttempts:
+        if choice is not None and choice.hold is None:
+            self.counted = None
+            if self.hold is Hold.ROOMY:
+                self.hold = Hold.SPENT  # a later round (after a failed attempt) is not held
+        return chain(ordered, demoted), choice
+
+    def held(self, choice: Choice) -> Generator[Deferred[None], IOutcome | None, None]:
+        """Hold the request in the proxy for its full prefix holder, at most as long as
+        recomputing elsewhere would take (spec §11 "Placement"); then it is placed again,
+        at the holder when it has room, else recomputing where there is room."""
+        ex = self.ex
+        assert choice.hold is not None
+        wait = ex.seat.holdFor(choice.node, choice.hold)
+        if wait is None:
+            self.hold = Hold.NONE  # it cannot be held: it waits in the holder's engine
+            return
+        yield wait
+        self.hold = Hold.SPENT if ex.seat.knownFull((choice.node,)) else Hold.ROOMY
+
+    def attempts(
+        self, candidates: Iterable[Node], owners: tuple[Node, ...]
+    ) -> Generator[Deferred[IOutcome], IOutcome | None, bool]:
+        """Try this round's candidates in order; True once the request is answered (a
+        commit, or a final answer), False for another round."""
+        ex = self.ex
+        facade = ex.facade
+        snapshot = facade.snapshot
+        maxAttempts = ex.settings.maxDispatchAttempts
+        for candidate in candidates:
+            if self.tried >= maxAttempts:
                 ex.unavailable("attempts_exhausted")
-                return None
-            if clock.seconds() >= deadline:
+                return True
+            if ex.clock.seconds() >= self.deadline:
                 ex.unavailable("deadline_exceeded")
-                return None
+                return True
+            node = candidate
             if facade.snapshot is not snapshot:
-                # Discovery changed during this round: never try a node that has
-                # left or stopped advertising the model (failover never broadens).
-                current = facade.snapshot
-                live = current.get(node.id)
-                if live is None or live not in current.owners(model, facade.hasLocalBackend):
+                # Discovery changed during this round: never try a node that has left or
+                # stopped advertising the model (failover never broadens).
+                live = facade.snapshot.get(candidate.id)
+                if live is None or live not in facade.snapshot.owners(
+                    self.model, facade.hasLocalBackend
+                ):
                     continue
                 node = live
-            tried += 1
-            final = tried == maxAttempts
+            self.tried += 1
+            final = self.tried == maxAttempts
             outcome = yield ex.attemptOn(node, final, gated=True)
             assert outcome is not None  # an attempt fires with its outcome
             if outcome.committed:
-                if key is not None and affinity is not None:
-                    affinity.served(key, node.id)  # a failover moves the conversation
-                    ex.prefixKey = key  # read when it ends: the engine's cached count
-                return None
+                self.served(node)
+                return True
             if final:
                 ex.answerFinal(outcome)
-                return None
+                return True
             ex.retrying()
-            if ex.knownFull(owners):
+            if ex.seat.knownFull(owners):
                 break  # every owner is busy now: wait in the queue rather than try them
         ex.releaseReservation()
-        if ex.knownFull(owners):
-            continue  # every owner is busy: wait in the queue rather than back off
-        waited = yield from _backOff(ex, deadline, backoff, "deadline_exceeded", False)
-        if waited is None:
+        return False
+
+    def served(self, node: Node) -> None:
+        """``node`` committed: it is the conversation's home (a failover moves it), and the
+        exchange keeps the digests for the engine's cached count at the end."""
+        affinity = self.ex.context.affinity
+        if self.key is not None and affinity is not None:
+            affinity.served(self.key, node.id)
+            self.ex.prefixKey = self.key
+
+
+def promptKey(ex: IPlacementExchange) -> AffinityKey | None:
+    """The prompt digests of ``ex``'s body, for placement by cache (None: it has none)."""
+    doc = ex.document if ex.document is not None else bodyDocument(ex.body)
+    if doc is None or ex.model is None:
+        return None
+    return keyFor(ex.facade.engine.id, ex.model, ex.path, doc)
+
+
+def placeInference(ex: IPlacementExchange) -> Policy:
+    """Inference policy: wait (for owners, or in the fair queue while every owner is full),
+    choose, hold or attempt; rounds bounded by attempts and the job deadline, up to a commit
+    or a final answer."""
+    if ex.model is None:  # admission refuses an inference request that names no model
+        ex.answerError(502, "no_owner")
+        return None
+    placing = _Round(ex, ex.model)
+    while True:
+        owners = yield from placing.owners()
+        if owners is None:
             return None
-        backoff = waited
+        wait = ex.seat.waitForRoom(owners)  # standalone: the fair queue while all are full
+        if wait is not None:
+            yield wait
+            continue  # let out: the current owners, in a new round
+        candidates, choice = placing.choose(owners)
+        if choice is not None and choice.hold is not None:
+            yield from placing.held(choice)
+            continue
+        if (yield from placing.attempts(candidates, owners)):
+            return None
+        if ex.seat.knownFull(owners):
+            continue  # every owner is busy: wait in the queue rather than back off
+        if not (yield from placing.backOff("deadline_exceeded", False)):
+            return None
 
 
 def placeVerbatim(ex: IPlacementExchange) -> Policy:

@@ -6,7 +6,9 @@ protocol defaults overridden by keyword (``makeSettings``); the upstream is an
 ``upstreamspy.UpstreamSpy`` unless a test brings its own; every report (internal errors,
 generated errors, failed attempts, commits, ends, stalls) is recorded in ``record``; with a
 ``tracer`` the hooks feed an exchange's trace as ``context.RequestContext`` does.
-``ExchangeReport`` is what its hooks read of an exchange, as a record.
+``ExchangeReport`` is what its hooks read of an exchange, as a record.  Its hooks fan out
+to observers exactly as the process's do (``hooks.ObservedContext``); the recorder is one of
+them, and ``features.useStandalone(context)`` adds standalone's features as in the process.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from zope.interface import implementer
 
 from nvpair.proxy.broker.activity import Activity
 from nvpair.proxy.broker.workloads import WorkloadReporter
-from nvpair.proxy.dispatch.queueing import Queueing
 from nvpair.proxy.dispatch.relay import forwardHeaders
 from nvpair.proxy.dispatch.stallwatch import StallWatches
+from nvpair.proxy.endings import BodyEnding
 from nvpair.proxy.engines import Engine
+from nvpair.proxy.flow.interfaces import IQueueing
+from nvpair.proxy.hooks import ObservedContext, RequestObserver, TraceObserver
 from nvpair.proxy.http.interfaces import IServerRequest
 from nvpair.proxy.http.site import sendError
 from nvpair.proxy.interfaces import (
@@ -34,8 +38,9 @@ from nvpair.proxy.interfaces import (
     IRequestContext,
     IWorkload,
 )
-from nvpair.proxy.nodestate.states import EngineStates
+from nvpair.proxy.nodestate.interfaces import IEngineStates, IRoomLedger
 from nvpair.proxy.placement.affinity import Affinity
+from nvpair.proxy.placement.keys import AffinityKey
 from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.runtime.logs import LogControl
 from nvpair.proxy.settings import Settings
@@ -102,8 +107,8 @@ UpstreamT = TypeVar("UpstreamT")
 
 
 @attrs.define
-class Recorder:
-    """The context's reporting hooks, recorded."""
+class Recorder(RequestObserver):
+    """The context's reporting hooks, recorded (an observer of every request)."""
 
     internal: list[str] = attrs.Factory(list)
     errors: list[tuple[int, str]] = attrs.Factory(list)
@@ -111,10 +116,23 @@ class Recorder:
     commits: list[str] = attrs.Factory(list)
     ended: list[IExchangeReport] = attrs.Factory(list)
     stalled: list[str] = attrs.Factory(list)
+    hookErrors: list[str] = attrs.Factory(list)
+
+    def attemptFailed(self, exchange: IExchangeReport, outcome: IAttemptReport) -> None:
+        self.failedAttempts.append(outcome)
+
+    def committed(self, exchange: IExchangeReport, nodeId: str, firstByte: float) -> None:
+        self.commits.append(nodeId)
+
+    def requestEnded(self, exchange: IExchangeReport) -> None:
+        self.ended.append(exchange)
+
+    def streamStalled(self, engineId: str) -> None:
+        self.stalled.append(engineId)
 
 
 @implementer(IRequestContext)
-class FakeContext(Generic[UpstreamT]):
+class FakeContext(ObservedContext, Generic[UpstreamT]):
     """What a request draws on and reports to (``RequestContext`` in production).
 
     ``FakeContext(**settings)`` has an ``upstreamspy.UpstreamSpy``;
@@ -153,13 +171,17 @@ class FakeContext(Generic[UpstreamT]):
         tracer: ITracer | None = None,
         **settings: object,
     ) -> None:
+        self.record = Recorder()
+        super().__init__(self.record.hookErrors.append)
         self.clock = clock or Clock()
         self.settings = makeSettings(**settings)
         self.logControl = LogControl(self.settings.logLevel)
         self.stalls = StallWatches(self.clock, self.settings.streamIdleTimeout)
+        # Standalone's features (``features.useStandalone``), None as under a broker.
+        self.ledger: IRoomLedger | None = None
         self.affinity: Affinity | None = None
-        self.engineStates: EngineStates | None = None
-        self.queueing: Queueing | None = None  # standalone's queue and breakers
+        self.engineStates: IEngineStates | None = None
+        self.queueing: IQueueing | None = None
         # The overloads tie ``UpstreamT`` to what is stored here.
         self.upstream = cast(UpstreamT, UpstreamSpy(self.clock) if upstream is None else upstream)
         self.trust = trust
@@ -169,7 +191,8 @@ class FakeContext(Generic[UpstreamT]):
         self.activity = Activity(self.sink)
         self.reservations = ReservationMap()
         self.exchanges: set[InFlight] = set()
-        self.record = Recorder()
+        self.observe(self.record)
+        self.observe(TraceObserver())  # feeds an exchange's trace when a test sets ``tracer``
 
     forwardHeaders = staticmethod(forwardHeaders)
 
@@ -198,30 +221,6 @@ class FakeContext(Generic[UpstreamT]):
     def reportInternal(self, exceptionType: str) -> None:
         self.record.internal.append(exceptionType)
 
-    def attemptFailed(self, exchange: IExchangeReport, outcome: IAttemptReport) -> None:
-        self.record.failedAttempts.append(outcome)
-        if self.queueing is not None:  # as ``RequestContext`` does
-            self.queueing.attemptFailed(
-                outcome.node.id, outcome.kind, outcome.status, outcome.retryAfter
-            )
-        if exchange.trace is not None:
-            exchange.trace.attemptFailed(outcome)
-
-    def committed(self, exchange: IExchangeReport, nodeId: str) -> None:
-        self.record.commits.append(nodeId)
-        if self.queueing is not None:
-            self.queueing.committed(nodeId, exchange.committedStatus)
-        if exchange.trace is not None:
-            exchange.trace.committed(nodeId, self.clock.seconds() - exchange.createdAt)
-
-    def requestEnded(self, exchange: IExchangeReport) -> None:
-        self.record.ended.append(exchange)
-        if exchange.trace is not None:
-            exchange.trace.ended(exchange)
-
-    def streamStalled(self, engineId: str) -> None:
-        self.record.stalled.append(engineId)
-
 
 @implementer(IExchangeReport)
 @attrs.frozen
@@ -240,3 +239,9 @@ class ExchangeReport:
     written: int = 0
     workload: IWorkload | None = None
     trace: IRequestTrace | None = None
+    attempts: int = 0
+    stopping: bool = False
+    servedBy: str | None = None
+    dispatchedAt: float | None = None
+    ending: BodyEnding | None = None
+    prefixKey: AffinityKey | None = None

@@ -1,0 +1,301 @@
+"""The room ledger (spec §11 "Room"): one record per node of the room its engine has for one
+more of our requests, read alike by placement, the fair queue and holds.
+
+A node's record holds the engine's reported slots (busy and total, from ``/slots`` or
+``/metrics``) and when they were read, the *foreign* busy slots derived from them (busy
+slots that are not ours: clients reaching the engine directly), our requests running there
+now (the process's in-flight count), the limit learnt from *busy* answers, the fleet
+file's ``max_concurrency``, and how long our requests there take.
+
+**Free now** is the least of what each known source allows, or None (unknown) when none
+applies:
+
+* reported, while the report is fresh (two probe intervals): ``total - foreign - ours``;
+* configured (``max_concurrency``): ``limit - ours``;
+* learnt from busy answers: ``learnt - ours``.
+
+**Known full**: free now is known and at most 0.
+
+**The probe race.**  An engine counts its busy slots at some instant between the probe's
+send and its answer, so our requests that started or ended meanwhile may or may not be in
+its count.  With none started or ended while the probe was in flight, ``foreign = busy -
+ours`` exactly.  Otherwise foreign lies in ``[busy - ours_at_send - started, busy -
+ours_at_send + ended]``: the previous estimate is kept, clamped into that interval (exact
+while the foreign load did not change), or with no previous estimate the upper bound (never
+count a slot free that may be taken); and the node is marked for an immediate probe.  So a
+request sent just before a probe is answered is neither counted twice nor missed.
+
+**Busy answers** (``isBusyAnswer``): a 429, or a 503 while other requests of ours ran there
+and it served one of ours within ``SERVED_RECENTLY`` seconds (Ollama's server-busy; a node
+that only refuses is failing, not busy).  The number of ours running there then is learnt
+as its limit (one less, at least one, on each further busy answer before it grows: in a
+burst some of ours were bouncing too).  It grows by one every ``GROW_EVERY`` seconds without
+a busy answer while ours fill it, and is forgotten when it comes due while they do not; a
+learnt 0 holds ``BUSY_HOLD`` (or the engine's ``Retry-After``, at most ``MAX_BUSY_HOLD``).
+
+Pure: the clock is read, never scheduled; at most ``MAX_NODES`` records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from twisted.internet.interfaces import IReactorTime
+from zope.interface import implementer
+
+from nvpair.proxy.nodestate.interfaces import IRoomLedger
+from nvpair.proxy.nodestate.table import MAX_NODES, BoundedTable
+
+__all__ = [
+    "BUSY_HOLD",
+    "GROW_EVERY",
+    "MAX_BUSY_HOLD",
+    "SERVED_RECENTLY",
+    "RoomLedger",
+    "isBusyAnswer",
+]
+
+SERVED_RECENTLY = 60.0
+BUSY_HOLD = 1.0
+GROW_EVERY = 5.0
+MAX_BUSY_HOLD = 30.0
+MAX_LISTENERS = 64
+SERVICE_WEIGHT = 0.25  # weight of the newest request in the service time's moving average
+MAX_SERVICE = 3600.0
+
+
+def isBusyAnswer(status: int | None, othersInFlight: int, servedRecently: bool) -> bool:
+    """Whether a refused attempt's status says the engine is busy rather than failing: a
+    429, or a 503 while we had other requests running on that node and it served one of
+    ours within ``SERVED_RECENTLY`` seconds."""
+    return status == 429 or (status == 503 and othersInFlight > 0 and servedRecently)
+
+
+class _Room:
+    """One node's record (see the module docstring)."""
+
+    __slots__ = (
+        *("total", "foreign", "readAt", "interval"),
+        *("sending", "atSend", "startedInFlight", "endedInFlight", "unsettled"),
+        *("configured", "learnt", "growAt", "servedAt", "service"),
+    )
+
+    def __init__(self) -> None:
+        self.total: int | None = None  # reported slots
+        self.foreign: int | None = None  # reported busy slots that are not ours
+        self.readAt = 0.0
+        self.interval = 0.0
+        self.sending = False  # a probe is in flight
+        self.atSend = 0  # ours when it was sent
+        self.startedInFlight = 0  # ours started, and ended, while it was in flight
+        self.endedInFlight = 0
+        self.unsettled = False  # the last report raced with ours: probe again now
+        self.configured: int | None = None  # max_concurrency
+        self.learnt: int | None = None  # learnt from busy answers
+        self.growAt = 0.0
+        self.servedAt: float | None = None  # when one of ours last committed below 500
+        self.service: float | None = None  # seconds ours take there (moving average)
+
+
+@implementer(IRoomLedger)
+class RoomLedger:
+    """Every node's room record; ``ours`` is the process's live in-flight count per node
+    (``Activity.inFlight``), read, never copied."""
+
+    def __init__(
+        self, clock: IReactorTime, ours: Mapping[str, int], maxNodes: int = MAX_NODES
+    ) -> None:
+        self.clock = clock
+        self.ours = ours
+        self.rooms: BoundedTable[str, _Room] = BoundedTable(_Room, maxNodes)
+        self._listeners: list[Callable[[str], None]] = []
+
+    # -- events ------------------------------------------------------------------------
+
+    def activityChanged(self, nodeId: str, delta: int) -> None:
+        """Our in-flight count on ``nodeId`` changed by ``delta`` (``Activity``'s listener)."""
+        room = self.rooms.touch(nodeId)
+        if room.sending:
+            if delta > 0:
+                room.startedInFlight += delta
+            else:
+                room.endedInFlight -= delta
+        if delta < 0:
+            self._roomMayHaveAppeared(nodeId)
+
+    def probeSent(self, nodeId: str) -> None:
+        """A probe of ``nodeId``'s slots was sent."""
+        room = self.rooms.touch(nodeId)
+        room.sending = True
+        room.atSend = self.ours.get(nodeId, 0)
+        room.startedInFlight = room.endedInFlight = 0
+
+    def probed(self, nodeId: str, busy: int | None, total: int | None, interval: float) -> None:
+        """The probe of ``nodeId`` answered: ``busy`` of ``total`` slots (None: not said);
+        it stays fresh for two ``interval``\\ s."""
+        room = self.rooms.touch(nodeId)
+        started, ended = (room.startedInFlight, room.endedInFlight) if room.sending else (0, 0)
+        atSend = room.atSend if room.sending else self.ours.get(nodeId, 0)
+        room.sending = False
+        room.total = total
+        room.readAt = self.clock.seconds()
+        room.interval = interval
+        if busy is None:
+            room.foreign = None
+        elif not started and not ended:
+            room.foreign = max(0, busy - atSend)
+            room.unsettled = False
+        else:
+            low = max(0, busy - atSend - started)
+            high = max(0, busy - atSend + ended)
+            previous = room.foreign
+            room.foreign = high if previous is None else min(max(previous, low), high)
+            room.unsettled = True
+        self._roomMayHaveAppeared(nodeId)
+
+    def probeFailed(self, nodeId: str) -> None:
+        """The probe of ``nodeId`` failed: its reported slots are unknown from now on."""
+        room = self.rooms.touch(nodeId)
+        room.sending = room.unsettled = False
+        room.total = room.foreign = None
+
+    def configure(self, nodeId: str, limit: int | None) -> None:
+        """``nodeId``'s ``max_concurrency`` (None: none)."""
+        room = self.rooms.get(nodeId) if limit is None else self.rooms.touch(nodeId)
+        if room is not None and room.configured != limit:
+            room.configured = limit
+            self._roomMayHaveAppeared(nodeId)
+
+    def busyAnswer(self, nodeId: str, status: int | None, retryAfter: float | None) -> bool:
+        """An attempt on ``nodeId`` was refused with ``status``: if it is a busy answer
+        (``isBusyAnswer``), learn the limit and return True."""
+        now = self.clock.seconds()
+        room = self.rooms.touch(nodeId)
+        others = self.ours.get(nodeId, 0)
+        recently = room.servedAt is not None and now - room.servedAt <= SERVED_RECENTLY
+        if not isBusyAnswer(status, others, recently):
+            return False
+        if others > 0 and room.learnt is not None and now < room.growAt:
+            others = max(1, min(others, room.learnt) - 1)
+        room.learnt = others
+        if others > 0:
+            room.growAt = now + GROW_EVERY
+        else:
+            hold = BUSY_HOLD if retryAfter is None else max(BUSY_HOLD, retryAfter)
+            room.growAt = now + min(hold, MAX_BUSY_HOLD)
+        return True
+
+    def served(self, nodeId: str) -> None:
+        """One of ours committed on ``nodeId`` with a status below 500 (not 429)."""
+        self.rooms.touch(nodeId).servedAt = self.clock.seconds()
+
+    def finished(self, nodeId: str, seconds: float) -> None:
+        """One of ours on ``nodeId`` ended after holding its slot ``seconds``."""
+        if not 0 <= seconds <= MAX_SERVICE:
+            return
+        room = self.rooms.touch(nodeId)
+        last = room.service
+        room.service = seconds if last is None else last + SERVICE_WEIGHT * (seconds - last)
+
+    def forget(self, nodeId: str) -> None:
+        """``nodeId`` left its fleet."""
+        self.rooms.pop(nodeId)
+
+    def subscribe(self, listener: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``listener(nodeId)`` whenever room may have appeared on ``nodeId`` (one of
+        ours ended there, a probe was read, its limit changed); returns the unsubscriber."""
+        if len(self._listeners) >= MAX_LISTENERS:
+            raise ValueError("too many room listeners")
+        self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return unsubscribe
+
+    def _roomMayHaveAppeared(self, nodeId: str) -> None:
+        for listener in list(self._listeners):
+            listener(nodeId)
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def free(self, nodeId: str) -> int | None:
+        """Free slots on ``nodeId`` now (at most 0 when full), or None when unknown."""
+        room = self.rooms.get(nodeId)
+        if room is None:
+            return None
+        ours = self.ours.get(nodeId, 0)
+        now = self.clock.seconds()
+        free: int | None = None
+        if room.configured is not None:
+            free = room.configured - ours
+        learnt = self._learnt(room, ours, now)
+        if learnt is not None and (free is None or learnt - ours < free):
+            free = learnt - ours
+        reported = self._reported(room, now)
+        if reported is not None and (free is None or reported - ours < free):
+            free = reported - ours
+        return free
+
+    def knownFull(self, nodeId: str) -> bool:
+        """Whether ``nodeId`` is known to have no room now."""
+        free = self.free(nodeId)
+        return free is not None and free <= 0
+
+    def capacity(self, nodeId: str) -> int | None:
+        """The most of ours ``nodeId`` can run at once as known now (its free slots plus
+        ours there), or None when unknown."""
+        free = self.free(nodeId)
+        return None if free is None else max(0, free + self.ours.get(nodeId, 0))
+
+    def serviceTime(self, nodeId: str) -> float | None:
+        """Seconds our requests on ``nodeId`` hold their slot (a moving average), if seen."""
+        room = self.rooms.get(nodeId)
+        return None if room is None else room.service
+
+    def wakeAt(self, nodeId: str) -> float:
+        """When ``nodeId``'s learnt limit next grows or lapses (0 when it has none)."""
+        room = self.rooms.get(nodeId)
+        return 0.0 if room is None or room.learnt is None else room.growAt
+
+    def unsettled(self, nodeId: str) -> bool:
+        """Whether ``nodeId``'s last report raced with our requests (probe it again now)."""
+        room = self.rooms.get(nodeId)
+        return room is not None and room.unsettled
+
+    def status(self, nodeId: str) -> dict[str, object]:
+        """What ``/status`` shows of ``nodeId``'s room (empty when nothing is known)."""
+        room = self.rooms.get(nodeId)
+        if room is None:
+            return {}
+        out: dict[str, object] = {}
+        free = self.free(nodeId)
+        if free is not None:
+            out["slotsAvailable"] = max(0, free)
+        if self._reported(room, self.clock.seconds()) is not None:
+            out["slotsForeign"] = room.foreign
+        if room.configured is not None:
+            out["slotsLimit"] = room.configured
+        if room.learnt is not None:
+            out["learntLimit"] = room.learnt
+        if room.service is not None:
+            out["serviceSeconds"] = round(room.service, 3)
+        return out
+
+    def _reported(self, room: _Room, now: float) -> int | None:
+        """Slots not taken by others, from a fresh report (None when there is none)."""
+        if room.total is None or room.foreign is None or now - room.readAt > 2 * room.interval:
+            return None
+        return room.total - room.foreign
+
+    def _learnt(self, room: _Room, ours: int, now: float) -> int | None:
+        """The learnt limit at ``now``: grown by one when due while ours fill it, forgotten
+        when due while they do not."""
+        if room.learnt is not None and now >= room.growAt:
+            if ours < room.learnt:
+                room.learnt = None
+            else:
+                room.learnt += 1
+                room.growAt = now + GROW_EVERY
+        return room.learnt
