@@ -1,6 +1,7 @@
 """Standalone mode's features on a request context (protocol §9: the proxy is its own
 scheduler): the room ledger, the engines' own state, placement by cache, the fair queue with
-holds and breakers, and the observers that feed them.  ``useStandalone`` installs them on
+holds and breakers (which each request's seat tells how its attempts went), and the
+observer that feeds the ledger and the cache accounting.  ``useStandalone`` installs them on
 the process's context and on the testing kit's fake alike, so the two are wired the same."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from twisted.internet.interfaces import IReactorTime
 from nvpair.proxy.dispatch.queueing import Queueing
 from nvpair.proxy.flow.interfaces import IQueueing
 from nvpair.proxy.hooks import RequestObserver
-from nvpair.proxy.interfaces import IActivity, IAttemptReport, IExchangeReport, IRequestObserver
+from nvpair.proxy.interfaces import IActivity, IExchangeReport, IRequestObserver
 from nvpair.proxy.nodestate.interfaces import IEngineStates, IRoomLedger
 from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.nodestate.states import EngineStates
@@ -21,23 +22,7 @@ from nvpair.proxy.placement.affinity import Affinity, requestServed
 from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.settings import Settings
 
-__all__ = ["QueueingObserver", "ServedObserver", "Standalone", "useStandalone"]
-
-
-class QueueingObserver(RequestObserver):
-    """Tells the queue how attempts went: busy answers teach the ledger a node's limit,
-    fast failures count toward its breaker, commits close it."""
-
-    def __init__(self, queueing: Queueing) -> None:
-        self.queueing = queueing
-
-    def attemptFailed(self, exchange: IExchangeReport, outcome: IAttemptReport) -> None:
-        self.queueing.attemptFailed(
-            outcome.node.id, outcome.kind, outcome.status, outcome.retryAfter
-        )
-
-    def committed(self, exchange: IExchangeReport, nodeId: str, firstByte: float) -> None:
-        self.queueing.committed(nodeId, exchange.committedStatus)
+__all__ = ["ServedObserver", "Standalone", "useStandalone"]
 
 
 class ServedObserver(RequestObserver):
@@ -103,6 +88,5 @@ def useStandalone(context: StandaloneContext, affinity: bool | None = None) -> S
     queueing = Queueing(settings, context.clock, ledger)
     context.ledger, context.engineStates = ledger, states
     context.affinity, context.queueing = placing, queueing
-    context.observe(QueueingObserver(queueing))
     context.observe(ServedObserver(ledger, states, placing))
     return Standalone(ledger, states, placing, queueing)

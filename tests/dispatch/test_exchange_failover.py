@@ -196,7 +196,8 @@ class VerbatimTests(LoopCase):
     nodes = ("A", "B", "C")
 
     def test_pullNeverTwiceOnOneNode(self) -> None:
-        """A POST /api/pull meeting 5xx everywhere: each node once, the last answer passed."""
+        """A POST /api/pull meeting a different 5xx on each node: each node once, the last
+        answer passed."""
         self.facade = makeFacade(
             self.clock, [node(n, models=("llama3:latest",)) for n in self.nodes], engine="ollama"
         )
@@ -204,8 +205,8 @@ class VerbatimTests(LoopCase):
         ex, request = self.start(
             request=request, inference=False, model="llama3:latest", body=b'{"model":"llama3"}'
         )
-        for _ in range(3):
-            self.upstream.last().answer(500, b"e")
+        for status in (500, 502, 500):
+            self.upstream.last().answer(status, b"e")
         self.assertEqual(self.upstream.nodesCalled(), ["A", "B", "C"])
         self.assertEqual(request.code, 500)
         self.clock.advance(10000)
@@ -243,3 +244,40 @@ class VerbatimTests(LoopCase):
         request = FakeRequest(b"POST", b"/other")
         ex, request = self.start(request=request, inference=False, model="zzz", body=b"{}")
         self.assertEqual(self.upstream.nodesCalled(), ["A"])
+
+
+class SameFailureTests(LoopCase):
+    """A request that fails the same way on two nodes is the request's fault: the second
+    node's answer is the answer (spec §6 "Status handling")."""
+
+    nodes = ("A", "B", "C")
+
+    def test_sameStatusOnTwoNodesAnswers(self) -> None:
+        """500 from A, then 500 from B: B's answer is passed on, C is never tried."""
+        ex, request = self.start()
+        self.upstream.last().answer(500, b"first")
+        self.upstream.last().answer(500, b'{"error":"bad tool schema"}')
+        self.assertEqual(self.upstream.nodesCalled(), ["A", "B"])
+        self.assertEqual((request.code, request.body), (500, b'{"error":"bad tool schema"}'))
+        self.assertEqual(self.terminal()["state"], "failed")
+        self.assertReleased()
+
+    def test_otherFailuresGoOn(self) -> None:
+        """A 500 then a 502 (not the same way), or 503s (busy, whatever is asked), or the
+        same 500 from the same node again: retried as before."""
+        ex, request = self.start()
+        self.upstream.last().answer(500)
+        self.upstream.last().answer(502)
+        self.upstream.last().answer(200, b"{}")
+        self.assertEqual((self.upstream.nodesCalled(), request.code), (["A", "B", "C"], 200))
+        self.facade = makeFacade(self.clock, [node("A"), node("B")])
+        ex, request = self.start()
+        self.upstream.last().answer(503)
+        self.upstream.last().answer(503)
+        self.assertIsNone(request.code)
+        self.facade = makeFacade(self.clock, [node("A")])
+        ex, request = self.start()
+        self.upstream.last().answer(500)
+        self.clock.advance(self.context.settings.backoffBase)
+        self.upstream.last().answer(500)
+        self.assertIsNone(request.code)

@@ -262,6 +262,44 @@ class BreakerTests(LoopCase):
         self.assertEqual(self.queueing.breakers.state("A", self.clock.seconds()).value, "closed")
 
 
+class PoisonTests(LoopCase):
+    """A request's own fault never counts against the nodes' breakers (issue 32)."""
+
+    nodes = ("A", "B", "C")
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.queueing = useStandalone(self.context, affinity=False).queueing
+
+    def failures(self) -> dict[str, object]:
+        now = self.clock.seconds()
+        snapshot = self.queueing.breakers.snapshot(now)
+        return {node: entry["recentFailures"] for node, entry in snapshot.items()}
+
+    def test_poisonTripsNoBreaker(self) -> None:
+        """Requests that make every engine answer 500, sent again and again: each is
+        answered by its second node, and no breaker opens or counts a failure."""
+        for _ in range(2 * b.THRESHOLD):
+            ex, request = self.start()
+            for _ in range(2):
+                self.upstream.pending()[0].answer(500, b"poison")
+            self.assertEqual(request.code, 500)
+        self.assertEqual(self.queueing.breakers.opened, 0)
+        self.assertEqual(self.failures(), {})
+
+    def test_nodeFaultStillCounts(self) -> None:
+        """A 500 from A then a success on B: A's fault, one failure toward its breaker; a
+        500 from A whose client then leaves: A's too."""
+        ex, request = self.start()
+        self.upstream.pending()[0].answer(500)
+        self.upstream.pending()[0].answer(200, b"{}")
+        self.assertEqual(self.failures(), {"A": 1})
+        ex, request = self.start()
+        self.upstream.pending()[0].answer(500)
+        request.lose()
+        self.assertEqual(self.failures(), {"A": 2})
+
+
 class ModeTests(LoopCase):
     """Standalone wires the queue and breakers; under a broker nothing changes."""
 

@@ -3,7 +3,8 @@
 An attempt dials the node's addresses in order, waits for headers (header timeout), then
 holds the response at the gate until its first body byte (first-content timeout).  The
 first byte commits; a timeout, a transport error, a retryable status (unless this is the
-final attempt) or the target leaving discovery end the attempt uncommitted.  Commit and
+final attempt, or the status is the same failure another node answered: the request's
+fault, spec §6) or the target leaving discovery end the attempt uncommitted.  Commit and
 cancellation are one claim on ``state``: whichever comes first wins, the other is a no-op.
 """
 
@@ -98,6 +99,7 @@ class Attempt:
         "node",
         "final",
         "gated",
+        "sameFailure",
         "state",
         "_result",
         "_pending",
@@ -110,11 +112,19 @@ class Attempt:
         "_watch",
     )
 
-    def __init__(self, exchange: IAttemptExchange, node: Node, final: bool, gated: bool) -> None:
+    def __init__(
+        self,
+        exchange: IAttemptExchange,
+        node: Node,
+        final: bool,
+        gated: bool,
+        sameFailure: int | None = None,
+    ) -> None:
         self.exchange = exchange
         self.node = node
         self.final = final
         self.gated = gated
+        self.sameFailure = sameFailure  # a status that is the answer (the request's fault)
         self.state: AttemptState = PENDING
         self._result: defer.Deferred[IOutcome] = defer.Deferred(self._cancel)
         self._pending: defer.Deferred[IResponse] | None = None
@@ -205,7 +215,11 @@ class Attempt:
         if not self.node.isSelf:
             self.exchange.facade.confirmed[self.node.id] = address
         status = response.code
-        if not self.final and retryableStatus(status, self.exchange.inference):
+        if (
+            not self.final
+            and status != self.sameFailure
+            and retryableStatus(status, self.exchange.inference)
+        ):
             self._stopTimer()
             discard(response, self.exchange.clock)
             wait = retryAfterSeconds(response.headers.getRawHeaders(b"retry-after"))

@@ -194,6 +194,7 @@ class Exchange:
         if self.flow is not None:
             self.flow.cancel()
         self.context.exchanges.discard(self)
+        self.seat.ended()
         workload = self.workload
         if workload is not None and not workload.ended:
             finishUnserved(workload, self, self.clock.seconds())
@@ -287,11 +288,12 @@ class Exchange:
         self._setActive(node.id)
         if self.trace is not None:
             self.forwardHeaders = self.trace.attemptStarted(node, self.forwardHeaders)
-        return Attempt(self, node, final, gated).start()
+        return Attempt(self, node, final, gated, self.seat.sameFailure(node)).start()
 
     def attemptFailed(self, outcome: Failed) -> None:
         """The attempt ended uncommitted (called by it just before its Deferred fires)."""
         self._setActive(None)
+        self.seat.attemptFailed(outcome)
         self.context.attemptFailed(self, outcome)
 
     def serve(self, committed: Committed) -> bool:
@@ -350,6 +352,7 @@ class Exchange:
         if self.inference and code < 400:
             meter = self.meter = StatsMeter(statsDialect(self.engine, self.path), self.createdAt)
             meter.firstByte(self.clock.seconds())
+        self.seat.committed(nodeId, code)
         self.context.committed(self, nodeId)
         if self.client is GONE:
             upstream.stopProducing()

@@ -249,20 +249,21 @@ class Queueing:
         if self.lines or self.holds:
             self.drain()
 
-    def attemptFailed(
-        self, nodeId: str, kind: str, status: int | None, retryAfter: float | None
-    ) -> None:
-        """An attempt on ``nodeId`` ended uncommitted: a busy mark (the ledger learns a
-        limit), or a breaker failure."""
-        if kind == "status" and self.ledger.busyAnswer(nodeId, status, retryAfter):
-            return
-        if kind in ("status", "transport"):
-            self.breakers.failed(nodeId, self.clock.seconds(), retryAfter)
+    def busyAnswer(self, nodeId: str, status: int | None, retryAfter: float | None) -> bool:
+        """Whether ``nodeId``'s refusal with ``status`` says it is busy (the ledger then
+        learns its limit): no breaker failure, whoever sent it."""
+        return status is not None and self.ledger.busyAnswer(nodeId, status, retryAfter)
+
+    def nodeFailed(self, nodeId: str, retryAfter: float | None) -> None:
+        """A fast failure that was ``nodeId``'s fault: one toward its breaker."""
+        self.breakers.failed(nodeId, self.clock.seconds(), retryAfter)
 
     def committed(self, nodeId: str, status: int | None) -> None:
-        """A response committed on ``nodeId`` (a final attempt's 5xx is a failure)."""
+        """A response committed on ``nodeId``: below 500 (not 429) it served us; a 5xx or
+        429 is a failure unless it was a busy answer (the seat decides whose fault)."""
         if status is not None and (status >= 500 or status == 429):
-            self.attemptFailed(nodeId, "status", status, None)
+            if not self.busyAnswer(nodeId, status, None):
+                self.nodeFailed(nodeId, None)
             return
         self.breakers.succeeded(nodeId)
         self.ledger.served(nodeId)

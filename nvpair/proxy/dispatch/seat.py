@@ -13,6 +13,7 @@ from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
+from nvpair.proxy.endings import FailureKind
 from nvpair.proxy.flow.clients import clientKey
 from nvpair.proxy.flow.interfaces import IQueueing
 from nvpair.proxy.placement.interfaces import IPlacementExchange, ISeat
@@ -20,7 +21,11 @@ from nvpair.proxy.routing.admission import bodyDocument
 from nvpair.proxy.tracing.interfaces import IRequestTrace
 
 if TYPE_CHECKING:
+    from nvpair.proxy.interfaces import IAttemptReport
     from nvpair.proxy.routing.nodes import Node, OwnerSplit
+
+STATUS = FailureKind.STATUS
+TRANSPORT = FailureKind.TRANSPORT
 
 __all__ = ["QueueSeat", "Standing"]
 
@@ -39,7 +44,7 @@ class QueueSeat:
     answers for ``IPlacementExchange.seat`` (nothing under a broker, where ``queueing`` is
     None)."""
 
-    __slots__ = ("queueing", "exchange", "headers", "standing")
+    __slots__ = ("queueing", "exchange", "headers", "standing", "suspect")
 
     def __init__(
         self, queueing: IQueueing | None, exchange: IPlacementExchange, headers: Headers
@@ -48,6 +53,7 @@ class QueueSeat:
         self.exchange = exchange
         self.headers = headers  # the client's request headers (its key, for fairness)
         self.standing = Standing.NEW
+        self.suspect: IAttemptReport | None = None  # a 5xx whose fault is not known yet
 
     def waitForRoom(self, owners: Sequence[Node]) -> defer.Deferred[None] | None:
         """None to go on now; else wait in the queue: a Deferred that fires once dispatched
@@ -84,11 +90,64 @@ class QueueSeat:
         instead of backing off)."""
         return self.queueing is not None and self.queueing.knownFull(owners)
 
+    # -- whose fault a failure is (spec §6 "Status handling") ----------------------------
+
+    def attemptFailed(self, outcome: IAttemptReport) -> None:
+        """An attempt failed uncommitted.  A busy answer teaches the ledger (no breaker);
+        a transport failure or a retryable status counts toward its node's breaker; but a
+        5xx other than 503 is held as a suspect: if the next node answers the same status,
+        the request is at fault (``sameFailure``), otherwise that node was."""
+        queueing = self.queueing
+        if outcome.kind is STATUS and queueing is not None:
+            if queueing.busyAnswer(outcome.node.id, outcome.status, outcome.retryAfter):
+                return
+        if outcome.kind is not STATUS and outcome.kind is not TRANSPORT:
+            return
+        self._blameSuspect()
+        if _poisonable(outcome.status):
+            self.suspect = outcome
+        elif queueing is not None:
+            queueing.nodeFailed(outcome.node.id, outcome.retryAfter)
+
+    def sameFailure(self, node: Node) -> int | None:
+        """The status that, answered by ``node``, is the request's fault and its answer
+        (the suspect's, from another node), else None."""
+        suspect = self.suspect
+        if suspect is None or suspect.node.id == node.id:
+            return None
+        return suspect.status
+
+    def committed(self, nodeId: str, status: int) -> None:
+        """A response committed on ``nodeId``: the suspect's node is blamed unless this
+        is the same failure (the request's fault: no node is blamed)."""
+        suspect, self.suspect = self.suspect, None
+        if suspect is not None and status == suspect.status and nodeId != suspect.node.id:
+            return
+        if suspect is not None and self.queueing is not None:
+            self.queueing.nodeFailed(suspect.node.id, suspect.retryAfter)
+        if self.queueing is not None:
+            self.queueing.committed(nodeId, status)
+
+    def ended(self) -> None:
+        """The request ended: a suspect never confirmed is its node's failure."""
+        self._blameSuspect()
+
+    def _blameSuspect(self) -> None:
+        suspect, self.suspect = self.suspect, None
+        if suspect is not None and self.queueing is not None:
+            self.queueing.nodeFailed(suspect.node.id, suspect.retryAfter)
+
     def demote(self, owners: Sequence[Node]) -> OwnerSplit:
         """``owners`` split: those to order as usual, the known full, the broken."""
         if self.queueing is None:
             return owners, (), ()
         return self.queueing.demote(owners)
+
+
+def _poisonable(status: int | None) -> bool:
+    """Whether a failure with ``status`` may be the request's fault: a 5xx other than 503
+    (an engine's busy or unavailable, whatever it is asked)."""
+    return status is not None and status >= 500 and status != 503
 
 
 def _traced(

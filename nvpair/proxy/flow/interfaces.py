@@ -37,9 +37,14 @@ class IQueueing(Interface):
         """``owners`` split: those to order as usual, then the known-full ones (while another
         has room), then those whose breaker is open."""
 
-    def attemptFailed(nodeId: str, kind: str, status: int | None, retryAfter: float | None) -> None:
-        """An attempt on ``nodeId`` failed uncommitted (``kind``, its status and the
-        engine's ``Retry-After`` seconds when it sent them)."""
+    def busyAnswer(nodeId: str, status: int | None, retryAfter: float | None) -> bool:
+        """Whether ``nodeId``'s refusal with ``status`` (and the engine's ``Retry-After``
+        seconds) says it is busy: its room is learnt, and it is no breaker failure."""
+
+    def nodeFailed(nodeId: str, retryAfter: float | None) -> None:
+        """A fast failure that was ``nodeId``'s fault (not the request's): one toward its
+        breaker."""
 
     def committed(nodeId: str, status: int | None) -> None:
-        """A response committed on ``nodeId`` with ``status``."""
+        """A response committed on ``nodeId`` with ``status`` (whose fault a 5xx is has been
+        decided: the caller does not report one that was the request's)."""
