@@ -10,7 +10,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import cast
 
 from twisted.python import usage
 
@@ -276,7 +276,7 @@ class Options(usage.Options):
             sys.stdout.flush()
             raise SystemExit(0)
         # Settings' fields by name; each parser's result has its field's type.
-        values: dict[str, Any] = {}
+        values: dict[str, object] = {}
         for flag, env, default, parse, field in _VALUED:
             text = self[flag]
             source = flag
@@ -292,7 +292,7 @@ class Options(usage.Options):
                 values[field] = parse(text)
             except ValueError as e:
                 _fail(source, str(e))
-        values["stateDir"] = os.path.expanduser(values["stateDir"])
+        values["stateDir"] = os.path.expanduser(cast(str, values["stateDir"]))
         standalone = bool(self["standalone"])
         opsPort = values["opsPort"]
         if opsPort is None and standalone:
@@ -302,7 +302,8 @@ class Options(usage.Options):
         values["opsPort"] = opsPort
         if self.backends and not standalone:
             _fail("backend", "only meaningful with --standalone")
-        values["logFormat"] = logFormatFor(values["logFormat"], standalone, stderrIsTerminal())
+        logFormat = cast("str | None", values["logFormat"])
+        values["logFormat"] = logFormatFor(logFormat, standalone, stderrIsTerminal())
         otel = (
             bool(self["otel"]) or self.environ.get("NVPAIR_PROXY_OTEL", "").lower() in tracing.TRUE
         )
@@ -316,5 +317,7 @@ class Options(usage.Options):
             backends=tuple(self.backends),
             engines=engines or tuple(ENGINES),
             fleetFile=fleetFile,
-            **values,
+            # Each value is its ``_VALUED`` parser's result, of its field's type (checked by
+            # tests/process/test_options.py); the table cannot say so to mypy.
+            **values,  # type: ignore[arg-type]
         )

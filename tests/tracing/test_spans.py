@@ -11,7 +11,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
 from nvpair.proxy.testing.fakecontext import FakeContext
-from nvpair.proxy.tracing.interfaces import IPeerTrace, IRequestTrace, ITracer
+from nvpair.proxy.tracing.interfaces import IPeerTrace, IRequestTrace, ITracer, TraceStart
 from tests.support.exchangecase import SSE, USAGE
 from tests.support.fakerequest import FakeRequest
 from tests.support.fakeupstream import makeFacade, node, startExchange
@@ -81,8 +81,10 @@ class RequestSpanTests(SpanCase):
         self.assertTrue(verifyObject(ITracer, self.capture.tracer))
         ex, _ = startExchange(self.context, self.facade)
         self.assertTrue(verifyObject(IRequestTrace, ex.trace))
+        client = FakeRequest()
+        begin = TraceStart(client.method, client.path, client.requestHeaders, "llamacpp")
         peer = self.capture.tracer.peerStarted(
-            "llamacpp", FakeRequest(), FakeRequest().requestHeaders, "n2", "http://127.0.0.1:1"
+            begin, FakeRequest().requestHeaders, "n2", "http://127.0.0.1:1"
         )
         self.assertTrue(verifyObject(IPeerTrace, peer))
 
@@ -328,9 +330,8 @@ class PeerSpanTests(SynchronousTestCase):
         capture = SpanCapture(context.clock)
         request = FakeRequest(headers={b"traceparent": [TRACEPARENT]})
         headers = FakeRequest().requestHeaders
-        trace = capture.tracer.peerStarted(
-            "ollama", request, headers, "node-2", "http://127.0.0.1:11434"
-        )
+        begin = TraceStart(request.method, request.path, request.requestHeaders, "ollama")
+        trace = capture.tracer.peerStarted(begin, headers, "node-2", "http://127.0.0.1:11434")
         context.clock.advance(3)
         trace.ended(200, "completed")
         server = capture.server()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from json.encoder import encode_basestring
+from typing import cast
 
 from zope.interface import implementer
 
@@ -17,7 +18,8 @@ class _Change(Prepared):
     __slots__ = ()
 
     def paramsJSON(self) -> str:
-        return f'{{"nodeId":{encode_basestring(self["nodeId"])},"inFlight":{self["inFlight"]}}}'
+        nodeId = cast(str, self["nodeId"])  # set by ``change`` only
+        return f'{{"nodeId":{encode_basestring(nodeId)},"inFlight":{self["inFlight"]}}}'
 
 
 @implementer(IActivity)

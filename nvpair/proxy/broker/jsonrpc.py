@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
 from twisted.internet.protocol import Protocol
 
@@ -96,10 +95,8 @@ def error(id: object, code: int, message: str, data: object = None) -> dict[str,
     return {"jsonrpc": "2.0", "id": id, "error": body}
 
 
-class Prepared(dict[str, Any]):
+class Prepared(dict[str, object]):
     """Notification params that write their own JSON text.
-
-    Its values are ``Any``: whoever fills them is also the template that reads them back.
 
     Whoever builds one fixes its shape, so the JSON can come from a template rather than
     the general encoder; ``paramsJSON`` must return exactly ``encodeValue(self)``, and

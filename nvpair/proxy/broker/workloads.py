@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from json.encoder import encode_basestring
+from typing import cast
 
 from twisted.internet.interfaces import IReactorTime
 from zope.interface import Interface, implementer
@@ -97,10 +98,10 @@ class _Event(Prepared):
     _workload: Workload
 
     def paramsJSON(self) -> str:
-        info = self["workloadInfo"]
+        info = cast("dict[str, object]", self["workloadInfo"])  # filled by ``_emit`` only
         workload = self._workload
         head = workload._head or workload._writeHead()
-        state = info["state"]
+        state = cast(str, info["state"])
         error = info["error"]
         text = (
             f"{head}{_STATES.get(state) or _string(state)}{workload._mid}"

@@ -28,7 +28,7 @@ from nvpair.proxy.dispatch.relay import ClientFlow, abortClient, copyResponseHea
 from nvpair.proxy.engines import Engine
 from nvpair.proxy.http.interfaces import IDoor, IServerRequest
 from nvpair.proxy.interfaces import IPeerTrust, IRequestContext
-from nvpair.proxy.tracing.interfaces import IPeerTrace
+from nvpair.proxy.tracing.interfaces import IPeerTrace, TraceStart
 
 
 def peerTransport(request: IServerRequest) -> object:
@@ -161,9 +161,8 @@ class PeerForward:
         headers = forwardHeaders(request.requestHeaders)
         tracer = self.context.tracer
         if tracer is not None:
-            self.trace = tracer.peerStarted(
-                self.engine.id, request, headers, self.peer, self.backend
-            )
+            begin = TraceStart(request.method, request.path, request.requestHeaders, self.engine.id)
+            self.trace = tracer.peerStarted(begin, headers, self.peer, self.backend)
         d = self.context.upstream.request(
             None, self.backend, request.method, request.uri, headers, body
         )

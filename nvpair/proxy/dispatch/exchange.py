@@ -45,7 +45,7 @@ from nvpair.proxy.placement.keys import AffinityKey
 from nvpair.proxy.placement.policies import placeInference, placeVerbatim
 from nvpair.proxy.routing.reservations import Reservation
 from nvpair.proxy.routing.stats import StatsMeter
-from nvpair.proxy.tracing.interfaces import IRequestTrace
+from nvpair.proxy.tracing.interfaces import IRequestTrace, TraceStart
 
 if TYPE_CHECKING:
     from nvpair.proxy.routing.nodes import Node
@@ -149,7 +149,11 @@ class Exchange:
             self.workload = self.context.reporter.admit(self.engine.id, self.model)
         self.context.exchanges.add(self)
         if (tracer := self.context.tracer) is not None:
-            self.trace = tracer.requestStarted(self)
+            begin = TraceStart(
+                self.method, self.path, self.request.requestHeaders, self.engine.id,
+                self.inference, self.model, self.createdAt,
+            )  # fmt: skip
+            self.trace = tracer.requestStarted(begin)
         request = self.request
         request.whenLost(self._clientLost)
         if request.disconnected:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from enum import Enum
-from typing import Any, cast
+from typing import cast
 
 import attrs
 from twisted.internet import defer
@@ -266,7 +266,7 @@ class Fleet:
         self,
         request: IServerRequest,
         engine: Engine,
-        work: Callable[[_View], Coroutine[Any, Any, None]],
+        work: Callable[[_View], Coroutine[defer.Deferred[object], object, None]],
     ) -> None:
         """Run ``work`` for ``request``; a client that leaves, or the process stopping, ends it."""
         view = _View(request, engine)

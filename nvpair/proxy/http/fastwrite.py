@@ -15,7 +15,7 @@ compares server CPU per request over loopback with ``DIRECT`` on and off.
 
 from __future__ import annotations
 
-from typing import Any, TypeGuard
+from typing import TypeGuard, cast
 
 from twisted.internet import tcp
 from twisted.internet.interfaces import ITransport
@@ -24,20 +24,20 @@ _PLAIN = (tcp.Server, tcp.Client)
 DIRECT = True  # False: every write takes the public path (the benchmark's B side)
 
 
-def _idle(transport: Any) -> TypeGuard[tcp.Connection]:
+def _idle(transport: object) -> TypeGuard[tcp.Connection]:
     """Whether ``transport`` is a plain TCP transport (``_PLAIN``), connected, with nothing
-    queued (``False`` when its buffer attributes are not the ones this module knows).  Typed
-    ``Any``: it reads the internals no interface declares."""
+    queued (``False`` when its buffer attributes are not the ones this module knows)."""
     if type(transport) not in _PLAIN:
         return False
+    connection = cast(tcp.Connection, transport)  # reads what no interface declares
     try:
         return bool(
-            not transport.TLS
-            and transport.connected
-            and not transport.disconnecting
-            and not transport._writeDisconnected
-            and not transport._tempDataBuffer
-            and len(transport.dataBuffer) == transport.offset
+            not connection.TLS
+            and connection.connected
+            and not connection.disconnecting
+            and not connection._writeDisconnected
+            and not connection._tempDataBuffer
+            and len(connection.dataBuffer) == connection.offset
         )
     except AttributeError:
         return False

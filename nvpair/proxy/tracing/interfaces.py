@@ -7,11 +7,68 @@ test, so the request path pays nothing else.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol
 
+import attrs
 from twisted.internet import defer
 from twisted.web.http_headers import Headers
 from zope.interface import Interface
+
+from nvpair.proxy.endings import BodyEnding, FailureKind
+
+if TYPE_CHECKING:
+    from nvpair.proxy.routing.nodes import Node
+
+
+@attrs.frozen
+class TraceStart:
+    """What a trace records of a request when it starts: its method and path, the client's
+    headers (their ``traceparent`` is continued), the facade's engine, and for a client
+    request whether it is inference, the model it names and when it was admitted."""
+
+    method: bytes
+    path: bytes
+    headers: Headers = attrs.field(eq=False)
+    engineId: str
+    inference: bool = False
+    model: str | None = None
+    createdAt: float = 0.0
+
+
+class FailedAttempt(Protocol):
+    """What a trace reads of an attempt that failed (``dispatch.outcome.Failed``)."""
+
+    @property
+    def kind(self) -> FailureKind: ...
+    @property
+    def status(self) -> int | None: ...
+
+
+class TracedEnd(Protocol):
+    """What a trace reads of a request that ended (``dispatch.exchange.Exchange``)."""
+
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def committedStatus(self) -> int | None: ...
+    @property
+    def ending(self) -> BodyEnding | None: ...
+    @property
+    def servedBy(self) -> str | None: ...
+    @property
+    def clientGone(self) -> bool: ...
+    @property
+    def stopping(self) -> bool: ...
+    @property
+    def workload(self) -> TracedWorkload | None: ...
+
+
+class TracedWorkload(Protocol):
+    """What a trace reads of a request's workload: the statistics it ended with."""
+
+    @property
+    def stats(self) -> Mapping[str, object] | None: ...
 
 
 class IRequestTrace(Interface):
@@ -25,13 +82,13 @@ class IRequestTrace(Interface):
         """The queue wait ended: ``outcome`` names how (e.g. ``dispatched``, ``timeout``,
         ``full``, ``cancelled``); a no-op when no wait is open."""
 
-    def attemptStarted(node: Any, headers: Headers) -> Headers:
-        """An attempt on ``node`` (a ``routing.nodes.Node``) starts: open its CLIENT span and
-        return a copy of ``headers``, the request headers to send, carrying its context
-        (``traceparent``, ``tracestate``)."""
+    def attemptStarted(node: Node, headers: Headers) -> Headers:
+        """An attempt on ``node`` starts: open its CLIENT span and return the request
+        headers to send: a copy of ``headers`` carrying its context (``traceparent``,
+        ``tracestate``); ``headers`` themselves are never written."""
 
-    def attemptFailed(outcome: Any) -> None:
-        """The open attempt ended uncommitted (``dispatch.outcome.Failed``)."""
+    def attemptFailed(outcome: FailedAttempt) -> None:
+        """The open attempt ended uncommitted."""
 
     def committed(nodeId: str, firstByte: float) -> None:
         """The open attempt committed; ``firstByte`` is the time to first byte in seconds."""
@@ -39,7 +96,7 @@ class IRequestTrace(Interface):
     def stalled() -> None:
         """The committed stream was cut by its stall watch."""
 
-    def ended(exchange: Any) -> None:
+    def ended(exchange: TracedEnd) -> None:
         """The request ended (its terminal bookkeeping has run): close every open span."""
 
 
@@ -54,16 +111,14 @@ class IPeerTrace(Interface):
 class ITracer(Interface):
     """Starts request traces; the process holds one when ``--otel`` is on."""
 
-    def requestStarted(exchange: Any) -> IRequestTrace:
-        """Open the SERVER span of ``exchange`` (a ``dispatch.exchange.Exchange``), continuing
-        the client's ``traceparent`` when it sent one."""
+    def requestStarted(start: TraceStart) -> IRequestTrace:
+        """Open the SERVER span of a client request, continuing the client's
+        ``traceparent`` when it sent one."""
 
-    def peerStarted(
-        engineId: str, request: Any, headers: Headers, peer: str, backend: str
-    ) -> IPeerTrace:
-        """Open the spans of a peer request (``request`` is its ``IServerRequest``) relayed
-        to ``backend`` and write the backend call's context into ``headers``, its outgoing
-        request headers."""
+    def peerStarted(start: TraceStart, outgoing: Headers, peer: str, backend: str) -> IPeerTrace:
+        """Open the spans of a peer request relayed to ``backend`` and write the backend
+        call's context into ``outgoing``, the request headers the peer door sends (its own
+        copy, not the client's)."""
 
     def shutdown(timeout: float) -> defer.Deferred[None]:
         """Export what is buffered and stop, waiting at most ``timeout`` seconds (off the

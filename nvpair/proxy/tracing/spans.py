@@ -11,7 +11,8 @@ Times come from the request context's clock, so unit tests drive spans with ``Cl
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from opentelemetry import propagate, trace
@@ -23,7 +24,18 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
-from nvpair.proxy.tracing.interfaces import IPeerTrace, IRequestTrace, ITracer
+from nvpair.proxy.endings import BodyEnding
+from nvpair.proxy.tracing.interfaces import (
+    FailedAttempt,
+    IPeerTrace,
+    IRequestTrace,
+    ITracer,
+    TracedEnd,
+    TraceStart,
+)
+
+if TYPE_CHECKING:
+    from nvpair.proxy.routing.nodes import Node
 
 SCOPE = "nvpair-proxy"
 
@@ -87,26 +99,26 @@ def _inject(span: trace.Span, headers: Headers) -> None:
 class RequestTrace:
     """The spans of one client request."""
 
-    def __init__(self, tracer: trace.Tracer, clock: IReactorTime, exchange: Any) -> None:
+    def __init__(self, tracer: trace.Tracer, clock: IReactorTime, begin: TraceStart) -> None:
         self.tracer = tracer
         self.clock = clock
-        request = exchange.request
-        parent = propagate.extract(request.requestHeaders, getter=GETTER)
-        method = exchange.method.decode("latin-1")
+        parent = propagate.extract(begin.headers, getter=GETTER)
+        method = begin.method.decode("latin-1")
+        path = begin.path.decode("latin-1")
         attributes: dict[str, str] = {
             "http.request.method": method,
-            "url.path": exchange.path.decode("latin-1"),
-            "gen_ai.provider.name": exchange.engine.id,
-            "nvpair.engine": exchange.engine.id,
+            "url.path": path,
+            "gen_ai.provider.name": begin.engineId,
+            "nvpair.engine": begin.engineId,
         }
-        operation = operationName(exchange.path) if exchange.inference else None
+        operation = operationName(begin.path) if begin.inference else None
         if operation is not None:
             attributes["gen_ai.operation.name"] = operation
-        if exchange.model is not None:
-            attributes["gen_ai.request.model"] = exchange.model
-        start = int(exchange.createdAt * 1e9)
+        if begin.model is not None:
+            attributes["gen_ai.request.model"] = begin.model
+        start = int(begin.createdAt * 1e9)
         self.span = tracer.start_span(
-            f"{method} {exchange.path.decode('latin-1')}",
+            f"{method} {path}",
             context=parent,
             kind=SpanKind.SERVER,
             attributes=attributes,
@@ -118,16 +130,13 @@ class RequestTrace:
         self.attempt: trace.Span | None = None
         self.attempts = 0
         self.wasStalled = False
+        self.carried: tuple[Headers, Headers] | None = None  # (given, sent) when unsampled
         if self.recording:
             self.span.add_event(
                 "admitted",
-                {"nvpair.route": "inference" if exchange.inference else "verbatim"},
+                {"nvpair.route": "inference" if begin.inference else "verbatim"},
                 timestamp=start,
             )
-        else:
-            # Not sampled: no child spans (they would not be either), and every attempt
-            # carries the same context, written once into the exchange's own headers.
-            _inject(self.span, exchange.forwardHeaders)
 
     def queueWaitStarted(self) -> None:
         if self.queue is None and self.recording:
@@ -141,9 +150,16 @@ class RequestTrace:
             queue.set_attribute("nvpair.queue.outcome", outcome)
             queue.end(_ns(self.clock))
 
-    def attemptStarted(self, node: Any, headers: Headers) -> Headers:
+    def attemptStarted(self, node: Node, headers: Headers) -> Headers:
         if not self.recording:
-            return headers
+            # Not sampled: no child spans (they would not be either), and every attempt
+            # carries the same context: one copy of the request's headers, made once.
+            carried = self.carried
+            if carried is None or carried[0] is not headers:
+                sent = headers.copy()
+                _inject(self.span, sent)
+                carried = self.carried = (headers, sent)
+            return carried[1]
         self._endAttempt("cancelled")
         self.attempts += 1
         attributes: dict[str, str | int] = {"nvpair.node.id": node.id}
@@ -161,11 +177,11 @@ class RequestTrace:
         _inject(span, headers)
         return headers
 
-    def attemptFailed(self, outcome: Any) -> None:
+    def attemptFailed(self, outcome: FailedAttempt) -> None:
         attempt = self.attempt
         if attempt is None:
             return
-        kind = str(outcome.kind)
+        kind = outcome.kind.value
         attempt.set_attribute("nvpair.failure.kind", kind)
         attempt.set_attribute("error.type", kind)
         if outcome.status is not None:
@@ -185,7 +201,7 @@ class RequestTrace:
     def stalled(self) -> None:
         self.wasStalled = True
 
-    def ended(self, exchange: Any) -> None:
+    def ended(self, exchange: TracedEnd) -> None:
         self.queueWaitEnded("cancelled")
         self._endAttempt("cancelled")
         span = self.span
@@ -197,25 +213,22 @@ class RequestTrace:
                 span.set_attribute("http.response.status_code", exchange.committedStatus)
             if outcome in ("failed", "truncated", "stalled"):
                 span.set_status(Status(StatusCode.ERROR))
-            meter = exchange.meter
-            stats = meter.result(self.clock.seconds()) if meter is not None else None
+            workload = exchange.workload
+            stats = None if workload is None else workload.stats
             if stats:
-                if "promptTokens" in stats:
-                    span.set_attribute("gen_ai.usage.input_tokens", stats["promptTokens"])
-                if "completionTokens" in stats:
-                    span.set_attribute("gen_ai.usage.output_tokens", stats["completionTokens"])
-            if exchange.activeNode is not None or exchange.committed is not None:
-                node = exchange.committed.node.id if exchange.committed else exchange.activeNode
-                span.set_attribute("nvpair.node.id", node)
+                for name, field in (("input", "promptTokens"), ("output", "completionTokens")):
+                    count = stats.get(field)
+                    if type(count) is int:
+                        span.set_attribute(f"gen_ai.usage.{name}_tokens", count)
+            if exchange.servedBy is not None:
+                span.set_attribute("nvpair.node.id", exchange.servedBy)
         span.end(_ns(self.clock))
 
-    def _outcome(self, exchange: Any) -> str:
-        # By the ``dispatch.outcome.BodyEnding`` values: tracing imports nothing of dispatch.
-        committed = exchange.committed
-        ending = committed.ending.value if committed and committed.ending else None
-        if ending == "complete":
+    def _outcome(self, exchange: TracedEnd) -> str:
+        ending = exchange.ending
+        if ending is BodyEnding.COMPLETE:
             return "completed"
-        if ending == "truncated":
+        if ending is BodyEnding.TRUNCATED:
             return "stalled" if self.wasStalled else "truncated"
         if ending is not None or exchange.clientGone or exchange.stopping:
             return "cancelled"
@@ -236,19 +249,19 @@ class PeerTrace:
         self,
         tracer: trace.Tracer,
         clock: IReactorTime,
-        engineId: str,
-        request: Any,
-        headers: Headers,
+        begin: TraceStart,
+        outgoing: Headers,
         peer: str,
         backend: str,
     ) -> None:
         self.clock = clock
-        method = request.method.decode("latin-1")
-        path = request.path.decode("latin-1")
+        method = begin.method.decode("latin-1")
+        path = begin.path.decode("latin-1")
+        engineId = begin.engineId
         now = _ns(clock)
         self.span = tracer.start_span(
             f"peer {method} {path}",
-            context=propagate.extract(request.requestHeaders, getter=GETTER),
+            context=propagate.extract(begin.headers, getter=GETTER),
             kind=SpanKind.SERVER,
             attributes={
                 "http.request.method": method,
@@ -266,7 +279,7 @@ class PeerTrace:
             attributes=serverAttributes(backend),
             start_time=now,
         )
-        _inject(self.backend, headers)
+        _inject(self.backend, outgoing)
 
     def ended(self, status: int | None, outcome: str) -> None:
         now = _ns(self.clock)
@@ -287,22 +300,21 @@ class Tracer:
         self,
         tracer: trace.Tracer,
         clock: IReactorTime,
-        flush: Any = None,
+        flush: Callable[[float], defer.Deferred[None]] | None = None,
     ) -> None:
         self.tracer = tracer
         self.clock = clock
         self.flush = flush
 
-    def requestStarted(self, exchange: Any) -> RequestTrace:
-        return RequestTrace(self.tracer, self.clock, exchange)
+    def requestStarted(self, start: TraceStart) -> RequestTrace:
+        return RequestTrace(self.tracer, self.clock, start)
 
     def peerStarted(
-        self, engineId: str, request: Any, headers: Headers, peer: str, backend: str
+        self, start: TraceStart, outgoing: Headers, peer: str, backend: str
     ) -> PeerTrace:
-        return PeerTrace(self.tracer, self.clock, engineId, request, headers, peer, backend)
+        return PeerTrace(self.tracer, self.clock, start, outgoing, peer, backend)
 
     def shutdown(self, timeout: float) -> defer.Deferred[None]:
         if self.flush is None:
             return defer.succeed(None)
-        result: defer.Deferred[None] = self.flush(timeout)
-        return result
+        return self.flush(timeout)
