@@ -26,11 +26,11 @@ from nvpair.proxy.interfaces import (
     IAttemptReport,
     IBrokerSink,
     IExchangeReport,
-    ILogControl,
     InFlight,
     IRequestContext,
     IUpstream,
 )
+from nvpair.proxy.logswitch import ILogControl
 from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.nodestate.states import EngineStates
 from nvpair.proxy.ops.history import History

@@ -30,6 +30,7 @@ from nvpair.proxy.endings import BodyEnding, FailureKind
 from nvpair.proxy.engines import Engine
 from nvpair.proxy.flow.interfaces import IQueueing
 from nvpair.proxy.http.interfaces import IServerRequest
+from nvpair.proxy.logswitch import ILogControl
 from nvpair.proxy.nodestate.interfaces import IEngineStates, IRoomLedger
 from nvpair.proxy.placement.interfaces import IPlacementContext
 from nvpair.proxy.settings import Settings
@@ -43,14 +44,6 @@ if TYPE_CHECKING:
 class IConnectingReactor(IReactorTCP, IReactorTime):
     """What the connector to nodes needs of the reactor: TCP dials and the clock of their
     timeouts (as Twisted's ``IDistTrialReactor`` combines the interfaces it needs)."""
-
-
-class ILogControl(Interface):
-    """The process's log level switch, as code that skips debug-only work reads it
-    (``runtime.logs.LogControl``)."""
-
-    def enabled(level: str) -> bool:
-        """Whether a record at ``level`` would be written (cheap)."""
 
 
 class IBrokerSink(Interface):

@@ -23,13 +23,13 @@ from nvpair.proxy.interfaces import (
     IAttemptReport,
     IBrokerSink,
     IExchangeReport,
-    ILogControl,
     IRequestContext,
     IStallWatch,
     IStallWatches,
     IWorkload,
     IWorkloadReporter,
 )
+from nvpair.proxy.logswitch import ILogControl
 from nvpair.proxy.ops.metrics import Metrics
 from nvpair.proxy.routing.nodes import Node
 from nvpair.proxy.runtime.logs import LogControl

@@ -292,6 +292,14 @@ class LayoutTests(TestCase):
         of them in ``sys.modules``."""
         self.assertEqual(loadedConcrete(leanModules()), set())
 
+    def test_runtimeLoadsNoSeam(self) -> None:
+        """The process runtime (its logs) loads no seam module: the log switch it provides
+        is declared in a leaf (``logswitch``)."""
+        loaded = closure(["nvpair.proxy.runtime.logs"])
+        self.assertIn("nvpair.proxy.logswitch", loaded)
+        seams = {m for m in loaded if m.endswith("interfaces") and m.startswith("nvpair.")}
+        self.assertEqual(seams, set())
+
     def test_kitNotImportedByRuntime(self) -> None:
         edges = graph()
         offending = {

@@ -277,11 +277,9 @@ class Exchange:
 
     # -- attempts -------------------------------------------------------------------------
 
-    # ``attemptOn`` and ``pause`` hand back the Deferred they end with rather than being
-    # coroutines themselves: each coroutine level is resumed on every step of the loop.
-
     def attemptOn(self, node: Node, final: bool, gated: bool) -> defer.Deferred[IOutcome]:
-        """One attempt on ``node``: move the reservation, report the placement, run it."""
+        """One attempt on ``node``: move the reservation, report the placement, run it (its
+        Deferred, not a coroutine: each coroutine level is resumed on every loop step)."""
         self.attempts += 1
         self.dispatchedAt = self.clock.seconds()
         reservation = self.reservation

@@ -26,7 +26,7 @@ from twisted.logger import (
 )
 from zope.interface import implementer
 
-from nvpair.proxy.interfaces import ILogControl
+from nvpair.proxy.logswitch import ILogControl
 
 COMPONENT = "nvpair-proxy"
 
