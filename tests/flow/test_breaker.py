@@ -6,6 +6,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.flow import breaker as b
 from nvpair.proxy.flow.breaker import Breakers, BreakerState, retryAfterSeconds
+from nvpair.proxy.nodestate.table import MAX_NODES
 from nvpair.proxy.routing.nodes import Node
 
 A, B, C = (Node(n, False, (n,), frozenset({"m"})) for n in ("a", "b", "c"))
@@ -91,9 +92,9 @@ class TransitionTests(SynchronousTestCase):
     def test_bounded(self) -> None:
         """Per-node state is bounded, whatever the number of failing nodes."""
         breakers = Breakers()
-        for i in range(b.MAX_NODES * 2):
+        for i in range(MAX_NODES * 2):
             breakers.failed(f"n{i}", 0.0)
-        self.assertEqual(len(breakers), b.MAX_NODES)
+        self.assertEqual(len(breakers), MAX_NODES)
 
     def test_snapshot(self) -> None:
         """The status view names state, opens and the time left."""

@@ -9,16 +9,18 @@ is *half-open*: one request at a time probes it (it goes first for that request;
 with no verdict within ``PROBE_LEASE`` passes to the next request).  A success closes it; a
 failure opens it again for twice the cool-down, up to ``MAX_COOLDOWN``.
 
-State is kept only for nodes that failed recently or are not closed, at most ``MAX_NODES``
-(the least recently touched forgotten first).
+State is kept only for nodes that failed recently or are not closed, at most
+``nodestate.table.MAX_NODES`` (the least recently touched forgotten first).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING
+
+from nvpair.proxy.nodestate.table import BoundedTable
 
 if TYPE_CHECKING:
     from nvpair.proxy.routing.nodes import Node
@@ -26,7 +28,6 @@ if TYPE_CHECKING:
 __all__ = [
     "BASE_COOLDOWN",
     "MAX_COOLDOWN",
-    "MAX_NODES",
     "PROBE_LEASE",
     "THRESHOLD",
     "WINDOW",
@@ -40,7 +41,6 @@ THRESHOLD = 5
 BASE_COOLDOWN = 1.0
 MAX_COOLDOWN = 30.0
 PROBE_LEASE = 5.0
-MAX_NODES = 1024
 
 
 def retryAfterSeconds(values: Sequence[bytes] | None) -> float | None:
@@ -83,22 +83,12 @@ class Breakers:
     """The breakers of every node of the process (one per node id, shared by facades)."""
 
     def __init__(self, onOpen: Callable[[str], None] | None = None) -> None:
-        self._nodes: OrderedDict[str, _Breaker] = OrderedDict()
+        self._nodes: BoundedTable[str, _Breaker] = BoundedTable(_Breaker)
         self._onOpen = onOpen
         self.opened = 0  # opens counted since the start
 
     def __len__(self) -> int:
         return len(self._nodes)
-
-    def _get(self, nodeId: str) -> _Breaker:
-        breaker = self._nodes.get(nodeId)
-        if breaker is None:
-            breaker = self._nodes[nodeId] = _Breaker()
-            while len(self._nodes) > MAX_NODES:
-                self._nodes.popitem(last=False)
-        else:
-            self._nodes.move_to_end(nodeId)
-        return breaker
 
     def state(self, nodeId: str, now: float) -> BreakerState:
         """``nodeId``'s state now (an open breaker past its cool-down reads half-open)."""
@@ -111,7 +101,7 @@ class Breakers:
 
     def failed(self, nodeId: str, now: float, retryAfter: float | None = None) -> None:
         """A fast failure on ``nodeId`` (``retryAfter``: the engine's, seconds)."""
-        breaker = self._get(nodeId)
+        breaker = self._nodes.touch(nodeId)
         minimum = retryAfter or 0.0
         if breaker.state is CLOSED:
             failures = breaker.failures

@@ -34,6 +34,16 @@ class _State:
         self.probe = ""
 
 
+class CacheCounts:
+    """Prompt tokens an engine's answers reported, and how many of them it had cached."""
+
+    __slots__ = ("prompt", "cached")
+
+    def __init__(self) -> None:
+        self.prompt = 0
+        self.cached = 0
+
+
 @implementer(IEngineStates)
 class EngineStates:
     """Each backend's latest probe and reported cache figures, bounded to ``maxNodes``;
@@ -44,7 +54,7 @@ class EngineStates:
         self.ledger = ledger
         self.maxNodes = maxNodes
         self._states: dict[str, _State] = {}
-        self.cache: dict[str, list[int]] = {}  # node -> [prompt tokens, cached] reported
+        self.cache: dict[str, CacheCounts] = {}  # what each node's engine reported
         self.prefill: dict[str, float] = {}  # node -> prefill ms per evaluated token (EWMA)
 
     def served(self, nodeId: str, prompt: int, cached: int, promptMs: float | None = None) -> None:
@@ -54,9 +64,9 @@ class EngineStates:
         if counts is None:
             if len(self.cache) >= self.maxNodes:
                 return
-            counts = self.cache[nodeId] = [0, 0]
-        counts[0] += prompt
-        counts[1] += cached
+            counts = self.cache[nodeId] = CacheCounts()
+        counts.prompt += prompt
+        counts.cached += cached
         evaluated = prompt - cached
         if promptMs is not None and promptMs >= 0 and evaluated >= MIN_EVALUATED:
             rate = promptMs / evaluated
@@ -71,9 +81,9 @@ class EngineStates:
     def hitRatio(self, nodeId: str) -> float | None:
         """Cached prompt tokens over prompt tokens the engine of ``nodeId`` reported."""
         counts = self.cache.get(nodeId)
-        if counts is None or counts[0] <= 0:
+        if counts is None or counts.prompt <= 0:
             return None
-        return counts[1] / counts[0]
+        return counts.cached / counts.prompt
 
     def record(
         self,
@@ -146,8 +156,8 @@ class EngineStates:
         return out
 
 
-def _cacheStatus(counts: list[int], prefill: float | None) -> dict[str, object]:
-    prompt, cached = counts
+def _cacheStatus(counts: CacheCounts, prefill: float | None) -> dict[str, object]:
+    prompt, cached = counts.prompt, counts.cached
     out: dict[str, object] = {
         "promptTokens": prompt,
         "cachedTokens": cached,

@@ -57,8 +57,8 @@ def engineFamilies(states: EngineStates, affinity: Affinity | None) -> Iterator[
             available.add_metric([nodeId], value)
         counts = states.cache.get(nodeId)
         if counts is not None:
-            prompt.add_metric([nodeId], counts[0])
-            cached.add_metric([nodeId], counts[1])
+            prompt.add_metric([nodeId], counts.prompt)
+            cached.add_metric([nodeId], counts.cached)
             hit = states.hitRatio(nodeId)
             if hit is not None:
                 ratio.add_metric([nodeId], hit)
