@@ -11,10 +11,10 @@ from twisted.internet import defer
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 
-from nvpair.proxy.flow.clients import clientKey
 from nvpair.proxy.flow.interfaces import IQueueing
 from nvpair.proxy.placement.interfaces import IPlacementExchange
 from nvpair.proxy.routing.admission import bodyDocument
+from nvpair.proxy.routing.facts import MAX_FIELD, NO_IDENTITY, Identity
 from nvpair.proxy.tracing.interfaces import IRequestTrace
 
 if TYPE_CHECKING:
@@ -43,7 +43,8 @@ class QueueSeat:
     ) -> defer.Deferred[None] | None:
         """None to go on now; else wait in the queue: a Deferred that fires once dispatched
         (or fails with ``CancelledError`` once answered ``queue_full``/``queue_timeout``);
-        the client is told apart by the request's ``headers`` and body (``clientKey``)."""
+        the client is told apart by the request's ``headers`` and body (protocol §9's
+        client rule: ``IQueueing.clientOf``)."""
         queueing = self.queueing
         if queueing is None or ex.model is None:
             return None
@@ -55,11 +56,11 @@ class QueueSeat:
             return None  # a later round, already charged
         values = headers.getRawHeaders(b"authorization")
         authorization = values[0] if values else None
-        document = ex.document
-        if document is None and authorization is None:
-            document = bodyDocument(ex.body)
-        # Peer requests are served on the local backend and never routed here: no peer id.
-        wait = queueing.waitForRoom(ex, owners, clientKey(authorization, document, None))
+        identity = NO_IDENTITY
+        if authorization is None:  # the body's identity fields come after the header
+            document = ex.document
+            identity = _identity(document if document is not None else bodyDocument(ex.body))
+        wait = queueing.waitForRoom(ex, owners, queueing.clientOf(authorization, identity))
         self.queued = 1 if wait is None else 2
         return _traced(wait, trace)
 
@@ -82,6 +83,22 @@ class QueueSeat:
         if self.queueing is None:
             return owners, (), ()
         return self.queueing.demote(owners)
+
+
+def _identity(document: dict[str, object] | None) -> Identity:
+    """The body's identity fields (``routing.facts.Identity``), each a non-empty string of
+    at most ``MAX_FIELD`` characters or None (until admission fills the facts itself)."""
+    if document is None:
+        return NO_IDENTITY
+    metadata = document.get("metadata")
+    anthropic = metadata.get("user_id") if isinstance(metadata, dict) else None
+    return Identity(
+        _field(anthropic), _field(document.get("safety_identifier")), _field(document.get("user"))
+    )
+
+
+def _field(value: object) -> str | None:
+    return value if isinstance(value, str) and 0 < len(value) <= MAX_FIELD else None
 
 
 def _traced(
