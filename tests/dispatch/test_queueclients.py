@@ -68,7 +68,7 @@ class DeclaredTests(QueueCase):
 
     def setUp(self) -> None:
         super().setUp()
-        self.queueing.setClients([IDE])
+        self.queueing.clients.setClients([IDE])
 
     def scrape(self) -> str:
         registry = CollectorRegistry()
@@ -135,7 +135,7 @@ class DeclaredTests(QueueCase):
         self.start(client(IDE_KEY))
         self.start(client(IDE_KEY))
         self.start(client(IDE_KEY))
-        self.queueing.setClients([])
+        self.queueing.clients.setClients([])
         text = self.scrape()
         self.assertIn(
             'nvpair_proxy_queue_client_depth{client="other",engine="llamacpp",model="m1"} 1.0',

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
+from nvpair.proxy.flow.clientbook import ClientBook
 from nvpair.proxy.flow.clients import (
     LOCAL,
     OTHER,
@@ -19,7 +20,6 @@ from nvpair.proxy.flow.clients import (
     Roster,
     clientKey,
 )
-from nvpair.proxy.flow.tally import ClientTally
 from nvpair.proxy.routing.facts import Identity
 
 KEY = b"Bearer sk-declared-secret"
@@ -100,20 +100,30 @@ class RosterTests(SynchronousTestCase):
         self.assertEqual(roster.label("gone"), OTHER)
 
 
-class TallyTests(SynchronousTestCase):
-    """Per-client counts stay under a bounded set of labels across reloads."""
+class BookTests(SynchronousTestCase):
+    """The declared clients in force, and per-client counts under a bounded set of labels
+    across reloads."""
+
+    def test_clientOfFollowsTheRoster(self) -> None:
+        """A key is a declared client's once declared, unverified again once removed."""
+        book = ClientBook()
+        self.assertIsNone(book.clientOf(KEY, Identity()).share)
+        book.setClients([IDE])
+        self.assertEqual(book.clientOf(KEY, Identity()).share, "ide")
+        book.setClients([])
+        self.assertIsNone(book.clientOf(KEY, Identity()).share)
 
     def test_removedNamesFoldIntoOther(self) -> None:
         """A reload that removes a declared name moves its counts to ``other``: totals
         never go back, and only declared names, ``unverified`` and ``other`` remain."""
-        tally = ClientTally()
-        tally.relabel(Roster([IDE, DeclaredClient("batch", "0" * 64)]))
+        tally = ClientBook()
+        tally.setClients([IDE, DeclaredClient("batch", "0" * 64)])
         for _ in range(3):
             tally.countDispatch("llamacpp", Client("d:ide", "ide"))
         tally.countDispatch("llamacpp", Client("d:batch", "batch"))
         tally.countDispatch("llamacpp", Client("a:1"))
         tally.countRefusal("llamacpp", Client("d:ide", "ide"), "queue_full")
-        tally.relabel(Roster([DeclaredClient("batch", "0" * 64)]))
+        tally.setClients([DeclaredClient("batch", "0" * 64)])
         tally.countDispatch("llamacpp", Client("d:ide", "ide"))  # one still waiting then
         self.assertEqual(
             tally.dispatched,
@@ -123,7 +133,7 @@ class TallyTests(SynchronousTestCase):
 
     def test_labelsBoundedWhateverIsMinted(self) -> None:
         """However many keys clients mint, undeclared counts go under one label."""
-        tally = ClientTally()
+        tally = ClientBook()
         for i in range(5000):
             tally.countDispatch("ollama", Client(f"a:{i}"))
             tally.countRefusal("ollama", Client(f"a:{i}"), "queue_full")

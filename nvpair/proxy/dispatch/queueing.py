@@ -25,10 +25,10 @@ from zope.interface import implementer
 
 from nvpair.proxy.dispatch.holds import Holds
 from nvpair.proxy.flow.breaker import Breakers
-from nvpair.proxy.flow.clients import NO_CLIENTS, Client, DeclaredClient, Roster, clientKey
+from nvpair.proxy.flow.clientbook import ClientBook
+from nvpair.proxy.flow.clients import Client
 from nvpair.proxy.flow.fairqueue import FairQueue, Ticket
 from nvpair.proxy.flow.interfaces import IQueueing
-from nvpair.proxy.flow.tally import ClientTally
 from nvpair.proxy.flow.waits import WaitHistogram
 from nvpair.proxy.nodestate.interfaces import IEngineStates
 from nvpair.proxy.nodestate.room import MAX_NODES as MAX_SERVED
@@ -96,8 +96,7 @@ class Queueing:
         self.lines: OrderedDict[tuple[str, str], _Line] = OrderedDict()
         self.served: OrderedDict[str, float] = OrderedDict()  # when each node last served ours
         self.refused: dict[tuple[str, str], int] = {}
-        self.roster: Roster = NO_CLIENTS  # the fleet file's [[client]] entries
-        self.tally = ClientTally()  # dispatches and refusals per client label
+        self.clients = ClientBook()  # the fleet file's [[client]] entries, counts per client
         self._draining = False
         self._again = False
         self._busyTimer: IDelayedCall | None = None
@@ -136,20 +135,13 @@ class Queueing:
             facade,
             model,
             self.settings.queueMax,
-            lambda client: self.tally.countDispatch(engineId, client),
+            lambda client: self.clients.countDispatch(engineId, client),
         )
         return line
 
-    def setClients(self, clients: Sequence[DeclaredClient]) -> None:
-        """The declared clients are now ``clients`` (the fleet file, at start and on every
-        applied reload); requests already waiting keep the share they came with."""
-        self.roster = Roster(clients)
-        self.tally.relabel(self.roster)
-
     def clientOf(self, authorization: bytes | None, identity: Identity) -> Client:
-        """The request's client (``flow.clients.clientKey``) with the declared clients in
-        force; peer requests are served on the local backend, never queued: no peer id."""
-        return clientKey(authorization, identity, self.roster)
+        """The request's client, by the declared clients in force (``ClientBook``)."""
+        return self.clients.clientOf(authorization, identity)
 
     def dispatching(self, facade: IFleetView, model: str, client: Client) -> None:
         """A request goes to the owners without waiting: charge its client's service."""
@@ -222,7 +214,7 @@ class Queueing:
         key = (engineId, reason)
         self.refused[key] = self.refused.get(key, 0) + 1
         if client is not None:
-            self.tally.countRefusal(engineId, client, reason)
+            self.clients.countRefusal(engineId, client, reason)
         ex.answerError(503, reason, self._retryAfter(line))
 
     def _displaced(self, line: _Line, ticket: Ticket[_Waiter]) -> None:
@@ -371,15 +363,3 @@ class Queueing:
             (engine, model, len(line.queue), line.queue.oldestWait(now), line.waits)
             for (engine, model), line in self.lines.items()
         ]
-
-    def clientDepths(self) -> list[tuple[str, str, str, int]]:
-        """Per facade, model and client label with requests waiting: how many wait."""
-        rows: list[tuple[str, str, str, int]] = []
-        roster = self.roster
-        for (engine, model), line in self.lines.items():
-            counts: dict[str, int] = {}
-            for share, waiting in line.queue.waitingBy().items():
-                label = roster.label(share)
-                counts[label] = counts.get(label, 0) + waiting
-            rows.extend((engine, model, label, n) for label, n in sorted(counts.items()))
-        return rows

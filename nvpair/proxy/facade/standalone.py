@@ -313,7 +313,7 @@ def startStandalone(process: IStandaloneProcess) -> None:
         reloader = FleetReloader(
             settings.fleetFile, context.clock, enable, reorder, process.metrics.fleetReload
         )
-        reloader.followClients(queueing.setClients)  # [[client]]: the queue's shares
+        reloader.followClients(queueing.clients.setClients)  # [[client]]: the queue's shares
         reloader.first(settings.engines)
         reloader.setServiceParent(process)
         return
