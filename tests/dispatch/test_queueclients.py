@@ -9,10 +9,15 @@ import hashlib
 import json
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
+from twisted.trial.unittest import SynchronousTestCase
 
+from nvpair.proxy.dispatch.seat import bodyIdentity
 from nvpair.proxy.flow.clients import DeclaredClient
 from nvpair.proxy.ops.queuegauges import QueueCollector, queueStatus
+from nvpair.proxy.routing.facts import MAX_FIELD, Identity
 from tests.dispatch.test_queueing import QueueCase, client
 
 IDE_KEY = b"Bearer sk-ide-secret-value"
@@ -176,3 +181,36 @@ class IdentityTests(QueueCase):
         ex, _ = self.start(body=same)
         self.commit(1).end()
         self.assertIsNot(self.upstream.calls[3].headers, ex.forwardHeaders)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=300),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+class BodyIdentityTests(SynchronousTestCase):
+    """The identity fields read from a body a client controls (``bodyIdentity``)."""
+
+    @given(
+        st.dictionaries(
+            st.sampled_from(["metadata", "user", "safety_identifier", "model", "x"]), _JSON
+        ),
+        _JSON,
+    )
+    def test_anyBody(self, document: dict[str, object], userId: object) -> None:
+        """Whatever the document holds, each field is None or a non-empty string of at
+        most ``MAX_FIELD`` characters, taken from where the rule says."""
+        if isinstance(document.get("metadata"), dict):
+            document["metadata"] = {**document["metadata"], "user_id": userId}  # type: ignore[dict-item]
+        identity = bodyIdentity(document)
+        for value in (identity.anthropicUser, identity.safetyIdentifier, identity.user):
+            self.assertTrue(value is None or 0 < len(value) <= MAX_FIELD)
+        if identity.user is not None:
+            self.assertEqual(identity.user, document["user"])
+        if identity.anthropicUser is not None:
+            self.assertEqual(identity.anthropicUser, userId)
+        self.assertEqual(bodyIdentity(None), Identity())

@@ -20,7 +20,7 @@ from nvpair.proxy.tracing.interfaces import IRequestTrace
 if TYPE_CHECKING:
     from nvpair.proxy.routing.nodes import Node, OwnerSplit
 
-__all__ = ["QueueSeat"]
+__all__ = ["QueueSeat", "bodyIdentity"]
 
 
 class QueueSeat:
@@ -59,7 +59,7 @@ class QueueSeat:
         identity = NO_IDENTITY
         if authorization is None:  # the body's identity fields come after the header
             document = ex.document
-            identity = _identity(document if document is not None else bodyDocument(ex.body))
+            identity = bodyIdentity(document if document is not None else bodyDocument(ex.body))
         wait = queueing.waitForRoom(ex, owners, queueing.clientOf(authorization, identity))
         self.queued = 1 if wait is None else 2
         return _traced(wait, trace)
@@ -85,7 +85,7 @@ class QueueSeat:
         return self.queueing.demote(owners)
 
 
-def _identity(document: dict[str, object] | None) -> Identity:
+def bodyIdentity(document: dict[str, object] | None) -> Identity:
     """The body's identity fields (``routing.facts.Identity``), each a non-empty string of
     at most ``MAX_FIELD`` characters or None (until admission fills the facts itself)."""
     if document is None:
