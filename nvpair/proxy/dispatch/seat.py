@@ -57,7 +57,7 @@ class QueueSeat:
         values = headers.getRawHeaders(b"authorization")
         authorization = values[0] if values else None
         identity = NO_IDENTITY
-        if authorization is None:  # the body's identity fields come after the header
+        if not authorization:  # the body's identity fields come after the header
             document = ex.document
             identity = bodyIdentity(document if document is not None else bodyDocument(ex.body))
         wait = queueing.waitForRoom(ex, owners, queueing.clientOf(authorization, identity))
