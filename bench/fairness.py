@@ -1,6 +1,6 @@
 """The standalone queue and breaker measured with simulated engines (issue 24's targets).
 
-Three scenarios, each against a real ``twistd -n nvpair-proxy --standalone`` and simulated
+Five scenarios, each against a real ``twistd -n nvpair-proxy --standalone`` and simulated
 llama.cpp engines (``nvpair.proxy.testing.simengine``) in this process, on 127.0.0.1:
 
 * ``fairness``: two engines of one slot each that answer 503 when busy; one heavy client
@@ -13,8 +13,11 @@ llama.cpp engines (``nvpair.proxy.testing.simengine``) in this process, on 127.0
 * ``breaker``: three engines of four slots, one answering 503 after 20 ms; 8 clients for
   the run; the bad engine's share of engine-side requests after 2 s, client successes, p50
   latency against a fleet without it; healed, how long until it serves again.
+* ``minted`` and ``bound`` (issue 32 items 2 and 3; ``bench/fairshare.py``): an honest app
+  against a greedy one that sends a new ``Authorization`` with each request, or keeps more
+  than ``--queue-max`` waiting.
 
-    python -m bench.fairness [--seconds 20] [--only fairness,burst,breaker]
+    python -m bench.fairness [--seconds 20] [--only fairness,burst,breaker,minted,bound]
 
 Prints a Markdown report and a ``BENCHJSON`` line.  Every loop is bounded in time.
 """
@@ -67,18 +70,28 @@ def jain(xs: Sequence[float]) -> float:
 
 
 class Proxy:
-    """One standalone proxy process over ``urls`` (llama.cpp facade)."""
+    """One standalone proxy process over ``urls`` (llama.cpp facade); with ``fleet``, a
+    fleet file of those backends followed by that text (``[[client]]`` tables)."""
 
-    def __init__(self, urls: Sequence[str], extra: Sequence[str]) -> None:
+    def __init__(self, urls: Sequence[str], extra: Sequence[str], fleet: str | None = None) -> None:
         state = tempfile.mkdtemp(prefix="nvpair-bench-fair-")
         self.port = freePort()
         with open(os.path.join(state, "llamacpp-proxy-port.json"), "w") as f:
             json.dump({"port": self.port}, f)
         argv = [*twistdCommand(), "-n", "--pidfile=", "nvpair-proxy", "--standalone"]
-        argv += ["--engines", "llamacpp", "--state-dir", state, "--ops-port", "0"]
+        argv += ["--state-dir", state, "--ops-port", "0"]
         argv += ["--affinity", "off", "--log-level", "warn", *extra]
-        for url in urls:
-            argv += ["--backend", f"llamacpp={url}"]
+        if fleet is None:
+            argv += ["--engines", "llamacpp"]
+            for url in urls:
+                argv += ["--backend", f"llamacpp={url}"]
+        else:
+            path = os.path.join(state, "fleet.toml")
+            with open(path, "w") as f:
+                for url in urls:
+                    f.write(f'[[backend]]\nengine = "llamacpp"\nurl = "{url}"\n')
+                f.write(fleet)
+            argv += ["--fleet", path]
         log = open(os.environ["BENCH_PROXY_LOG"], "wb") if "BENCH_PROXY_LOG" in os.environ else None
         self.proc = spawn(
             argv, stdin=subprocess.DEVNULL, stderr=log or subprocess.DEVNULL, cwd=state
@@ -187,10 +200,12 @@ async def burstRun(reactor: Any) -> dict[str, Any]:
                 for i in range(wave * 50, wave * 50 + 50)
             ]
             await task.deferLater(reactor, 0.01, lambda: None)
-        # While the queue is still full: single requests, one at a time, timed alone.
+        # While the queue is still full: single requests, one at a time, timed alone, from
+        # a client already holding its share of the queue (one with fewer waiting would
+        # take the place of another's newest request instead of being refused).
         single = []
         for _ in range(20):
-            code, took, _ = await post(proxy.url, "Bearer probe")
+            code, took, _ = await post(proxy.url, "Bearer c0")
             if code == 503:
                 single.append(took)
         results = await defer.gatherResults(sent)
@@ -307,7 +322,7 @@ async def breakerRun(reactor: Any, seconds: float, withBad: bool) -> dict[str, A
 async def main(reactor: IReactorTCP, argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.fairness")
     parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--only", default="fairness,burst,breaker")
+    parser.add_argument("--only", default="fairness,burst,breaker,minted,bound")
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
     report: dict[str, Any] = {}
@@ -323,6 +338,12 @@ async def main(reactor: IReactorTCP, argv: list[str]) -> None:
             await breakerRun(reactor, args.seconds / 2, True),
             await breakerRun(reactor, args.seconds / 2, False),
         ]
+    from bench import fairshare  # its scenarios use this module's proxy and engines
+
+    if "minted" in only:
+        report["minted"] = await fairshare.mintedRuns(reactor, args.seconds / 2)
+    if "bound" in only:
+        report["bound"] = await fairshare.boundRuns(reactor, args.seconds / 2)
     print(json.dumps(report, indent=1))
     print("BENCHJSON " + json.dumps(report))
     sys.stdout.flush()

@@ -59,6 +59,14 @@ QUEUEING: dict[str, object] = {
     },
     "refused": {"llamacpp": {"queue_full": 2}},
     "held": {"now": 1, "endedWithRoom": 1234, "endedWithBudget": 5},
+    "declaredClients": ["ide", HOSTILE],
+    "clients": {
+        "llamacpp": {
+            "ide": {"waiting": 2, "dispatched": 1500, "refused": {}},
+            HOSTILE: {"waiting": 0, "dispatched": 3, "refused": {"queue_full": 1}},
+            "unverified": {"waiting": 1, "dispatched": 7, "refused": {"queue_full": 2}},
+        }
+    },
     "breakers": {
         HOSTILE: {"state": "open", "opens": 2, "cooldownSeconds": 2.0, "recentFailures": 0},
     },
@@ -87,6 +95,7 @@ class _WithAffinity(Resource):
             "engines": ["llamacpp"],
             "keptEngines": [],
             "backends": [],
+            "clients": [{"name": "ide", "weight": 2.0}],
             "error": {"message": f"fleet.toml:4: {HOSTILE}", "line": 4, "at": status["now"]},
             "reloads": {"applied": 2, "unchanged": 0, "invalid": 1},
         }
@@ -193,7 +202,9 @@ class ScriptParityTests(TestCase):
         self.assertEqual(
             queue.textContent(),
             f"queue 3 {HOSTILE} 0 waiting, last wait 12.5 s · m1 3 waiting, last wait 250 ms"
-            " · held for a prefix 1 now, 1234 got its slot, 5 recomputed",
+            " · held for a prefix 1 now, 1234 got its slot, 5 recomputed"
+            f" · {HOSTILE} 0 waiting, 3 served, 1 refused · ide 2 waiting, 1500 served"
+            " · unverified 1 waiting, 7 served, 2 refused",
         )
         (note,) = dom.all("div", class_="breaker")
         self.assertEqual(note.textContent(), "breaker open · opened 2×")

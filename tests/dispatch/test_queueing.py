@@ -83,12 +83,13 @@ class WaitTests(QueueCase):
         self.assertEqual(self.depth(), 0)
 
     def test_fullQueueRefusedAtOnce(self) -> None:
-        """Past --queue-max: 503 queue_full at once with Retry-After, nothing sent or held,
-        however many come (memory flat at the bound)."""
+        """Past --queue-max the client with the most waiting is refused: 503 queue_full at
+        once with Retry-After, nothing sent or held, however many come (memory flat at the
+        bound)."""
         self.start(client(b"k1"))
         self.start(client(b"k1"))
         waiting = [self.start(client(b"k1"))[1] for _ in range(4)]
-        refused = [self.start(client(b"k2"))[1] for _ in range(50)]
+        refused = [self.start(client(b"k1"))[1] for _ in range(50)]
         self.assertEqual(self.depth(), 4)
         self.assertEqual(len(self.upstream.calls), 2)
         for request in refused:
@@ -170,24 +171,28 @@ class FairnessTests(QueueCase):
 
     def test_lightClientNotStarved(self) -> None:
         """A heavy client's backlog of six does not delay a light client's one request
-        beyond the next free slot."""
+        (a client seen before) beyond the next free slot."""
+        self.start(client(b"light"))
+        self.commit(0).end()
         self.start(client(b"heavy"))
         self.start(client(b"heavy"))
         for _ in range(6):
             self.start(client(b"heavy"))
         ex, _ = self.start(client(b"light"))
-        self.commit(0).end()
-        self.assertIs(self.upstream.calls[2].headers, ex.forwardHeaders)
+        self.commit(1).end()
+        self.assertIs(self.upstream.calls[3].headers, ex.forwardHeaders)
 
     def test_userFieldNamesClient(self) -> None:
         """Without Authorization, the OpenAI ``user`` field separates clients."""
         body = json.dumps({"model": "m1", "messages": [], "user": "u1"}).encode()
         other = json.dumps({"model": "m1", "messages": [], "user": "u2"}).encode()
+        self.start(body=other)
+        self.commit(0).end()  # u2 has been served before
         for _ in range(5):
             self.start(body=body)
         ex, _ = self.start(body=other)
-        self.commit(0).end()
-        self.assertIs(self.upstream.calls[2].headers, ex.forwardHeaders)
+        self.commit(1).end()
+        self.assertIs(self.upstream.calls[3].headers, ex.forwardHeaders)
 
 
 class BusyAnswerTests(LoopCase):

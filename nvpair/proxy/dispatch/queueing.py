@@ -7,7 +7,9 @@ waiting request is a Deferred the placement loop yields, holding no attempt, res
 or engine connection; it fires when an owner has room (the ledger says room may have
 appeared: an engine probe, one of our requests on an owner ending; or a busy mark lapses),
 and is cancelled (the request leaves the queue at once) when its client goes.  Over
-``--queue-max`` a request is answered 503 ``queue_full`` at once, past ``--queue-timeout``
+``--queue-max`` the client with the most waiting is answered 503 ``queue_full`` at once
+(the arriving request, or the newest of a longer FIFO whose place it takes), past
+``--queue-timeout``
 (or its job deadline) 503 ``queue_timeout`` (or ``deadline_exceeded``), both with a
 ``Retry-After`` from the drain rate observed.  Under a broker there is none of this.
 """
@@ -15,7 +17,7 @@ and is cancelled (the request leaves the queue at once) when its client goes.  O
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from twisted.internet import defer
@@ -24,6 +26,8 @@ from zope.interface import implementer
 
 from nvpair.proxy.dispatch.holds import Holds
 from nvpair.proxy.flow.breaker import Breakers
+from nvpair.proxy.flow.clientbook import ClientBook
+from nvpair.proxy.flow.clients import Client
 from nvpair.proxy.flow.fairqueue import FairQueue, Ticket
 from nvpair.proxy.flow.interfaces import IQueueing
 from nvpair.proxy.flow.waits import WaitHistogram
@@ -31,6 +35,7 @@ from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.placement.interfaces import IFleetView, IPlacementExchange
 
 if TYPE_CHECKING:
+    from nvpair.proxy.routing.facts import Identity
     from nvpair.proxy.routing.nodes import Node, OwnerSplit
     from nvpair.proxy.settings import Settings
 
@@ -53,10 +58,16 @@ class _Line:
 
     __slots__ = ("facade", "model", "queue", "waits")
 
-    def __init__(self, facade: IFleetView, model: str, maxDepth: int) -> None:
+    def __init__(
+        self,
+        facade: IFleetView,
+        model: str,
+        maxDepth: int,
+        charged: Callable[[Client], None] | None = None,
+    ) -> None:
         self.facade = facade
         self.model = model
-        self.queue: FairQueue[_Waiter] = FairQueue(maxDepth)
+        self.queue: FairQueue[_Waiter] = FairQueue(maxDepth, charged)
         self.waits = WaitHistogram()
 
     def owners(self) -> tuple[Node, ...]:
@@ -77,6 +88,7 @@ class Queueing:
         self.holds = Holds(clock, self._hasRoom, settings.queueMax)  # spec §11 "Placement"
         self.lines: OrderedDict[tuple[str, str], _Line] = OrderedDict()
         self.refused: dict[tuple[str, str], int] = {}
+        self.clients = ClientBook()  # the fleet file's [[client]] entries, counts per client
         self._draining = False
         self._again = False
         self._busyTimer: IDelayedCall | None = None
@@ -106,21 +118,31 @@ class Queueing:
                     break
             else:
                 return None
-        line = self.lines[key] = _Line(facade, model, self.settings.queueMax)
+        engineId = facade.engine.id
+        line = self.lines[key] = _Line(
+            facade,
+            model,
+            self.settings.queueMax,
+            lambda client: self.clients.countDispatch(engineId, client),
+        )
         return line
 
-    def dispatching(self, facade: IFleetView, model: str, client: str) -> None:
+    def clientOf(self, authorization: bytes | None, identity: Identity) -> Client:
+        """The request's client, by the declared clients in force (``ClientBook``)."""
+        return self.clients.clientOf(authorization, identity)
+
+    def dispatching(self, facade: IFleetView, model: str, client: Client) -> None:
         """A request goes to the owners without waiting: charge its client's service."""
         line = self._line(facade, model)
         if line is not None:
             line.queue.charge(client)
 
     def waitForRoom(
-        self, ex: IPlacementExchange, owners: Sequence[Node], client: str
+        self, ex: IPlacementExchange, owners: Sequence[Node], client: Client
     ) -> defer.Deferred[None] | None:
         """None when ``ex`` may go on now (charged to ``client``); else a Deferred that
         fires when it is dispatched, or fails with ``CancelledError`` once it has been
-        answered (full queue, timeout) or its client left (cancel it)."""
+        answered (full queue, timeout, its place taken) or its client left (cancel it)."""
         model = ex.model
         assert model is not None  # inference requests name their model
         if self.settings.queueMax == 0:
@@ -138,8 +160,9 @@ class Queueing:
         line = self._line(facade, model)
         waiter = _Waiter(ex)
         ticket = Ticket(client, now, waiter)
-        if line is None or not line.queue.push(ticket):
-            self._refuse(ex, line, "queue_full")
+        left = ticket if line is None else line.queue.push(ticket)
+        if line is None or left is ticket:
+            self._refuse(ex, line, "queue_full", client)
             return defer.fail(defer.CancelledError())
         waiter.deferred = defer.Deferred(lambda _: self._leave(line, ticket))
         timeout = self.settings.queueTimeout
@@ -148,6 +171,8 @@ class Queueing:
             min(timeout, remaining), self._expire, line, ticket, reason
         )
         wait = waiter.deferred
+        if left is not None:
+            self._displaced(line, left)
         self.drain()  # room may have come back since the last event
         return wait
 
@@ -166,10 +191,29 @@ class Queueing:
             return max(1, fallback)
         return line.queue.drain.retryAfter(len(line.queue), self.clock.seconds(), fallback)
 
-    def _refuse(self, ex: IPlacementExchange, line: _Line | None, reason: str) -> None:
-        key = (ex.facade.engine.id, reason)
+    def _refuse(
+        self,
+        ex: IPlacementExchange,
+        line: _Line | None,
+        reason: str,
+        client: Client | None = None,
+    ) -> None:
+        engineId = ex.facade.engine.id
+        key = (engineId, reason)
         self.refused[key] = self.refused.get(key, 0) + 1
+        if client is not None:
+            self.clients.countRefusal(engineId, client, reason)
         ex.answerError(503, reason, self._retryAfter(line))
+
+    def _displaced(self, line: _Line, ticket: Ticket[_Waiter]) -> None:
+        """A full queue gave ``ticket``'s place to a client with fewer waiting: answered
+        ``queue_full`` (already out of the queue)."""
+        waiter = ticket.payload
+        if waiter.timer is not None and waiter.timer.active():
+            waiter.timer.cancel()
+        waiter.timer = None
+        self._refuse(waiter.exchange, line, "queue_full", ticket.client)
+        waiter.deferred.cancel()
 
     def _leave(self, line: _Line, ticket: Ticket[_Waiter]) -> None:
         """The waiting request was cancelled (client gone, shutdown): out of the queue."""
@@ -183,7 +227,7 @@ class Queueing:
         waiter.timer = None
         if not line.queue.remove(ticket):
             return
-        self._refuse(waiter.exchange, line, reason)
+        self._refuse(waiter.exchange, line, reason, ticket.client)
         waiter.deferred.cancel()
 
     # -- dispatching waiters ----------------------------------------------------------

@@ -5,7 +5,7 @@ exception.  A ``FleetError`` names the file, the line and the problem in one lin
 (``FILE:LINE: problem``), as the process prints it at start, ``--check-fleet`` prints it,
 and a refused reload logs and shows it.  ``tomllib`` gives positions only for syntax
 errors, so the line of a semantic error is found in the text: the line of the offending
-key inside its ``[[backend]]`` table, else the table's header line.
+key inside its ``[[backend]]`` (or ``[[client]]``) table, else the table's header line.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from urllib.parse import urlsplit
 import attrs
 
 from nvpair.proxy.engines import ENGINES
+from nvpair.proxy.facade.fleetclients import ClientProblem, parseClients
+from nvpair.proxy.flow.clients import DeclaredClient
 
 MAX_FILE_BYTES = 1024 * 1024
 MAX_BACKENDS = 1024
@@ -27,10 +29,10 @@ MAX_NAME = 64
 
 _T = TypeVar("_T")
 
-_TOP_KEYS = ("engines", "backend")
+_TOP_KEYS = ("engines", "backend", "client")
 _BACKEND_KEYS = ("engine", "url", "name", "max_concurrency", "enabled")
 _TOML_POSITION = re.compile(r"\(at line (\d+), column \d+\)|\(at end of document\)")
-_HEADER = re.compile(r"^\s*\[\[\s*backend\s*\]\]\s*(#.*)?$")
+_HEADER = re.compile(r"^\s*\[\[\s*(backend|client)\s*\]\]\s*(#.*)?$")
 _ANY_HEADER = re.compile(r"^\s*\[")
 
 
@@ -60,10 +62,12 @@ class Backend:
 
 @attrs.frozen
 class FleetSpec:
-    """A validated fleet: the facades to enable and every backend, in file order."""
+    """A validated fleet: the facades to enable, every backend and every declared client,
+    in file order."""
 
     engines: tuple[str, ...]
     backends: tuple[Backend, ...]
+    clients: tuple[DeclaredClient, ...] = ()
 
     def serving(self, engineId: str) -> tuple[Backend, ...]:
         """The enabled backends of one engine, in file order; an engine with no
@@ -82,6 +86,11 @@ class FleetSpec:
             parts.append(f"{engineId}: {len(serving)} backend{'' if len(serving) == 1 else 's'}")
         disabled = sum(1 for b in self.backends if not b.enabled)
         tail = f" ({disabled} disabled)" if disabled else ""
+        if self.clients:
+            named = ", ".join(
+                c.name if c.weight == 1 else f"{c.name} (weight {c.weight:g})" for c in self.clients
+            )
+            tail += f"; clients: {named}"
         return f"fleet OK: {', '.join(parts)}{tail}"
 
 
@@ -112,11 +121,16 @@ def urlProblem(url: str) -> str | None:
 
 
 class _Lines:
-    """Finds the line of a key or of the n-th ``[[backend]]`` table in the file's text."""
+    """Finds the line of a key or of the n-th ``[[backend]]`` (or ``[[client]]``) table in
+    the file's text."""
 
     def __init__(self, text: str) -> None:
         self.lines = [line.rstrip("\r") for line in text.split("\n")]  # TOML's newlines
-        self.headers = [i + 1 for i, line in enumerate(self.lines) if _HEADER.match(line)]
+        self.headers: dict[str, list[int]] = {"backend": [], "client": []}
+        for i, line in enumerate(self.lines):
+            match = _HEADER.match(line)
+            if match is not None:
+                self.headers[match.group(1)].append(i + 1)
 
     def _key(self, key: str, start: int, end: int) -> int | None:
         pattern = re.compile(
@@ -136,10 +150,15 @@ class _Lines:
 
     def backend(self, index: int, key: str | None = None) -> int:
         """The line of ``key`` in the ``index``-th backend table, else its header line."""
-        if index >= len(self.headers):
-            return self.top("backend")  # an inline array of tables, or dotted keys
-        start = self.headers[index]
-        end = self.headers[index + 1] - 1 if index + 1 < len(self.headers) else len(self.lines)
+        return self.table("backend", index, key)
+
+    def table(self, name: str, index: int, key: str | None = None) -> int:
+        """The line of ``key`` in the ``index``-th ``[[name]]`` table, else its header."""
+        headers = self.headers[name]
+        if index >= len(headers):
+            return self.top(name)  # an inline array of tables, or dotted keys
+        start = headers[index]
+        end = len(self.lines)
         for number in range(start + 1, end + 1):  # a later [table] ends this one
             if _ANY_HEADER.match(self.lines[number - 1]):
                 end = number - 1
@@ -210,7 +229,12 @@ def _validate(document: Mapping[str, object], lines: _Lines, path: str) -> Fleet
                     lines.backend(i, "engine"),
                     f"engine {b.engine!r} is not in the top-level engines list",
                 )
-    return FleetSpec(engines, backends)
+    try:
+        clients = parseClients(document.get("client", []))
+    except ClientProblem as e:
+        line = lines.top("client") if e.index is None else lines.table("client", e.index, e.key)
+        raise FleetError(path, line, e.problem) from None
+    return FleetSpec(engines, backends, clients)
 
 
 def _engines(value: object, lines: _Lines, path: str) -> tuple[str, ...] | None:
@@ -278,13 +302,19 @@ def _backend(entry: object, i: int, lines: _Lines, path: str) -> Backend:
 
 
 def _typed(
-    entry: Mapping[str, object], key: str, kind: type[_T], i: int, lines: _Lines, path: str
+    entry: Mapping[str, object],
+    key: str,
+    kind: type[_T],
+    i: int,
+    lines: _Lines,
+    path: str,
+    table: str = "backend",
 ) -> _T:
     value = entry[key]
     # bool is an int to Python, never to the file
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         names = {str: "a string", int: "an integer", bool: "true or false"}
-        raise FleetError(path, lines.backend(i, key), f"{key} must be {names.get(kind, kind)}")
+        raise FleetError(path, lines.table(table, i, key), f"{key} must be {names.get(kind, kind)}")
     return value
 
 

@@ -5,7 +5,8 @@ file's identity (device, inode, size, modification time) changed and then held s
 one poll of ``RELOAD_POLL`` seconds (an editor writing in several steps is read once it is
 done).  A valid file is switched to at once, in one reactor turn: every ``IFleetFollower``
 registered for an engine (the inventory poller, and whatever else follows the fleet) is
-told that engine's new backends.  An invalid file changes nothing; its one-line error is
+told that engine's new backends, and every clients follower (the queue) the declared
+clients.  An invalid file changes nothing; its one-line error is
 logged once per distinct error, counted, and kept for ``/status`` and the page until a
 valid file is loaded.  Everything runs on the reactor: the SIGHUP handler only schedules
 ``reload`` there.
@@ -26,6 +27,7 @@ from twisted.logger import Logger
 from zope.interface import Interface, implementer
 
 from nvpair.proxy.facade.fleetfile import Backend, FleetError, FleetSpec, loadFleet
+from nvpair.proxy.flow.clients import DeclaredClient
 
 RELOAD_POLL = 1.0
 SERVICE_NAME = "fleet-file"
@@ -101,6 +103,7 @@ class FleetReloader(Service):
         self.error: ReloadError | None = None
         self.results = {"applied": 0, "unchanged": 0, "invalid": 0}
         self.followers: dict[str, list[IFleetFollower]] = {}
+        self.clientFollowers: list[Callable[[Sequence[DeclaredClient]], object]] = []
         self.serving: dict[str, tuple[Backend, ...]] = {}  # enabled engines, in order
         self._loaded: Fingerprint = None
         self._seen: Fingerprint = None
@@ -109,6 +112,10 @@ class FleetReloader(Service):
     def follow(self, engineId: str, follower: IFleetFollower) -> None:
         """Tell ``follower`` ``engineId``'s backends on every applied reload (the one hook)."""
         self.followers.setdefault(engineId, []).append(follower)
+
+    def followClients(self, setClients: Callable[[Sequence[DeclaredClient]], object]) -> None:
+        """Tell ``setClients`` the declared clients (``[[client]]``) on every applied load."""
+        self.clientFollowers.append(setClients)
 
     def first(self, fallbackEngines: Sequence[str]) -> None:
         """The load at start: the file (validated moments ago by the options) or, if it
@@ -192,6 +199,8 @@ class FleetReloader(Service):
                     follower.setBackends(backends)
             elif self.enableEngine(engineId, backends):
                 self.serving[engineId] = backends
+        for setClients in self.clientFollowers:
+            setClients(spec.clients)
         kept = [e for e in self.serving if e not in spec.engines]
         if kept:
             # Closing a listener would cut its clients: such a facade stays until restart.
@@ -203,6 +212,7 @@ class FleetReloader(Service):
             trigger=trigger,
             engines=list(spec.engines),
             backends=sum(len(b) for b in self.serving.values()),
+            clients=[c.name for c in spec.clients],
         )
 
     def names(self) -> dict[str, str]:

@@ -310,6 +310,7 @@ def startStandalone(process: IStandaloneProcess) -> None:
         reloader = FleetReloader(
             settings.fleetFile, context.clock, enable, reorder, process.metrics.fleetReload
         )
+        reloader.followClients(features.queueing.clients.setClients)  # [[client]]: shares
         reloader.first(settings.engines)
         reloader.setServiceParent(process)
         return

@@ -1,26 +1,34 @@
 """The proxy's fair queue of one facade and model (spec §11 "The queue"): pure policy.
 
 Requests wait here (standalone mode) while every owner of their model is known to be full.
-One FIFO per client; the next request comes from the waiting client that has received the
-least service, by start-time fair queueing: each client carries a virtual finish tag, a
-dispatch advances its client's tag by one, and a client that starts waiting again resumes
-at ``max(its tag, the queue's virtual time - IDLE_CREDIT)``: idle time banks at most one
-request's credit, so a client sending one request at a time (idle while it is served) goes
-before a backlogged one it has not out-served, and a long-idle one cannot take a run.  Every
-dispatch of the model is charged (``charge``), also those that never waited, so a client
-that takes the free slots first is served last once everybody waits.
+One FIFO per client (``flow.clients.Client.key``); the next request comes from the share
+that has received the least service, by start-time fair queueing on two levels
+(``flow.shares``): first between the declared clients (each its own share, weighted) and
+the one *unverified* share every other request belongs to; then, inside the unverified
+share, between its keys, where a key never seen joins behind the keys already waiting
+(so a key minted per request is no claim to service).  Without declared clients the first
+level has one share and the queue is fair between keys.  Every dispatch of the model is
+charged (``charge``), also those that never waited, so a client that takes the free slots
+first is served last once everybody waits.
 
-Everything is bounded: ``maxDepth`` waiting requests, ``MAX_CLIENT_TAGS`` idle clients'
-tags (the oldest forgotten first: a forgotten tag is the virtual time anyway, once nothing
-of that client waits), and the drain-rate window ``DRAIN_SAMPLES``.
+A full queue refuses the client with the most waiting, never one with nothing waiting:
+an arriving request whose client has fewer waiting than the longest FIFO takes the place
+of that FIFO's newest request (as fq_codel and DRR drop from the fattest flow); ties go
+against an unverified key before a declared client, then against the most served.
+
+Everything is bounded: ``maxDepth`` waiting requests, ``MAX_CLIENT_TAGS`` idle tags per
+level (the oldest forgotten first), and the drain-rate window ``DRAIN_SAMPLES``.
 """
 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict, deque
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
+
+from nvpair.proxy.flow.clients import Client
+from nvpair.proxy.flow.shares import IDLE_CREDIT, MAX_IDLE, Shares
 
 __all__ = [
     "DRAIN_SAMPLES",
@@ -33,21 +41,21 @@ __all__ = [
     "Ticket",
 ]
 
-MAX_CLIENT_TAGS = 1024
-IDLE_CREDIT = 1.0
+MAX_CLIENT_TAGS = MAX_IDLE
 DRAIN_SAMPLES = 64
 DRAIN_WINDOW = 60.0
 MAX_RETRY_AFTER = 3600
+_UNVERIFIED = ""  # the unverified share's id on the first level (no client key is empty)
 
 T = TypeVar("T")
 
 
 class Ticket(Generic[T]):
-    """One waiting request: its client key, when it started waiting and what it carries."""
+    """One waiting request: its client, when it started waiting and what it carries."""
 
     __slots__ = ("client", "since", "payload", "waiting")
 
-    def __init__(self, client: str, since: float, payload: T) -> None:
+    def __init__(self, client: Client, since: float, payload: T) -> None:
         self.client = client
         self.since = since
         self.payload = payload
@@ -87,14 +95,16 @@ class DrainRate:
 
 
 class FairQueue(Generic[T]):
-    """Waiting requests of one facade and model: a FIFO per client, least-served first."""
+    """Waiting requests of one facade and model: a FIFO per client, least-served share
+    first, the longest FIFO refused first when full."""
 
-    def __init__(self, maxDepth: int) -> None:
+    def __init__(self, maxDepth: int, charged: Callable[[Client], None] | None = None) -> None:
         self.maxDepth = maxDepth
+        self.charged = charged  # told of every dispatch charged (per-client counts)
         self._fifos: dict[str, deque[Ticket[T]]] = {}
-        self._tags: OrderedDict[str, float] = OrderedDict()  # idle clients, oldest first
-        self._active: dict[str, float] = {}  # waiting clients' tags
-        self.virtual = 0.0
+        self._top = Shares()  # declared clients and the unverified share
+        self._group = Shares(newBehind=True)  # the unverified share's keys
+        self._groupKeys = 0  # unverified keys with requests waiting
         self.depth = 0
         self.drain = DrainRate()
 
@@ -106,65 +116,112 @@ class FairQueue(Generic[T]):
             yield from fifo
 
     @property
+    def virtual(self) -> float:
+        """The first level's virtual time."""
+        return self._top.virtual
+
+    @property
     def clientsTracked(self) -> int:
-        """Clients with service state held (waiting or idle)."""
-        return len(self._tags) + len(self._active)
+        """Shares and keys with service state held (waiting or idle), both levels."""
+        return len(self._top) + len(self._group)
 
-    def _tag(self, client: str) -> float:
-        tag = self._active.get(client)
-        if tag is None:
-            tag = self._tags.get(client, self.virtual)
-        return max(tag, self.virtual - IDLE_CREDIT)
+    def waitingBy(self) -> dict[str | None, int]:
+        """Requests waiting per share (a declared name, or None: the unverified share)."""
+        counts: dict[str | None, int] = {}
+        for fifo in self._fifos.values():
+            share = fifo[0].client.share
+            counts[share] = counts.get(share, 0) + len(fifo)
+        return counts
 
-    def charge(self, client: str) -> None:
-        """``client`` was dispatched a request of this model: one unit of service (the
-        queue's virtual time moves to that request's start tag)."""
-        start = self._tag(client)
-        self.virtual = max(self.virtual, start)
-        tag = start + 1.0
-        if client in self._active:
-            self._active[client] = tag
-            return
-        self._tags[client] = tag
-        self._tags.move_to_end(client)
-        while len(self._tags) > MAX_CLIENT_TAGS:
-            self._tags.popitem(last=False)
+    def charge(self, client: Client) -> None:
+        """``client`` was dispatched a request of this model: one unit of service, on both
+        levels (a declared client's ``1 / weight``)."""
+        if client.share is None:
+            self._top.charge(_UNVERIFIED)
+            self._group.charge(client.key)
+        else:
+            self._top.charge(client.key, client.weight)
+        if self.charged is not None:
+            self.charged(client)
 
-    def push(self, ticket: Ticket[T]) -> bool:
-        """Queue ``ticket`` at the end of its client's FIFO; False when the queue is full."""
+    def push(self, ticket: Ticket[T]) -> Ticket[T] | None:
+        """Queue ``ticket`` at the end of its client's FIFO.  Returns the ticket left out:
+        None; ``ticket`` itself when the queue is full and its client has the most waiting;
+        or the newest request of the longest FIFO, whose place it took (out of the queue)."""
+        left: Ticket[T] | None = None
         if self.depth >= self.maxDepth:
-            return False
+            left = self._victim(ticket.client)
+            if left is None:
+                return ticket
+            self.remove(left)
         client = ticket.client
-        fifo = self._fifos.get(client)
+        fifo = self._fifos.get(client.key)
         if fifo is None:
-            fifo = self._fifos[client] = deque()
-            self._active[client] = self._tag(client)
-            self._tags.pop(client, None)
+            fifo = self._fifos[client.key] = deque()
+            if client.share is None:
+                self._group.waiting(client.key)
+                self._groupKeys += 1
+                self._top.waiting(_UNVERIFIED)
+            else:
+                self._top.waiting(client.key)
         fifo.append(ticket)
         self.depth += 1
-        return True
+        return left
+
+    def _rank(self, client: Client, waiting: int) -> tuple[int, int, float]:
+        """Who is refused first: the most waiting; then an unverified key before a declared
+        client; then the most served (the largest tag)."""
+        if client.share is None:
+            return waiting, 1, self._group.tag(client.key)
+        return waiting, 0, self._top.tag(client.key)
+
+    def _victim(self, arriving: Client) -> Ticket[T] | None:
+        """The newest request of the FIFO that gives way to ``arriving``'s, or None when
+        ``arriving``'s client, with its new request, ranks first itself."""
+        own = self._fifos.get(arriving.key)
+        best = self._rank(arriving, (len(own) if own else 0) + 1)
+        victim: deque[Ticket[T]] | None = None
+        for key, fifo in self._fifos.items():
+            if key == arriving.key:
+                continue
+            rank = self._rank(fifo[0].client, len(fifo))
+            if rank > best:
+                best, victim = rank, fifo
+        return None if victim is None else victim[-1]
 
     def pop(self, now: float) -> Ticket[T] | None:
-        """Take the next request: the head of the least-served waiting client's FIFO (ties:
-        the one waiting longest); charges that client and records the dispatch."""
+        """Take the next request: the head of the least-served share (inside the unverified
+        share, of its least-served key); ties go to the one waiting longest.  Charges that
+        client and records the dispatch."""
         best: str | None = None
         bestKey = (math.inf, math.inf)
-        for client, fifo in self._fifos.items():
-            key = (self._active[client], fifo[0].since)
-            if key < bestKey:
-                best, bestKey = client, key
+        group: str | None = None
+        groupKey = (math.inf, math.inf)
+        for key, fifo in self._fifos.items():
+            head = fifo[0]
+            if head.client.share is None:
+                rank = (self._group.active[key], head.since)
+                if rank < groupKey:
+                    group, groupKey = key, rank
+            else:
+                rank = (self._top.active[key], head.since)
+                if rank < bestKey:
+                    best, bestKey = key, rank
+        if group is not None and (self._top.active[_UNVERIFIED], groupKey[1]) < bestKey:
+            best = group
         if best is None:
             return None
         ticket = self._take(best)
-        self.charge(best)
+        self.charge(ticket.client)
         self.drain.dispatched(now)
         return ticket
 
     def remove(self, ticket: Ticket[T]) -> bool:
-        """Take ``ticket`` out (its client left, or it timed out); False if not waiting."""
+        """Take ``ticket`` out (its client left, it timed out, or another took its place);
+        False if not waiting."""
         if not ticket.waiting:
             return False
-        fifo = self._fifos.get(ticket.client)
+        fifo = self._fifos.get(ticket.client.key)
         if fifo is None:
             return False
         try:
@@ -177,21 +234,24 @@ class FairQueue(Generic[T]):
             self._idle(ticket.client)
         return True
 
-    def _take(self, client: str) -> Ticket[T]:
-        fifo = self._fifos[client]
+    def _take(self, key: str) -> Ticket[T]:
+        fifo = self._fifos[key]
         ticket = fifo.popleft()
         ticket.waiting = False
         self.depth -= 1
         if not fifo:
-            self._idle(client)
+            self._idle(ticket.client)
         return ticket
 
-    def _idle(self, client: str) -> None:
-        del self._fifos[client]
-        self._tags[client] = self._active.pop(client)
-        self._tags.move_to_end(client)
-        while len(self._tags) > MAX_CLIENT_TAGS:
-            self._tags.popitem(last=False)
+    def _idle(self, client: Client) -> None:
+        del self._fifos[client.key]
+        if client.share is None:
+            self._group.idle(client.key)
+            self._groupKeys -= 1
+            if not self._groupKeys:
+                self._top.idle(_UNVERIFIED)
+        else:
+            self._top.idle(client.key)
 
     def oldestWait(self, now: float) -> float:
         """Seconds the longest-waiting request has waited (0 when none waits)."""

@@ -12,7 +12,9 @@ from zope.interface import Interface
 if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
 
+    from nvpair.proxy.flow.clients import Client
     from nvpair.proxy.placement.interfaces import IPlacementExchange
+    from nvpair.proxy.routing.facts import Identity
     from nvpair.proxy.routing.nodes import Node, OwnerSplit
 
 
@@ -20,11 +22,14 @@ class IQueueing(Interface):
     """Standalone flow control: the fair queue while every owner is known full, and the
     per-node breakers."""
 
+    def clientOf(authorization: bytes | None, identity: Identity) -> Client:
+        """The request's client by protocol §9's rule, with the declared clients in force."""
+
     def knownFull(owners: Sequence[Node]) -> bool:
         """Whether every one of ``owners`` is known full now."""
 
     def waitForRoom(
-        ex: IPlacementExchange, owners: Sequence[Node], client: str
+        ex: IPlacementExchange, owners: Sequence[Node], client: Client
     ) -> Deferred[None] | None:
         """None when ``ex`` may go on now (charged to ``client``); else a Deferred that
         fires when it is dispatched, or fails with ``CancelledError`` once answered."""

@@ -143,6 +143,13 @@ class FleetBackend(TypedDict):
     enabled: bool
 
 
+class FleetClient(TypedDict):
+    """One ``[[client]]`` of the fleet file in force: its name and weight (never its key)."""
+
+    name: str
+    weight: float
+
+
 class FleetStatus(TypedDict):
     """The fleet file (standalone ``--fleet``): generation, load time, last refusal."""
 
@@ -152,6 +159,7 @@ class FleetStatus(TypedDict):
     engines: list[str]
     keptEngines: list[str]
     backends: list[FleetBackend]
+    clients: list[FleetClient]
     error: FleetError | None
     reloads: dict[str, int]
 

@@ -64,6 +64,7 @@ class QueueCollector(Collector):
         for (engine, reason), count in sorted(queueing.refused.items()):
             refused.add_metric([engine, reason], count)
         yield refused
+        yield from _clientFamilies(queueing)
         holds = queueing.holds
         yield GaugeMetricFamily(
             "nvpair_proxy_held_requests",
@@ -102,6 +103,70 @@ class QueueCollector(Collector):
         )
 
 
+def clientDepths(queueing: Queueing) -> list[tuple[str, str, str, int]]:
+    """Per facade, model and client label with requests waiting: how many wait."""
+    rows: list[tuple[str, str, str, int]] = []
+    roster = queueing.clients.roster
+    for (engine, model), line in queueing.lines.items():
+        counts: dict[str, int] = {}
+        for share, waiting in line.queue.waitingBy().items():
+            label = roster.label(share)
+            counts[label] = counts.get(label, 0) + waiting
+        rows.extend((engine, model, label, n) for label, n in sorted(counts.items()))
+    return rows
+
+
+def _clientFamilies(queueing: Queueing) -> Iterator[Metric]:
+    """Per declared client (by name), ``unverified`` and ``other``: waiting, dispatched,
+    refused (spec §11 "The queue", "Seen")."""
+    depth = GaugeMetricFamily(
+        "nvpair_proxy_queue_client_depth",
+        "Requests waiting in the proxy's queue, per facade, model and client (a declared "
+        "name, unverified, or other: a name a reload removed).",
+        labels=["engine", "model", "client"],
+    )
+    for engine, model, label, waiting in clientDepths(queueing):
+        depth.add_metric([engine, model, label], waiting)
+    yield depth
+    dispatched = CounterMetricFamily(
+        "nvpair_proxy_queue_client_dispatches",
+        "Requests sent on to the engines under the queue's fairness (waited or not), per "
+        "facade and client.",
+        labels=["engine", "client"],
+    )
+    for (engine, label), count in sorted(queueing.clients.dispatched.items()):
+        dispatched.add_metric([engine, label], count)
+    yield dispatched
+    refused = CounterMetricFamily(
+        "nvpair_proxy_queue_client_refusals",
+        "Requests the queue refused, per facade, client and reason.",
+        labels=["engine", "client", "reason"],
+    )
+    for (engine, label, reason), count in sorted(queueing.clients.refused.items()):
+        refused.add_metric([engine, label, reason], count)
+    yield refused
+
+
+def clientStatus(queueing: Queueing) -> dict[str, dict[str, dict[str, object]]]:
+    """``/status`` ``queueing.clients``: per facade and client label, requests waiting now,
+    dispatched and refused by reason (declared names, ``unverified``, ``other``)."""
+    waiting: dict[tuple[str, str], int] = {}
+    for engine, _, label, count in clientDepths(queueing):
+        waiting[engine, label] = waiting.get((engine, label), 0) + count
+    refused: dict[tuple[str, str], dict[str, int]] = {}
+    for (engine, label, reason), count in sorted(queueing.clients.refused.items()):
+        refused.setdefault((engine, label), {})[reason] = count
+    dispatched = queueing.clients.dispatched
+    clients: dict[str, dict[str, dict[str, object]]] = {}
+    for engine, label in sorted({*waiting, *dispatched, *refused}):
+        clients.setdefault(engine, {})[label] = {
+            "waiting": waiting.get((engine, label), 0),
+            "dispatched": dispatched.get((engine, label), 0),
+            "refused": refused.get((engine, label), {}),
+        }
+    return clients
+
+
 def queueStatus(queueing: Queueing | None) -> dict[str, object] | None:
     """``/status``'s ``queueing`` object: the bounds, per facade and model its depth, the
     longest current wait and the last wait; refusals; per node its breaker."""
@@ -124,6 +189,8 @@ def queueStatus(queueing: Queueing | None) -> dict[str, object] | None:
         "queueTimeoutSeconds": queueing.settings.queueTimeout,
         "queues": queues,
         "refused": refused,
+        "declaredClients": sorted(queueing.clients.roster.names),
+        "clients": clientStatus(queueing),
         "held": {
             "now": len(queueing.holds),
             "endedWithRoom": queueing.holds.endedWithRoom,

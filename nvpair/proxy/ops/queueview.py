@@ -18,7 +18,8 @@ def _queueing(status: StatusDocument) -> Mapping[str, object] | None:
 def queueTile(status: StatusDocument, engineId: str) -> str:
     """The facade's queue tile: requests waiting now, and per model its depth and last
     wait; requests held for their prefix holder (placement's holds: held now, let out with
-    a slot, recomputed elsewhere) once there were any; nothing under a broker."""
+    a slot, recomputed elsewhere) once there were any; with declared clients, each client
+    label's waiting, served and refused; nothing under a broker."""
     queueing = _queueing(status)
     if queueing is None:
         return ""
@@ -41,11 +42,29 @@ def queueTile(status: StatusDocument, engineId: str) -> str:
             f"held for a prefix {number(held['now'])} now, {number(held['endedWithRoom'])} "
             f"got its slot, {number(held['endedWithBudget'])} recomputed"
         )
+    parts.extend(_clientParts(queueing, engineId))
     detail = " \u00b7 ".join(parts) or "nobody waits"
     return (
         f'<div class="tile queue"><div class="tlabel">queue</div>'
         f'<div class="tval">{number(total)}</div><div class="tsub">{esc(detail)}</div></div>'
     )
+
+
+def _clientParts(queueing: Mapping[str, object], engineId: str) -> list[str]:
+    """Per client label of the facade (declared names, ``unverified``, ``other``), when
+    clients are declared: ``ide 2 waiting, 40 served[, 1 refused]``."""
+    declared = queueing.get("declaredClients")
+    allClients = queueing.get("clients")
+    clients = allClients.get(engineId) if isinstance(allClients, dict) else None
+    if not declared or not isinstance(clients, dict):
+        return []
+    parts = []
+    for label in sorted(clients):
+        entry = clients[label]
+        refused = sum(entry["refused"].values())
+        text = f"{label} {number(entry['waiting'])} waiting, {number(entry['dispatched'])} served"
+        parts.append(text + (f", {number(refused)} refused" if refused else ""))
+    return parts
 
 
 def breakerNote(status: StatusDocument, nodeId: str) -> str:

@@ -154,6 +154,9 @@ def fleetStatus(reloader: FleetReloader) -> FleetStatus:
             }
             for b in (spec.backends if spec is not None else ())
         ],
+        "clients": [
+            {"name": c.name, "weight": c.weight} for c in (spec.clients if spec is not None else ())
+        ],
         "error": None
         if error is None
         else {"message": error.message, "line": error.line, "at": int(error.at * 1000)},

@@ -182,6 +182,15 @@
         number(held.endedWithRoom) + " got its slot, " + number(held.endedWithBudget) +
         " recomputed");
     }
+    var clients = q.clients && q.clients[id];
+    if (q.declaredClients && q.declaredClients.length && clients && typeof clients === "object") {
+      Object.keys(clients).sort().forEach(function (label) {
+        var c = clients[label], refused = 0;
+        Object.keys(c.refused || {}).forEach(function (r) { refused += c.refused[r]; });
+        parts.push(label + " " + number(c.waiting) + " waiting, " + number(c.dispatched) +
+          " served" + (refused ? ", " + number(refused) + " refused" : ""));
+      });
+    }
     return add(el("div", "tile queue"), [el("div", "tlabel", "queue"),
       el("div", "tval", number(total)), el("div", "tsub", parts.join(" \u00b7 ") || "nobody waits")]);
   }
