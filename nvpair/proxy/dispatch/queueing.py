@@ -16,6 +16,7 @@ and is cancelled (the request leaves the queue at once) when its client goes.  O
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -28,7 +29,7 @@ from nvpair.proxy.dispatch.holds import Holds
 from nvpair.proxy.flow.breaker import Breakers
 from nvpair.proxy.flow.clientbook import ClientBook
 from nvpair.proxy.flow.clients import Client
-from nvpair.proxy.flow.fairqueue import FairQueue, Ticket
+from nvpair.proxy.flow.fairqueue import MAX_RETRY_AFTER, FairQueue, Ticket
 from nvpair.proxy.flow.interfaces import IQueueing
 from nvpair.proxy.flow.waits import WaitHistogram
 from nvpair.proxy.nodestate.ledger import RoomLedger
@@ -39,9 +40,10 @@ if TYPE_CHECKING:
     from nvpair.proxy.routing.nodes import Node, OwnerSplit
     from nvpair.proxy.settings import Settings
 
-__all__ = ["MAX_QUEUES", "Queueing"]
+__all__ = ["MAX_QUEUES", "OBSERVED_SAMPLES", "Queueing"]
 
 MAX_QUEUES = 256
+OBSERVED_SAMPLES = 8  # dispatches out of a queue before their rate is trusted
 
 
 class _Waiter:
@@ -160,6 +162,8 @@ class Queueing:
         line = self._line(facade, model)
         waiter = _Waiter(ex)
         ticket = Ticket(client, now, waiter)
+        if line is not None:
+            line.queue.maxDepth = self._bound(line)
         left = ticket if line is None else line.queue.push(ticket)
         if line is None or left is ticket:
             self._refuse(ex, line, "queue_full", client)
@@ -185,11 +189,70 @@ class Queueing:
             return defer.succeed(None)  # room came back since the engine's last report
         return self.holds.hold(nodeId, seconds)
 
+    def drainRate(self, line: _Line) -> float | None:
+        """How fast ``line`` can let requests out, per second: as observed over its last
+        dispatches (``OBSERVED_SAMPLES`` at least), else from the ledger (each owner's
+        capacity over the time ours hold a slot there, when every owner's is known), else
+        None (unknown)."""
+        now = self.clock.seconds()
+        observed = line.queue.drain.perSecond(now, OBSERVED_SAMPLES)
+        if observed is not None:
+            return observed
+        rate = 0.0
+        for node in line.owners():
+            capacity = self.ledger.capacity(node.id)
+            service = self.ledger.serviceTime(node.id)
+            if capacity is None or not service:
+                return None
+            rate += capacity / service
+        return rate or None
+
+    def _bound(self, line: _Line) -> int:
+        """How many of ``line`` may wait with a new request among them: ``--queue-max``,
+        and once the drain rate is known no more than start before a new request's
+        ``--queue-timeout`` (the *k*-th waiting starts about *k* / rate from now)."""
+        queueMax = self.settings.queueMax
+        rate = self.drainRate(line)
+        if rate is None:
+            return queueMax
+        return max(1, min(queueMax, math.ceil(rate * self.settings.queueTimeout) - 1))
+
+    def _shed(self, line: _Line) -> None:
+        """Refuse at once, once the drain rate is known, the waiting requests of ``line``
+        that could not start before their ``--queue-timeout`` ran out: every owner full,
+        the *k*-th of them (oldest first) starts about *k* / rate from now; as many as fail
+        that are given up, those a full queue gives up first (``FairQueue.shed``)."""
+        queue = line.queue
+        queue.maxDepth = self._bound(line)
+        rate = self.drainRate(line)
+        if rate is None:
+            return
+        now = self.clock.seconds()
+        timeout = self.settings.queueTimeout
+        keep = 0
+        for position, since in enumerate(sorted(t.since for t in queue), 1):
+            if now + position / rate >= since + timeout:
+                break
+            keep = position
+        if len(queue) <= keep:
+            return
+        bound, queue.maxDepth = queue.maxDepth, max(1, keep)  # their Retry-After: what stays
+        while len(queue) > keep:
+            ticket = queue.shed()
+            assert ticket is not None  # the queue is not empty
+            self._displaced(line, ticket)
+        queue.maxDepth = bound
+
     def _retryAfter(self, line: _Line | None) -> int:
-        fallback = self.settings.retryAfter
-        if line is None:
-            return max(1, fallback)
-        return line.queue.drain.retryAfter(len(line.queue), self.clock.seconds(), fallback)
+        """Whole seconds until the requests now waiting in ``line`` (at most its bound) are
+        let out at its drain rate (at least 1, at most ``MAX_RETRY_AFTER``);
+        ``--retry-after`` when the rate is unknown."""
+        fallback = max(1, self.settings.retryAfter)
+        rate = None if line is None else self.drainRate(line)
+        if line is None or rate is None:
+            return fallback
+        ahead = max(1, min(len(line.queue), line.queue.maxDepth))
+        return max(1, min(MAX_RETRY_AFTER, math.ceil(ahead / rate)))
 
     def _refuse(
         self,
@@ -251,9 +314,12 @@ class Queueing:
         self._armBusyTimer()
 
     def _drainLine(self, line: _Line) -> None:
+        """Let out the waiting requests of ``line`` while an owner has room; then, every
+        slot taken, refuse those that could not start in time (``_shed``)."""
         queue = line.queue
         while queue:
             if self.knownFull(line.owners()):
+                self._shed(line)
                 return
             now = self.clock.seconds()
             ticket = queue.pop(now)

@@ -72,13 +72,13 @@ class DrainRate:
         """Record one dispatch out of the queue."""
         self._times.append(now)
 
-    def perSecond(self, now: float) -> float | None:
+    def perSecond(self, now: float, least: int = 2) -> float | None:
         """Dispatches per second over the recent samples (those within ``DRAIN_WINDOW``),
-        or None when fewer than two were seen recently."""
+        or None when fewer than ``least`` (at least two) were seen recently."""
         times = self._times
         while times and now - times[0] > DRAIN_WINDOW:
             times.popleft()
-        if len(times) < 2:
+        if len(times) < max(2, least):
             return None
         span = max(now, times[-1]) - times[0]
         if span <= 0:
@@ -188,6 +188,21 @@ class FairQueue(Generic[T]):
             if rank > best:
                 best, victim = rank, fifo
         return None if victim is None else victim[-1]
+
+    def shed(self) -> Ticket[T] | None:
+        """Give up one waiting request to shrink the queue: the newest of the FIFO that
+        ranks first (``_rank``), taken out; None when nothing waits."""
+        victim: deque[Ticket[T]] | None = None
+        best: tuple[int, int, float] | None = None
+        for fifo in self._fifos.values():
+            rank = self._rank(fifo[0].client, len(fifo))
+            if best is None or rank > best:
+                best, victim = rank, fifo
+        if victim is None:
+            return None
+        ticket = victim[-1]
+        self.remove(ticket)
+        return ticket
 
     def pop(self, now: float) -> Ticket[T] | None:
         """Take the next request: the head of the least-served share (inside the unverified

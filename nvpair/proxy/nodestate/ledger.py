@@ -196,6 +196,7 @@ class RoomLedger:
         room = self.rooms.touch(nodeId)
         last = room.service
         room.service = seconds if last is None else last + SERVICE_WEIGHT * (seconds - last)
+        self._roomMayHaveAppeared(nodeId)  # how fast it drains is known better now
 
     def forget(self, nodeId: str) -> None:
         """``nodeId`` left its fleet."""
@@ -203,7 +204,8 @@ class RoomLedger:
 
     def subscribe(self, listener: Callable[[str], None]) -> Callable[[], None]:
         """Call ``listener(nodeId)`` whenever room may have appeared on ``nodeId`` (one of
-        ours ended there, a probe was read, its limit changed); returns the unsubscriber."""
+        ours ended there, a probe was read, its limit changed) or how fast it serves ours
+        was learnt; returns the unsubscriber."""
         if len(self._listeners) >= MAX_LISTENERS:
             raise ValueError("too many room listeners")
         self._listeners.append(listener)
