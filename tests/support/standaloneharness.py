@@ -104,8 +104,9 @@ def facadeEnabled(engineId: str) -> Callable[[dict[str, Any]], bool]:
     """Matches the log record of ``engineId``'s facade being enabled (a JSON record, or
     its line in ``--log-format text``)."""
     text = f" facade-enabled engine={engineId} "
-    return lambda r: (r.get("event") == "facade-enabled" and r.get("engine") == engineId) or (
-        r.get("event") == "unparsed" and text in r["text"]
+    return lambda r: (
+        (r.get("event") == "facade-enabled" and r.get("engine") == engineId)
+        or (r.get("event") == "unparsed" and text in r["text"])
     )
 
 

@@ -187,6 +187,9 @@ class Exchange:
         if workload is not None and not workload.ended:
             finishUnserved(workload, self, self.clock.seconds())
         self.context.requestEnded(self)
+        # Ended: the client's body, document and model name go now, not whenever the
+        # collector reaches this exchange's reference cycles (spec §13, issue 32).
+        self.body, self.document, self.model = b"", None, None
 
     def _clientLost(self, _: object) -> None:
         if self.client is not OPEN:
