@@ -187,9 +187,7 @@ class Exchange:
         if workload is not None and not workload.ended:
             finishUnserved(workload, self, self.clock.seconds())
         self.context.requestEnded(self)
-        # Ended: the client's body, document and model name go now, not whenever the
-        # collector reaches this exchange's reference cycles (spec §13, issue 32).
-        self.body, self.document, self.model = b"", None, None
+        self.body, self.document, self.model = b"", None, None  # not left to the cycle GC (§6)
 
     def _clientLost(self, _: object) -> None:
         if self.client is not OPEN:
