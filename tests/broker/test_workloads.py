@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -9,7 +10,8 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.broker.activity import Activity
-from nvpair.proxy.broker.workloads import WorkloadReporter
+from nvpair.proxy.broker.jsonrpc import Prepared
+from nvpair.proxy.broker.workloads import KEPT_CHARS, WorkloadReporter, keptCopy
 from nvpair.proxy.testing.fakecontext import ListSink
 
 
@@ -155,6 +157,51 @@ class DeafSink(ListSink):
     """A sink that says nobody listens (standalone mode's), yet records what reaches it."""
 
     listening = False
+
+
+class KeptCopyTests(SynchronousTestCase):
+    """What outlives a workload is bounded whatever the client named (spec §13, issue 32)."""
+
+    def test_keptCopy(self) -> None:
+        """Up to ``KEPT_CHARS`` characters a string is kept as is; a longer one is cut
+        there with a marker saying how much was cut."""
+        self.assertEqual(keptCopy("m" * KEPT_CHARS), "m" * KEPT_CHARS)
+        self.assertEqual(keptCopy("abcdef", 4), "abcd…[+2 chars]")
+        cut = keptCopy("x" * (8 << 20))
+        assert cut is not None
+        self.assertEqual(cut, "x" * KEPT_CHARS + f"…[+{(8 << 20) - KEPT_CHARS} chars]")
+
+    def test_recentBounded(self) -> None:
+        """The recent workloads keep a cut copy of a huge model name, and the finished
+        workload keeps nothing longer; its events carried the name whole."""
+        sink = ListSink()
+        reporter = WorkloadReporter(sink, Clock(), recent=3)
+        huge = "m" * (1 << 20)
+        for _ in range(5):
+            w = reporter.admit("ollama", huge)
+            w.finish("failed", "no_owner")
+            self.assertEqual(w.model, keptCopy(huge))
+        self.assertEqual(len(reporter.recent), 3)
+        for entry in reporter.recent:
+            self.assertEqual(entry["model"], keptCopy(huge))
+            self.assertLess(len(str(entry)), 1024)
+        self.assertTrue(all(p["workloadInfo"]["model"] == huge for _, p in sink.sent))
+        # Each event holds its own text: written after the workload let go, still whole.
+        for _, params in sink.sent:
+            assert isinstance(params, Prepared)
+            written = json.loads(params.paramsJSON())["workloadInfo"]["model"]
+            self.assertTrue(written == huge, "the event's model is not the admitted one")
+
+    def test_otherFieldsBounded(self) -> None:
+        """A recent workload's node and error are bounded copies too."""
+        reporter = WorkloadReporter(ListSink(), Clock())
+        w = reporter.admit("ollama", "m1")
+        w.submitted("n" * 300)
+        w.finish("failed", "e" * 300)
+        entry = reporter.recent[-1]
+        self.assertEqual(
+            (entry["node"], entry["error"]), (keptCopy("n" * 300), keptCopy("e" * 300))
+        )
 
 
 class NobodyListeningTests(SynchronousTestCase):

@@ -15,6 +15,7 @@ from nvpair.proxy.facade.hostcheck import (
     LOGGED_NAMES,
     HostGate,
     HostRule,
+    ownNames,
     parseAllowedHosts,
     parseHost,
 )
@@ -176,15 +177,29 @@ class HostRuleTests(SynchronousTestCase):
 
         self.patch(socket, "gethostname", lambda: "Box.Example.")
         r = HostRule()
-        self.assertAllowed(r, b"box.example:1")
-        self.assertDenied(r, b"box:1")
+        self.assertAllowed(r, b"box.example:1", b"box.local:1")
+        self.assertDenied(r, b"box:1", b"other.local:1")
 
     def test_localAndInternal(self) -> None:
-        """Names ending in ``.local`` or ``.internal``; not the bare words or look-alikes."""
-        self.assertAllowed(rule(), b"printer.local", b"host.docker.internal:11434", b"A.LOCAL.")
-        self.assertDenied(
-            rule(), b"local", b"internal", b"evil.localnet", b"evil.internal.example", b"xlocal"
-        )
+        """Only this machine's own ``.local`` and ``.internal`` names (spec §4.1, issue 32):
+        any other such name can be answered by anyone on the LAN (mDNS) and rebound;
+        ``--allowed-hosts '*.local,*.internal'`` restores protocol §8's rule."""
+        own = (b"workstation.local", b"Workstation.Internal:11434", b"WORKSTATION.LOCAL.")
+        self.assertAllowed(rule(), *own)
+        others = (b"printer.local", b"host.docker.internal:1", b"A.LOCAL.", b"x.workstation.local")
+        self.assertDenied(rule(), *others, b"workstation.local.evil.example", b"local")
+        self.assertDenied(rule(), b"internal", b"evil.localnet", b"evil.internal.example")
+        self.assertAllowed(rule("*.local", "*.internal"), *others)
+        self.assertDenied(rule("host.docker.internal"), b"printer.local", b"x.docker.internal")
+
+    def test_ownNames(self) -> None:
+        """A full host name gives its short name's ``.local`` and ``.internal`` too; no
+        host name at all gives none."""
+        names = {"box.example", "box.local", "box.internal"}
+        names |= {"box.example.local", "box.example.internal"}
+        self.assertEqual(ownNames("Box.Example."), names)
+        self.assertEqual(ownNames(""), frozenset())
+        self.assertDenied(HostRule(hostname=""), b".local", b"local")
 
     def test_foreign(self) -> None:
         """A rebinding page's own name is refused, whatever its port."""

@@ -13,8 +13,9 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from nvpair.proxy.facade.fleetfile import Backend
+from nvpair.proxy.facade.fleetfile import Backend, FleetSpec
 from nvpair.proxy.facade.reload import (
+    QUIET,
     RELOAD_POLL,
     FleetReloader,
     IFleetFollower,
@@ -136,13 +137,14 @@ class ReloaderTests(SynchronousTestCase):
         self.assertIsNone(reloader.error)
 
     def test_watchSettles(self) -> None:
-        """A changed file is loaded once it held still for one poll (not half-written)."""
+        """A changed file is loaded once it held still for ``QUIET`` (not half-written)."""
         reloader = self.reloader(ONE)
         self.file.write(TWO[:-20])  # a writer part way through
         self.clock.advance(RELOAD_POLL)
         self.file.write(TWO)
+        self.clock.advance(RELOAD_POLL)  # first seen whole now
         self.clock.advance(RELOAD_POLL)
-        self.assertEqual(self.counts, [])  # still moving
+        self.assertEqual(self.counts, [])  # still within its quiet time
         self.clock.advance(RELOAD_POLL)
         self.assertEqual(self.counts, ["applied"])
         self.assertEqual(self.named("fleet-loaded")[-1]["trigger"], "file-changed")
@@ -150,6 +152,64 @@ class ReloaderTests(SynchronousTestCase):
             self.clock.advance(RELOAD_POLL)
         self.assertEqual(self.counts, ["applied"])  # loaded once
         self.assertEqual(reloader.generation, 2)
+
+    def test_slowWriterDropsNothing(self) -> None:
+        """A writer that truncated the file, wrote a valid part (one backend of two) and
+        paused for more than a poll before the rest: the part is never applied, so no
+        backend is dropped; the whole file, the same fleet, reads as unchanged (issue 32)."""
+        reloader = self.reloader(TWO)
+        self.clock.advance(0.1)
+        self.file.write(ONE)  # valid TOML, one backend
+        self.clock.advance(0.9)
+        self.clock.advance(RELOAD_POLL)  # the part held still for a whole poll
+        self.clock.advance(0.5)
+        self.file.write(TWO)
+        for _ in range(5):
+            self.clock.advance(RELOAD_POLL)
+        self.assertEqual(self.follower.sets, [])
+        self.assertEqual((self.counts, reloader.generation), (["unchanged"], 1))
+
+    def test_signalWaitsForQuiet(self) -> None:
+        """SIGHUP on a file changed in the last ``QUIET`` seconds waits for it to be quiet,
+        then reloads with trigger ``signal``; on a quiet file it reloads at once."""
+        reloader = self.reloader(TWO)
+        self.clock.advance(QUIET)
+        reloader.signalled()
+        self.assertEqual(self.counts, ["unchanged"])
+        self.file.write(ONE)  # a writer part way through
+        reloader.signalled()
+        self.assertEqual(self.counts, ["unchanged"])
+        self.assertEqual(self.named("fleet-reload-waiting")[-1]["trigger"], "signal")
+        self.file.write(TWO)
+        self.clock.advance(RELOAD_POLL)
+        self.assertEqual(self.counts, ["unchanged"])
+        for _ in range(3):
+            self.clock.advance(RELOAD_POLL)
+        self.assertEqual(self.counts, ["unchanged", "unchanged"])
+        self.assertEqual(self.named("fleet-unchanged")[-1]["trigger"], "signal")
+        self.assertEqual(self.follower.sets, [])
+
+    def test_changedWhileRead(self) -> None:
+        """A file that changes while it is read is not applied: the reload waits and reads
+        it again once quiet (``waiting`` is not counted)."""
+        reloader = self.reloader(ONE)
+        load = reloader.load
+
+        def writtenMeanwhile(path: str) -> FleetSpec:
+            spec = load(path)
+            self.file.write(TWO + "# more\n")
+            return spec
+
+        self.file.write(TWO)
+        reloader.load = writtenMeanwhile
+        self.assertEqual(reloader.reload("signal"), "waiting")
+        reloader.load = load
+        self.assertEqual((self.follower.sets, self.counts), ([], []))
+        for _ in range(3):
+            self.clock.advance(RELOAD_POLL)
+        self.assertEqual(self.counts, ["applied"])
+        self.assertEqual(self.named("fleet-loaded")[-1]["trigger"], "signal")
+        self.assertEqual(self.follower.sets, [["http://a:1", "http://b:1"]])
 
     def test_watchInvalidOnce(self) -> None:
         """A file that stays invalid is read once, not on every poll."""

@@ -12,6 +12,7 @@ per name, without path or body.
 from __future__ import annotations
 
 import json
+import socket
 from typing import Any
 
 import ollama
@@ -206,3 +207,31 @@ class RebindingTests(TestCase):
             (record["level"], record["host"], record["engine"]), ("warn", "evil.example", "ollama")
         )
         self.assertEqual(len(proxy.events("host-denied")), 1)
+
+    @asyncTest
+    async def test_localNames(self) -> None:
+        """A ``.local`` or ``.internal`` name other than this machine's own is refused (a LAN
+        host can answer it over mDNS, spec §4.1, issue 32); the machine's own ``.local``
+        name passes; ``--allowed-hosts '*.local'`` restores the protocol's wider rule."""
+        engine = startEngine(self, reactor, "ollama", ["m1"], name="O")
+        own = socket.gethostname().lower().rstrip(".").split(".")[0].encode()
+        for env, allowed in (({}, False), ({"NVPAIR_PROXY_ALLOWED_HOSTS": "*.local"}, True)):
+            proxy = StandaloneProxy(self, reactor, ["ollama"], [("ollama", engine.url)], env=env)
+            await proxy.start()
+            port = proxy.ports["ollama"]
+            verdicts = {}
+            for host in (b"printer.local", b"host.docker.internal", own + b".local"):
+                raw = await rawExchange(
+                    port, rebinding(port, b"GET", b"/api/version", host=host), timeout=20
+                )
+                verdicts[host] = splitAnswer(raw)[0]
+            self.assertEqual(
+                verdicts,
+                {
+                    b"printer.local": 200 if allowed else 403,
+                    b"host.docker.internal": 403,
+                    own + b".local": 200,
+                },
+                env,
+            )
+            self.assertEqual(await proxy.stop(), 0)

@@ -14,7 +14,14 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.options import Options
 from nvpair.proxy.runtime.logoutlet import LineOutlet
-from nvpair.proxy.runtime.logs import LogControl, logFormatFor, makeObserver, textLine, textValue
+from nvpair.proxy.runtime.logs import (
+    LogControl,
+    jsonLine,
+    logFormatFor,
+    makeObserver,
+    textLine,
+    textValue,
+)
 
 SCALARS = st.one_of(
     st.text(),
@@ -155,3 +162,58 @@ class FormatChoiceTests(SynchronousTestCase):
             Options(environ={}).parseOptions(["--standalone", "--log-format", "yaml"])
         self.assertEqual(exit.exception.code, 2)
         self.assertIn("--log-format", stderr.getvalue())
+
+
+# Every character a terminal or a line splitter acts on: C0, DEL, C1, U+2028 and U+2029.
+CONTROLS = [chr(c) for c in (*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029)]
+CONTROL_TEXT = st.text(st.sampled_from(CONTROLS) | st.characters(), max_size=40)
+
+
+def rawControls(line: str) -> list[str]:
+    """The control characters left raw in a rendered line."""
+    return [c for c in line if c in CONTROLS]
+
+
+class ControlCharacterTests(SynchronousTestCase):
+    """No control character reaches a log line raw, in either format (spec §9, issue 32)."""
+
+    def test_csiAndOsc(self) -> None:
+        """An 8-bit CSI and OSC, a 7-bit ESC sequence, BEL and DEL in a field, its key and
+        the event are escaped in both formats; the JSON line reads back the same record."""
+        hostile = "evil\x9b31m\x9d0;title\x9c\x1b[2J\x07\x7f\x85\u2028.example"
+        record: dict[str, object] = {
+            "time": 1.5,
+            "level": "warn",
+            "event": "host-denied" + hostile,
+            "engine": "ollama",
+            "host": hostile,
+            "k" + hostile: [hostile],
+        }
+        jsonText = jsonLine(record)
+        self.assertEqual(rawControls(jsonText), [])
+        self.assertEqual(json.loads(jsonText), record)
+        self.assertIn("\\u009b31m\\u009d0;title\\u009c\\u001b[2J\\u0007\\u007f", jsonText)
+        text = textLine(record)
+        self.assertEqual(rawControls(text), [])
+        self.assertIn('host="evil\\u009b31m\\u009d0;title\\u009c', text)
+
+    @given(st.dictionaries(CONTROL_TEXT, CONTROL_TEXT, max_size=4), CONTROL_TEXT, CONTROL_TEXT)
+    def test_noneRaw(self, fields: dict[str, str], engine: str, event: str) -> None:
+        """Whatever strings a record holds: no control character in its JSON or text line,
+        and the JSON line parses back to the record."""
+        record: dict[str, object] = {"time": 1.5, "level": "info", "event": event}
+        record["engine"] = engine
+        record.update(fields)
+        jsonText = jsonLine(record)
+        self.assertEqual(rawControls(jsonText), [])
+        self.assertEqual(json.loads(jsonText), record)
+        self.assertEqual(rawControls(textLine(record)), [])
+
+    def test_observers(self) -> None:
+        """Both observers of the process write the escaped line."""
+        for form in ("json", "text"):
+            stream = io.StringIO()
+            log = Logger(observer=makeObserver(stream, LogControl("info"), form))
+            log.warn("host-denied", host="a\x9bb\u2029c")
+            self.assertEqual(rawControls(stream.getvalue().rstrip("\n")), [], form)
+            self.assertIn("a\\u009bb\\u2029c", stream.getvalue(), form)

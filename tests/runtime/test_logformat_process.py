@@ -19,7 +19,8 @@ from twisted.trial.unittest import TestCase
 from zope.interface import implementer
 
 from nvpair.proxy.engines import ENGINES
-from tests.support.harness import freePort
+from tests.integration.test_requests import asyncTest
+from tests.support.harness import freePort, rawExchange
 from tests.support.kitprocess import killAtCleanup
 from tests.support.standaloneharness import StandaloneProxy, facadeEnabled
 
@@ -138,3 +139,61 @@ class TerminalTests(TestCase):
         record = yield proxy.waitForLog(facadeEnabled("llamacpp"))
         self.assertEqual(record["port"], proxy.ports["llamacpp"])
         self.assertEqual(proxy.events("unparsed"), [])
+
+
+# An 8-bit CSI (clear screen, red), an 8-bit OSC setting the terminal title, ended by ST.
+HOSTILE_HOST = b"evil\x9b2J\x9b31m\x9d0;pwned\x9c.example"
+
+
+class ControlCharacterTests(TestCase):
+    """A ``Host`` carrying 8-bit CSI/OSC bytes reaches the log only escaped (issue 32)."""
+
+    timeout = 60
+
+    async def denied(self, form: str) -> tuple[StandaloneProxy, int]:
+        """A standalone proxy writing ``form`` lines, after its ops listener refused the
+        hostile ``Host`` (the facades' HTTP layer answers 400 to such a value before the
+        rule; the ops listener has no such layer) and it stopped (every line read)."""
+        opsPort = freePort()
+        proxy = StandaloneProxy(
+            self, reactor, ("llamacpp",), extra=("--log-format", form, "--ops-port", str(opsPort))
+        )
+        await proxy.start()
+        await proxy.waitForLog(
+            lambda r: r.get("event") == "ops-listening" or " ops-listening " in r.get("text", "")
+        )
+        raw = await rawExchange(
+            opsPort,
+            b"GET /status HTTP/1.1\r\nHost: %s:%d\r\nConnection: close\r\n\r\n"
+            % (HOSTILE_HOST, opsPort),
+            timeout=20,
+        )
+        self.assertTrue(raw.startswith(b"HTTP/1.1 403 "), raw[:100])
+        self.assertEqual(await proxy.stop(), 0)
+        return proxy, opsPort
+
+    def assertNoRawControls(self, proxy: StandaloneProxy) -> None:
+        for line in proxy.rawLines:
+            text = line.decode("utf-8")
+            self.assertFalse([c for c in text if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0], text)
+            self.assertNotIn(b"\x9b", line)  # not even as a lone byte
+
+    @asyncTest
+    async def test_json(self) -> None:
+        """JSON lines: ``host-denied`` names the host with its C1 characters as ``\\u``
+        escapes (it parses back to the raw value); no line holds a raw control character."""
+        proxy, opsPort = await self.denied("json")
+        [record] = proxy.events("host-denied")
+        self.assertEqual(record["host"], f"{HOSTILE_HOST.decode('latin-1')}:{opsPort}")
+        [line] = [raw for raw in proxy.rawLines if b"host-denied" in raw]
+        self.assertIn(b"evil\\u009b2J\\u009b31m\\u009d0;pwned\\u009c.example", line)
+        self.assertNoRawControls(proxy)
+
+    @asyncTest
+    async def test_text(self) -> None:
+        """Text lines: the same record with the host quoted and escaped; no line holds a
+        raw control character."""
+        proxy, _ = await self.denied("text")
+        [line] = [raw for raw in proxy.rawLines if b"host-denied" in raw]
+        self.assertIn(b'WARN  host-denied listener=ops host="evil\\u009b2J\\u009b31m', line)
+        self.assertNoRawControls(proxy)

@@ -101,8 +101,13 @@ class _StderrReader:
 
 
 def facadeEnabled(engineId: str) -> Callable[[dict[str, Any]], bool]:
-    """Matches the log record of ``engineId``'s facade being enabled."""
-    return lambda r: r.get("event") == "facade-enabled" and r.get("engine") == engineId
+    """Matches the log record of ``engineId``'s facade being enabled (a JSON record, or
+    its line in ``--log-format text``)."""
+    text = f" facade-enabled engine={engineId} "
+    return lambda r: (
+        (r.get("event") == "facade-enabled" and r.get("engine") == engineId)
+        or (r.get("event") == "unparsed" and text in r["text"])
+    )
 
 
 def backendUp(url: str) -> Callable[[dict[str, Any]], bool]:
@@ -153,6 +158,7 @@ class StandaloneProxy:
         if env:
             self.environ.update(env)
         self.logs: list[dict[str, Any]] = []
+        self.rawLines: list[bytes] = []  # every stderr line as written (parsed or not)
         self._watchers: list[tuple[Callable[[dict[str, Any]], bool], defer.Deferred[Any]]] = []
         self.proto: _Protocol | None = None
         self.stderr: _StderrReader | None = None
@@ -162,6 +168,7 @@ class StandaloneProxy:
         return f"http://127.0.0.1:{self.ports[engineId]}"
 
     def _line(self, raw: bytes) -> None:
+        self.rawLines.append(raw)
         try:
             record = json.loads(raw)
         except ValueError:

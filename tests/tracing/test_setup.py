@@ -15,13 +15,23 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
 )
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from nvpair.proxy.tracing.setup import boundedFlush, exporterFor, makeProvider, startTracing
+from nvpair.proxy.tracing.setup import (
+    ATTRIBUTE_LENGTH,
+    boundedFlush,
+    exporterFor,
+    makeProvider,
+    samplerFor,
+    spanLimits,
+    startTracing,
+)
 
 
 class _Exporter(SpanExporter):
@@ -88,6 +98,80 @@ class EnvironmentTests(SynchronousTestCase):
         self.assertIsInstance(grpc, GrpcExporter)
         http.shutdown()
         grpc.shutdown()
+
+
+CLIENT_SAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def recorded(environ: dict[str, str], traceparent: str | None = None) -> list[ReadableSpan]:
+    """The spans a provider made for ``environ`` records for one server span, continuing
+    ``traceparent`` when given, with a 1 MiB model name."""
+    exporter = InMemorySpanExporter()
+    with mock.patch.dict(os.environ, environ):
+        for name in ("OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG"):
+            if name not in environ:
+                os.environ.pop(name, None)
+        provider = makeProvider(_Exporter(), os.environ)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    parent = TraceContextTextMapPropagator().extract(
+        {"traceparent": traceparent} if traceparent else {}
+    )
+    span = provider.get_tracer("t").start_span(
+        "POST /api/chat", context=parent, attributes={"gen_ai.request.model": "m" * (1 << 20)}
+    )
+    span.end()
+    provider.shutdown()
+    return list(exporter.get_finished_spans())
+
+
+class SamplerTests(SynchronousTestCase):
+    """Whose sampled flag counts (spec §9a, issue 32): ours by default, the client's only
+    when the operator picks a parent-based sampler."""
+
+    def test_clientCannotForce(self) -> None:
+        """Without ``OTEL_TRACES_SAMPLER`` the ratio decides, whatever the client's flag:
+        at 0 a client's sampled ``traceparent`` records nothing; at the default 1 a root
+        records; the sampler says which it is."""
+        self.assertEqual(recorded({"OTEL_TRACES_SAMPLER_ARG": "0"}, CLIENT_SAMPLED), [])
+        self.assertEqual(len(recorded({}, None)), 1)
+        self.assertEqual(len(recorded({}, CLIENT_SAMPLED.replace("-01", "-00"))), 1)
+        for arg, rate in (("0.25", "0.25"), ("x", "1.0"), ("2", "1.0"), ("nan", "1.0")):
+            sampler = samplerFor({"OTEL_TRACES_SAMPLER_ARG": arg})
+            assert sampler is not None
+            self.assertEqual(sampler.get_description(), f"TraceIdRatioBased{{{rate}}}")
+
+    def test_operatorTrustsParent(self) -> None:
+        """``OTEL_TRACES_SAMPLER=parentbased_traceidratio`` at 0: the client's sampled flag
+        is followed (the operator's choice); plain ``traceidratio`` at 0 records nothing."""
+        trusting = {
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": "0",
+        }
+        self.assertEqual(len(recorded(trusting, CLIENT_SAMPLED)), 1)
+        self.assertEqual(recorded(trusting, None), [])
+        plain = {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}
+        self.assertEqual(recorded(plain, CLIENT_SAMPLED), [])
+        self.assertIsNone(samplerFor({"OTEL_TRACES_SAMPLER": "always_on"}))
+
+
+class LimitTests(SynchronousTestCase):
+    """String attributes are cut to ``ATTRIBUTE_LENGTH`` unless the operator set a limit."""
+
+    def test_defaultLimit(self) -> None:
+        """A 1 MiB model name is exported as its first 256 characters."""
+        [span] = recorded({})
+        assert span.attributes is not None
+        self.assertEqual(span.attributes["gen_ai.request.model"], "m" * ATTRIBUTE_LENGTH)
+
+    def test_operatorLimit(self) -> None:
+        """Either length variable replaces ours: the SDK reads it."""
+        for name in ("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT"):
+            with mock.patch.dict(os.environ, {name: "1000"}):
+                self.assertEqual(spanLimits(os.environ).max_span_attribute_length, 1000)
+                [span] = recorded({name: "1000"})
+            assert span.attributes is not None
+            self.assertEqual(len(str(span.attributes["gen_ai.request.model"])), 1000, name)
+        self.assertEqual(spanLimits({}).max_span_attribute_length, ATTRIBUTE_LENGTH)
 
 
 class FlushTests(SynchronousTestCase):

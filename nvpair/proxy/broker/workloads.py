@@ -6,7 +6,8 @@ one terminal event is emitted, whatever path ends the request.
 
 Each event's params are an ``_Event``: the ``{"workloadInfo": info}`` dict every sink sees,
 which the broker channel writes from a template (the fields fixed for the workload's life
-are escaped once) instead of walking it with the general JSON encoder.  The bytes are the
+are escaped once, and each event holds its own copy of that text) instead of walking it
+with the general JSON encoder.  The bytes are the
 encoder's own, to the byte (``tests/broker/test_notify_golden.py``).
 """
 
@@ -30,6 +31,22 @@ FAILED = "failed"
 CANCELLED = "cancelled"
 
 _STATES = {state: f'"{state}"' for state in (QUEUED, RUNNING, COMPLETED, FAILED, CANCELLED)}
+
+KEPT_CHARS = 256
+"""The most characters of a string kept in a recent workload (spec §13): a longer one is cut
+there with :func:`keptCopy`'s marker, so the kept records stay small whatever a client named."""
+
+
+def keptCopy(text: str, limit: int = KEPT_CHARS) -> str:
+    """``text`` if it has at most ``limit`` characters, else its first ``limit`` followed by
+    a marker saying how many were cut (``…[+N chars]``)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}…[+{len(text) - limit} chars]"
+
+
+def _kept(text: str | None) -> str | None:
+    return None if text is None else keptCopy(text)
 
 
 def _string(value: object) -> str:
@@ -90,21 +107,21 @@ class _Event(Prepared):
     ``info`` is built by :meth:`Workload._emit` and never changed after: its keys are in
     :meth:`Workload.info`'s order then ``seq``; ``id``, ``model``, ``engine``, ``runId`` and
     ``createdAt`` are the workload's own, fixed for its life (written once, in its
-    ``_head``/``_mid``); ``originatedFrom`` is ``""`` and ``requesterId`` ``None``.
+    ``_head``/``_mid``, which the event holds: a finished workload lets go of them);
+    ``originatedFrom`` is ``""`` and ``requesterId`` ``None``.
     """
 
-    __slots__ = ("_workload",)
+    __slots__ = ("_head", "_mid")
 
-    _workload: Workload
+    _head: str
+    _mid: str
 
     def paramsJSON(self) -> str:
         info = cast("dict[str, object]", self["workloadInfo"])  # filled by ``_emit`` only
-        workload = self._workload
-        head = workload._head or workload._writeHead()
         state = cast(str, info["state"])
         error = info["error"]
         text = (
-            f"{head}{_STATES.get(state) or _string(state)}{workload._mid}"
+            f"{self._head}{_STATES.get(state) or _string(state)}{self._mid}"
             f'{"null" if error is None else _string(error)},"requesterId":null'
         )
         if len(info) > 10:  # anything past the nine fixed keys and ``seq``
@@ -156,7 +173,7 @@ class Workload:
         self.error: str | None = None
         self.stats: dict[str, object] | None = None
         # The JSON of the fields before and after ``state`` that never change: written the
-        # first time an event is (a sink that never writes JSON never pays for it).
+        # first time an event is sent (with nobody listening, never).
         self._head = ""
         self._mid = ""
 
@@ -208,7 +225,8 @@ class Workload:
         reporter.seq = info["seq"] = reporter.seq + 1
         params = _Event()
         params["workloadInfo"] = info
-        params._workload = self
+        params._head = self._head or self._writeHead()
+        params._mid = self._mid
         reporter.sink.notify(method, params)
 
     def submitted(self, scheduledOn: str | None) -> None:
@@ -247,11 +265,11 @@ class Workload:
             {
                 "id": self.id,
                 "engine": self.engine,
-                "model": self.model,
+                "model": keptCopy(self.model),
                 "state": state,
-                "node": self.scheduledOn,
+                "node": _kept(self.scheduledOn),
                 "attempts": self.attempts,
-                "error": error,
+                "error": _kept(error),
                 "stats": stats,
                 "createdAt": self.createdAt,
                 "completedAt": self.completedAt,
@@ -261,4 +279,6 @@ class Workload:
             reporter.ends.ended(
                 self.engine, self.scheduledOn, self.startedAt is not None, state, error, stats
             )
+        # Its last event is out: from now on it keeps only a bounded copy of its model.
+        self.model, self._head, self._mid = keptCopy(self.model), "", ""
         return True

@@ -203,6 +203,7 @@ class Exchange:
         if workload is not None and not workload.ended:
             finishUnserved(workload, self, self.clock.seconds())
         self.context.requestEnded(self)
+        self.body, self.document, self.model = b"", None, None  # not left to the cycle GC (§6)
 
     def _clientLost(self, _: object) -> None:
         if self.client is not OPEN:

@@ -20,6 +20,7 @@ import attrs
 
 from nvpair.proxy.engines import ENGINES
 from nvpair.proxy.facade.fleetclients import ClientProblem, parseClients
+from nvpair.proxy.facade.fleetread import readRegularFile
 from nvpair.proxy.flow.clients import DeclaredClient
 
 MAX_FILE_BYTES = 1024 * 1024
@@ -319,10 +320,10 @@ def _typed(
 
 
 def loadFleet(path: str) -> FleetSpec:
-    """Read and validate the fleet file at ``path`` (a small file: read at once)."""
+    """Read and validate the fleet file at ``path`` (a small regular file: read at once,
+    never blocking on a pipe or device, ``fleetread``)."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
+        data = readRegularFile(path, MAX_FILE_BYTES + 1)
     except OSError as e:
         raise FleetError(path, 0, f"cannot read: {e.strerror or e}") from None
     return parseFleet(data, path)

@@ -3,10 +3,14 @@
 A web page can re-point a name it controls at 127.0.0.1 and then call the proxy as a
 same-origin request; its requests still carry the page's name in ``Host``.  ``HostRule``
 says whether a ``Host`` value names this machine: ``localhost`` and ``*.localhost``, any
-127.0.0.0/8 address, ``[::1]`` (and IPv4-mapped loopback), this machine's host name, names
-ending in ``.local`` or ``.internal``, and the names of ``--allowed-hosts`` (``*`` turns the
-check off).  The port is not checked.  Verdicts are cached by the raw header value in a
-small bounded dict, so the usual ``127.0.0.1:PORT`` costs one dict lookup.  ``HostGate``
+127.0.0.0/8 address, ``[::1]`` (and IPv4-mapped loopback), this machine's host name and that
+name (or its first label) followed by ``.local`` or ``.internal``, and the names of
+``--allowed-hosts`` (``*`` turns the check off).  Other ``.local`` and ``.internal`` names
+are refused, a deliberate deviation from protocol §8 (spec §4.1): anyone on the LAN can
+answer such a name over mDNS and rebind it to 127.0.0.1; ``--allowed-hosts '*.local'``
+restores the protocol's rule.  The port is not checked.  Verdicts are cached by the raw
+header value in a small bounded dict, so the usual ``127.0.0.1:PORT`` costs one dict
+lookup.  ``HostGate``
 is the rule as a listener uses it: a refusal is counted and logged once per name (the name
 only; the set of names already logged is bounded).
 """
@@ -29,7 +33,7 @@ LOGGED_NAMES = 256
 LOG_NAME_MAX = 100
 """A refused name is cut to this many characters in the log."""
 
-_SUFFIXES = (".localhost", ".local", ".internal")
+_OWN_SUFFIXES = (".local", ".internal")
 _NAME = re.compile(r"[a-z0-9_-]+(?:\.[a-z0-9_-]+)*\Z")
 _DIGITS = re.compile(r"[0-9.]+\Z")
 _PORT = re.compile(r"[0-9]{0,5}\Z")
@@ -80,11 +84,22 @@ def parseHost(value: bytes) -> str | None:
     return _name(name)
 
 
-def isLoopbackName(name: str, hostname: str) -> bool:
-    """Whether a normalized name is one of protocol §8's loopback names on ``hostname``."""
+def ownNames(hostname: str) -> frozenset[str]:
+    """This machine's names: ``hostname`` (normalized), and it and its first label followed
+    by ``.local`` or ``.internal`` (what mDNS and container runtimes call this machine)."""
+    hostname = hostname.lower().rstrip(".")
+    if not hostname:
+        return frozenset()
+    stems = {hostname, hostname.split(".")[0]}
+    return frozenset({hostname} | {stem + suffix for stem in stems for suffix in _OWN_SUFFIXES})
+
+
+def isLoopbackName(name: str, own: frozenset[str]) -> bool:
+    """Whether a normalized name is one of the loopback names (spec §4.1) of a machine
+    whose names (``ownNames``) are ``own``."""
     if not name:
         return False
-    if name == "localhost" or name == hostname or name.endswith(_SUFFIXES):
+    if name == "localhost" or name in own or name.endswith(".localhost"):
         return True
     if name[0].isdigit() and "." in name and ":" not in name:
         try:
@@ -140,6 +155,7 @@ class HostRule:
         if hostname is None:
             hostname = socket.gethostname()
         self.hostname = hostname.lower().rstrip(".")
+        self.own = ownNames(hostname)
         self.names = frozenset(n for n in allowed if not n.startswith("*"))
         self.suffixes = tuple(n[1:] for n in allowed if n.startswith("*."))
         self._cache: dict[bytes, bool] = {}
@@ -164,7 +180,7 @@ class HostRule:
         if name is None:
             return False
         return (
-            isLoopbackName(name, self.hostname)
+            isLoopbackName(name, self.own)
             or name in self.names
             or (bool(self.suffixes) and name.endswith(self.suffixes))
         )

@@ -1,9 +1,13 @@
 """Live reload of the standalone fleet file (protocol §9; spec §11, "The fleet file").
 
 ``FleetReloader`` owns the fleet file: it loads it at start, and again on SIGHUP or when the
-file's identity (device, inode, size, modification time) changed and then held still for
-one poll of ``RELOAD_POLL`` seconds (an editor writing in several steps is read once it is
-done).  A valid file is switched to at once, in one reactor turn: every ``IFleetFollower``
+file's identity (device, inode, size, modification time) changed.  Either way the file is
+read only once it is *quiet*: its identity unchanged for ``QUIET`` seconds (watched every
+``RELOAD_POLL``), and unchanged again after the read; so a file still being written (a
+writer that truncated it and has written part of it) is not applied, even when the part is
+valid TOML.  A file replaced atomically (written beside it, then renamed over it) is whole
+from the start; that is the way to write it (README).  A valid file is switched to at once,
+in one reactor turn: every ``IFleetFollower``
 registered for an engine (the inventory poller, and whatever else follows the fleet) is
 told that engine's new backends, and every clients follower (the queue) the declared
 clients.  An invalid file changes nothing; its one-line error is
@@ -30,6 +34,8 @@ from nvpair.proxy.facade.fleetfile import Backend, FleetError, FleetSpec, loadFl
 from nvpair.proxy.flow.clients import DeclaredClient
 
 RELOAD_POLL = 1.0
+QUIET = 2.0
+"""Seconds a changed fleet file must hold still before it is read (two polls)."""
 SERVICE_NAME = "fleet-file"
 
 Fingerprint = tuple[int, int, int, int] | None
@@ -88,6 +94,7 @@ class FleetReloader(Service):
         interval: float = RELOAD_POLL,
         stat: Callable[[str], os.stat_result] = os.stat,
         load: Callable[[str], FleetSpec] = loadFleet,
+        quiet: float = QUIET,
     ) -> None:
         self.path = path
         self.clock = clock
@@ -97,6 +104,7 @@ class FleetReloader(Service):
         self.interval = interval
         self.stat = stat
         self.load = load
+        self.quiet = quiet
         self.spec: FleetSpec | None = None
         self.generation = 0
         self.loadedAt: float | None = None
@@ -106,7 +114,9 @@ class FleetReloader(Service):
         self.clientFollowers: list[Callable[[Sequence[DeclaredClient]], object]] = []
         self.serving: dict[str, tuple[Backend, ...]] = {}  # enabled engines, in order
         self._loaded: Fingerprint = None
-        self._seen: Fingerprint = None
+        self._seen: Fingerprint = None  # the identity last seen, and since when (clock)
+        self._seenAt = 0.0
+        self._waiting: str | None = None  # a reload's trigger, waiting for a quiet file
         self._loop: task.LoopingCall | None = None
 
     def follow(self, engineId: str, follower: IFleetFollower) -> None:
@@ -121,6 +131,7 @@ class FleetReloader(Service):
         """The load at start: the file (validated moments ago by the options) or, if it
         turned bad since, ``fallbackEngines`` with no backends until a valid file comes."""
         self._loaded = self._seen = fingerprint(self.path, self.stat)
+        self._seenAt = self.clock.seconds()
         try:
             spec = self.load(self.path)
         except FleetError as e:
@@ -147,27 +158,54 @@ class FleetReloader(Service):
             self._loop.stop()
         self._loop = None
 
+    def _see(self, current: Fingerprint) -> None:
+        """Note the file's identity now; a new one starts its quiet time."""
+        if current != self._seen:
+            self._seen, self._seenAt = current, self.clock.seconds()
+
+    def _quiet(self) -> bool:
+        """Look at the file: whether its identity has held still for ``quiet`` seconds."""
+        self._see(fingerprint(self.path, self.stat))
+        return self.clock.seconds() - self._seenAt >= self.quiet
+
     def _tick(self) -> None:
-        """Reload once the file changed and then held still for one poll."""
-        now = fingerprint(self.path, self.stat)
-        if now == self._loaded:
-            self._seen = now
-        elif now == self._seen:
-            self.reload("file-changed")
+        """Reload a changed file, or one a signal asked for, once it is quiet."""
+        quiet = self._quiet()
+        if (self._waiting is not None or self._seen != self._loaded) and quiet:
+            trigger, self._waiting = self._waiting or "file-changed", None
+            self.reload(trigger)
+
+    def signalled(self) -> None:
+        """SIGHUP: reload now if the file is quiet, else once it is (the watch does it)."""
+        if self._quiet():
+            self._waiting = None
+            self.reload("signal")
         else:
-            self._seen = now
+            self._wait("signal", "the file changed in the last seconds")
+
+    def _wait(self, trigger: str, reason: str) -> None:
+        self._waiting = trigger
+        self.log.info("fleet-reload-waiting", trigger=trigger, reason=reason, quiet=self.quiet)
 
     def reload(self, trigger: str) -> str:
-        """Load the file and switch to it if valid; the result: applied, unchanged, invalid."""
+        """Load the file and switch to it if valid; the result: applied, unchanged, invalid,
+        or waiting (the file changed while it was read: read again once quiet, uncounted)."""
         before = fingerprint(self.path, self.stat)  # taken first: a write after it is seen
         try:
-            spec = self.load(self.path)
+            spec: FleetSpec | FleetError = self.load(self.path)
         except FleetError as e:
-            self._loaded = self._seen = before
-            self._refuse(e)
+            spec = e
+        after = fingerprint(self.path, self.stat)
+        if after != before:  # still being written: what was read may be a part of it
+            self._see(after)
+            self._wait(trigger, "the file changed while it was read")
+            return "waiting"
+        self._loaded = before
+        self._see(before)
+        if isinstance(spec, FleetError):
+            self._refuse(spec)
             result = "invalid"
         else:
-            self._loaded = self._seen = before
             self.error = None
             if spec == self.spec:
                 self.log.info("fleet-unchanged", trigger=trigger, generation=self.generation)
@@ -237,7 +275,7 @@ def reloadFrom(services: IServiceCollection) -> None:
     if reloader is None:
         FleetReloader.log.info("reload-ignored", reason="no fleet file (--fleet) is in use")
         return
-    reloader.reload("signal")
+    reloader.signalled()
 
 
 SignalHandler = Callable[[int, FrameType | None], object]

@@ -101,28 +101,42 @@ def toRecord(event: LogEvent) -> dict[str, object]:
     return record
 
 
+# The control characters JSON leaves unescaped: DEL, the C1 range (8-bit CSI, OSC, NEL...)
+# and the two Unicode line breaks; JSON escapes every C0 character itself.
+_CONTROLS = re.compile("[\x7f-\x9f\u2028\u2029]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+def escapeControls(text: str) -> str:
+    """``text`` (JSON) with every DEL, C1 and U+2028/U+2029 written as a ``\\u`` escape:
+    the same JSON value, and nothing a terminal or a line splitter acts on (spec §9)."""
+    return _CONTROLS.sub(_escape, text) if _CONTROLS.search(text) else text
+
+
 def jsonLine(record: dict[str, object]) -> str:
-    """A record as its JSON line (without the newline)."""
-    return json.dumps(record, default=str, ensure_ascii=False)
+    """A record as its JSON line (without the newline); no control character is left raw."""
+    return escapeControls(json.dumps(record, default=str, ensure_ascii=False))
 
 
 # A value written bare in a text line; anything else is quoted (JSON string syntax).
 _BARE = re.compile(r"[A-Za-z0-9_.,:/@+\-]+")
-# Line breaks JSON leaves unescaped (``str.splitlines`` splits on them).
-_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 _HEAD = ("time", "level", "component", "event", "engine")
 
 
 def textValue(value: object) -> str:
-    """One field value of a text line: bare when plain, else quoted with escapes."""
+    """One field value of a text line: bare when plain, else quoted with escapes (every
+    control character included)."""
     if isinstance(value, str):
         if _BARE.fullmatch(value):
             return value
-        return json.dumps(value, ensure_ascii=False).translate(_BREAKS)
+        return escapeControls(json.dumps(value, ensure_ascii=False))
     text = json.dumps(value, default=str, ensure_ascii=False, separators=(",", ":"))
     if _BARE.fullmatch(text):
         return text
-    return json.dumps(text, ensure_ascii=False).translate(_BREAKS)
+    return escapeControls(json.dumps(text, ensure_ascii=False))
 
 
 def textLine(record: dict[str, object]) -> str:

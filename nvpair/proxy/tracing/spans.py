@@ -33,19 +33,26 @@ from nvpair.proxy.tracing.interfaces import (
     TracedEnd,
     TraceStart,
 )
+from nvpair.proxy.tracing.tracestate import validTracestate
 
 if TYPE_CHECKING:
     from nvpair.proxy.routing.nodes import Node
 
 SCOPE = "nvpair-proxy"
+NAME_LENGTH = 256
+"""A span name's longest path part (the path is the client's): longer ones are cut."""
 
 
 class HeadersGetter(Getter[Headers]):
-    """Reads propagation fields from a Twisted ``Headers``."""
+    """Reads propagation fields from a Twisted ``Headers``; an invalid ``tracestate`` reads
+    as absent (``tracestate.validTracestate``), so it is never continued or passed on."""
 
     def get(self, carrier: Headers, key: str) -> list[str] | None:
         values = carrier.getRawHeaders(key.encode("latin-1"))
-        return None if values is None else [v.decode("latin-1") for v in values]
+        if values is None:
+            return None
+        texts = [v.decode("latin-1") for v in values]
+        return None if key == "tracestate" and not validTracestate(texts) else texts
 
     def keys(self, carrier: Headers) -> list[str]:
         return [name.decode("latin-1").lower() for name, _ in carrier.getAllRawHeaders()]
@@ -92,7 +99,15 @@ def serverAttributes(address: str) -> dict[str, str | int]:
 
 
 def _inject(span: trace.Span, headers: Headers) -> None:
+    """Our context in place of the client's: its ``tracestate`` goes too, and comes back
+    only as the span carries it (a valid one of the trace we continue)."""
+    headers.removeHeader(b"tracestate")
     propagate.inject(headers, context=trace.set_span_in_context(span), setter=SETTER)
+
+
+def _named(method: str, path: str) -> str:
+    """A span name: the method and the path, cut to ``NAME_LENGTH``."""
+    return f"{method} {path[:NAME_LENGTH]}"
 
 
 @implementer(IRequestTrace)
@@ -118,7 +133,7 @@ class RequestTrace:
             attributes["gen_ai.request.model"] = begin.model
         start = int(begin.createdAt * 1e9)
         self.span = tracer.start_span(
-            f"{method} {path}",
+            _named(method, path),
             context=parent,
             kind=SpanKind.SERVER,
             attributes=attributes,
@@ -260,7 +275,7 @@ class PeerTrace:
         engineId = begin.engineId
         now = _ns(clock)
         self.span = tracer.start_span(
-            f"peer {method} {path}",
+            f"peer {_named(method, path)}",
             context=propagate.extract(begin.headers, getter=GETTER),
             kind=SpanKind.SERVER,
             attributes={
