@@ -31,6 +31,7 @@ from nvpair.proxy.dispatch.outcome import (
 )
 from nvpair.proxy.dispatch.relay import Relay, stopReceiving
 from nvpair.proxy.dispatch.upstream import addressesFor
+from nvpair.proxy.engines import RouteClass
 from nvpair.proxy.flow.breaker import retryAfterSeconds
 from nvpair.proxy.interfaces import IStallWatch
 from nvpair.proxy.placement.interfaces import IOutcome
@@ -52,9 +53,10 @@ COMMITTED: Final = AttemptState.COMMITTED
 ABANDONED: Final = AttemptState.ABANDONED
 
 
-def retryableStatus(status: int, inference: bool) -> bool:
-    """The §5.4 table: 408, 429 and 5xx are retried; 404 only on an inference route."""
-    return status >= 500 or status in (408, 429) or (status == 404 and inference)
+def retryableStatus(status: int, modelRouted: bool) -> bool:
+    """The §5.4 table: 408, 429 and 5xx are retried; 404 only on a route sent to the owners
+    of a model (inference, token counts)."""
+    return status >= 500 or status in (408, 429) or (status == 404 and modelRouted)
 
 
 # How an upstream body ends cleanly (a close-delimited body ends with PotentialDataLoss).
@@ -209,7 +211,9 @@ class Attempt:
         if not self.node.isSelf:
             self.exchange.facade.confirmed[self.node.id] = address
         status = response.code
-        if not self.final and retryableStatus(status, self.exchange.inference):
+        if not self.final and retryableStatus(
+            status, self.exchange.routeClass is not RouteClass.VERBATIM
+        ):
             self._stopTimer()
             discard(response, self.exchange.clock)
             wait = retryAfterSeconds(response.headers.getRawHeaders(b"retry-after"))

@@ -38,22 +38,35 @@ from nvpair.proxy.dispatch.outcome import (
 )
 from nvpair.proxy.dispatch.relay import ClientFlow, abortClient, truncateClient
 from nvpair.proxy.dispatch.seat import QueueSeat
+from nvpair.proxy.engines import RouteClass
 from nvpair.proxy.http.interfaces import IServerRequest
 from nvpair.proxy.interfaces import IRequestContext, IUpstream, IWorkload
 from nvpair.proxy.placement.interfaces import IOutcome, IPlacementExchange
 from nvpair.proxy.placement.keys import AffinityKey
-from nvpair.proxy.placement.policies import placeInference, placeVerbatim
+from nvpair.proxy.placement.policies import (
+    Policy,
+    placeInference,
+    placeModelRouted,
+    placeVerbatim,
+)
 from nvpair.proxy.routing.reservations import Reservation
 from nvpair.proxy.routing.stats import StatsMeter
 from nvpair.proxy.tracing.interfaces import IRequestTrace
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from nvpair.proxy.routing.nodes import Node, OwnerSplit
     from nvpair.proxy.settings import Settings
 
 _NO_HEADERS = Headers()
+
+# The placement policy of each route class that becomes an exchange.
+_POLICIES: dict[RouteClass, Callable[[IPlacementExchange], Policy]] = {
+    RouteClass.INFERENCE: placeInference,
+    RouteClass.MODEL_ROUTED: placeModelRouted,
+    RouteClass.VERBATIM: placeVerbatim,
+}
 
 
 @implementer(IPlacementExchange, IPolicyOwner, IAttemptExchange)
@@ -66,7 +79,8 @@ class Exchange:
     __slots__ = (
         # the request, and what it was admitted with
         *("context", "facade", "engine", "settings", "clock", "upstream", "request"),
-        *("method", "uri", "path", "forwardHeaders", "body", "document", "inference"),
+        *("method", "uri", "path", "forwardHeaders", "body", "document", "routeClass"),
+        "inference",
         *("model", "createdAt", "workload"),
         # its placement and attempts
         *("driver", "seat", "prefixKey", "reservation", "activeNode", "attempts"),
@@ -80,7 +94,7 @@ class Exchange:
         context: IRequestContext,
         facade: IFacadeView,
         request: IServerRequest,
-        inference: bool,
+        routeClass: RouteClass,
         model: str | None,
         body: bytes,
         document: dict[str, object] | None = None,
@@ -98,7 +112,8 @@ class Exchange:
         self.forwardHeaders: Headers = context.forwardHeaders(request.requestHeaders)
         self.body = body
         self.document = document  # the parsed body admission found, when it parsed one
-        self.inference = inference
+        self.routeClass = routeClass
+        self.inference = routeClass is RouteClass.INFERENCE
         self.model = model
         self.createdAt: float = self.clock.seconds()
         self.workload: IWorkload | None = None
@@ -145,7 +160,7 @@ class Exchange:
             self.client = GONE  # gone before we started: ``whenLost`` will never call
             self._terminal()
             return
-        self.driver.start(placeInference if self.inference else placeVerbatim)
+        self.driver.start(_POLICIES[self.routeClass])
 
     def placed(self) -> None:
         """The policy ended: serve what committed, or end now if it answered itself."""
