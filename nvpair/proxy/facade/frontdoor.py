@@ -5,8 +5,8 @@ one whose ``Host`` is not a loopback name gets 403 ``host_denied`` before anythi
 (protocol §8; ``hostcheck``), so it reaches no admission, no node and no workload.
 
 Preflights and fleet model lists go to ``fleet``; inference, model-routed and everything
-else become an ``Exchange`` run by its route class's placement policy.  An unexpected exception answers 500 ``internal``
-and is reported, without touching any other request.
+else become an ``Exchange`` run by its route class's placement policy.  An unexpected
+exception answers 500 ``internal`` and is reported, without touching any other request.
 """
 
 from __future__ import annotations
