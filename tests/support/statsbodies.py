@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from nvpair.proxy.routing.stats import StatsMeter
 
@@ -70,8 +71,8 @@ def namedEvents(events: list[tuple[str, dict[str, object]]]) -> bytes:
 
 def messagesStream(
     texts: list[str],
-    start: dict[str, object] | None,
-    delta: dict[str, object] | None,
+    start: Mapping[str, object] | None,
+    delta: Mapping[str, object] | None,
     end: bool = True,
 ) -> bytes:
     """An Anthropic Messages stream: ``message_start`` (with ``start`` as its usage),
@@ -118,8 +119,8 @@ def messagesStream(
 
 def responsesStream(
     texts: list[str],
-    usage: dict[str, object] | None,
-    timings: dict[str, object] | None = None,
+    usage: Mapping[str, object] | None,
+    timings: Mapping[str, object] | None = None,
     end: bool = True,
 ) -> bytes:
     """An OpenAI Responses stream: ``response.created``, one ``response.output_text.delta``
