@@ -43,30 +43,18 @@ from nvpair.proxy.http.interfaces import IServerRequest
 from nvpair.proxy.interfaces import IRequestContext, IUpstream, IWorkload
 from nvpair.proxy.placement.interfaces import IOutcome, IPlacementExchange
 from nvpair.proxy.placement.keys import AffinityKey
-from nvpair.proxy.placement.policies import (
-    Policy,
-    placeInference,
-    placeModelRouted,
-    placeVerbatim,
-)
+from nvpair.proxy.placement.policies import POLICIES
 from nvpair.proxy.routing.reservations import Reservation
 from nvpair.proxy.routing.stats import StatsMeter
 from nvpair.proxy.tracing.interfaces import IRequestTrace
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Sequence
 
     from nvpair.proxy.routing.nodes import Node, OwnerSplit
     from nvpair.proxy.settings import Settings
 
 _NO_HEADERS = Headers()
-
-# The placement policy of each route class that becomes an exchange.
-_POLICIES: dict[RouteClass, Callable[[IPlacementExchange], Policy]] = {
-    RouteClass.INFERENCE: placeInference,
-    RouteClass.MODEL_ROUTED: placeModelRouted,
-    RouteClass.VERBATIM: placeVerbatim,
-}
 
 
 @implementer(IPlacementExchange, IPolicyOwner, IAttemptExchange)
@@ -80,8 +68,7 @@ class Exchange:
         # the request, and what it was admitted with
         *("context", "facade", "engine", "settings", "clock", "upstream", "request"),
         *("method", "uri", "path", "forwardHeaders", "body", "document", "routeClass"),
-        "inference",
-        *("model", "createdAt", "workload"),
+        *("inference", "model", "createdAt", "workload"),
         # its placement and attempts
         *("driver", "seat", "prefixKey", "reservation", "activeNode", "attempts"),
         # its answer
@@ -160,7 +147,7 @@ class Exchange:
             self.client = GONE  # gone before we started: ``whenLost`` will never call
             self._terminal()
             return
-        self.driver.start(_POLICIES[self.routeClass])
+        self.driver.start(POLICIES[self.routeClass])
 
     def placed(self) -> None:
         """The policy ended: serve what committed, or end now if it answered itself."""

@@ -14,10 +14,11 @@ prefix holder waits in the proxy (``IPlacementExchange.holdFor``), then is place
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from itertools import chain
 from typing import TYPE_CHECKING
 
+from nvpair.proxy.engines import RouteClass
 from nvpair.proxy.placement.affinity import Affinity
 from nvpair.proxy.placement.choose import Hold
 from nvpair.proxy.placement.interfaces import IOutcome, IPlacementExchange
@@ -221,3 +222,11 @@ def placeModelRouted(ex: IPlacementExchange) -> Policy:
             ex.answerFinal(outcome)
             return None
     return None
+
+
+POLICIES: dict[RouteClass, Callable[[IPlacementExchange], Policy]] = {
+    RouteClass.INFERENCE: placeInference,
+    RouteClass.MODEL_ROUTED: placeModelRouted,
+    RouteClass.VERBATIM: placeVerbatim,
+}
+"""The placement policy of each route class that becomes an exchange."""
