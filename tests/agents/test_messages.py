@@ -249,3 +249,34 @@ class SpreadAndFailoverTests(TestCase):
         self.assertGreaterEqual(bad.stats.failed, 1, "the failing engine was tried first")
         status = await fleet.ended(26)
         self.assertEqual(status["workloads"]["terminals"], {"completed": 26})
+
+
+class OllamaMessagesTests(TestCase):
+    """Ollama's ``/v1/messages`` through its facade: its own usage, Anthropic's errors."""
+
+    timeout = 90
+
+    async def test_ollamaFacade(self) -> None:
+        """A model named without its tag is served (``m`` is ``m:latest``), the workload
+        counts Ollama's usage (no cached count); a model nobody has is Anthropic's 502, and
+        ``count_tokens``, which Ollama does not serve, is its 404 from every owner."""
+        fleet = AgentFleet(self, "ollama")
+        await fleet.start([sim("O", dialect="ollama")])
+        client = fleet.anthropic()
+        made = await deferToThread(lambda: client.messages.create(**request("rivers")))
+        self.assertEqual(made.content[0].text, "tok0 tok1 tok2 tok3")
+        status = await fleet.ended(1)
+        [workload] = status["workloads"]["recent"]
+        self.assertEqual(workload["model"], "m:latest")
+        self.assertEqual(workload["stats"]["promptTokens"], made.usage.input_tokens)
+        self.assertNotIn("cachedTokens", workload["stats"])
+        caught = await raises(
+            lambda: client.messages.create(**{**request("x"), "model": "nobody"}),
+            anthropic.InternalServerError,
+        )
+        self.assertEqual(caught.type, "not_found_error")
+        missing = await raises(
+            lambda: client.messages.count_tokens(model="m", messages=conversation("x")),
+            anthropic.NotFoundError,
+        )
+        self.assertEqual(missing.status_code, 404)
