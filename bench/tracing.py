@@ -28,6 +28,7 @@ from twisted.internet.task import Clock
 from nvpair.proxy.broker.channel import NullSink
 from nvpair.proxy.context import RequestContext
 from nvpair.proxy.dispatch.exchange import Exchange
+from nvpair.proxy.engines import RouteClass
 from nvpair.proxy.ops.metrics import Metrics
 from nvpair.proxy.runtime.logs import LogControl
 from nvpair.proxy.testing.fakecontext import makeSettings
@@ -84,7 +85,7 @@ def run(variant: str, requests: int) -> float:
     started = time.process_time()
     for _ in range(requests):
         request = FakeRequest()
-        Exchange(context, facade, request, True, "m1", CHAT).start()
+        Exchange(context, facade, request, RouteClass.INFERENCE, "m1", CHAT).start()
         call = upstream.calls.pop()
         response = call.respond(200)
         response.send(SSE, SSE, USAGE)

@@ -19,6 +19,7 @@ class RouteClass(Enum):
     """How a facade treats a request (protocol §11)."""
 
     INFERENCE = "inference"
+    MODEL_ROUTED = "model-routed"  # to an owner of the body's model, not a workload
     FLEET_LIST = "list"
     VERBATIM = "verbatim"
 
@@ -30,6 +31,45 @@ def _identity(model: str) -> str:
 def ollamaModel(model: str) -> str:
     """Ollama's implicit tag: a name without a tag means ``name:latest``."""
     return model if ":" in model.rsplit("/", 1)[-1] else model + ":latest"
+
+
+MESSAGES = b"/v1/messages"
+RESPONSES = b"/v1/responses"
+COUNT_TOKENS = b"/v1/messages/count_tokens"
+INPUT_TOKENS = b"/v1/responses/input_tokens"
+
+# Our reasons (protocol §11) as Anthropic error types, chosen so that the ``anthropic`` SDK
+# reads each like the API's own: it picks the exception class and the retry by status (408,
+# 409, 429 and every 5xx are retried, honouring ``Retry-After``), the type names the cause.
+ANTHROPIC_TYPES = {
+    "no_owner": "not_found_error",
+    "upstream_unreachable": "api_error",
+    "no_content": "timeout_error",
+    "deadline_exceeded": "overloaded_error",
+    "owner_unavailable": "overloaded_error",
+    "attempts_exhausted": "overloaded_error",
+    "queue_full": "overloaded_error",
+    "queue_timeout": "overloaded_error",
+    "bad_request": "invalid_request_error",
+    "body_too_large": "request_too_large",
+    "host_denied": "permission_error",
+    "internal": "api_error",
+}
+
+
+def anthropicType(reason: str) -> str:
+    """The Anthropic error type for one of our reasons (``api_error`` for any other)."""
+    return ANTHROPIC_TYPES.get(reason, "api_error")
+
+
+def isMessagesPath(path: bytes) -> bool:
+    """Whether ``path`` is Anthropic's Messages API (``/v1/messages`` and below it)."""
+    return path == MESSAGES or path.startswith(b"/v1/messages/")
+
+
+# What the statistics meter reads on the agents' routes (``routing.usage``), unless an engine
+# says otherwise.
+AGENT_DIALECTS: Mapping[bytes, str] = {MESSAGES: "anthropic", RESPONSES: "responses"}
 
 
 @implementer(IErrorShape)
@@ -52,6 +92,10 @@ class Engine:
     # How standalone mode reads the engine's own state (spec §10): these paths in order, the
     # next one once a server answers 404 or 501 (routing/engineprobe.py parses each).
     stateProbes: tuple[bytes, ...] = ()
+    # Protocol §11 "model-routed, not workloads": token counts, sent to an owner of the model.
+    modelRoutes: frozenset[bytes] = frozenset()
+    # The statistics meter's dialect on the agents' routes (by path).
+    agentDialects: Mapping[bytes, str] = AGENT_DIALECTS
 
     def listPaths(self, path: bytes) -> tuple[bytes, ...]:
         """Which path(s) to ask each node for a fleet list route: the first that is not 404."""
@@ -61,6 +105,8 @@ class Engine:
         """Classify a request by method and path (without query)."""
         if method == b"POST" and path in self.inferenceRoutes:
             return RouteClass.INFERENCE
+        if method == b"POST" and path in self.modelRoutes:
+            return RouteClass.MODEL_ROUTED
         if method == b"GET" and path in self.listRoutes:
             return RouteClass.FLEET_LIST
         return RouteClass.VERBATIM
@@ -70,9 +116,15 @@ class Engine:
         return any(path.startswith(p) for p in self.nativeErrorPrefixes)
 
     def errorBody(self, path: bytes, reason: str, message: str) -> bytes:
-        """The engine's error shape for a response the proxy generates itself."""
-        if self.usesNativeErrors(path):
-            doc: object = {"error": message, "reason": reason}
+        """The route's error shape for a response the proxy generates itself: Anthropic's on
+        ``/v1/messages*`` (every engine), Ollama's on its native routes, else OpenAI's."""
+        if isMessagesPath(path):
+            doc: object = {
+                "type": "error",
+                "error": {"type": anthropicType(reason), "message": f"{message} ({reason})"},
+            }
+        elif self.usesNativeErrors(path):
+            doc = {"error": message, "reason": reason}
         else:
             doc = {"error": {"message": message, "type": "proxy_error", "code": reason}}
         return json.dumps(doc).encode("utf-8")
@@ -82,7 +134,10 @@ class Engine:
         return self.usesNativeErrors(path)
 
     def statsDialect(self, path: bytes) -> str:
-        """Which body dialect the statistics meter reads on this route."""
+        """Which body dialect the statistics meter reads on this route (``routing.usage``)."""
+        dialect = self.agentDialects.get(path)
+        if dialect is not None:
+            return dialect
         return "ollama" if self.usesNativeErrors(path) else "openai"
 
 
@@ -96,13 +151,25 @@ OLLAMA = Engine(
     portFile="proxy-port.json",
     defaultBackend="http://127.0.0.1:11434",
     inferenceRoutes=frozenset(
-        (b"/api/generate", b"/api/chat", b"/api/embed", b"/api/embeddings", *_OPENAI)
+        (
+            b"/api/generate",
+            b"/api/chat",
+            b"/api/embed",
+            b"/api/embeddings",
+            *_OPENAI,
+            MESSAGES,
+            RESPONSES,
+        )
     ),
     listRoutes=frozenset((b"/api/tags", b"/v1/models")),
     inventoryRoute=b"/api/tags",
     normalize=ollamaModel,
     nativeErrorPrefixes=(b"/api/",),
     stateProbes=(b"/api/ps",),
+    modelRoutes=frozenset((COUNT_TOKENS,)),
+    # Its Responses usage always says ``cached_tokens: 0`` (a constant in its source, not a
+    # count): read as not reported.
+    agentDialects={MESSAGES: "anthropic", RESPONSES: "responses-uncached"},
 )
 
 LMSTUDIO = Engine(
@@ -115,7 +182,8 @@ LMSTUDIO = Engine(
     inferenceRoutes=frozenset(
         (
             *_OPENAI,
-            b"/v1/responses",
+            RESPONSES,
+            MESSAGES,
             b"/api/v0/chat/completions",
             b"/api/v0/completions",
             b"/api/v0/embeddings",
@@ -124,6 +192,7 @@ LMSTUDIO = Engine(
     listRoutes=frozenset((b"/v1/models", b"/api/v0/models")),
     inventoryRoute=b"/v1/models",
     stateProbes=(b"/api/v0/models",),
+    modelRoutes=frozenset((COUNT_TOKENS,)),
 )
 
 LLAMACPP = Engine(
@@ -133,7 +202,7 @@ LLAMACPP = Engine(
     standalonePort=8080,
     portFile="llamacpp-proxy-port.json",
     defaultBackend="http://127.0.0.1:8081",
-    inferenceRoutes=frozenset((*_OPENAI, b"/v1/rerank")),
+    inferenceRoutes=frozenset((*_OPENAI, b"/v1/rerank", MESSAGES, RESPONSES)),
     listRoutes=frozenset((b"/models", b"/v1/models")),
     inventoryRoute=b"/v1/models",
     # Spec §5: both list routes are the fleet's GET /models; servers that only know the
@@ -143,6 +212,7 @@ LLAMACPP = Engine(
         b"/v1/models": (b"/models", b"/v1/models"),
     },
     stateProbes=(b"/slots", b"/metrics"),
+    modelRoutes=frozenset((COUNT_TOKENS, INPUT_TOKENS)),
 )
 
 ENGINES: dict[str, Engine] = {e.id: e for e in (OLLAMA, LMSTUDIO, LLAMACPP)}

@@ -55,19 +55,20 @@ class PredictedWaitTests(PredictedWaitCase):
         self.assertEqual(len(self.refusals(requests)), 70 - 1 - 64)
 
     def test_burstShedOnceTheRateIsKnown(self) -> None:
-        """A burst queued while the rate was unknown: the first request's end tells the
-        service time (one second, one slot: one a second), and every waiting request that
-        could not start before its ten seconds run out is refused at once, with a
-        Retry-After from that rate; every one kept is served in time."""
+        """A burst queued while the rate was unknown: one request's end is a guess, the
+        second's tells the service time (one second, one slot: one a second), and every
+        waiting request that could not start before its ten seconds run out is refused at
+        once, with a Retry-After from that rate; every one kept is served in time."""
         requests = [self.start(client(b"k%d" % i))[1] for i in range(40)]
+        self.serveOne()
         self.assertEqual(self.refusals(requests), [])
-        self.serveOne()  # at 1 s: the second request goes, the rest wait since 0 s
+        self.serveOne()  # at 2 s: the third request goes, the rest wait since 0 s
         refused = self.refusals(requests)
-        self.assertEqual(len(refused), 40 - 2 - 8)  # the k-th starts at 1 + k s: k < 9
+        self.assertEqual(len(refused), 40 - 3 - 7)  # the k-th starts at 2 + k s: k < 8
         for request in refused:
             self.assertEqual(self.reasonOf(request), "queue_full")
-            self.assertEqual(request.header(b"retry-after"), [b"8"])  # what stays drains by then
-        for _ in range(9):
+            self.assertEqual(request.header(b"retry-after"), [b"7"])  # what stays drains by then
+        for _ in range(8):
             self.serveOne()
         self.assertEqual([r.code for r in requests if r.code is None], [])
         self.assertEqual(len([r for r in requests if r.code == 200]), 10)
@@ -76,9 +77,10 @@ class PredictedWaitTests(PredictedWaitCase):
         """With the rate known, a tenth waiting request would start too late: refused at
         once; one from a client with nothing waiting takes the busiest client's newest's
         place."""
-        self.start()
-        self.serveOne()
-        for _ in range(10):  # one goes at once, nine wait: the k-th starts at 1 + k s
+        for _ in range(2):
+            self.start()
+            self.serveOne()
+        for _ in range(10):  # one goes at once, nine wait: the k-th starts k s after it
             self.start(client(b"greedy"))
         _, late = self.start(client(b"greedy"))
         self.assertEqual((late.code, late.header(b"retry-after")), (503, [b"9"]))

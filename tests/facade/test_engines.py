@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import json
+from typing import get_args
 
+from anthropic.types.shared.error_type import ErrorType
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.engines import ENGINES, LLAMACPP, LMSTUDIO, OLLAMA, RouteClass, ollamaModel
+from nvpair.proxy.engines import (
+    ANTHROPIC_TYPES,
+    ENGINES,
+    LLAMACPP,
+    LMSTUDIO,
+    OLLAMA,
+    RouteClass,
+    ollamaModel,
+)
 
 INFERENCE = {
     "ollama": [
@@ -17,17 +27,32 @@ INFERENCE = {
         "/v1/chat/completions",
         "/v1/completions",
         "/v1/embeddings",
+        "/v1/messages",
+        "/v1/responses",
     ],
     "lmstudio": [
         "/v1/chat/completions",
         "/v1/completions",
         "/v1/embeddings",
         "/v1/responses",
+        "/v1/messages",
         "/api/v0/chat/completions",
         "/api/v0/completions",
         "/api/v0/embeddings",
     ],
-    "llamacpp": ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank"],
+    "llamacpp": [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/rerank",
+        "/v1/messages",
+        "/v1/responses",
+    ],
+}
+MODEL_ROUTED = {
+    "ollama": ["/v1/messages/count_tokens"],
+    "lmstudio": ["/v1/messages/count_tokens"],
+    "llamacpp": ["/v1/messages/count_tokens", "/v1/responses/input_tokens"],
 }
 LISTS = {
     "ollama": ["/api/tags", "/v1/models"],
@@ -43,6 +68,9 @@ REASONS = [
     "attempts_exhausted",
     "bad_request",
     "body_too_large",
+    "host_denied",
+    "queue_full",
+    "queue_timeout",
     "internal",
 ]
 
@@ -100,9 +128,26 @@ class ClassificationTests(SynchronousTestCase):
                 self.assertIs(engine.classify(b"GET", path.encode()), RouteClass.FLEET_LIST)
                 self.assertIs(engine.classify(b"POST", path.encode()), RouteClass.VERBATIM)
 
+    def test_exactlyTheProtocolsRoutes(self) -> None:
+        """Each engine's inference and model-routed POST routes are exactly protocol §11's."""
+        for engineId, engine in ENGINES.items():
+            self.assertEqual({r.decode() for r in engine.inferenceRoutes}, set(INFERENCE[engineId]))
+            self.assertEqual({r.decode() for r in engine.modelRoutes}, set(MODEL_ROUTED[engineId]))
+
+    def test_modelRouted(self) -> None:
+        """Token counts (POST) are MODEL_ROUTED where protocol §11 lists them; GET, and the
+        unprefixed aliases llama-server also serves, are verbatim."""
+        for engineId, paths in MODEL_ROUTED.items():
+            engine = ENGINES[engineId]
+            for path in paths:
+                self.assertIs(engine.classify(b"POST", path.encode()), RouteClass.MODEL_ROUTED)
+                self.assertIs(engine.classify(b"GET", path.encode()), RouteClass.VERBATIM)
+        self.assertIs(LLAMACPP.classify(b"POST", b"/responses/input_tokens"), RouteClass.VERBATIM)
+        self.assertIs(LLAMACPP.classify(b"POST", b"/responses"), RouteClass.VERBATIM)
+        self.assertIs(OLLAMA.classify(b"POST", b"/v1/responses/input_tokens"), RouteClass.VERBATIM)
+
     def test_notOtherEnginesRoutes(self) -> None:
         """A route of one engine is not inference on another."""
-        self.assertIs(OLLAMA.classify(b"POST", b"/v1/responses"), RouteClass.VERBATIM)
         self.assertIs(OLLAMA.classify(b"POST", b"/v1/rerank"), RouteClass.VERBATIM)
         self.assertIs(LMSTUDIO.classify(b"POST", b"/api/chat"), RouteClass.VERBATIM)
         self.assertIs(LLAMACPP.classify(b"POST", b"/api/v0/completions"), RouteClass.VERBATIM)
@@ -174,10 +219,50 @@ class ErrorShapeTests(SynchronousTestCase):
                     (engine.id, path),
                 )
 
+    def test_anthropic(self) -> None:
+        """``/v1/messages*`` on every engine (Ollama's too) answers in Anthropic's shape, the
+        reason kept visible in the message, the type from the spec's table."""
+        for engine in ENGINES.values():
+            for path in (b"/v1/messages", b"/v1/messages/count_tokens", b"/v1/messages/x"):
+                for reason in REASONS:
+                    doc = json.loads(engine.errorBody(path, reason, "msg"))
+                    self.assertEqual(
+                        doc,
+                        {
+                            "type": "error",
+                            "error": {
+                                "type": ANTHROPIC_TYPES[reason],
+                                "message": f"msg ({reason})",
+                            },
+                        },
+                    )
+        doc = json.loads(OLLAMA.errorBody(b"/v1/messagesx", "no_owner", "msg"))
+        self.assertEqual(doc["error"]["type"], "proxy_error")
+        self.assertEqual(
+            json.loads(LLAMACPP.errorBody(b"/v1/messages", "other", "m"))["error"]["type"],
+            "api_error",
+        )
+
+    def test_anthropicTypesTheSDKKnows(self) -> None:
+        """Every type the table uses is one the ``anthropic`` SDK names (``ErrorType``), or
+        ``request_too_large``, the type Anthropic's error reference gives its 413; every
+        reason of protocol §11 has one."""
+        known = set(get_args(ErrorType)) | {"request_too_large"}
+        self.assertLessEqual(set(ANTHROPIC_TYPES.values()), known)
+        self.assertEqual(set(ANTHROPIC_TYPES), set(REASONS))
+
     def test_dialects(self) -> None:
-        """Ollama's native routes stream by default and read as the Ollama dialect."""
+        """Ollama's native routes stream by default and read as the Ollama dialect; the
+        agents' routes read as Anthropic's and the Responses' (Ollama's without its constant
+        cached count)."""
         self.assertTrue(OLLAMA.streamsByDefault(b"/api/generate"))
         self.assertFalse(OLLAMA.streamsByDefault(b"/v1/completions"))
+        self.assertFalse(OLLAMA.streamsByDefault(b"/v1/messages"))
         self.assertEqual(OLLAMA.statsDialect(b"/api/chat"), "ollama")
         self.assertEqual(OLLAMA.statsDialect(b"/v1/chat/completions"), "openai")
         self.assertEqual(LMSTUDIO.statsDialect(b"/api/v0/chat/completions"), "openai")
+        for engine in ENGINES.values():
+            self.assertEqual(engine.statsDialect(b"/v1/messages"), "anthropic")
+        self.assertEqual(OLLAMA.statsDialect(b"/v1/responses"), "responses-uncached")
+        self.assertEqual(LMSTUDIO.statsDialect(b"/v1/responses"), "responses")
+        self.assertEqual(LLAMACPP.statsDialect(b"/v1/responses"), "responses")

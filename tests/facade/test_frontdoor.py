@@ -51,6 +51,17 @@ ROUTES: list[tuple[str, bytes, bytes, bytes, bytes, str, str]] = [
     ("llamacpp", b"POST", b"/v1/completions", b'{"model": "m1"}', b"", "inference", "openai"),
     ("llamacpp", b"GET", b"/models", b"", b"", "fleet list", "openai"),
     ("llamacpp", b"POST", b"/slots/0?action=save", b'{"filename": "s"}', b"", "verbatim", "openai"),
+    ("ollama", b"POST", b"/v1/messages", CHAT.encode(), b"", "inference", "anthropic"),
+    ("llamacpp", b"POST", b"/v1/responses", CHAT.encode(), b"", "inference", "openai"),
+    (
+        "llamacpp",
+        b"POST",
+        b"/v1/messages/count_tokens",
+        CHAT.encode(),
+        b"",
+        "model-routed",
+        "anthropic",
+    ),
 ]
 
 
@@ -137,6 +148,9 @@ class HostRuleAtTheDoorTests(DoorCase):
                 if shape == "ollama":
                     self.assertEqual(doc["reason"], "host_denied", label)
                     self.assertIn("--allowed-hosts", doc["error"])
+                elif shape == "anthropic":
+                    self.assertEqual(doc["error"]["type"], "permission_error", label)
+                    self.assertTrue(doc["error"]["message"].endswith("(host_denied)"), label)
                 else:
                     self.assertEqual(
                         (doc["error"]["code"], doc["error"]["type"]),
@@ -144,11 +158,11 @@ class HostRuleAtTheDoorTests(DoorCase):
                         label,
                     )
         self.assertNothingPastTheDoor()
-        self.assertEqual(self.metric("nvpair_proxy_host_denied_total", listener="ollama"), 14)
-        self.assertEqual(self.metric("nvpair_proxy_host_denied_total", listener="llamacpp"), 6)
+        self.assertEqual(self.metric("nvpair_proxy_host_denied_total", listener="ollama"), 16)
+        self.assertEqual(self.metric("nvpair_proxy_host_denied_total", listener="llamacpp"), 10)
         self.assertEqual(self.metric("nvpair_proxy_host_denied_total", listener="lmstudio"), 0)
         self.assertEqual(
-            self.metric("nvpair_proxy_errors_total", engine="ollama", reason="host_denied"), 14
+            self.metric("nvpair_proxy_errors_total", engine="ollama", reason="host_denied"), 16
         )
 
     def test_loggedOnceWithoutPathOrBody(self) -> None:

@@ -14,6 +14,7 @@ from twisted.web.http_headers import Headers
 
 from nvpair.proxy.testing.simengine import SimConfig, SimEngine
 from nvpair.proxy.testing.simengine.config import Failure
+from tests.support.harness import freePort
 from tests.support.standaloneharness import StandaloneProxy
 
 SECRET = "Bearer sk-queue-integration-secret"
@@ -31,6 +32,19 @@ async def until(check: Any, seconds: float = 30.0) -> None:
             return
         await task.deferLater(reactor, 0.02, lambda: None)
     raise AssertionError("condition not reached in time")
+
+
+async def waitForDepth(opsPort: int, depth: int) -> None:
+    """Poll the proxy's ``/status`` (bounded) until its queues hold ``depth`` requests: the
+    requests sent so far have arrived, in the order sent."""
+    for _ in range(1500):
+        response = await treq.get(f"http://127.0.0.1:{opsPort}/status", persistent=False)
+        document = await response.json()
+        queues = document["queueing"]["queues"].get("llamacpp", {})
+        if sum(entry["depth"] for entry in queues.values()) >= depth:
+            return
+        await task.deferLater(reactor, 0.02, lambda: None)
+    raise AssertionError(f"the queue never held {depth}")
 
 
 class QueueProcessTests(TestCase):
@@ -83,8 +97,11 @@ class QueueProcessTests(TestCase):
             slotsEndpoint=False,
             metricsEndpoint=False,
         )
+        ops = freePort()
         proxy = yield defer.Deferred.fromCoroutine(
-            self.proxy([engine], "--queue-max", "3", "--queue-timeout", "60s")
+            self.proxy(
+                [engine], "--queue-max", "3", "--queue-timeout", "60s", "--ops-port", str(ops)
+            )
         )
         warm = yield self.post(proxy, 1)  # it has served ours: its 503s mean busy
         self.assertEqual(warm.code, 200)
@@ -94,7 +111,9 @@ class QueueProcessTests(TestCase):
         second = self.post(proxy, 1)  # bounced busy once, then waits
         yield defer.Deferred.fromCoroutine(until(lambda: engine.stats.requests == 3))
         leaving = self.post(proxy, 1, "Bearer other")  # waits: the queue is not empty
+        yield defer.Deferred.fromCoroutine(waitForDepth(ops, 2))  # in this order
         third = self.post(proxy, 1)
+        yield defer.Deferred.fromCoroutine(waitForDepth(ops, 3))
         refused = yield self.post(proxy, 1)
         self.assertEqual(refused.code, 503)
         body = yield refused.json()

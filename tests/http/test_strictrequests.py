@@ -290,6 +290,37 @@ class RfcRuleTests(SynchronousTestCase):
         _, _, doc = errorOf(conn.send(b"B@D /api/chat HTTP/1.1\r\n\r\n"))
         self.assertEqual(doc["error"]["code"], "bad_request")
 
+    def test_errorShapeOfMessages(self) -> None:
+        """A refusal on ``/v1/messages*`` has Anthropic's shape on every facade (Ollama's
+        too), whatever the refusal: a malformed request, a target over the head limit, a
+        parser crash (protocol §11)."""
+
+        def broken(*args: object) -> bytes:
+            raise ValueError("a bug")
+
+        cases = [
+            (b"POST /v1/messages HTTP/1.1\r\n\r\n", 400, "bad_request", "invalid_request_error"),
+            (
+                b"POST /v1/messages/count_tokens?" + b"q" * 5000,
+                431,
+                "bad_request",
+                "invalid_request_error",
+            ),
+        ]
+        for raw, status, reason, kind in cases:
+            conn = Connection(OllamaDoor())
+            got, _, doc = errorOf(conn.send(raw))
+            self.assertEqual(got, status)
+            self.assertEqual(doc["type"], "error")
+            self.assertEqual(doc["error"]["type"], kind)
+            self.assertTrue(doc["error"]["message"].endswith(f"({reason})"), doc)
+        self.patch(requestreader, "checkHead", broken)
+        got, _, doc = errorOf(
+            Connection(OllamaDoor()).send(b"POST /v1/messages HTTP/1.1\r\nHost: h\r\n\r\n")
+        )
+        self.assertEqual((got, doc["error"]["type"]), (500, "api_error"))
+        self.assertTrue(doc["error"]["message"].endswith("(internal)"), doc)
+
     def test_errorShapeGiven(self) -> None:
         """The site answers its refusals in the shape of the engine it is given, whatever
         the door behind it."""

@@ -66,6 +66,18 @@ class AdmitTests(SynchronousTestCase):
                 self.assertEqual((decision.status, decision.reason), (400, "bad_request"))
                 self.assertNotIn(body.decode("latin-1") or "\0", decision.message)
 
+    def test_modelRouted(self) -> None:
+        """A token count is admitted with its normalized model, and refused (400) like an
+        inference body without a string model (protocol §11, spec §6 "Token counts")."""
+        self.assertEqual(
+            admit(OLLAMA, b"POST", b"/v1/messages/count_tokens", b'{"model": "m"}'),
+            Admitted(RouteClass.MODEL_ROUTED, "m:latest"),
+        )
+        for body in (b"", b'{"model": 1}', b"[]", b'{"messages": []}'):
+            decision = admit(LLAMACPP, b"POST", b"/v1/responses/input_tokens", body)
+            assert isinstance(decision, Refused)
+            self.assertEqual((decision.status, decision.reason), (400, "bad_request"))
+
     def test_verbatimModel(self) -> None:
         """A verbatim request naming a model carries it (normalized) for owner filtering."""
         self.assertEqual(

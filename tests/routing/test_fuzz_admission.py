@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.engines import ENGINES
+from nvpair.proxy.engines import ENGINES, anthropicType, isMessagesPath
 from nvpair.proxy.facade.frontdoor import FrontDoor
 from nvpair.proxy.http.site import FacadeSite
 from nvpair.proxy.options import Options
@@ -51,7 +51,7 @@ FUZZ = settings(
 )
 
 ROUTES = sorted(
-    {r.decode() for e in ENGINES.values() for r in e.inferenceRoutes}
+    {r.decode() for e in ENGINES.values() for r in e.inferenceRoutes | e.modelRoutes}
     | {r.decode() for e in ENGINES.values() for r in e.listRoutes}
     | {"/api/pull", "/api/version", "/", "/api/show", "/v1/models?x=1"}
 )
@@ -177,7 +177,12 @@ class AdmissionFuzzTests(SynchronousTestCase):
             self.assertNotIn(CANARY.encode(), body)
             if status >= 400 and body:
                 doc = json.loads(body)
-                if engine.usesNativeErrors(path.encode()):
+                if isMessagesPath(path.encode().partition(b"?")[0]):
+                    self.assertEqual(doc["type"], "error", doc)
+                    message = doc["error"]["message"]
+                    reason = message[message.rindex("(") + 1 : -1]
+                    self.assertEqual(doc["error"]["type"], anthropicType(reason), doc)
+                elif engine.usesNativeErrors(path.encode()):
                     self.assertEqual(set(doc), {"error", "reason"}, doc)
                     reason = doc["reason"]
                 else:

@@ -12,7 +12,7 @@ from twisted.internet.task import Clock
 
 from nvpair.proxy.dispatch.exchange import Exchange
 from nvpair.proxy.dispatch.interfaces import IFacadeView
-from nvpair.proxy.engines import ENGINES
+from nvpair.proxy.engines import ENGINES, RouteClass
 from nvpair.proxy.facade.facade import Facade
 from nvpair.proxy.interfaces import IRequestContext
 from nvpair.proxy.routing.candidates import Snapshot
@@ -56,9 +56,13 @@ def startExchange(
     model: str | None = "m1",
     body: bytes = CHAT,
     document: dict[str, object] | None = None,
+    routeClass: RouteClass | None = None,
 ) -> tuple[Exchange, FakeRequest]:
-    """Admit one request and start its dispatch loop."""
+    """Admit one request and start its dispatch loop (an inference request unless
+    ``inference`` is False, which makes it verbatim, or ``routeClass`` says otherwise)."""
     request = request or FakeRequest()
-    exchange = Exchange(context, facade, request, inference, model, body, document)
+    if routeClass is None:
+        routeClass = RouteClass.INFERENCE if inference else RouteClass.VERBATIM
+    exchange = Exchange(context, facade, request, routeClass, model, body, document)
     exchange.start()
     return exchange, request

@@ -22,6 +22,7 @@ MESSAGES = {
     "owner_unavailable": "no owner of this model became available before the deadline",
     "attempts_exhausted": "every permitted dispatch attempt failed",
     "internal": "internal proxy error",
+    "bad_request": "the body must be a JSON object with a string model",
 }
 
 

@@ -28,6 +28,7 @@ from nvpair.proxy.dispatch.outcome import Committed, Failed, ICommittedBody
 from nvpair.proxy.dispatch.relay import Relay, stopReceiving
 from nvpair.proxy.dispatch.upstream import addressesFor
 from nvpair.proxy.endings import FailureKind
+from nvpair.proxy.engines import RouteClass
 from nvpair.proxy.flow.breaker import retryAfterSeconds
 from nvpair.proxy.interfaces import IStallWatch
 from nvpair.proxy.placement.interfaces import IOutcome
@@ -49,9 +50,10 @@ COMMITTED: Final = AttemptState.COMMITTED
 ABANDONED: Final = AttemptState.ABANDONED
 
 
-def retryableStatus(status: int, inference: bool) -> bool:
-    """The §5.4 table: 408, 429 and 5xx are retried; 404 only on an inference route."""
-    return status >= 500 or status in (408, 429) or (status == 404 and inference)
+def retryableStatus(status: int, modelRouted: bool) -> bool:
+    """The §5.4 table: 408, 429 and 5xx are retried; 404 only on a route sent to the owners
+    of a model (inference, token counts)."""
+    return status >= 500 or status in (408, 429) or (status == 404 and modelRouted)
 
 
 # How an upstream body ends cleanly (a close-delimited body ends with PotentialDataLoss).
@@ -218,7 +220,7 @@ class Attempt:
         if (
             not self.final
             and status != self.sameFailure
-            and retryableStatus(status, self.exchange.inference)
+            and retryableStatus(status, self.exchange.routeClass is not RouteClass.VERBATIM)
         ):
             self._stopTimer()
             discard(response, self.exchange.clock)

@@ -1,10 +1,6 @@
-"""One client request through the fleet (spec §5, §5.1, §5.4): attempts, backoff, the one ending.
-
-``Exchange`` is one client request on its way through the fleet.  It is the route class's
-placement policy's ``IPlacementExchange``, has the loop that drives it (``driver``), and
-owns the one terminal bookkeeping step (workload event, reservation release, in-flight
-count) whatever path ends the request.
-"""
+"""One client request through the fleet (spec §5, §5.1, §5.4): the route class's policy's
+``IPlacementExchange``, the loop that drives it (``driver``), and the one terminal
+bookkeeping step (workload event, reservation release, in-flight count) however it ends."""
 
 from __future__ import annotations
 
@@ -38,11 +34,12 @@ from nvpair.proxy.dispatch.outcome import (
 from nvpair.proxy.dispatch.relay import ClientFlow, abortClient, truncateClient
 from nvpair.proxy.dispatch.seat import QueueSeat
 from nvpair.proxy.endings import BodyEnding
+from nvpair.proxy.engines import RouteClass
 from nvpair.proxy.http.interfaces import IServerRequest
 from nvpair.proxy.interfaces import IRequestContext, IUpstream, IWorkload
 from nvpair.proxy.placement.interfaces import IOutcome, IPlacementExchange
 from nvpair.proxy.placement.keys import AffinityKey
-from nvpair.proxy.placement.policies import placeInference, placeVerbatim
+from nvpair.proxy.placement.policies import POLICIES
 from nvpair.proxy.routing.reservations import Reservation
 from nvpair.proxy.routing.stats import StatsMeter
 from nvpair.proxy.tracing.interfaces import IRequestTrace, TraceStart
@@ -64,8 +61,8 @@ class Exchange:
     __slots__ = (
         # the request, and what it was admitted with
         *("context", "facade", "engine", "settings", "clock", "upstream", "request"),
-        *("method", "uri", "path", "forwardHeaders", "body", "document", "inference"),
-        *("model", "createdAt", "workload", "dispatchedAt"),
+        *("method", "uri", "path", "forwardHeaders", "body", "document", "routeClass"),
+        *("inference", "model", "createdAt", "workload", "dispatchedAt"),
         # its placement and attempts
         *("driver", "seat", "prefixKey", "reservation", "activeNode", "attempts"),
         # its answer
@@ -78,7 +75,7 @@ class Exchange:
         context: IRequestContext,
         facade: IFacadeView,
         request: IServerRequest,
-        inference: bool,
+        routeClass: RouteClass,
         model: str | None,
         body: bytes,
         document: dict[str, object] | None = None,
@@ -96,7 +93,8 @@ class Exchange:
         self.forwardHeaders: Headers = context.forwardHeaders(request.requestHeaders)
         self.body = body
         self.document = document  # the parsed body admission found, when it parsed one
-        self.inference = inference
+        self.routeClass = routeClass
+        self.inference = routeClass is RouteClass.INFERENCE
         self.model = model
         self.createdAt: float = self.clock.seconds()
         self.workload: IWorkload | None = None
@@ -160,7 +158,7 @@ class Exchange:
             self.client = GONE  # gone before we started: ``whenLost`` will never call
             self._terminal()
             return
-        self.driver.start(placeInference if self.inference else placeVerbatim)
+        self.driver.start(POLICIES[self.routeClass])
 
     def placed(self) -> None:
         """The policy ended: serve what committed, or end now if it answered itself."""

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from nvpair.proxy.dispatch.outcome import Committed, Failed
     from nvpair.proxy.endings import BodyEnding
-    from nvpair.proxy.engines import Engine
+    from nvpair.proxy.engines import Engine, RouteClass
     from nvpair.proxy.interfaces import IRequestContext, IUpstream, IWorkload
     from nvpair.proxy.settings import Settings
     from nvpair.proxy.tracing.interfaces import IRequestTrace
@@ -64,7 +64,9 @@ class IAttemptExchange(IExchangeReport):
     uri: bytes = Attribute("The request target (path and query).")
     forwardHeaders: Headers = Attribute("The request headers to send upstream.")
     body: bytes = Attribute("The request body.")
-    inference: bool = Attribute("Whether this is an inference request (404 is retried).")
+    routeClass: RouteClass = Attribute(
+        "The request's route class (404 is retried unless it is verbatim)."
+    )
     workload: IWorkload | None = Attribute("The request's workload, if it is one.")
     written: int = Attribute("Body bytes relayed to the client so far.")
     trace: IRequestTrace | None = Attribute("The request's spans, or None (``--otel`` off).")

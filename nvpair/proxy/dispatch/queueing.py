@@ -44,6 +44,7 @@ __all__ = ["MAX_QUEUES", "OBSERVED_SAMPLES", "Queueing"]
 
 MAX_QUEUES = 256
 OBSERVED_SAMPLES = 8  # dispatches out of a queue before their rate is trusted
+SERVICE_SAMPLES = 2  # requests ended on its owners before their service times are (one is a guess)
 
 
 class _Waiter:
@@ -192,20 +193,22 @@ class Queueing:
     def drainRate(self, line: _Line) -> float | None:
         """How fast ``line`` can let requests out, per second: as observed over its last
         dispatches (``OBSERVED_SAMPLES`` at least), else from the ledger (each owner's
-        capacity over the time ours hold a slot there, when every owner's is known), else
-        None (unknown)."""
+        capacity over the time ours hold a slot there, when every owner's is known and
+        ``SERVICE_SAMPLES`` of ours ended on them), else None (unknown)."""
         now = self.clock.seconds()
         observed = line.queue.drain.perSecond(now, OBSERVED_SAMPLES)
         if observed is not None:
             return observed
         rate = 0.0
+        samples = 0
         for node in line.owners():
             capacity = self.ledger.capacity(node.id)
             service = self.ledger.serviceTime(node.id)
             if capacity is None or not service:
                 return None
             rate += capacity / service
-        return rate or None
+            samples += self.ledger.serviceSamples(node.id)
+        return rate if rate and samples >= SERVICE_SAMPLES else None
 
     def _bound(self, line: _Line) -> int:
         """How many of ``line`` may wait with a new request among them: ``--queue-max``,

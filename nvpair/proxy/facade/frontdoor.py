@@ -4,9 +4,9 @@ Every plaintext request of the facade, on its primary port or an alias, comes he
 one whose ``Host`` is not a loopback name gets 403 ``host_denied`` before anything else
 (protocol §8; ``hostcheck``), so it reaches no admission, no node and no workload.
 
-Preflights and fleet model lists go to ``fleet``; inference and everything else become an
-``Exchange`` run by the dispatch loop.  An unexpected exception answers 500 ``internal``
-and is reported, without touching any other request.
+Preflights and fleet model lists go to ``fleet``; inference, model-routed and everything
+else become an ``Exchange`` run by its route class's placement policy.  An unexpected
+exception answers 500 ``internal`` and is reported, without touching any other request.
 """
 
 from __future__ import annotations
@@ -82,9 +82,14 @@ class FrontDoor:
         if decision.routeClass is RouteClass.FLEET_LIST:
             self.fleet.modelList(self.facade, request)
             return
-        inference = decision.routeClass is RouteClass.INFERENCE
         Exchange(
-            self.context, self.facade, request, inference, decision.model, body, decision.document
+            self.context,
+            self.facade,
+            request,
+            decision.routeClass,
+            decision.model,
+            body,
+            decision.document,
         ).start()
 
     def crashed(self, request: IServerRequest, error: Exception) -> None:

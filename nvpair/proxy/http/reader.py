@@ -171,7 +171,7 @@ class RequestReader:
             return self._refusal
         if isinstance(error, HttpParserCallbackError):
             self.log.error("request-parse-crashed", problem=type(error.__context__).__name__)
-            return Refusal(500, "internal proxy error")
+            return Refusal(500, "internal proxy error", pathOf(self._url))
         return Refusal(400, f"the request is not valid HTTP/1.1: {error}", pathOf(self._url))
 
     def _fail(self, refusal: Refusal) -> NoReturn:
@@ -201,7 +201,7 @@ class RequestReader:
         self._url += url
         self._headBytes += len(url)
         if self._headBytes > self._maxHead:
-            self._fail(Refusal(431, _HEAD_TOO_LARGE))
+            self._fail(Refusal(431, _HEAD_TOO_LARGE, pathOf(self._url)))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.reading is HEAD:

@@ -64,9 +64,10 @@ def sendError(
 
 @implementer(IErrorShape)
 class _OpenAIShape:
-    """The OpenAI error shape (llama.cpp's, the one every engine uses off Ollama's native
-    routes), for a door that names no engine.  The facade's engine table has the same
-    shape; ``tests/http/test_strictrequests.py`` holds the two to it."""
+    """The OpenAI error shape (llama.cpp's off its Messages routes, the one every engine uses
+    off Ollama's native routes and Anthropic's Messages), for a door that names no engine.
+    The facade's engine table has the same shape there; ``tests/http/test_strictrequests.py``
+    holds the two to it."""
 
     def errorBody(self, path: bytes, reason: str, message: str) -> bytes:
         doc = {"error": {"message": message, "type": "proxy_error", "code": reason}}

@@ -77,7 +77,7 @@ class _Room:
     __slots__ = (
         *("total", "foreign", "readAt", "interval"),
         *("sending", "atSend", "startedInFlight", "endedInFlight", "unsettled"),
-        *("configured", "learnt", "growAt", "servedAt", "service"),
+        *("configured", "learnt", "growAt", "servedAt", "service", "finished"),
     )
 
     def __init__(self) -> None:
@@ -95,6 +95,7 @@ class _Room:
         self.growAt = 0.0
         self.servedAt: float | None = None  # when one of ours last committed below 500
         self.service: float | None = None  # seconds ours take there (moving average)
+        self.finished = 0  # how many of ours that average has seen
 
 
 @implementer(IRoomLedger)
@@ -196,6 +197,7 @@ class RoomLedger:
         room = self.rooms.touch(nodeId)
         last = room.service
         room.service = seconds if last is None else last + SERVICE_WEIGHT * (seconds - last)
+        room.finished = min(room.finished + 1, 1 << 30)
         self._roomMayHaveAppeared(nodeId)  # how fast it drains is known better now
 
     def forget(self, nodeId: str) -> None:
@@ -255,6 +257,11 @@ class RoomLedger:
         """Seconds our requests on ``nodeId`` hold their slot (a moving average), if seen."""
         room = self.rooms.get(nodeId)
         return None if room is None else room.service
+
+    def serviceSamples(self, nodeId: str) -> int:
+        """How many of our requests on ``nodeId`` the service time has seen (capped)."""
+        room = self.rooms.get(nodeId)
+        return 0 if room is None else room.finished
 
     def wakeAt(self, nodeId: str) -> float:
         """When ``nodeId``'s learnt limit next grows or lapses (0 when it has none)."""

@@ -15,10 +15,11 @@ again.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from itertools import chain
 from typing import TYPE_CHECKING
 
+from nvpair.proxy.engines import RouteClass
 from nvpair.proxy.placement.choose import Choice, Hold
 from nvpair.proxy.placement.interfaces import IOutcome, IPlacementExchange
 from nvpair.proxy.placement.keys import AffinityKey, keyFor
@@ -240,3 +241,47 @@ def placeVerbatim(ex: IPlacementExchange) -> Policy:
             ex.answerFinal(outcome)
             return None
     return None
+
+
+def placeModelRouted(ex: IPlacementExchange) -> Policy:
+    """Model-routed policy (protocol §11 "model-routed, not workloads": token counts): the
+    owners of the body's model in the usual order, each tried at most once, failing over
+    on a transport error, 404 or 5xx; no workload, queue, reservation or backoff."""
+    model = ex.model
+    if model is None:  # admission refuses a body without a string model first
+        ex.answerError(400, "bad_request")
+        return None
+    facade = ex.facade
+    snapshot = facade.snapshot
+    owners = snapshot.owners(model, facade.hasLocalBackend)
+    ordered, _ = orderCandidates(owners, facade.pin, ex.context.reservations.rank)
+    if not ordered:
+        ex.answerError(502, "no_owner")
+        return None
+    last = len(ordered) - 1
+    for index, node in enumerate(ordered):
+        if facade.snapshot is not snapshot:
+            current = facade.snapshot
+            live = current.get(node.id)
+            if live is None or live not in current.owners(model, facade.hasLocalBackend):
+                if index == last:
+                    ex.answerError(502, "upstream_unreachable")
+                    return None
+                continue  # it left discovery or stopped advertising the model meanwhile
+            node = live
+        outcome = yield ex.attemptOn(node, index == last, gated=True)
+        assert outcome is not None  # an attempt fires with its outcome
+        if outcome.committed:
+            return None
+        if index == last:
+            ex.answerFinal(outcome)
+            return None
+    return None
+
+
+POLICIES: dict[RouteClass, Callable[[IPlacementExchange], Policy]] = {
+    RouteClass.INFERENCE: placeInference,
+    RouteClass.MODEL_ROUTED: placeModelRouted,
+    RouteClass.VERBATIM: placeVerbatim,
+}
+"""The placement policy of each route class that becomes an exchange."""

@@ -64,9 +64,9 @@ def bodyModel(body: bytes) -> str | None:
 
 
 def admit(engine: Engine, method: bytes, path: bytes, body: bytes) -> Admitted | Refused:
-    """Classify a request and check an inference body names a model."""
+    """Classify a request and check an inference (or model-routed) body names a model."""
     routeClass = engine.classify(method, path)
-    if routeClass is RouteClass.INFERENCE:
+    if routeClass is RouteClass.INFERENCE or routeClass is RouteClass.MODEL_ROUTED:
         doc = bodyDocument(body)
         model = doc.get("model") if doc is not None else None
         if not isinstance(model, str):

@@ -2,46 +2,47 @@
 
 The body is never buffered: :class:`StatsMeter` keeps a bounded tail window and counts stream
 events with ``bytes.count`` as bytes leave it (and, at the end, in it); JSON is parsed only
-once, at the end, and only inside the tail.
+once, at the end, and only inside the tail.  A stream whose usage comes at its start
+(Anthropic's ``message_start``) also has its first bytes looked at, at most ``HEAD_BYTES``
+of them and only until that event's line is complete.  What each dialect's usage report
+says, and the bounds on every number in it, are ``usage``'s.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Callable
 
-DIALECTS = ("ollama", "openai")
+from nvpair.proxy.routing.usage import (
+    DIALECTS,
+    AnthropicUsage,
+    Usage,
+    anthropicStart,
+    anthropicTail,
+    ollamaUsage,
+    openaiUsage,
+)
 
-# A stream event starts a line: an SSE ``data:`` field, or an NDJSON object.  JSON text never
-# holds a raw newline, so these patterns cannot match inside an event's payload.
-_EVENT_PATTERNS = {"openai": b"\ndata:", "ollama": b"\n{"}
-
-_USAGE_KEY = b'"usage"'
-_TIMINGS_KEY = b'"timings"'
-_EVAL_COUNT_KEY = b'"eval_count"'
-_PROMPT_EVAL_COUNT_KEY = b'"prompt_eval_count"'
-_EVAL_DURATION_KEY = b'"eval_duration"'
-_MIN_TAIL = 8
+HEAD_BYTES = 4096
+"""How much of a stream's start is looked at for its start event's usage."""
+_MIN_TAIL = 32
 _DONE_TRUE = re.compile(rb'"done"\s*:\s*true')
-# The decoder's own scanner: one JSON value at an index (raw_decode without its wrapper).
-_scan: Callable[[str, int], tuple[object, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # set in __init__
+_SSE_ENDS = (b"\n\n", b"\r\n\r\n")
 
 
 class StatsMeter:
     """Measures one committed response body as it streams, keeping only a bounded tail.
 
-    ``dialect`` is ``"ollama"`` (native ``/api/*`` NDJSON or one JSON object) or ``"openai"``
-    (SSE ``data:`` events or one JSON object).  Token counts come from the engine's usage
-    report found in the tail (OpenAI ``usage``, Ollama ``eval_count``/``prompt_eval_count``);
-    failing that, a body streamed as more than one event has its completion tokens counted
-    from the events and flagged ``estimated``.  ``tokensPerSecond`` uses Ollama's
-    ``eval_duration`` when reported, otherwise completion tokens over the streaming time
-    (first byte to end) of a streamed body; a single non-streamed body has no meaningful
-    streaming time, so it gets no throughput from the clock.  Choice: when no token count can
-    be had but the first byte was seen, :meth:`result` still returns ``{"ttftMs": ...}``
-    because time to first token is a real measurement; it returns ``None`` only when nothing
-    at all was measured.
+    ``dialect`` names one of ``usage.DIALECTS``: ``"ollama"`` (native ``/api/*`` NDJSON or
+    one JSON object), ``"openai"`` (SSE ``data:`` events or one JSON object), ``"anthropic"``
+    (Messages) or ``"responses"`` (``"responses-uncached"``) with their named SSE events.
+    Token counts come from the engine's usage report (``usage``); failing that, a body
+    streamed as more than one event has its completion tokens counted from the events and
+    flagged ``estimated``.  ``tokensPerSecond`` uses Ollama's ``eval_duration`` when
+    reported, otherwise completion tokens over the streaming time (first byte to end) of a
+    streamed body; a single non-streamed body has no meaningful streaming time, so it gets
+    no throughput from the clock.  Choice: when no token count can be had but the first byte
+    was seen, :meth:`result` still returns ``{"ttftMs": ...}`` because time to first token
+    is a real measurement; it returns ``None`` only when nothing at all was measured.
     """
 
     __slots__ = (
@@ -53,16 +54,21 @@ class StatsMeter:
         "_keep",
         "_events",
         "_firstByteAt",
+        "_head",
+        "_start",
+        "_endMarker",
+        "_ended",
     )
 
     def __init__(self, dialect: str, createdAt: float, tailBytes: int = 8192) -> None:
-        if dialect not in _EVENT_PATTERNS:
+        kind = DIALECTS.get(dialect)
+        if kind is None:
             raise ValueError(f"unknown dialect {dialect!r}")
         if tailBytes < 1:
             raise ValueError("tailBytes must be positive")
-        self._dialect = dialect
+        self._dialect = kind
         self._createdAt = createdAt
-        self._pattern = _EVENT_PATTERNS[dialect]
+        self._pattern = kind.event
         self._keep = len(self._pattern) - 1
         # At least one whole event marker's worth, so that a marker cut by a chunk boundary
         # is never evicted before its end arrives.
@@ -73,11 +79,17 @@ class StatsMeter:
         self._tail = bytearray(b"\n")
         self._events = 0
         self._firstByteAt: float | None = None
+        # The stream's first bytes, while its start event's usage is looked for.
+        self._head: bytearray | None = bytearray() if kind.startEvent else None
+        self._start: AnthropicUsage | None = None
+        self._endMarker = b"\nevent: " + kind.endEvent if kind.endEvent else b""
+        self._ended = False
 
     @property
     def retainedBytes(self) -> int:
         """How many body bytes the meter currently holds."""
-        return len(self._tail)
+        head = self._head
+        return len(self._tail) + (0 if head is None else len(head))
 
     def firstByte(self, now: float) -> None:
         """Record the commit time (the first call wins)."""
@@ -86,7 +98,14 @@ class StatsMeter:
 
     def feed(self, data: bytes) -> None:
         """Account for one body chunk: slide the tail, counting the events that leave it."""
+        if self._head is not None:
+            self._lookAtStart(data)
         tail = self._tail
+        marker = self._endMarker
+        if marker and not self._ended:
+            keep = len(marker) - 1
+            if marker in data or marker in bytes(tail[-keep:]) + data[:keep]:
+                self._ended = True
         limit = self._tailBytes
         if len(data) >= limit:
             self._events += (tail + data[: self._keep]).count(self._pattern) + data.count(
@@ -102,28 +121,59 @@ class StatsMeter:
             self._events += tail.count(self._pattern, 0, excess + self._keep)
             del tail[:excess]
 
+    def _lookAtStart(self, data: bytes) -> None:
+        """Look for the start event's ``data:`` line in the stream's first ``HEAD_BYTES``;
+        read its usage once the line is whole, then stop looking."""
+        head = self._head
+        assert head is not None
+        head += data[: HEAD_BYTES - len(head)]
+        if head.lstrip()[:1] == b"{":
+            self._head = None  # one JSON document, not a stream: its usage is in the tail
+            return
+        name = self._dialect.startEvent
+        at = 0
+        while (at := head.find(name, at)) >= 0:
+            lineEnd = head.find(b"\n", at)
+            if lineEnd < 0:
+                break  # that line is not whole yet
+            found = anthropicStart(bytes(head[head.rfind(b"\n", 0, at) + 1 : lineEnd]))
+            if found is not None:
+                self._start = found
+                self._head = None
+                return
+            at = lineEnd
+        if len(head) >= HEAD_BYTES:
+            self._head = None  # not within the stream's start: its usage is not read
+
     def sawEnd(self) -> bool:
         """Whether the body seen so far ends with the dialect's end-of-answer event
-        (SSE ``data: [DONE]``; an NDJSON line with ``"done": true``)."""
+        (SSE ``data: [DONE]``; an NDJSON line with ``"done": true``; a whole
+        ``message_stop`` or ``response.completed`` event)."""
+        if self._endMarker:
+            return self._ended and bytes(self._tail).endswith(_SSE_ENDS)
         tail = bytes(self._tail).rstrip()
-        if self._dialect == "openai":
+        if self._dialect.name == "openai":
             return tail.endswith(b"[DONE]")
         last = tail.rsplit(b"\n", 1)[-1].replace(b" ", b"")
         return last.startswith(b"{") and b'"done":true' in last
+
+    def _usage(self, tail: bytes) -> Usage:
+        name = self._dialect.name
+        if name == "ollama":
+            return ollamaUsage(tail)
+        if name == "anthropic":
+            start, end = self._start, anthropicTail(tail)
+            if end is None:
+                return Usage() if start is None else start.usage()
+            return end.usage() if start is None else start.then(end).usage()
+        return openaiUsage(tail, self._dialect.cachedIsCounted)
 
     def result(self, now: float) -> dict[str, object] | None:
         """The protocol §5 stats of the body fed so far, or ``None`` if nothing was measured."""
         tail = bytes(self._tail)
         stats: dict[str, object] = {}
-        prompt: int | None
-        completion: int | None
-        duration: float | None = None
-        cached: int | None = None
-        promptMs: float | None = None
-        if self._dialect == "openai":
-            prompt, completion, cached, promptMs = _openaiUsage(tail)
-        else:
-            prompt, completion, duration = _ollamaUsage(tail)
+        usage = self._usage(tail)
+        prompt, completion = usage.prompt, usage.completion
         # Events are those counted as they left the tail plus those still in it; only an
         # estimate needs their exact number, otherwise only whether there were two or more.
         pattern = self._pattern
@@ -140,14 +190,16 @@ class StatsMeter:
                 events = 2
         if prompt is not None:
             stats["promptTokens"] = prompt
+            cached = usage.cached
             if cached is not None and cached <= prompt:
                 stats["cachedTokens"] = cached
-            if promptMs is not None:
-                stats["promptMs"] = promptMs
+            if usage.promptMs is not None:
+                stats["promptMs"] = usage.promptMs
         firstByteAt = self._firstByteAt
         if completion is not None:
             stats["completionTokens"] = completion
-            if duration is not None and duration > 0:
+            duration = usage.durationNs
+            if duration is not None and duration >= 1:
                 stats["tokensPerSecond"] = round(completion / (duration / 1e9), 2)
             elif events > 1 and firstByteAt is not None and now > firstByteAt:
                 stats["tokensPerSecond"] = round(completion / (now - firstByteAt), 2)
@@ -161,100 +213,11 @@ class StatsMeter:
         """How many of the counted events are trailers rather than content (0 or 1)."""
         lines = tail.rstrip().rsplit(b"\n", 1)
         last = lines[-1].strip()
-        if self._dialect == "openai":
+        name = self._dialect.name
+        if name == "openai":
             if last.startswith(b"data:") and last[5:].strip() == b"[DONE]":
                 return 1
             return 0
-        return 1 if _DONE_TRUE.search(last) else 0
-
-
-def _valueAfter(tail: bytes, keyAt: int, key: bytes) -> object:
-    """Decode the JSON value following the key at ``keyAt``, or return ``None``."""
-    text = tail[keyAt + len(key) :].decode("utf-8", "replace").lstrip()
-    if not text.startswith(":"):
-        return None
-    text = text[1:].lstrip()
-    try:
-        return _scan(text, 0)[0]
-    except (StopIteration, ValueError, RecursionError):  # RecursionError: absurd nesting
-        return None
-
-
-def _count(value: object) -> int | None:
-    """A token count if ``value`` is a non-negative integer (not a bool)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return None
-
-
-def _openaiUsage(tail: bytes) -> tuple[int | None, int | None, int | None, float | None]:
-    """The (prompt, completion, cached prompt) counts of the last ``usage`` object in the
-    tail; cached from ``usage.prompt_tokens_details.cached_tokens``, else from llama.cpp's
-    ``timings.cache_n`` (kept only when at most the prompt count, by ``result``); and
-    llama.cpp's ``timings.prompt_ms`` (the prompt's evaluation, milliseconds) if reported.
-
-    Inside a JSON string every quote is escaped, so ``"usage"`` with both quotes bare only
-    ever matches a real key, even in a tail that starts in the middle of a string.
-    """
-    end = len(tail)
-    while (at := tail.rfind(_USAGE_KEY, 0, end)) >= 0:
-        end = at
-        usage = _valueAfter(tail, at, _USAGE_KEY)
-        if type(usage) is not dict:
-            continue
-        prompt = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
-        completion = _count(usage.get("completion_tokens", usage.get("output_tokens")))
-        if prompt is not None or completion is not None:
-            details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
-            cached = _count(details.get("cached_tokens")) if type(details) is dict else None
-            timings = _timings(tail)
-            if cached is None:
-                cached = _count(timings.get("cache_n"))
-            return prompt, completion, cached, _milliseconds(timings.get("prompt_ms"))
-    return None, None, None, None
-
-
-def _timings(tail: bytes) -> dict[str, object]:
-    """llama.cpp's last ``timings`` object in the tail (empty when there is none)."""
-    at = tail.rfind(_TIMINGS_KEY)
-    if at < 0:
-        return {}
-    timings = _valueAfter(tail, at, _TIMINGS_KEY)
-    return timings if type(timings) is dict else {}
-
-
-def _milliseconds(value: object) -> float | None:
-    """A finite, non-negative duration in milliseconds (rounded to µs), else None."""
-    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e12:
-        return round(float(value), 3)
-    return None
-
-
-def _ollamaUsage(tail: bytes) -> tuple[int | None, int | None, float | None]:
-    """The (prompt, completion, eval duration ns) of the last Ollama object reporting counts."""
-    at = max(tail.rfind(_EVAL_COUNT_KEY), tail.rfind(_PROMPT_EVAL_COUNT_KEY))
-    if at < 0:
-        return None, None, None
-    # The reporting object runs from the last line starting an object before the key (or
-    # the tail's start, when the object is longer than the tail) to the next such line.
-    objectStart = tail.rfind(b"\n{", 0, at) + 1
-    objectEnd = tail.find(b"\n{", at)
-    region = tail[objectStart:] if objectEnd < 0 else tail[objectStart:objectEnd]
-    fields: dict[str, object] = {}
-    for name, key in (
-        ("eval_count", _EVAL_COUNT_KEY),
-        ("prompt_eval_count", _PROMPT_EVAL_COUNT_KEY),
-        ("eval_duration", _EVAL_DURATION_KEY),
-    ):
-        keyAt = region.rfind(key)
-        if keyAt >= 0:
-            fields[name] = _valueAfter(region, keyAt, key)
-    prompt = _count(fields.get("prompt_eval_count"))
-    completion = _count(fields.get("eval_count"))
-    rawDuration = fields.get("eval_duration")
-    duration: float | None = None
-    if isinstance(rawDuration, int | float) and not isinstance(rawDuration, bool):
-        duration = float(rawDuration)
-    if completion is None:
-        duration = None
-    return prompt, completion, duration
+        if name == "ollama":
+            return 1 if _DONE_TRUE.search(last) else 0
+        return 0  # the named-event streams count content deltas only

@@ -15,6 +15,7 @@ from zope.interface import Interface
 
 from nvpair.proxy.testing.fakeengine.answers import JSON, Responder
 from nvpair.proxy.testing.fakeengine.connection import EngineConnection
+from nvpair.proxy.testing.simengine.agents.stored import StoredResponses
 from nvpair.proxy.testing.simengine.cache import PrefixCache
 from nvpair.proxy.testing.simengine.config import Failure, SimConfig
 from nvpair.proxy.testing.simengine.slots import Slots
@@ -65,6 +66,8 @@ class Core:
         self.loaded: OrderedDict[str, float] = OrderedDict((m, now) for m in initial)
         """Loaded model -> when it was last used (least recent first)."""
         self.runs: dict[EngineConnection, IRun] = {}
+        self.stored = StoredResponses()
+        """The responses this engine produced (a stateful dialect's, LM Studio's)."""
 
     def loadedModels(self) -> list[tuple[str, float]]:
         """The models loaded now, each with when it unloads (unused for ``keepAlive``)."""

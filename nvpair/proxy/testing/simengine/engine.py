@@ -15,6 +15,7 @@ from nvpair.proxy.testing.fakeengine.answers import JSON
 from nvpair.proxy.testing.fakeengine.connection import EngineConnection, IRequestHandler
 from nvpair.proxy.testing.fakeengine.server import EngineServer
 from nvpair.proxy.testing.simengine import control
+from nvpair.proxy.testing.simengine.agents import serve as agents
 from nvpair.proxy.testing.simengine.config import Failure, SimConfig
 from nvpair.proxy.testing.simengine.core import Core
 from nvpair.proxy.testing.simengine.routes import GETS, INFERENCE, answerGet, inference
@@ -70,6 +71,8 @@ class SimEngine(EngineServer):
         if method == b"POST" and path in INFERENCE[dialect]:
             self.stats.requests += 1
             inference(self.core, connection, INFERENCE[dialect][path], body)
+        elif method == b"POST" and path in agents.ROUTES[dialect]:
+            agents.answer(self.core, connection, agents.ROUTES[dialect][path], body)
         elif method == b"GET" and (path in GETS[dialect] or path in GETS["*"]):
             answerGet(self.core, connection, path, query)
         elif path.startswith(b"/sim/") or path == b"/tokenize":

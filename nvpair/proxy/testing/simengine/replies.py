@@ -17,6 +17,7 @@ Usage is reported as the real engines report it:
 from __future__ import annotations
 
 import json
+from typing import Protocol
 
 import attrs
 
@@ -82,6 +83,20 @@ class Usage:
         }
 
 
+class Replier(Protocol):
+    """What a run needs of the way its answer is written (``Reply`` for chat and
+    completions, ``agents``' for Messages and Responses)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def contentType(self) -> bytes: ...
+    def first(self, usage: Usage | None = None) -> bytes: ...
+    def piece(self, text: str) -> bytes: ...
+    def last(self, usage: Usage) -> bytes: ...
+    def document(self, text: str, usage: Usage) -> bytes: ...
+
+
 @attrs.frozen
 class Reply:
     """How to answer one inference request: its dialect, route, model and name."""
@@ -113,9 +128,9 @@ class Reply:
             "object": "chat.completion.chunk" if chat else "text_completion",
         }
 
-    def first(self) -> bytes:
+    def first(self, usage: Usage | None = None) -> bytes:
         """The event sent when the request starts streaming (llama-server's role chunk), or
-        nothing."""
+        nothing (``usage``, the prompt's, is for the APIs that report it there)."""
         if self.route is not Route.CHAT:
             return b""
         delta = {"role": "assistant", "content": None}

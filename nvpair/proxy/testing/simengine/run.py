@@ -20,7 +20,7 @@ from zope.interface import implementer
 from nvpair.proxy.testing.fakeengine.answers import JSON
 from nvpair.proxy.testing.fakeengine.connection import EngineConnection, chunk
 from nvpair.proxy.testing.simengine.core import Core, IRun
-from nvpair.proxy.testing.simengine.replies import Reply, Usage
+from nvpair.proxy.testing.simengine.replies import Replier, Usage
 from nvpair.proxy.testing.simengine.slots import Job
 from nvpair.proxy.testing.simengine.tokens import blockDigests, outputWord, tokenId
 
@@ -33,7 +33,7 @@ class Run:
         self,
         core: Core,
         connection: EngineConnection,
-        reply: Reply,
+        reply: Replier,
         stream: bool,
         words: Sequence[str],
         maxTokens: int,
@@ -91,7 +91,7 @@ class Run:
             self._connection.later(decode * self._n, self._finish)
             return
         head = self._parts.responder.head(200, self._waited(), self._reply.contentType, None)
-        first = self._reply.first()
+        first = self._reply.first(Usage(len(self._ids), self.cached, 0, self._promptMs, 0.0))
         self._connection.write(head + (chunk(first) if first else b""))
         self._connection.later(decode, lambda: self._token(0))
 
