@@ -43,6 +43,7 @@ from nvpair.proxy.interfaces import IRequestContext, IUpstream, IWorkload
 from nvpair.proxy.placement.interfaces import IOutcome, IPlacementExchange
 from nvpair.proxy.placement.keys import AffinityKey
 from nvpair.proxy.placement.policies import placeInference, placeVerbatim
+from nvpair.proxy.routing.facts import NO_FACTS, RequestFacts
 from nvpair.proxy.routing.reservations import Reservation
 from nvpair.proxy.routing.stats import StatsMeter
 from nvpair.proxy.tracing.interfaces import IRequestTrace
@@ -66,7 +67,7 @@ class Exchange:
     __slots__ = (
         # the request, and what it was admitted with
         *("context", "facade", "engine", "settings", "clock", "upstream", "request"),
-        *("method", "uri", "path", "forwardHeaders", "body", "document", "inference"),
+        *("method", "uri", "path", "forwardHeaders", "body", "facts", "inference"),
         *("model", "createdAt", "workload"),
         # its placement and attempts
         *("driver", "seat", "prefixKey", "reservation", "activeNode", "attempts"),
@@ -83,7 +84,8 @@ class Exchange:
         inference: bool,
         model: str | None,
         body: bytes,
-        document: dict[str, object] | None = None,
+        facts: RequestFacts = NO_FACTS,
+        prefixKey: AffinityKey | None = None,
     ) -> None:
         self.context = context
         self.facade = facade
@@ -97,7 +99,7 @@ class Exchange:
         self.path: bytes = request.path
         self.forwardHeaders: Headers = context.forwardHeaders(request.requestHeaders)
         self.body = body
-        self.document = document  # the parsed body admission found, when it parsed one
+        self.facts = facts  # what admission read of the body (never the document)
         self.inference = inference
         self.model = model
         self.createdAt: float = self.clock.seconds()
@@ -116,7 +118,7 @@ class Exchange:
         self.serving: Committed | None = None
         self.driver = PolicyDriver(self)  # the placement loop
         self.seat = QueueSeat(context.queueing)  # standalone: the fair queue, the breakers
-        self.prefixKey: AffinityKey | None = None  # set by placement at commit
+        self.prefixKey = prefixKey  # the prompt's digests, where admission took them
         self.reservation: Reservation | None = None  # this round's, on the node tried
         self.trace: IRequestTrace | None = None  # its spans, with --otel on
 

@@ -14,7 +14,6 @@ from twisted.web.http_headers import Headers
 from nvpair.proxy.flow.clients import clientKey
 from nvpair.proxy.flow.interfaces import IQueueing
 from nvpair.proxy.placement.interfaces import IPlacementExchange
-from nvpair.proxy.routing.admission import bodyDocument
 from nvpair.proxy.tracing.interfaces import IRequestTrace
 
 if TYPE_CHECKING:
@@ -55,9 +54,8 @@ class QueueSeat:
             return None  # a later round, already charged
         values = headers.getRawHeaders(b"authorization")
         authorization = values[0] if values else None
-        document = ex.document
-        if document is None and authorization is None:
-            document = bodyDocument(ex.body)
+        user = ex.facts.identity.user
+        document: dict[str, object] | None = None if user is None else {"user": user}
         # Peer requests are served on the local backend and never routed here: no peer id.
         wait = queueing.waitForRoom(ex, owners, clientKey(authorization, document, None))
         self.queued = 1 if wait is None else 2

@@ -27,7 +27,7 @@ MAX_NAME = 64
 
 _T = TypeVar("_T")
 
-_TOP_KEYS = ("engines", "backend")
+_TOP_KEYS = ("engines", "backend", "share_prefixes")
 _BACKEND_KEYS = ("engine", "url", "name", "max_concurrency", "enabled")
 _TOML_POSITION = re.compile(r"\(at line (\d+), column \d+\)|\(at end of document\)")
 _HEADER = re.compile(r"^\s*\[\[\s*backend\s*\]\]\s*(#.*)?$")
@@ -64,6 +64,8 @@ class FleetSpec:
 
     engines: tuple[str, ...]
     backends: tuple[Backend, ...]
+    sharePrefixes: bool = False
+    """Requests with different ``Authorization`` values share prefix placement."""
 
     def serving(self, engineId: str) -> tuple[Backend, ...]:
         """The enabled backends of one engine, in file order; an engine with no
@@ -210,7 +212,10 @@ def _validate(document: Mapping[str, object], lines: _Lines, path: str) -> Fleet
                     lines.backend(i, "engine"),
                     f"engine {b.engine!r} is not in the top-level engines list",
                 )
-    return FleetSpec(engines, backends)
+    share = document.get("share_prefixes", False)
+    if not isinstance(share, bool):
+        raise FleetError(path, lines.top("share_prefixes"), "share_prefixes must be true or false")
+    return FleetSpec(engines, backends, share)
 
 
 def _engines(value: object, lines: _Lines, path: str) -> tuple[str, ...] | None:

@@ -18,7 +18,7 @@ The node that commits becomes the home and holds the request's blocks.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
@@ -44,6 +44,10 @@ __all__ = ["Affinity", "AffinityTable"]
 MAX_IMBALANCE = 2  # home keeps the turn while its load <= least-loaded owner's + this
 MAX_ENTRIES = 16384
 MAX_AGE = 900.0
+
+
+def _never() -> bool:
+    return False
 
 
 class AffinityTable:
@@ -102,6 +106,9 @@ class Affinity:
         self.states = states
         self.maxImbalance = maxImbalance
         self.counts: dict[str, list[int]] = {}  # engine id -> a count per ``RESULTS``
+        # Whether requests with different keys share prefixes (the fleet file's
+        # ``share_prefixes``; read at each admission, so a reload switches it).
+        self.sharesPrefixes: Callable[[], bool] = _never
         self.confirmed = [0, 0]  # requests the index expected cached: [hits, misses]
 
     def _count(self, engineId: str, result: Placed) -> None:
@@ -177,10 +184,12 @@ class Affinity:
 
     def ended(self, key: AffinityKey, nodeId: str, prompt: int, cached: int) -> None:
         """The engine of ``nodeId`` reported ``cached`` of ``prompt`` prompt tokens cached:
-        a confirmed miss of what the index expected drops that node's stale entries."""
+        a confirmed miss of what the index expected drops that node's stale entries.  A
+        request that asked its engine not to reuse its cache (``cache_prompt: false``)
+        confirms nothing: its miss says nothing of other requests' entries."""
         expect = key.expect
         key.expect = None
-        if expect is None or expect[0] != nodeId:
+        if expect is None or expect[0] != nodeId or not key.confirms:
             return
         if confirmedMiss(expect[1], key.chars, prompt, cached):
             self.confirmed[1] += 1

@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING
 from nvpair.proxy.placement.affinity import Affinity
 from nvpair.proxy.placement.choose import Hold
 from nvpair.proxy.placement.interfaces import IOutcome, IPlacementExchange
-from nvpair.proxy.placement.keys import AffinityKey, keyFor
-from nvpair.proxy.routing.admission import bodyDocument
+from nvpair.proxy.placement.keys import AffinityKey
 from nvpair.proxy.routing.candidates import orderCandidates, placeReservation
 from nvpair.proxy.routing.nodes import Node
 from nvpair.proxy.routing.reservations import ReservationMap
@@ -64,10 +63,8 @@ def placeInference(ex: IPlacementExchange) -> Policy:
     maxAttempts = settings.maxDispatchAttempts
     tried = 0
     affinity: Affinity | None = ex.context.affinity  # standalone with --affinity prefix
-    doc: dict[str, object] | None = None
-    if affinity is not None:
-        doc = ex.document if ex.document is not None else bodyDocument(ex.body)
-    key: AffinityKey | None = None
+    # Taken at admission, and only in a fleet of several nodes: one has no choice to make.
+    key: AffinityKey | None = ex.prefixKey if affinity is not None else None
     counted: str | None = facade.engine.id  # affinity outcomes count once per request
     hold = Hold.ALLOWED  # held in the proxy for its prefix holder at most once
     while True:
@@ -86,10 +83,6 @@ def placeInference(ex: IPlacementExchange) -> Policy:
         if wait is not None:
             yield wait
             continue  # let out: the current owners, in a new round
-        if doc is not None and model is not None and len(snapshot) > 1:
-            # Computed once, and only in a fleet of several nodes: one has no choice to make.
-            key = keyFor(facade.engine.id, model, ex.path, doc)
-            doc = None
         # Known-full owners go after those with room, open breakers last; prefix placement
         # weighs the full ones itself (a full prefix holder may be worth a short hold).
         preferred, full, demoted = ex.demote(owners)
@@ -139,7 +132,6 @@ def placeInference(ex: IPlacementExchange) -> Policy:
             if outcome.committed:
                 if key is not None and affinity is not None:
                     affinity.served(key, node.id)  # a failover moves the conversation
-                    ex.prefixKey = key  # read when it ends: the engine's cached count
                 return None
             if final:
                 ex.answerFinal(outcome)
