@@ -299,7 +299,9 @@ class LoopTests(SynchronousTestCase):
         assert isinstance(decision, admission.Admitted)
         assert decision.prefixKey is not None
         self.assertEqual(decision.prefixKey.records, chatKey(turn(1)).records)
-        same = admission.Admitted(decision.routeClass, decision.model, decision.facts)
+        same: admission.Admitted[None] = admission.Admitted(
+            decision.routeClass, decision.model, decision.facts
+        )
         self.assertEqual(decision, same)
         self.assertFalse(hasattr(decision, "document"))
         ex, _ = startExchange(self.context, self.facade, request, body=raw)

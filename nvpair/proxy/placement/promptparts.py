@@ -46,6 +46,7 @@ _LEFT_OUT = "cache_control"
 _TEXT_TYPES = frozenset(("text", "input_text", "output_text"))
 _IMAGE_TYPES = frozenset(("image", "image_url", "input_image", "document", "file", "input_file"))
 _PLAIN_KEYS = frozenset(("role", "content", "type", _LEFT_OUT))
+_LABELS = frozenset(("role", "type"))  # members whose text is no content
 
 
 class TooDeep(Exception):
@@ -117,7 +118,8 @@ def _text(content: object) -> str | None:
 
 def digestOf(value: object, depth: int = 0) -> tuple[int, int]:
     """(digest, characters of string content) of a JSON value, members in name order,
-    ``cache_control`` left out; raises ``TooDeep`` past ``MAX_DEPTH`` levels."""
+    ``cache_control`` left out (``role`` and ``type`` labels count no characters); raises
+    ``TooDeep`` past ``MAX_DEPTH`` levels."""
     if type(value) is str:
         return hash(value), len(value)
     if type(value) is dict:
@@ -129,7 +131,8 @@ def digestOf(value: object, depth: int = 0) -> tuple[int, int]:
             if name != _LEFT_OUT:
                 digest, size = digestOf(member, depth + 1)
                 members.append((name, digest))
-                chars += size
+                if name not in _LABELS:
+                    chars += size
         members.sort()
         block = value.get("type")
         if type(block) is str and block in _IMAGE_TYPES:

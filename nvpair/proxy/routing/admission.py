@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, overload
 
 import attrs
 
@@ -132,6 +132,20 @@ def factsOf(fields: dict[str, object]) -> RequestFacts:
         _flag(fields.get("cache_prompt")),
         _flag(fields.get("stream")),
     )
+
+
+@overload
+def admit(engine: Engine, method: bytes, path: bytes, body: bytes) -> Admitted[None] | Refused: ...
+
+
+@overload
+def admit(
+    engine: Engine,
+    method: bytes,
+    path: bytes,
+    body: bytes,
+    keyer: Callable[[str, dict[str, object]], K | None] | None,
+) -> Admitted[K] | Refused: ...
 
 
 def admit(

@@ -108,13 +108,14 @@ def _members(text: str, at: int, names: Collection[str], found: dict[str, object
                 return -1
             at = space(text, at + 1).end()  # type: ignore[union-attr]
             value, at = decode(text, at)
+            at = space(text, at).end()  # type: ignore[union-attr]
+            end = text.startswith("}", at)
+            if not end and not text.startswith(",", at):
+                return -1  # a number may go on past the window's edge: not taken
             if name in names:
                 found[name] = value
-            at = space(text, at).end()  # type: ignore[union-attr]
-            if text.startswith("}", at):
+            if end:
                 return at
-            if not text.startswith(",", at):
-                return -1
             at = space(text, at + 1).end()  # type: ignore[union-attr]
     except (ValueError, RecursionError):
         pass  # cut by the window's edge, or not JSON
