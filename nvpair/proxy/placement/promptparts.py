@@ -128,11 +128,14 @@ def digestOf(value: object, depth: int = 0) -> tuple[int, int]:
         members: list[tuple[str, int]] = []
         chars = 0
         for name, member in value.items():
-            if name != _LEFT_OUT:
+            if type(member) is str:  # most members: no call
+                members.append((name, hash(member)))
+                if name not in _LABELS:
+                    chars += len(member)
+            elif name != _LEFT_OUT:
                 digest, size = digestOf(member, depth + 1)
                 members.append((name, digest))
-                if name not in _LABELS:
-                    chars += size
+                chars += size
         members.sort()
         block = value.get("type")
         if type(block) is str and block in _IMAGE_TYPES:
@@ -144,8 +147,12 @@ def digestOf(value: object, depth: int = 0) -> tuple[int, int]:
         digests: list[int] = []
         chars = 0
         for item in value:
-            digest, size = digestOf(item, depth + 1)
-            digests.append(digest)
-            chars += size
+            if type(item) is str:
+                digests.append(hash(item))
+                chars += len(item)
+            else:
+                digest, size = digestOf(item, depth + 1)
+                digests.append(digest)
+                chars += size
         return hash(("[", tuple(digests))), chars
     return hash((type(value).__name__, value)), 0
