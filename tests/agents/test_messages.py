@@ -30,12 +30,12 @@ def conversation(topic: str) -> list[Any]:
     return [{"role": "user", "content": f"tell me about {topic}"}]
 
 
-def request(topic: str, tokens: int = 4) -> dict[str, Any]:
+def request(topic: str, tokens: int = 4, system: str = SYSTEM) -> dict[str, Any]:
     """The keyword arguments of one Messages request."""
     return {
         "model": "m",
         "max_tokens": tokens,
-        "system": SYSTEM,
+        "system": system,
         "tools": TOOLS,
         "messages": conversation(topic),
     }
@@ -209,7 +209,8 @@ class SpreadAndFailoverTests(TestCase):
     timeout = 180
 
     async def test_spreadThenFailover(self) -> None:
-        """Twenty new conversations, ten at a time: none of the two owners serves more than
+        """Twenty new conversations of twenty agents (each its own system prompt: no
+        prefix to keep together), ten at a time: none of the two owners serves more than
         70 %; then one engine answers 500 to everything: every stream still comes whole from
         the other (failed over before its first byte)."""
         fleet = AgentFleet(self, "llamacpp")
@@ -217,7 +218,7 @@ class SpreadAndFailoverTests(TestCase):
         client = fleet.anthropic()
 
         def one(topic: str) -> tuple[str, str]:
-            raw = client.messages.with_raw_response.create(**request(topic))
+            raw = client.messages.with_raw_response.create(**request(topic, system=topic + SYSTEM))
             return raw.headers["x-nvpair-node"], raw.parse().content[0].text
 
         served: Counter[str] = Counter()
@@ -238,7 +239,7 @@ class SpreadAndFailoverTests(TestCase):
         await response.content()
 
         def streamed(topic: str) -> tuple[str, str]:
-            with client.messages.stream(**request(topic)) as stream:
+            with client.messages.stream(**request(topic, system=topic + SYSTEM)) as stream:
                 text = "".join(stream.text_stream)
                 return stream.response.headers["x-nvpair-node"], text
 

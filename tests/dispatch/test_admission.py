@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from nvpair.proxy.dispatch.queueing import OBSERVED_SAMPLES
 from nvpair.proxy.features import useStandalone
+from nvpair.proxy.flow.predicted import OBSERVED_SAMPLES
 from tests.support.exchangecase import LoopCase
 from tests.support.fakerequest import FakeRequest
 

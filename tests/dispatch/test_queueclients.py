@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.dispatch.seat import bodyIdentity
 from nvpair.proxy.flow.clients import DeclaredClient
 from nvpair.proxy.ops.queuegauges import QueueCollector, queueStatus
+from nvpair.proxy.routing.admission import factsOf
 from nvpair.proxy.routing.facts import MAX_FIELD, Identity
 from tests.dispatch.test_queueing import QueueCase, client
 
@@ -193,7 +193,7 @@ _JSON = st.recursive(
 
 
 class BodyIdentityTests(SynchronousTestCase):
-    """The identity fields read from a body a client controls (``bodyIdentity``)."""
+    """The identity fields admission reads from a body a client controls (``factsOf``)."""
 
     @given(
         st.dictionaries(
@@ -206,11 +206,11 @@ class BodyIdentityTests(SynchronousTestCase):
         most ``MAX_FIELD`` characters, taken from where the rule says."""
         if isinstance(document.get("metadata"), dict):
             document["metadata"] = {**document["metadata"], "user_id": userId}  # type: ignore[dict-item]
-        identity = bodyIdentity(document)
+        identity = factsOf(document).identity
         for value in (identity.anthropicUser, identity.safetyIdentifier, identity.user):
             self.assertTrue(value is None or 0 < len(value) <= MAX_FIELD)
         if identity.user is not None:
             self.assertEqual(identity.user, document["user"])
         if identity.anthropicUser is not None:
             self.assertEqual(identity.anthropicUser, userId)
-        self.assertEqual(bodyIdentity(None), Identity())
+        self.assertEqual(factsOf({}).identity, Identity())

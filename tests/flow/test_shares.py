@@ -177,19 +177,20 @@ class FullQueueTests(SynchronousTestCase):
         self.assertIs(queue.push(again), again)
         self.assertEqual(sorted(t.payload for t in queue), ["g0", "g1", "g2", "h0"])
 
-    def test_equalLengthsRefuseTheArrivalOfMintedKeys(self) -> None:
-        """Minted keys fill the queue one request each: a further minted key (never seen,
-        so behind all) is refused itself; an honest app's request takes the place of the
-        most-served key's newest instead."""
+    def test_nothingWaitingAlwaysGetsAPlace(self) -> None:
+        """Minted keys fill the queue one request each: a further key, with nothing
+        waiting, still gets a place (never a client with nothing waiting is refused): the
+        newest of the key that ranks first gives way — on equal lengths the most served,
+        and a never-seen key, behind all, ranks first; so does an honest app's request."""
         queue: FairQueue[str] = FairQueue(4)
         queue.charge(Client("honest"))
         for i in range(4):
             queue.push(Ticket(Client(f"g{i}"), float(i), f"g{i}"))
-        minted = Ticket(Client("g9"), 9.0, "g9")
-        self.assertIs(queue.push(minted), minted)
-        left = queue.push(Ticket(Client("honest"), 10.0, "h0"))
+        left = queue.push(Ticket(Client("g9"), 9.0, "g9"))
         self.assertEqual(left.payload if left else None, "g3")
-        self.assertIn("h0", [t.payload for t in queue])
+        left = queue.push(Ticket(Client("honest"), 10.0, "h0"))
+        self.assertEqual(left.payload if left else None, "g9")
+        self.assertEqual(sorted(t.payload for t in queue), ["g0", "g1", "g2", "h0"])
 
     def test_unverifiedGivesWayToDeclared(self) -> None:
         """On equal lengths an unverified key gives way before a declared client."""

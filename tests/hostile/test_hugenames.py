@@ -1,7 +1,9 @@
 """Huge client strings do not outlive their request (issue 32, item 1), against the real
-process: 50 chat requests naming an 8 MiB model (each answered 502 ``no_owner``) leave the
-resident memory within 64 MiB of where it was, and ``/status``, the page and a normal chat
-afterwards answer at once, with the recent workloads holding cut copies of the name."""
+process: 50 chat requests naming an 8 MiB model (each refused 400 at admission: a model
+name has at most 512 characters) and 50 naming a 500-character one (each answered 502
+``no_owner``) leave the resident memory within 64 MiB of where it was, and ``/status``,
+the page and a normal chat afterwards answer at once, with the recent workloads holding
+cut copies of the admissible name."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from tests.support.standaloneharness import StandaloneProxy, backendUp
 
 REQUESTS = 50
 MODEL_BYTES = 8 << 20
+ADMISSIBLE = 500  # characters: within admission's bound, over what is kept (256)
 MEMORY_BOUND_KIB = 64 * 1024
 FAST = 2.0  # seconds; main took 4.5 s for /status and 4.9 s for the chat sent meanwhile
 CHAT = {"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "hi"}]}
@@ -57,9 +60,12 @@ class HugeModelNameTests(TestCase):
         pid = proxy.proto.transport.pid
         start = rssKiB(pid)
 
-        body = json.dumps({"model": "x" * MODEL_BYTES, "messages": []}).encode()
+        huge = json.dumps({"model": "x" * MODEL_BYTES, "messages": []}).encode()
+        long = json.dumps({"model": "x" * ADMISSIBLE, "messages": []}).encode()
         for _ in range(REQUESTS):
-            code, answer, _ = await self.timed("POST", chat, data=body)
+            code, answer, _ = await self.timed("POST", chat, data=huge)
+            self.assertEqual((code, json.loads(answer)["reason"]), (400, "bad_request"))
+            code, answer, _ = await self.timed("POST", chat, data=long)
             self.assertEqual((code, json.loads(answer)["reason"]), (502, "no_owner"))
         grown = rssKiB(pid) - start
 
@@ -83,6 +89,6 @@ class HugeModelNameTests(TestCase):
         self.assertGreaterEqual(len(cut), REQUESTS - 1)
         for model in cut:  # the normalized name (``:latest`` added), cut with its marker
             self.assertRegex(model, r"^x{256}…\[\+(\d+) chars\]$")
-            self.assertEqual(int(model.split("+")[1].split(" ")[0]), MODEL_BYTES + 7 - 256)
+            self.assertEqual(int(model.split("+")[1].split(" ")[0]), ADMISSIBLE + 7 - 256)
         for seconds in (statusTime, pageTime, chatTime):
             self.assertLess(seconds, FAST)

@@ -10,6 +10,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.engines import ENGINES
+from nvpair.proxy.facade.frontdoor import promptKeyer
 from nvpair.proxy.facade.standalone import startStandalone
 from nvpair.proxy.ops.server import affinityStatus
 from nvpair.proxy.placement.affinity import Affinity, AffinityTable
@@ -265,20 +266,10 @@ class LoopTests(SynchronousTestCase):
         self.affinity = Affinity(self.context.clock, self.context.reservations)
         self.context.affinity = self.affinity
         self.facade = makeFacade(self.context.clock, [node("A"), node("B")])
-        self.carried = True
 
     def serve(self, messages: list[Any], *statuses: int) -> str:
         """Admit and run one chat turn; the engines answer ``statuses`` then 200."""
-        raw = body(messages)
-        decision = admission.admit(ENGINES["llamacpp"], b"POST", CHAT, raw)
-        assert isinstance(decision, admission.Admitted)
-        ex, request = startExchange(
-            self.context,
-            self.facade,
-            FakeRequest(),
-            body=raw,
-            document=decision.document if self.carried else None,
-        )
+        ex, request = startExchange(self.context, self.facade, FakeRequest(), body=body(messages))
         for status in statuses:
             self.context.upstream.last().answer(status, b"{}")
         self.context.upstream.last().answer(200, b"data: [DONE]\n\n")
@@ -297,22 +288,27 @@ class LoopTests(SynchronousTestCase):
         self.assertEqual(self.serve(turn(4)), other)
         self.assertEqual(self.affinity.countsOf("llamacpp"), {"hit": 3, "miss": 1, "overridden": 0})
 
-    def test_withoutDocumentParsesBody(self) -> None:
-        """With no document carried from admission the loop parses the body itself: same
-        result."""
-        self.carried = False
-        home = self.serve(turn(1))
-        self.assertEqual(self.serve(turn(2)), home)
-        self.assertEqual(self.affinity.countsOf("llamacpp"), {"hit": 1, "miss": 1, "overridden": 0})
-
-    def test_admissionCarriesTheDocument(self) -> None:
-        """An admitted inference request carries its parsed body; it takes no part in the
-        decision's equality."""
+    def test_admissionCarriesDigests(self) -> None:
+        """An admitted inference request carries its prompt's digests where a keyer asked
+        for them (taking no part in the decision's equality), never the parsed body; the
+        exchange keeps the same digests."""
         raw = body(turn(1))
-        decision = admission.admit(ENGINES["llamacpp"], b"POST", CHAT, raw)
+        request = FakeRequest()
+        keyer = promptKeyer(self.context, self.facade, request)
+        assert keyer is not None
+        decision = admission.admit(ENGINES["llamacpp"], b"POST", CHAT, raw, keyer)
         assert isinstance(decision, admission.Admitted)
-        self.assertEqual(decision.document, json.loads(raw))
-        self.assertEqual(decision, admission.Admitted(decision.routeClass, decision.model))
+        assert decision.prefixKey is not None
+        self.assertEqual(decision.prefixKey.records, chatKey(turn(1)).records)
+        same: admission.Admitted[None] = admission.Admitted(
+            decision.routeClass, decision.model, decision.facts
+        )
+        self.assertEqual(decision, same)
+        self.assertFalse(hasattr(decision, "document"))
+        ex, _ = startExchange(self.context, self.facade, request, body=raw)
+        assert ex.prefixKey is not None
+        self.assertEqual(ex.prefixKey.records, chatKey(turn(1)).records)
+        self.assertFalse(hasattr(ex, "document"))
 
     def test_pinWins(self) -> None:
         """A pin still decides, and nothing is counted."""

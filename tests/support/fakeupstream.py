@@ -14,8 +14,11 @@ from nvpair.proxy.dispatch.exchange import Exchange
 from nvpair.proxy.dispatch.interfaces import IFacadeView
 from nvpair.proxy.engines import ENGINES, RouteClass
 from nvpair.proxy.facade.facade import Facade
+from nvpair.proxy.facade.frontdoor import promptKeyer
 from nvpair.proxy.interfaces import IRequestContext
+from nvpair.proxy.routing.admission import factsOf, readBody
 from nvpair.proxy.routing.candidates import Snapshot
+from nvpair.proxy.routing.facts import NO_FACTS
 from nvpair.proxy.routing.nodes import Node
 from tests.support.fakerequest import FakeRequest
 
@@ -55,14 +58,22 @@ def startExchange(
     inference: bool = True,
     model: str | None = "m1",
     body: bytes = CHAT,
-    document: dict[str, object] | None = None,
     routeClass: RouteClass | None = None,
 ) -> tuple[Exchange, FakeRequest]:
-    """Admit one request and start its dispatch loop (an inference request unless
-    ``inference`` is False, which makes it verbatim, or ``routeClass`` says otherwise)."""
+    """Admit one request as the front door does (its facts and, where placement reads
+    them, its prompt digests; ``model`` as given) and start its dispatch loop (an inference
+    request unless ``inference`` is False, which makes it verbatim, or ``routeClass`` says
+    otherwise)."""
     request = request or FakeRequest()
     if routeClass is None:
         routeClass = RouteClass.INFERENCE if inference else RouteClass.VERBATIM
-    exchange = Exchange(context, facade, request, routeClass, model, body, document)
+    facts, key = NO_FACTS, None
+    fields, whole = readBody(body)
+    if routeClass is RouteClass.INFERENCE and fields is not None:
+        facts = factsOf(fields)
+        keyer = promptKeyer(context, facade, request)
+        if keyer is not None and whole and model is not None:
+            key = keyer(model, fields)
+    exchange = Exchange(context, facade, request, routeClass, model, body, facts, key)
     exchange.start()
     return exchange, request

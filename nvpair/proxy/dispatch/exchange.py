@@ -40,6 +40,7 @@ from nvpair.proxy.interfaces import IRequestContext, IUpstream, IWorkload
 from nvpair.proxy.placement.interfaces import IOutcome, IPlacementExchange
 from nvpair.proxy.placement.keys import AffinityKey
 from nvpair.proxy.placement.policies import POLICIES
+from nvpair.proxy.routing.facts import NO_FACTS, RequestFacts
 from nvpair.proxy.routing.reservations import Reservation
 from nvpair.proxy.routing.stats import StatsMeter
 from nvpair.proxy.tracing.interfaces import IRequestTrace, TraceStart
@@ -61,7 +62,7 @@ class Exchange:
     __slots__ = (
         # the request, and what it was admitted with
         *("context", "facade", "engine", "settings", "clock", "upstream", "request"),
-        *("method", "uri", "path", "forwardHeaders", "body", "document", "routeClass"),
+        *("method", "uri", "path", "forwardHeaders", "body", "facts", "routeClass"),
         *("inference", "model", "createdAt", "workload", "dispatchedAt"),
         # its placement and attempts
         *("driver", "seat", "prefixKey", "reservation", "activeNode", "attempts"),
@@ -78,7 +79,8 @@ class Exchange:
         routeClass: RouteClass,
         model: str | None,
         body: bytes,
-        document: dict[str, object] | None = None,
+        facts: RequestFacts = NO_FACTS,
+        prefixKey: AffinityKey | None = None,
     ) -> None:
         self.context = context
         self.facade = facade
@@ -92,7 +94,7 @@ class Exchange:
         self.path: bytes = request.path
         self.forwardHeaders: Headers = context.forwardHeaders(request.requestHeaders)
         self.body = body
-        self.document = document  # the parsed body admission found, when it parsed one
+        self.facts = facts  # what admission read of the body (never the document)
         self.routeClass = routeClass
         self.inference = routeClass is RouteClass.INFERENCE
         self.model = model
@@ -113,7 +115,7 @@ class Exchange:
         self.serving: Committed | None = None
         self.driver = PolicyDriver(self)  # the placement loop
         self.seat = QueueSeat(context.queueing, self, request.requestHeaders)
-        self.prefixKey: AffinityKey | None = None  # set by placement at commit
+        self.prefixKey = prefixKey  # the prompt's digests, where admission took them
         self.reservation: Reservation | None = None  # this round's, on the node tried
         self.trace: IRequestTrace | None = None  # its spans, with --otel on
 
@@ -201,7 +203,7 @@ class Exchange:
         if workload is not None and not workload.ended:
             finishUnserved(workload, self, self.clock.seconds())
         self.context.requestEnded(self)
-        self.body, self.document, self.model = b"", None, None  # not left to the cycle GC (§6)
+        self.body, self.model = b"", None  # not left to the cycle GC (§6)
 
     def _clientLost(self, _: object) -> None:
         if self.client is not OPEN:

@@ -31,6 +31,7 @@ from nvpair.proxy.flow.clientbook import ClientBook
 from nvpair.proxy.flow.clients import Client
 from nvpair.proxy.flow.fairqueue import MAX_RETRY_AFTER, FairQueue, Ticket
 from nvpair.proxy.flow.interfaces import IQueueing
+from nvpair.proxy.flow.predicted import OBSERVED_SAMPLES, bound, keptInTime, serviceRate
 from nvpair.proxy.flow.waits import WaitHistogram
 from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.placement.interfaces import IFleetView, IPlacementExchange
@@ -40,11 +41,9 @@ if TYPE_CHECKING:
     from nvpair.proxy.routing.nodes import Node, OwnerSplit
     from nvpair.proxy.settings import Settings
 
-__all__ = ["MAX_QUEUES", "OBSERVED_SAMPLES", "Queueing"]
+__all__ = ["MAX_QUEUES", "Queueing"]
 
 MAX_QUEUES = 256
-OBSERVED_SAMPLES = 8  # dispatches out of a queue before their rate is trusted
-SERVICE_SAMPLES = 2  # requests ended on its owners before their service times are (one is a guess)
 
 
 class _Waiter:
@@ -191,60 +190,39 @@ class Queueing:
         return self.holds.hold(nodeId, seconds)
 
     def drainRate(self, line: _Line) -> float | None:
-        """How fast ``line`` can let requests out, per second: as observed over its last
-        dispatches (``OBSERVED_SAMPLES`` at least), else from the ledger (each owner's
-        capacity over the time ours hold a slot there, when every owner's is known and
-        ``SERVICE_SAMPLES`` of ours ended on them), else None (unknown)."""
-        now = self.clock.seconds()
-        observed = line.queue.drain.perSecond(now, OBSERVED_SAMPLES)
+        """How fast ``line`` can let requests out, per second (``flow.predicted``), or None."""
+        observed = line.queue.drain.perSecond(self.clock.seconds(), OBSERVED_SAMPLES)
         if observed is not None:
             return observed
-        rate = 0.0
-        samples = 0
-        for node in line.owners():
-            capacity = self.ledger.capacity(node.id)
-            service = self.ledger.serviceTime(node.id)
-            if capacity is None or not service:
-                return None
-            rate += capacity / service
-            samples += self.ledger.serviceSamples(node.id)
-        return rate if rate and samples >= SERVICE_SAMPLES else None
+        ledger = self.ledger
+        return serviceRate(
+            (ledger.capacity(n.id), ledger.serviceTime(n.id), ledger.serviceSamples(n.id))
+            for n in line.owners()
+        )
 
     def _bound(self, line: _Line) -> int:
-        """How many of ``line`` may wait with a new request among them: ``--queue-max``,
-        and once the drain rate is known no more than start before a new request's
-        ``--queue-timeout`` (the *k*-th waiting starts about *k* / rate from now)."""
-        queueMax = self.settings.queueMax
-        rate = self.drainRate(line)
-        if rate is None:
-            return queueMax
-        return max(1, min(queueMax, math.ceil(rate * self.settings.queueTimeout) - 1))
+        settings = self.settings
+        return bound(self.drainRate(line), settings.queueTimeout, settings.queueMax)
 
     def _shed(self, line: _Line) -> None:
         """Refuse at once, once the drain rate is known, the waiting requests of ``line``
-        that could not start before their ``--queue-timeout`` ran out: every owner full,
-        the *k*-th of them (oldest first) starts about *k* / rate from now; as many as fail
-        that are given up, those a full queue gives up first (``FairQueue.shed``)."""
+        that could not start before their ``--queue-timeout`` ran out (every owner full:
+        ``keptInTime``), those a full queue gives up first (``FairQueue.shed``)."""
         queue = line.queue
         queue.maxDepth = self._bound(line)
         rate = self.drainRate(line)
         if rate is None:
             return
-        now = self.clock.seconds()
-        timeout = self.settings.queueTimeout
-        keep = 0
-        for position, since in enumerate(sorted(t.since for t in queue), 1):
-            if now + position / rate >= since + timeout:
-                break
-            keep = position
+        since = (t.since for t in queue)
+        keep = keptInTime(since, self.clock.seconds(), rate, self.settings.queueTimeout)
         if len(queue) <= keep:
             return
-        bound, queue.maxDepth = queue.maxDepth, max(1, keep)  # their Retry-After: what stays
+        limit, queue.maxDepth = queue.maxDepth, max(1, keep)  # their Retry-After: what stays
         while len(queue) > keep:
             ticket = queue.shed()
             assert ticket is not None  # the queue is not empty
             self._displaced(line, ticket)
-        queue.maxDepth = bound
+        queue.maxDepth = limit
 
     def _retryAfter(self, line: _Line | None) -> int:
         """Whole seconds until the requests now waiting in ``line`` (at most its bound) are

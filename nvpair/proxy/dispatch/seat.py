@@ -16,8 +16,7 @@ from zope.interface import implementer
 from nvpair.proxy.endings import FailureKind
 from nvpair.proxy.flow.interfaces import IQueueing
 from nvpair.proxy.placement.interfaces import IPlacementExchange, ISeat
-from nvpair.proxy.routing.admission import bodyDocument
-from nvpair.proxy.routing.facts import MAX_FIELD, NO_IDENTITY, Identity
+from nvpair.proxy.routing.facts import NO_IDENTITY
 from nvpair.proxy.tracing.interfaces import IRequestTrace
 
 if TYPE_CHECKING:
@@ -27,7 +26,7 @@ if TYPE_CHECKING:
 STATUS = FailureKind.STATUS
 TRANSPORT = FailureKind.TRANSPORT
 
-__all__ = ["QueueSeat", "Standing", "bodyIdentity"]
+__all__ = ["QueueSeat", "Standing"]
 
 
 class Standing(Enum):
@@ -71,10 +70,7 @@ class QueueSeat:
             return None  # a later round, already charged
         values = self.headers.getRawHeaders(b"authorization")
         authorization = values[0] if values else None
-        identity = NO_IDENTITY
-        if not authorization:  # the body's identity fields come after the header
-            document = ex.document
-            identity = bodyIdentity(document if document is not None else bodyDocument(ex.body))
+        identity = NO_IDENTITY if authorization else ex.facts.identity
         wait = queueing.waitForRoom(ex, owners, queueing.clientOf(authorization, identity))
         self.standing = Standing.CHARGED if wait is None else Standing.LET_OUT
         return _traced(wait, ex.trace)
@@ -149,22 +145,6 @@ def _poisonable(status: int | None) -> bool:
     """Whether a failure with ``status`` may be the request's fault: a 5xx other than 503
     (an engine's busy or unavailable, whatever it is asked)."""
     return status is not None and status >= 500 and status != 503
-
-
-def bodyIdentity(document: dict[str, object] | None) -> Identity:
-    """The body's identity fields (``routing.facts.Identity``), each a non-empty string of
-    at most ``MAX_FIELD`` characters or None (until admission fills the facts itself)."""
-    if document is None:
-        return NO_IDENTITY
-    metadata = document.get("metadata")
-    anthropic = metadata.get("user_id") if isinstance(metadata, dict) else None
-    return Identity(
-        _field(anthropic), _field(document.get("safety_identifier")), _field(document.get("user"))
-    )
-
-
-def _field(value: object) -> str | None:
-    return value if isinstance(value, str) and 0 < len(value) <= MAX_FIELD else None
 
 
 def _traced(

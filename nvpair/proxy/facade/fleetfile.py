@@ -30,7 +30,7 @@ MAX_NAME = 64
 
 _T = TypeVar("_T")
 
-_TOP_KEYS = ("engines", "backend", "client")
+_TOP_KEYS = ("engines", "backend", "client", "share_prefixes")
 _BACKEND_KEYS = ("engine", "url", "name", "max_concurrency", "enabled")
 _TOML_POSITION = re.compile(r"\(at line (\d+), column \d+\)|\(at end of document\)")
 _HEADER = re.compile(r"^\s*\[\[\s*(backend|client)\s*\]\]\s*(#.*)?$")
@@ -69,6 +69,8 @@ class FleetSpec:
     engines: tuple[str, ...]
     backends: tuple[Backend, ...]
     clients: tuple[DeclaredClient, ...] = ()
+    sharePrefixes: bool = False
+    """Requests with different ``Authorization`` values share prefix placement."""
 
     def serving(self, engineId: str) -> tuple[Backend, ...]:
         """The enabled backends of one engine, in file order; an engine with no
@@ -235,7 +237,10 @@ def _validate(document: Mapping[str, object], lines: _Lines, path: str) -> Fleet
     except ClientProblem as e:
         line = lines.top("client") if e.index is None else lines.table("client", e.index, e.key)
         raise FleetError(path, line, e.problem) from None
-    return FleetSpec(engines, backends, clients)
+    share = document.get("share_prefixes", False)
+    if not isinstance(share, bool):
+        raise FleetError(path, lines.top("share_prefixes"), "share_prefixes must be true or false")
+    return FleetSpec(engines, backends, clients, share)
 
 
 def _engines(value: object, lines: _Lines, path: str) -> tuple[str, ...] | None:

@@ -11,6 +11,8 @@ exception answers 500 ``internal`` and is reported, without touching any other r
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -21,6 +23,8 @@ from nvpair.proxy.facade.fleet import IFleetViews
 from nvpair.proxy.facade.hostcheck import HostGate
 from nvpair.proxy.http.interfaces import IDoor, IServerRequest
 from nvpair.proxy.interfaces import IRequestContext
+from nvpair.proxy.placement.interfaces import IFleetView
+from nvpair.proxy.placement.keys import AffinityKey, keyFor, scopeOf
 from nvpair.proxy.routing.admission import Refused, admit
 from nvpair.proxy.routing.cors import isPreflight
 
@@ -73,7 +77,8 @@ class FrontDoor:
             self.fleet.preflight(self.facade, request)
             return
         body = request.content.getvalue() if request.content is not None else b""
-        decision = admit(engine, method, request.path, body)
+        keyer = promptKeyer(self.context, self.facade, request)
+        decision = admit(engine, method, request.path, body, keyer)
         if isinstance(decision, Refused):
             self.context.sendError(
                 request, engine, decision.status, decision.reason, decision.message
@@ -89,7 +94,8 @@ class FrontDoor:
             decision.routeClass,
             decision.model,
             body,
-            decision.document,
+            decision.facts,
+            decision.prefixKey,
         ).start()
 
     def crashed(self, request: IServerRequest, error: Exception) -> None:
@@ -103,6 +109,25 @@ class FrontDoor:
                 )
             except Exception:
                 self.log.failure("error-answer-failed", engine=self.engine.id)
+
+
+def promptKeyer(
+    context: IRequestContext, facade: IFleetView, request: IServerRequest
+) -> Callable[[str, dict[str, object]], AffinityKey | None] | None:
+    """What takes a request's prompt digests at admission (``keys.keyFor`` in the request's
+    scope), where placement will read them: standalone with affinity on, in a fleet of
+    several nodes (one has no choice to make, and that common setup pays nothing)."""
+    affinity = context.affinity
+    if affinity is None or len(facade.snapshot) < 2:
+        return None
+    engineId, path = facade.engine.id, request.path
+
+    def keyer(model: str, document: dict[str, object]) -> AffinityKey | None:
+        authorization = request.getHeader(b"authorization")
+        scope = scopeOf(authorization, affinity.sharesPrefixes())
+        return keyFor(engineId, model, path, document, scope)
+
+    return keyer
 
 
 def _lowerHeaders(request: IServerRequest, names: tuple[bytes, ...]) -> dict[str, str]:

@@ -12,6 +12,7 @@ context gets an ``affinity.Affinity`` that orders the candidates of inference re
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from enum import Enum
 
@@ -252,6 +253,11 @@ class SlotLimits:
             self.ledger.configure(backend.url, backend.maxConcurrency)
 
 
+def sharesPrefixes(reloader: FleetReloader) -> bool:
+    """Whether the fleet file in force shares prefix placement across keys."""
+    return reloader.spec is not None and reloader.spec.sharePrefixes
+
+
 def startStandalone(process: IStandaloneProcess) -> None:
     """Enable the facades of the fleet file (``--fleet``) or of ``--engines``, and give
     each its polled fleet."""
@@ -313,6 +319,8 @@ def startStandalone(process: IStandaloneProcess) -> None:
         reloader.followClients(features.queueing.clients.setClients)  # [[client]]: shares
         reloader.first(settings.engines)
         reloader.setServiceParent(process)
+        if context.affinity is not None:
+            context.affinity.sharesPrefixes = functools.partial(sharesPrefixes, reloader)
         return
     order: list[str] = []
     for engineId in settings.engines:

@@ -177,9 +177,11 @@ class FairQueue(Generic[T]):
 
     def _victim(self, arriving: Client) -> Ticket[T] | None:
         """The newest request of the FIFO that gives way to ``arriving``'s, or None when
-        ``arriving``'s client, with its new request, ranks first itself."""
+        ``arriving``'s client, with its new request, ranks first itself (never when it has
+        nothing waiting: then the first-ranked other FIFO gives way)."""
         own = self._fifos.get(arriving.key)
-        best = self._rank(arriving, (len(own) if own else 0) + 1)
+        # A client with nothing waiting always gets a place: any other waiting FIFO gives way.
+        best = self._rank(arriving, len(own) + 1) if own else (0, 0, -math.inf)
         victim: deque[Ticket[T]] | None = None
         for key, fifo in self._fifos.items():
             if key == arriving.key:

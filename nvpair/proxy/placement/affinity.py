@@ -18,7 +18,7 @@ The node that commits becomes the home and holds the request's blocks.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from twisted.internet.interfaces import IReactorTime
@@ -45,6 +45,10 @@ __all__ = ["Affinity", "AffinityTable"]
 
 MAX_ENTRIES = 16384
 MAX_AGE = 900.0
+
+
+def _never() -> bool:
+    return False
 
 
 class AffinityTable:
@@ -108,6 +112,9 @@ class Affinity:
         self.counts: dict[str, Counter[Placed]] = {}  # per engine id (three at most)
         self.expectedHits = 0  # requests the index expected cached, confirmed by the engine
         self.expectedMisses = 0  # ... and refuted (a confirmed miss)
+        # Whether requests with different keys share prefixes (the fleet file's
+        # ``share_prefixes``; read at each admission, so a reload switches it).
+        self.sharesPrefixes: Callable[[], bool] = _never
 
     def owners(self, ordered: Sequence[Node], key: AffinityKey, model: str | None) -> list[Owner]:
         """One ``choose.Owner`` record per node of ``ordered`` for the request ``key``."""
@@ -184,10 +191,12 @@ class Affinity:
 
     def ended(self, key: AffinityKey, nodeId: str, prompt: int, cached: int) -> None:
         """The engine of ``nodeId`` reported ``cached`` of ``prompt`` prompt tokens cached:
-        a confirmed miss of what the index expected drops that node's stale entries."""
+        a confirmed miss of what the index expected drops that node's stale entries.  A
+        request that asked its engine not to reuse its cache (``cache_prompt: false``)
+        confirms nothing: its miss says nothing of other requests' entries."""
         expect = key.expect
         key.expect = None
-        if expect is None or expect[0] != nodeId:
+        if expect is None or expect[0] != nodeId or not key.confirms:
             return
         if confirmedMiss(expect[1], key.chars, prompt, cached):
             self.expectedMisses += 1

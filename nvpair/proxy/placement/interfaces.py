@@ -17,7 +17,9 @@ if TYPE_CHECKING:
 
     from nvpair.proxy.engines import Engine
     from nvpair.proxy.placement.affinity import Affinity
+    from nvpair.proxy.placement.keys import AffinityKey
     from nvpair.proxy.routing.candidates import Snapshot
+    from nvpair.proxy.routing.facts import RequestFacts
     from nvpair.proxy.routing.nodes import Node, OwnerSplit
     from nvpair.proxy.routing.reservations import ReservationMap
     from nvpair.proxy.settings import Settings
@@ -86,13 +88,14 @@ class IPlacementExchange(Interface):
     model: str | None = Attribute("The normalized model the request names, if any.")
     path: bytes = Attribute("The request's path, without the query.")
     body: bytes = Attribute("The request body.")
-    document: dict[str, object] | None = Attribute("The body as admission parsed it, if it did.")
+    facts: RequestFacts = Attribute("What admission read of the body (never the document).")
     createdAt: float = Attribute("When the request was admitted (clock seconds).")
     seat: ISeat = Attribute("Its standing with standalone's queue, holds and breakers.")
     trace: IRequestTrace | None = Attribute("The request's spans, or None (``--otel`` off).")
-    prefixKey = Attribute(
-        "The ``affinity.AffinityKey`` placement committed with (None until then, and where "
-        "affinity does not place): read when the request ends, for its cached-token count."
+    prefixKey: AffinityKey | None = Attribute(
+        "The prompt's digests (``keys.AffinityKey``), taken at admission where affinity "
+        "places and the fleet had several nodes (else None); read when the request ends, "
+        "for its cached-token count."
     )
 
     def attemptOn(node: Node, final: bool, gated: bool) -> Deferred[IOutcome]:

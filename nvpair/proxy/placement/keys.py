@@ -1,12 +1,19 @@
 """A request's prompt as digests (spec §11 "Conversation affinity", "The prefix index"):
 what placement by cache looks up, records and spreads by.
 
-Each inference request on a chat, completion or generate route gets an ``AffinityKey``:
-digests of the model and of successive leading parts of its prompt (message-list prefixes
-for chat routes; for prompt text the whole text and its prefixes of 256·2^k characters).  A
-later turn, whose messages extend an earlier turn's, finds among its prefix digests the
-earlier turn's whole-request digest.  The prompt's chained block digests, with where each
-block ends (characters), are what the prefix index matches.
+Each inference request on a chat, completion, generate, Messages or Responses route gets an
+``AffinityKey``: digests of the model and of successive leading parts of its prompt (the
+chained digests of its parts, ``promptparts``, on chat, Messages and Responses routes; for
+prompt text the whole text and its prefixes of 256·2^k characters).  A later turn, whose
+parts extend an earlier turn's, finds among its prefix digests the earlier turn's
+whole-request digest.  The prompt's chained block digests, with where each block ends
+(characters), are what the prefix index matches.
+
+Every digest is seeded with the request's *scope* (spec §11 "Scopes"): the digest of its
+``Authorization`` value, so requests with different keys never match each other's
+prefixes; requests without one, or every request where the fleet file shares prefixes,
+share one scope.  An OpenAI ``prompt_cache_key`` adds a digest looked up first and recorded
+with the rest: requests carrying the same hint are placed together, and spread by it.
 
 Digests are Python's per-process keyed ``hash`` of tuples of the strings (SipHash of each
 string, no copy or encoding of the text): a collision can only misplace a request.
@@ -15,25 +22,40 @@ string, no copy or encoding of the text): a collision can only misplace a reques
 from __future__ import annotations
 
 import functools
-import json
+from collections.abc import Callable
 
 from nvpair.proxy.placement.prefixindex import MAX_BLOCKS
+from nvpair.proxy.placement.promptparts import (
+    MAX_PARTS,
+    Part,
+    TooDeep,
+    chatParts,
+    messagesParts,
+    responsesParts,
+)
 
-__all__ = ["AffinityKey", "keyFor"]
+__all__ = ["AffinityKey", "keyFor", "scopeOf"]
 
-MAX_LOOKUPS = 8  # the longest message-list prefixes looked up per request
-MAX_MESSAGES = 4096  # a longer message list gets no key
+MAX_LOOKUPS = 8  # the longest part-list prefixes looked up per request
+MAX_MESSAGES = MAX_PARTS  # a longer message list gets no key
 PROMPT_BLOCK = 256  # prompt prefixes are taken at 256·2^k characters
+MAX_HINT = 256  # a longer ``prompt_cache_key`` is no hint
 
-CHAT, PROMPT, RESPONSES = "chat", "prompt", "responses"
+PROMPT = "prompt"
+PARTS: dict[str, Callable[[dict[str, object]], list[Part] | None]] = {
+    "chat": chatParts,
+    "messages": messagesParts,
+    "responses": responsesParts,
+}
 ROUTES: dict[bytes, str] = {
-    b"/v1/chat/completions": CHAT,
-    b"/api/chat": CHAT,
-    b"/api/v0/chat/completions": CHAT,
+    b"/v1/chat/completions": "chat",
+    b"/api/chat": "chat",
+    b"/api/v0/chat/completions": "chat",
     b"/v1/completions": PROMPT,
     b"/api/generate": PROMPT,
     b"/api/v0/completions": PROMPT,
-    b"/v1/responses": RESPONSES,
+    b"/v1/messages": "messages",
+    b"/v1/responses": "responses",
 }
 
 
@@ -42,9 +64,13 @@ class AffinityKey:
     prompt's chained block digests with where each block ends (characters) for the prefix
     index, what placement expected of the node it chose (node, matched blocks, index
     stamp) until the engine confirms a hit or a miss, where its blocks were recorded when
-    placed, and which of them names its prompt family (None: none)."""
+    placed, which of them names its prompt family (None: none), and whether the engine's
+    cached count may confirm anything (not when the client asked for no cache reuse)."""
 
-    __slots__ = ("lookups", "records", "spread", "blocks", "ends", "expect", "placed", "root")
+    __slots__ = (
+        *("lookups", "records", "spread", "blocks", "ends"),
+        *("expect", "placed", "root", "confirms"),
+    )
 
     def __init__(
         self,
@@ -61,6 +87,7 @@ class AffinityKey:
         self.expect: tuple[str, int, int] | None = None
         self.placed: str | None = None  # the node its blocks were recorded on when placed
         self.root: int | None = None
+        self.confirms = True
 
     @property
     def chars(self) -> int:
@@ -68,20 +95,11 @@ class AffinityKey:
         return self.ends[-1] if self.ends else 0
 
 
-def _messagePart(message: object) -> object:
-    if type(message) is dict and len(message) == 2:
-        role = message.get("role")
-        content = message.get("content")
-        if type(role) is str and type(content) is str:
-            return (role, content)  # the common shape: hashed without serializing
-    return json.dumps(message, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-
-
 @functools.lru_cache(maxsize=MAX_MESSAGES)
 def _marks(count: int) -> tuple[int, ...]:
-    """Which message prefixes of a list of ``count`` messages are prefix-index blocks: the
-    first four (system prompt, shared documents), those of 2^k messages, and the last two
-    turns' ends (so a later turn finds the earlier turn's whole prompt)."""
+    """Which part-list prefixes of a list of ``count`` parts are prefix-index blocks: the
+    first four (system prompt, tools, shared documents), those of 2^k parts, and the last
+    two turns' ends (so a later turn finds the earlier turn's whole prompt)."""
     marks = {i for i in range(min(count, 4))} | {count - 1}
     length = 8
     while length <= count:
@@ -92,18 +110,15 @@ def _marks(count: int) -> tuple[int, ...]:
     return tuple(sorted(marks))[:MAX_BLOCKS]
 
 
-def _chatKey(seed: int, messages: object) -> AffinityKey | None:
-    if type(messages) is not list or not messages or len(messages) > MAX_MESSAGES:
-        return None
+def _chainKey(seed: int, parts: list[Part]) -> AffinityKey:
     digest = seed
     digests: list[int] = []
     ends: list[int] = []
     addDigest, addEnd = digests.append, ends.append
     size = 0
-    for message in messages:  # chained: one digest per message prefix
-        part = _messagePart(message)
+    for part, chars in parts:  # chained: one digest per part-list prefix
         digest = hash((digest, part))
-        size += len(part[1]) if type(part) is tuple else len(part)  # type: ignore[arg-type]
+        size += chars
         addDigest(digest)
         addEnd(size)
     marks = _marks(len(digests))
@@ -135,27 +150,46 @@ def _promptKey(seed: int, prompt: str) -> AffinityKey | None:
     return AffinityKey((whole, *aligned[: MAX_LOOKUPS - 1]), records, tuple(blocks), tuple(ends))
 
 
-def keyFor(engineId: str, model: str, path: bytes, doc: object) -> AffinityKey | None:
-    """The affinity key of a request on ``path`` with the parsed JSON body ``doc``, if any."""
+def scopeOf(authorization: bytes | None, shared: bool) -> int | None:
+    """The prefix scope of a request with this ``Authorization`` value: its digest, or None
+    (one scope) without a value or where the fleet file shares prefixes across keys."""
+    if shared or not authorization:
+        return None
+    return hash((b"nvpair-scope", authorization))
+
+
+def keyFor(
+    engineId: str, model: str, path: bytes, doc: object, scope: int | None = None
+) -> AffinityKey | None:
+    """The affinity key of a request on ``path`` with the parsed JSON body ``doc`` in
+    ``scope`` (``scopeOf``), if any."""
     kind = ROUTES.get(path)
     if kind is None or type(doc) is not dict:
         return None
-    return _keyOf(kind, hash(("nvpair-affinity", engineId, model)), doc)
+    seed = hash(("nvpair-affinity", engineId, model, scope))
+    try:
+        key = _keyOf(kind, seed, doc)
+    except TooDeep:
+        key = None
+    hint = doc.get("prompt_cache_key")
+    if type(hint) is str and 0 < len(hint) <= MAX_HINT:
+        grouped = hash((seed, "prompt_cache_key", hint))
+        if key is None:
+            key = AffinityKey((grouped,), (grouped,))
+        else:
+            key.lookups = (grouped, *key.lookups)
+            key.records = (grouped, *key.records)
+            key.spread = grouped
+    if key is not None and doc.get("cache_prompt") is False:
+        key.confirms = False
+    return key
 
 
 def _keyOf(kind: str, seed: int, doc: dict[str, object]) -> AffinityKey | None:
-    if kind == CHAT:
-        return _chatKey(seed, doc.get("messages"))
-    if kind == RESPONSES:
-        source = doc.get("input")
-        instructions = doc.get("instructions")
-        if type(instructions) is str:
-            seed = hash((seed, instructions))
-        return (
-            _chatKey(seed, source)
-            if type(source) is list
-            else (_promptKey(seed, source) if type(source) is str else None)
-        )
+    parts = PARTS.get(kind)
+    if parts is not None:
+        found = parts(doc)
+        return None if not found else _chainKey(seed, found)
     prompt = doc.get("prompt")
     if type(prompt) is list and len(prompt) == 1:
         prompt = prompt[0]

@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING
 from nvpair.proxy.engines import RouteClass
 from nvpair.proxy.placement.choose import Choice, Hold
 from nvpair.proxy.placement.interfaces import IOutcome, IPlacementExchange
-from nvpair.proxy.placement.keys import AffinityKey, keyFor
-from nvpair.proxy.routing.admission import bodyDocument
+from nvpair.proxy.placement.keys import AffinityKey
 from nvpair.proxy.routing.candidates import orderCandidates, placeReservation
 from nvpair.proxy.routing.nodes import Node
 
@@ -87,8 +86,8 @@ class _Round:
         facade = ex.facade
         reservations = ex.context.reservations
         affinity = ex.context.affinity
-        if affinity is not None and self.key is None and len(facade.snapshot) > 1:
-            self.key = promptKey(ex)  # once, and only in a fleet of several nodes
+        # Taken at admission, and only in a fleet of several nodes: one has no choice to make.
+        self.key = ex.prefixKey if affinity is not None else None
         # Known-full owners go after those with room, open breakers last; placement by cache
         # weighs the full ones itself (the ledger says they have no room).
         preferred, full, demoted = ex.seat.demote(owners)
@@ -168,20 +167,10 @@ class _Round:
         return False
 
     def served(self, node: Node) -> None:
-        """``node`` committed: it is the conversation's home (a failover moves it), and the
-        exchange keeps the digests for the engine's cached count at the end."""
+        """``node`` committed: it is the conversation's home (a failover moves it)."""
         affinity = self.ex.context.affinity
         if self.key is not None and affinity is not None:
             affinity.served(self.key, node.id)
-            self.ex.prefixKey = self.key
-
-
-def promptKey(ex: IPlacementExchange) -> AffinityKey | None:
-    """The prompt digests of ``ex``'s body, for placement by cache (None: it has none)."""
-    doc = ex.document if ex.document is not None else bodyDocument(ex.body)
-    if doc is None or ex.model is None:
-        return None
-    return keyFor(ex.facade.engine.id, ex.model, ex.path, doc)
 
 
 def placeInference(ex: IPlacementExchange) -> Policy:
