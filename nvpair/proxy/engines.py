@@ -52,6 +52,9 @@ class Engine:
     # How standalone mode reads the engine's own state (spec §10): these paths in order, the
     # next one once a server answers 404 or 501 (routing/engineprobe.py parses each).
     stateProbes: tuple[bytes, ...] = ()
+    # llama.cpp router mode (spec §11): a server answering its state probe 400 ("model name
+    # is missing") is asked this list; statuses there mean a router, probed per model.
+    routerProbe: bytes | None = None
 
     def listPaths(self, path: bytes) -> tuple[bytes, ...]:
         """Which path(s) to ask each node for a fleet list route: the first that is not 404."""
@@ -123,7 +126,7 @@ LMSTUDIO = Engine(
     ),
     listRoutes=frozenset((b"/v1/models", b"/api/v0/models")),
     inventoryRoute=b"/v1/models",
-    stateProbes=(b"/api/v0/models",),
+    stateProbes=(b"/api/v1/models", b"/api/v0/models"),
 )
 
 LLAMACPP = Engine(
@@ -143,6 +146,7 @@ LLAMACPP = Engine(
         b"/v1/models": (b"/models", b"/v1/models"),
     },
     stateProbes=(b"/slots", b"/metrics"),
+    routerProbe=b"/models",
 )
 
 ENGINES: dict[str, Engine] = {e.id: e for e in (OLLAMA, LMSTUDIO, LLAMACPP)}
