@@ -151,7 +151,7 @@ class ShapeTests(SynchronousTestCase):
         doc = {
             "object": "list",
             "data": [
-                entry("a", "loaded"),
+                entry("a", "loaded") | {"meta": {"n_ctx": 1024, "size": 246587904}},
                 entry("b", "loading"),
                 entry("c", "unloaded", failed=True, exit_code=1),
                 entry("d", "sleeping"),
@@ -161,6 +161,7 @@ class ShapeTests(SynchronousTestCase):
         self.assertTrue(report.router)
         self.assertEqual(report.loaded, frozenset({"a"}))
         self.assertEqual(report.installed, frozenset("abcd"))
+        self.assertEqual(report.resident[0].sizeBytes, 246587904)  # type: ignore[index]
         self.assertEqual(
             [(r.name, r.state) for r in report.resident or ()],
             [("a", "loaded"), ("b", "loading"), ("d", "sleeping")],

@@ -1,11 +1,14 @@
-"""The seam through which standalone placement and the queue read the engines' own state
-(``IEngineStates``): a leaf, so that the state store, placement and the queue share it
-without importing one another."""
+"""The seams through which standalone placement and the queue read the engines' own state
+(``IEngineStates``) and which models each node holds (``IResidency``): a leaf, so that the
+state store, the residency view, placement and the queue share them without importing one
+another."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import Enum
 
+import attrs
 from zope.interface import Interface
 
 
@@ -30,3 +33,65 @@ class IEngineStates(Interface):
     def subscribe(listener: Callable[[str], None]) -> Callable[[], None]:
         """Call ``listener(nodeId)`` each time a fresh probe of ``nodeId`` is recorded (room
         may have appeared); returns a function that unsubscribes it."""
+
+
+class ModelState(Enum):
+    """Whether a node holds a model, as its engine last said (and the proxy's own loads)."""
+
+    LOADED = "loaded"
+    """In memory and ready."""
+    LOADING = "loading"
+    """Being loaded (the engine says so, or the proxy started the load and it is not done)."""
+    SLEEPING = "sleeping"
+    """llama.cpp router mode: its child sleeps, weights out of memory: a request reloads it
+    (cost as cold) while it keeps its place among the resident models."""
+    COLD = "cold"
+    """Not resident: a request would load it first."""
+    UNKNOWN = "unknown"
+    """The engine's state is not known now (no fresh probe), or it says nothing of models."""
+
+
+@attrs.frozen
+class Eviction:
+    """What a load on a node would likely push out: the least recently used resident model
+    with no request of ours running (``idle``; when every resident model is busy, the least
+    recently used one, ``idle`` False: the load waits), its recent demand there and over the
+    fleet (requests per minute, decayed over about a minute) and on how many nodes it is
+    resident (this one included)."""
+
+    model: str
+    idle: bool
+    demand: float
+    fleetDemand: float
+    copies: int
+
+
+class IResidency(Interface):
+    """What standalone placement reads of the models each node holds (spec §11, "Model
+    residency"): fed by the engines' probes, the inventories and the proxy's own requests
+    and loads.  Node ids are backend URLs; models are normalized names."""
+
+    def state(nodeId: str, model: str) -> ModelState:
+        """Whether ``nodeId`` holds ``model`` now."""
+
+    def loadSeconds(nodeId: str, model: str) -> float:
+        """Expected seconds to load ``model`` on ``nodeId`` (learnt, else a default)."""
+
+    def likelyEviction(nodeId: str, model: str) -> Eviction | None:
+        """What loading ``model`` on ``nodeId`` would evict; None when it is resident or
+        there is room (or nothing is known of what the node can hold)."""
+
+    def room(nodeId: str) -> int | None:
+        """How many more models ``nodeId`` can hold without evicting (None: unknown)."""
+
+    def demand(model: str, nodeId: str | None = None) -> float:
+        """Requests per minute for ``model`` (on ``nodeId``, or over the fleet), decayed."""
+
+    def holders(model: str) -> tuple[str, ...]:
+        """The nodes where ``model`` is loaded or loading."""
+
+    def parallel(nodeId: str, model: str) -> int | None:
+        """How many requests for ``model`` ``nodeId`` runs at once, for an engine that
+        reports no slots: the fleet file's ``max_concurrency``, else the engine's own figure
+        (LM Studio's instance ``parallel``), else learnt from its waits (Ollama); None when
+        none is known."""

@@ -281,7 +281,9 @@ def parseRouterModels(body: bytes) -> EngineReport:
             raise BadProbe("data: unknown status")
         installed.add(name)
         if value in (LOADED, LOADING, SLEEPING):
-            resident.append(ResidentModel(name, state=value))
+            meta = entry.get("meta")  # the child's own /v1/models entry, once it runs
+            size = _size(meta.get("size")) if type(meta) is dict else None
+            resident.append(ResidentModel(name, state=value, sizeBytes=size))
     resident.sort(key=lambda r: r.name)
     loaded = frozenset(r.name for r in resident if r.state == LOADED)
     return EngineReport(

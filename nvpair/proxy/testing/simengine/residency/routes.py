@@ -198,21 +198,20 @@ def _router(
             core.document(connection, 200, b'{"success":true}')
         return True
     if method == b"GET" and path in (b"/props", b"/slots", b"/metrics"):
-        model = _param(query, b"model")
-        if path == b"/props" and not model:
+        asked = _param(query, b"model")
+        if path == b"/props" and not asked:
             core.document(connection, 200, _routerProps(core))
             return True
-        if _refused(core, connection, model, _autoload(core, query)):
+        if _refused(core, connection, asked, _autoload(core, query)):
             return True
-        residency.want(model, lambda waited: _child(core, connection, path, model))
+        residency.want(asked, lambda waited: _child(core, connection, path, asked))
         return True
     if method == b"POST" and path in _INFERENCE:
-        doc = _object(body)
-        model = doc.get("model") if doc is not None else None
-        if doc is not None:
-            return _refused(
-                core, connection, model if isinstance(model, str) else "", _autoload(core, query)
-            )
+        request = _object(body)
+        if request is not None:
+            named = request.get("model")
+            model = named if isinstance(named, str) else ""
+            return _refused(core, connection, model, _autoload(core, query))
     return False
 
 
@@ -331,21 +330,21 @@ def _lmstudio(
         return False
     doc = _object(body) or {}
     if path == b"/api/v1/models/load":
-        model = doc.get("model")
-        if not isinstance(model, str) or model not in residency.installed:
-            refuse(404, f"Model '{model}' not found")
+        key = doc.get("model")
+        if not isinstance(key, str) or key not in residency.installed:
+            refuse(404, f"Model '{key}' not found")
             return True
 
-        def loaded(waited: float) -> None:
+        def ready(waited: float) -> None:
             reply = {
                 "type": "llm",
-                "instance_id": model,
+                "instance_id": key,
                 "load_time_seconds": round(waited, 3),
                 "status": "loaded",
             }
             core.document(connection, 200, dumps(reply))
 
-        residency.want(model, loaded)
+        residency.want(key, ready)
         return True
     instance = doc.get("instance_id")
     if not isinstance(instance, str) or not residency.unload(instance):
