@@ -312,14 +312,22 @@ def startEngineState(
     engine: Engine,
     urls: Sequence[str],
     affinity: Affinity | None,
+    forget: Callable[[str], None] | None = None,
 ) -> EnginePoller:
     """Poll ``engine``'s backends ``urls`` into ``states`` under ``parent`` (traffic: any
-    request in flight); reported slot contexts bound the prefix index's nodes."""
+    request in flight); reported slot contexts bound the prefix index's nodes; ``forget``
+    is told each backend that leaves (with the prefix index)."""
     index = None if affinity is None else affinity.index
 
     def reported(nodeId: str, report: EngineReport) -> None:
         if index is not None and report.contextTokens is not None:
             index.setCapacity(nodeId, report.contextTokens)
+
+    def forgotten(nodeId: str) -> None:
+        if index is not None:
+            index.forget(nodeId)
+        if forget is not None:
+            forget(nodeId)
 
     poller = EnginePoller(
         engine,
@@ -329,7 +337,7 @@ def startEngineState(
         states,
         active=lambda: bool(context.exchanges),
         onReport=reported,
-        onForget=None if index is None else index.forget,
+        onForget=forgotten,
     )
     poller.setServiceParent(parent)
     return poller

@@ -30,8 +30,10 @@ from nvpair.proxy.facade.enginepoller import startEngineState
 from nvpair.proxy.facade.facade import BindError, Facade, IFacadeHost
 from nvpair.proxy.facade.fleet import NODE_GRACE, NodeAnswer, askNode
 from nvpair.proxy.facade.fleetfile import Backend
+from nvpair.proxy.facade.modelactor import ModelActions
 from nvpair.proxy.facade.reload import FleetReloader, IFleetFollower, UrlFollower
 from nvpair.proxy.interfaces import IRequestContext, IUpstream
+from nvpair.proxy.nodestate.residency import Residency
 from nvpair.proxy.nodestate.states import EngineStates
 from nvpair.proxy.placement.affinity import Affinity
 from nvpair.proxy.routing.candidates import Snapshot
@@ -91,8 +93,10 @@ class FleetPoller(Service):
         timeout: float,
         interval: float = POLL_INTERVAL,
         inFlight: Callable[[str], int] = lambda url: 0,
+        onInventory: Callable[[str, int | None], None] | None = None,
     ) -> None:
         self.facade = facade
+        self.onInventory = onInventory  # told each poll's model count (None: failed)
         self.engine: Engine = facade.engine
         self.name = f"standalone-{self.engine.id}"
         self.urls = tuple(urls)
@@ -211,6 +215,8 @@ class FleetPoller(Service):
                 self.log.warn("backend-down", engine=self.engine.id, url=url, problem=problem)
             self.up[url] = state
         self.inventories[url] = models or ()
+        if self.onInventory is not None:
+            self.onInventory(url, None if models is None else len(models))
         self._publish()
 
     def _publish(self) -> None:
@@ -260,6 +266,11 @@ def startStandalone(process: IStandaloneProcess) -> None:
     settings = context.settings
     timeout = settings.dialTimeout + NODE_GRACE
     states = context.engineStates = EngineStates(context.clock, context.reservations)
+    # Which models each node holds; the engines' own APIs load and unload where the fleet
+    # file says so (``preload``, ``unload_idle``).
+    residency = states.residency = Residency(context.clock, states)
+    actions = ModelActions(context.upstream, context.clock, residency)
+    actions.setServiceParent(process)
     if settings.affinity == "prefix":
         # The proxy orders the candidates itself: keep conversations where their cache is.
         context.affinity = Affinity(context.clock, states=states)
@@ -286,16 +297,21 @@ def startStandalone(process: IStandaloneProcess) -> None:
             context.clock,
             timeout,
             inFlight=lambda url: context.activity.inFlight.get(url, 0),
+            onInventory=residency.setInventory,
         )
         poller.backends = tuple(backends)
         poller.setServiceParent(process)
-        statePoller = startEngineState(process, context, states, engine, urls, context.affinity)
+        statePoller = startEngineState(
+            process, context, states, engine, urls, context.affinity, residency.forget
+        )
+        actions.setBackends(engineId, backends)
         limits = SlotLimits(states)  # ``max_concurrency``: slots of engines that report none
         limits.setBackends(backends)
         if reloader is not None:
             reloader.follow(engineId, poller)
             reloader.follow(engineId, UrlFollower(statePoller.setBackends))
             reloader.follow(engineId, limits)
+            reloader.follow(engineId, actions.follower(engineId))
         return True
 
     def reorder(order: Sequence[str]) -> None:

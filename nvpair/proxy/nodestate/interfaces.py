@@ -95,3 +95,9 @@ class IResidency(Interface):
         reports no slots: the fleet file's ``max_concurrency``, else the engine's own figure
         (LM Studio's instance ``parallel``), else learnt from its waits (Ollama); None when
         none is known."""
+
+    def nodeStatus(nodeId: str) -> dict[str, object]:
+        """``/status``: what ``nodeId`` holds, its loads and evictions seen (empty: none)."""
+
+    def snapshot() -> dict[str, object]:
+        """``/status`` ``residency``: the default load time and every node's status."""

@@ -253,6 +253,17 @@ class Residency:
         if node is not None and (model in node.asked or len(node.asked) < MAX_MODELS):
             node.asked[model] = self.clock.seconds()
 
+    def running(self, nodeId: str, model: str) -> int:
+        """Requests of ours running for ``model`` on ``nodeId``."""
+        node = self._nodes.get(nodeId)
+        return 0 if node is None else node.running.get(model, 0)
+
+    def instance(self, nodeId: str, model: str) -> str | None:
+        """The engine's instance id of ``model`` on ``nodeId`` (LM Studio), if it said."""
+        node = self._nodes.get(nodeId)
+        resident = None if node is None else node.resident.get(model)
+        return None if resident is None else resident.instance
+
     # -- IResidency --
 
     def _expecting(self, nodeId: str, node: _Node, model: str, now: float) -> bool:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
-from nvpair.proxy.nodestate.interfaces import IEngineStates
+from nvpair.proxy.nodestate.interfaces import IEngineStates, IResidency
 from nvpair.proxy.nodestate.probes import EngineReport
 from nvpair.proxy.routing.reservations import ReservationMap
 
@@ -61,6 +61,7 @@ class EngineStates:
         self.cache: dict[str, list[int]] = {}  # node -> [prompt tokens, cached] reported
         self.prefill: dict[str, float] = {}  # node -> prefill ms per evaluated token (EWMA)
         self.limits: dict[str, int] = {}  # node -> configured slots (``max_concurrency``)
+        self.residency: IResidency | None = None  # which models each node holds (standalone)
 
     def setLimit(self, nodeId: str, limit: int | None) -> None:
         """``nodeId``'s configured slots, for an engine that reports none (None: no limit)."""
