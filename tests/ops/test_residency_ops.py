@@ -54,7 +54,7 @@ class ResidencyOpsTests(SynchronousTestCase):
             [(m["model"], m["state"]) for m in node["models"]], [("a", "loaded"), ("c", "loaded")]
         )
         self.assertEqual((node["loads"], node["evictions"], node["capacity"]), (1, 1, 2))
-        self.assertIsNone(status["residency"]["actions"])  # type: ignore[index]
+        self.assertIsNone(status["residency"]["actions"])
         html = renderPage(status, historyDocument(self.service), Window().document(0))
         (line,) = parseDom(html).all("div", class_="resident")
         self.assertEqual(line.textContent(), "holds a, c · 1 load · 1 eviction")
