@@ -109,7 +109,8 @@ class SimulatedTests(ResidencyCase):
             answer = await treq.post(first.url + "/api/generate", json=direct, persistent=False)
             self.assertEqual(answer.code, 200)
             await answer.content()
-            await self.until(lambda s, m=model: held(s, first.url) == {f"{m}:latest": "loaded"})
+            wanted = {f"{model}:latest": "loaded"}
+            await self.until(lambda s: held(s, first.url) == wanted)
         self.assertEqual(first.core.residency.stats.evictions, 2)
         seen = node(await self.until(lambda s: node(s, first.url).get("evictions") == 2), first.url)
         self.assertEqual(seen["loads"], 3)
