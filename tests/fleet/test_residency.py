@@ -81,6 +81,11 @@ def held(status: dict[str, Any], url: str) -> dict[str, str]:
     return {m["model"]: m["state"] for m in node(status, url).get("models", [])}
 
 
+def holding(url: str, wanted: dict[str, str]) -> Callable[[dict[str, Any]], bool]:
+    """A /status check: ``url`` holds exactly ``wanted``."""
+    return lambda status: held(status, url) == wanted
+
+
 class SimulatedTests(ResidencyCase):
     """Over simulated engines that hold models as the real ones do."""
 
@@ -109,8 +114,7 @@ class SimulatedTests(ResidencyCase):
             answer = await treq.post(first.url + "/api/generate", json=direct, persistent=False)
             self.assertEqual(answer.code, 200)
             await answer.content()
-            wanted = {f"{model}:latest": "loaded"}
-            await self.until(lambda s: held(s, first.url) == wanted)
+            await self.until(holding(first.url, {f"{model}:latest": "loaded"}))
         self.assertEqual(first.core.residency.stats.evictions, 2)
         seen = node(await self.until(lambda s: node(s, first.url).get("evictions") == 2), first.url)
         self.assertEqual(seen["loads"], 3)

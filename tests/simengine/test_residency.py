@@ -130,7 +130,8 @@ class OllamaTests(SynchronousTestCase):
         self.assertEqual(keepAliveSeconds("5m"), 300.0)
         self.assertEqual(keepAliveSeconds(-1), None)
         self.assertEqual(keepAliveSeconds("0"), 0.0)
-        for bad in ("5", True, [], "m"):
+        bads: list[object] = ["5", True, [], "m"]
+        for bad in bads:
             self.assertEqual(keepAliveSeconds(bad), "bad")
 
 
