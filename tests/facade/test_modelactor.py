@@ -7,6 +7,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet import defer
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
@@ -241,3 +243,16 @@ class ModelApiTests(SynchronousTestCase):
         self.assertEqual(loadSeconds(b'{"load_time_seconds": 1.5}'), 1.5)
         for body in (b"", b"[]", b'{"load_time_seconds": true}', b'{"load_time_seconds": -1}'):
             self.assertIsNone(loadSeconds(body))
+
+    @settings(max_examples=300)
+    @given(
+        st.binary(max_size=200)
+        | st.builds(
+            lambda v: json.dumps({"load_time_seconds": v}).encode(),
+            st.floats() | st.integers() | st.text(max_size=5),
+        )
+    )
+    def test_loadSecondsAnyBody(self, body: bytes) -> None:
+        """Whatever a load answers, its load time is None or a sane number of seconds."""
+        seconds = loadSeconds(body)
+        self.assertTrue(seconds is None or 0 <= seconds <= 3600)

@@ -165,7 +165,7 @@ class Residency:
         until = _epoch(old.until)
         if asked is not None and now - asked <= ASKED_WINDOW:
             self._event(node, now, "unloaded", name, "unloaded")
-        elif until is not None and until <= now:
+        elif until is not None and 0 < until <= now:  # Go's zero time: not said
             self._event(node, now, "expired", name, "expired")
         else:
             self._event(node, now, "evictions", name, "evicted")
