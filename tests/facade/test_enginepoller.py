@@ -173,6 +173,20 @@ class PollerTests(SynchronousTestCase):
         self.assertEqual(self.states.status()["http://r"]["probe"], "/models (router)")
         self.assertEqual([e["log_format"] for e in self.events], [])
 
+    def test_loadingProbedOften(self) -> None:
+        """Idle, a router is probed every second while it says a model is loading, then
+        backs off again."""
+        self.up.script["http://r/slots"] = FakeResponse(400)
+        loading = {"data": [{"id": "a", "status": {"value": "loading"}}]}
+        self.up.script["http://r/models"] = FakeResponse(200, json.dumps(loading).encode())
+        self.poller("http://r")
+        self.assertEqual(self.probeTimes(6), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+        loaded = {"data": [{"id": "a", "status": {"value": "loaded"}}]}
+        self.up.script["http://r/models"] = FakeResponse(200, json.dumps(loaded).encode())
+        self.up.script["http://r/slots?model=a&autoload=false"] = slots(0)
+        times = sorted(set(self.probeTimes(30)))  # a probe: the list, then a's slots
+        self.assertEqual([b - a for a, b in zip(times, times[1:], strict=False)][-2:], [SLOW, SLOW])
+
     def test_notARouterStaysOnItsProbes(self) -> None:
         """A server answering ``/slots`` 400 whose ``/models`` carries no statuses is no
         router: it is never asked its list again, and its 400 is a problem like any other."""

@@ -15,7 +15,8 @@ llama.cpp in router mode (``llama-server`` without ``-m``) answers ``/slots`` 40
 that lists statuses, the backend is probed as a router from then on: ``/models``, then
 ``/slots?model=NAME&autoload=false`` of each loaded model (at most ``MAX_CHILDREN``), so a
 probe never loads a model (without ``autoload=false`` the router would load it).  A
-``/models`` without statuses sends the backend back to the usual probes for good.
+``/models`` without statuses sends the backend back to the usual probes for good.  While an
+engine says a model is loading, it is probed every ``FAST`` seconds, traffic or not.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from nvpair.proxy.engines import Engine
 from nvpair.proxy.facade.fleet import NodeAnswer, askNode
 from nvpair.proxy.interfaces import IRequestContext, IUpstream
 from nvpair.proxy.nodestate.probes import (
+    LOADING,
     BadProbe,
     EngineReport,
     NotThisProbe,
@@ -288,6 +290,10 @@ class EnginePoller(Service):
             return
         probe = path.decode("latin-1")
         self.states.record(backend.url, report, interval, probe, problem)
+        if report is not None and any(m.state == LOADING for m in report.resident or ()):
+            # A model is loading there: probe often, to see it loaded (and time the load).
+            backend.interval = FAST
+            backend.due = min(backend.due, self.clock.seconds() + FAST)
         if report is not None and self.onReport is not None:
             self.onReport(backend.url, report)
         if not log:
