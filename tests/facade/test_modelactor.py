@@ -16,6 +16,7 @@ from twisted.logger import Logger
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
+from zope.interface.verify import verifyObject
 
 from nvpair.proxy.facade.fleetfile import Backend
 from nvpair.proxy.facade.modelactor import (
@@ -26,7 +27,7 @@ from nvpair.proxy.facade.modelactor import (
 )
 from nvpair.proxy.facade.modelapi import MODEL_APIS, Outcome, loadSeconds
 from nvpair.proxy.interfaces import IUpstream
-from nvpair.proxy.nodestate.interfaces import ModelState
+from nvpair.proxy.nodestate.interfaces import IModelActions, ModelState
 from nvpair.proxy.nodestate.probes import EngineReport, ResidentModel
 from nvpair.proxy.nodestate.residency import Residency
 from nvpair.proxy.nodestate.states import EngineStates
@@ -198,13 +199,14 @@ class UnloadTests(ActorCase):
             [Backend("ollama", "http://no"), Backend("ollama", "http://yes", unloadIdle=True)],
         )
         self.actor.startService()
+        self.assertTrue(verifyObject(IModelActions, self.actor))
         unload = self.actor.unload
-        self.assertFalse(self.successResultOf(defer.ensureDeferred(unload("http://no", "m"))))
+        self.assertFalse(self.successResultOf(unload("http://no", "m")))
         self.residency.began("http://yes", "m")
-        self.assertFalse(self.successResultOf(defer.ensureDeferred(unload("http://yes", "m"))))
+        self.assertFalse(self.successResultOf(unload("http://yes", "m")))
         self.assertEqual(self.up.calls, [])
         self.residency.ended("http://yes", "m")
-        self.assertTrue(self.successResultOf(defer.ensureDeferred(unload("http://yes", "m"))))
+        self.assertTrue(self.successResultOf(unload("http://yes", "m")))
         self.assertEqual(
             self.up.calls, [("http://yes", b"/api/generate", {"model": "m", "keep_alive": 0})]
         )

@@ -31,7 +31,7 @@ from nvpair.proxy.facade.fleetfile import Backend
 from nvpair.proxy.facade.modelapi import MODEL_APIS, ApiCall, ModelApi, Outcome, loadSeconds
 from nvpair.proxy.facade.reload import IFleetFollower
 from nvpair.proxy.interfaces import IUpstream
-from nvpair.proxy.nodestate.interfaces import ModelState
+from nvpair.proxy.nodestate.interfaces import IModelActions, ModelState
 from nvpair.proxy.nodestate.residency import Residency
 from nvpair.proxy.routing.nodes import Node
 
@@ -59,6 +59,7 @@ class _Follower:
         self.actor.setBackends(self.engineId, backends)
 
 
+@implementer(IModelActions)
 class ModelActions(Service):
     """Preloads and unloads through the engines' APIs (the module docstring says when)."""
 
@@ -196,11 +197,14 @@ class ModelActions(Service):
         backend = self.backends.get(nodeId)
         return backend is not None and backend.unloadIdle and backend.engine in MODEL_APIS
 
-    async def unload(self, nodeId: str, model: str) -> bool:
+    def unload(self, nodeId: str, model: str) -> defer.Deferred[bool]:
         """Unload ``model`` on ``nodeId`` if the fleet file allows it there and none of our
-        requests run on it; whether the engine did (or had nothing to do)."""
+        requests run on it; fires with whether the engine did (or had nothing to do)."""
         if not self.allowsUnload(nodeId) or self.residency.running(nodeId, model):
-            return False
+            return defer.succeed(False)
+        return defer.Deferred.fromCoroutine(self._unload(nodeId, model))
+
+    async def _unload(self, nodeId: str, model: str) -> bool:
         backend = self.backends[nodeId]
         api = MODEL_APIS[backend.engine]
         call = api.unload(model, self.residency.instance(nodeId, model))

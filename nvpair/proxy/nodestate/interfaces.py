@@ -9,6 +9,7 @@ from collections.abc import Callable
 from enum import Enum
 
 import attrs
+from twisted.internet.defer import Deferred
 from zope.interface import Interface
 
 
@@ -101,3 +102,15 @@ class IResidency(Interface):
 
     def snapshot() -> dict[str, object]:
         """``/status`` ``residency``: the default load time and every node's status."""
+
+
+class IModelActions(Interface):
+    """Unloading a model through its engine's own API (protocol §9), for placement: only
+    where the fleet file says ``unload_idle = true``, only an idle model."""
+
+    def allowsUnload(nodeId: str) -> bool:
+        """Whether the fleet file lets the proxy unload models on ``nodeId``."""
+
+    def unload(nodeId: str, model: str) -> Deferred[bool]:
+        """Unload ``model`` on ``nodeId`` when allowed and none of our requests run on it;
+        fires with whether the engine did (False: not allowed, busy, or it failed)."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+from urllib.parse import unquote_to_bytes
 
 from nvpair.proxy.testing.fakeengine.connection import EngineConnection
 from nvpair.proxy.testing.fakeengine.dialects import CREATED, CREATED_AT
@@ -157,8 +158,6 @@ def _autoload(core: Core, query: bytes) -> bool:
 
 
 def _param(query: bytes, key: bytes) -> str:
-    from urllib.parse import unquote_to_bytes
-
     for part in query.split(b"&"):
         name, _, value = part.partition(b"=")
         if name == key:
