@@ -20,6 +20,8 @@ import time
 import urllib.request
 from typing import Any
 
+from nvpair.proxy.engines import ENGINES
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -272,13 +274,15 @@ def twistdCommand() -> list[str]:
     return [PYTHON, os.path.join(ROOT, ".venv", "bin", "twistd")]
 
 
-def spawnStandalone(backends: list[str], *options: str, opsPort: int = 0) -> Server:
-    """The proxy in ``--standalone`` mode (its llama.cpp facade) over ``backends`` (URLs),
-    with ``options`` added, a persisted facade port in a temp state dir, the operations
-    listener on ``opsPort`` (0: any); returned once the facade listens."""
+def spawnStandalone(
+    backends: list[str], *options: str, opsPort: int = 0, engine: str = "llamacpp"
+) -> Server:
+    """The proxy in ``--standalone`` mode (its ``engine`` facade, llama.cpp by default) over
+    ``backends`` (URLs), with ``options`` added, a persisted facade port in a temp state
+    dir, the operations listener on ``opsPort`` (0: any); returned once the facade listens."""
     state = tempfile.mkdtemp(prefix="nvpair-bench-state-")
     port = freePort()
-    with open(os.path.join(state, "llamacpp-proxy-port.json"), "w") as f:
+    with open(os.path.join(state, ENGINES[engine].portFile), "w") as f:
         json.dump({"port": port}, f)
     argv = [
         *twistdCommand(),
@@ -288,8 +292,8 @@ def spawnStandalone(backends: list[str], *options: str, opsPort: int = 0) -> Ser
         "nvpair-proxy",
         "--standalone",
         "--engines",
-        "llamacpp",
-        *(f"--backend=llamacpp={url}" for url in backends),
+        engine,
+        *(f"--backend={engine}={url}" for url in backends),
         "--state-dir",
         state,
         "--ops-port",
@@ -307,9 +311,11 @@ def spawnStandalone(backends: list[str], *options: str, opsPort: int = 0) -> Ser
     return Server("nvpair", port, proc.pid, [proc])
 
 
-def waitForFleet(server: Server, opsPort: int, n: int, timeout: float = 30) -> None:
-    """Wait until the standalone proxy's ``/status`` shows ``n`` llama.cpp nodes that each
-    list a model."""
+def waitForFleet(
+    server: Server, opsPort: int, n: int, timeout: float = 30, engine: str = "llamacpp"
+) -> None:
+    """Wait until the standalone proxy's ``/status`` shows ``n`` nodes of its ``engine``
+    facade that each list a model."""
     (proc,) = server.procs
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -318,7 +324,7 @@ def waitForFleet(server: Server, opsPort: int, n: int, timeout: float = 30) -> N
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{opsPort}/status", timeout=5) as r:
                 doc = json.loads(r.read())
-            nodes = doc["facades"]["llamacpp"]["nodes"]
+            nodes = doc["facades"][engine]["nodes"]
             if len(nodes) == n and all(node["models"] for node in nodes):
                 return
         except (OSError, KeyError, ValueError):

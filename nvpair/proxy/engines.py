@@ -96,6 +96,9 @@ class Engine:
     modelRoutes: frozenset[bytes] = frozenset()
     # The statistics meter's dialect on the agents' routes (by path).
     agentDialects: Mapping[bytes, str] = AGENT_DIALECTS
+    # llama.cpp router mode (spec §11): a server answering its state probe 400 ("model name
+    # is missing") is asked this list; statuses there mean a router, probed per model.
+    routerProbe: bytes | None = None
 
     def listPaths(self, path: bytes) -> tuple[bytes, ...]:
         """Which path(s) to ask each node for a fleet list route: the first that is not 404."""
@@ -191,7 +194,7 @@ LMSTUDIO = Engine(
     ),
     listRoutes=frozenset((b"/v1/models", b"/api/v0/models")),
     inventoryRoute=b"/v1/models",
-    stateProbes=(b"/api/v0/models",),
+    stateProbes=(b"/api/v1/models", b"/api/v0/models"),
     modelRoutes=frozenset((COUNT_TOKENS,)),
 )
 
@@ -213,6 +216,7 @@ LLAMACPP = Engine(
     },
     stateProbes=(b"/slots", b"/metrics"),
     modelRoutes=frozenset((COUNT_TOKENS, INPUT_TOKENS)),
+    routerProbe=b"/models",
 )
 
 ENGINES: dict[str, Engine] = {e.id: e for e in (OLLAMA, LMSTUDIO, LLAMACPP)}

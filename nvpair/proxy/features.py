@@ -17,6 +17,7 @@ from nvpair.proxy.hooks import RequestObserver
 from nvpair.proxy.interfaces import IActivity, IExchangeReport, IRequestObserver
 from nvpair.proxy.nodestate.interfaces import IEngineStates, IRoomLedger
 from nvpair.proxy.nodestate.ledger import RoomLedger
+from nvpair.proxy.nodestate.residency import Residency
 from nvpair.proxy.nodestate.states import EngineStates
 from nvpair.proxy.placement.affinity import Affinity, requestServed
 from nvpair.proxy.routing.reservations import ReservationMap
@@ -70,18 +71,21 @@ class Standalone:
 
     ledger: RoomLedger
     states: EngineStates
+    residency: Residency
     affinity: Affinity | None
     queueing: Queueing
 
 
 def useStandalone(context: StandaloneContext, affinity: bool | None = None) -> Standalone:
     """Give ``context`` standalone's features: one room record per node (our requests
-    there, its engine's slots, what it refused), the engines' state, placement by cache
+    there, its engine's slots, what it refused), the engines' state and which models each
+    node holds, placement by cache
     (``affinity``: default ``--affinity prefix``), the fair queue and the breakers."""
     settings = context.settings
     ledger = RoomLedger(context.clock, context.activity.inFlight)
     context.activity.listener = ledger.activityChanged
     states = EngineStates(context.clock, ledger)
+    residency = states.residency = Residency(context.clock, states, ledger)
     placing = None
     if settings.affinity == "prefix" if affinity is None else affinity:
         placing = Affinity(context.clock, context.reservations, ledger, states)
@@ -89,4 +93,4 @@ def useStandalone(context: StandaloneContext, affinity: bool | None = None) -> S
     context.ledger, context.engineStates = ledger, states
     context.affinity, context.queueing = placing, queueing
     context.observe(ServedObserver(ledger, states, placing))
-    return Standalone(ledger, states, placing, queueing)
+    return Standalone(ledger, states, residency, placing, queueing)

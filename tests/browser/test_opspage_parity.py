@@ -73,6 +73,24 @@ QUEUEING: dict[str, object] = {
 }
 
 
+def residency(first: str, second: str) -> dict[str, object]:
+    """A ``residency`` object: a node holding five models (one loading, one hostile name),
+    with loads and evictions seen; a node that holds none."""
+
+    def model(name: str, state: str = "loaded") -> dict[str, object]:
+        return {"model": name, "state": state, "running": 0, "loadSeconds": 3.0}
+
+    held = [model("a"), model(HOSTILE, "loading"), model("c", "sleeping"), model("d"), model("e")]
+    return {
+        "defaultLoadSeconds": 10.0,
+        "nodes": {
+            first: {"fresh": True, "models": held, "loads": 3, "evictions": 1},
+            second: {"fresh": True, "models": [], "loads": 0, "evictions": 0},
+        },
+        "actions": None,
+    }
+
+
 class _WithAffinity(Resource):
     """The ops resource of a scripted service, its page and /status given an ``affinity``
     object (as the affinity feature adds) so that both renderers draw that tile too."""
@@ -104,6 +122,7 @@ class _WithAffinity(Resource):
         first["engine"] = ENGINE_STATE
         second["engine"] = {"state": "unknown", "cacheHitRatio": 0.125}
         status["queueing"] = QUEUEING
+        status["residency"] = residency(first["id"], second["id"])
         return status
 
     def render(self, request: Request) -> bytes | int:
@@ -137,9 +156,9 @@ class ScriptParityTests(TestCase):
     timeout = 90
 
     def test_scriptDrawsWhatServerDraws(self) -> defer.Deferred[None]:
-        """Same texts, states, charts, engine states and affinity tile; engine-provided
-        markup stays text in the browser too (no element injected, nothing logged to the
-        console)."""
+        """Same texts, states, charts, engine states, residency lines and affinity tile;
+        engine-provided markup stays text in the browser too (no element injected, nothing
+        logged to the console)."""
         return defer.Deferred.fromCoroutine(self._parity())
 
     async def _parity(self) -> None:
@@ -208,6 +227,14 @@ class ScriptParityTests(TestCase):
         )
         (note,) = dom.all("div", class_="breaker")
         self.assertEqual(note.textContent(), "breaker open · opened 2×")
+        resident = [e.textContent() for e in dom.all("div", class_="resident")]
+        self.assertEqual(
+            resident,
+            [
+                f"holds a, {HOSTILE} (loading), c (sleeping), d, +1 · 3 loads · 1 eviction",
+                "holds no model",
+            ],
+        )
         hostile = dom.all("tr", class_="wl")[1]
         self.assertEqual(hostile.all("td")[3].textContent(), HOSTILE)
         self.assertEqual(hostile.all("td")[-1].textContent(), f"{HOSTILE} {HOSTILE}")

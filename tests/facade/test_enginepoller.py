@@ -10,7 +10,7 @@ from twisted.internet.task import Clock
 from twisted.logger import Logger
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.engines import LLAMACPP, OLLAMA
+from nvpair.proxy.engines import LLAMACPP, LMSTUDIO, OLLAMA
 from nvpair.proxy.facade.enginepoller import FAST, PROBE_TIMEOUT, SLOW, EnginePoller
 from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.nodestate.probes import EngineReport
@@ -161,6 +161,97 @@ class PollerTests(SynchronousTestCase):
         self.assertIs(self.states.modelLoaded("http://o", "x:latest"), True)
         self.assertIs(self.states.modelLoaded("http://o", "y:latest"), False)
         self.assertIsNone(self.ledger.free("http://o"))
+
+    def test_routerProbedPerLoadedModel(self) -> None:
+        """A llama.cpp router (``/slots`` 400: it wants ``?model=``) is read through its
+        ``/models`` statuses and each *loaded* model's ``/slots?model=...&autoload=false``:
+        no probe ever names a model that is not loaded, and none omits ``autoload=false``."""
+        missing = b'{"error":{"code":400,"message":"model name is missing from the request"}}'
+        self.up.script["http://r/slots"] = FakeResponse(400, missing)
+        models = {
+            "data": [
+                {"id": "a b", "status": {"value": "loaded"}},
+                {"id": "c", "status": {"value": "unloaded"}},
+                {"id": "d", "status": {"value": "loading"}},
+            ]
+        }
+        self.up.script["http://r/models"] = FakeResponse(200, json.dumps(models).encode())
+        self.up.script["http://r/slots?model=a%20b&autoload=false"] = slots(1, 4)
+        self.traffic = True
+        self.poller("http://r")
+        self.clock.advance(FAST)
+        self.assertEqual(self.ledger.free("http://r"), 3)
+        self.assertEqual(self.reports[-1][1].total, 4)
+        self.assertIs(self.states.modelLoaded("http://r", "a b"), True)
+        self.assertIs(self.states.modelLoaded("http://r", "d"), False)
+        report = self.reports[-1][1]
+        self.assertTrue(report.router)
+        self.assertEqual(
+            [(m.name, m.state) for m in report.resident or ()],
+            [("a b", "loaded"), ("d", "loading")],
+        )
+        self.clock.advance(3 * FAST)
+        asked = [c[3] for c in self.up.calls]
+        self.assertEqual(asked[0], b"/slots")
+        self.assertEqual(set(asked[1:]), {b"/models", b"/slots?model=a%20b&autoload=false"})
+        self.assertEqual(self.states.status()["http://r"]["probe"], "/models (router)")
+        self.assertEqual([e["log_format"] for e in self.events], [])
+
+    def test_loadingProbedOften(self) -> None:
+        """Idle, a router is probed every second while it says a model is loading, then
+        backs off again."""
+        self.up.script["http://r/slots"] = FakeResponse(400)
+        loading = {"data": [{"id": "a", "status": {"value": "loading"}}]}
+        self.up.script["http://r/models"] = FakeResponse(200, json.dumps(loading).encode())
+        self.poller("http://r")
+        self.assertEqual(self.probeTimes(6), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+        loaded = {"data": [{"id": "a", "status": {"value": "loaded"}}]}
+        self.up.script["http://r/models"] = FakeResponse(200, json.dumps(loaded).encode())
+        self.up.script["http://r/slots?model=a&autoload=false"] = slots(0)
+        times = sorted(set(self.probeTimes(30)))  # a probe: the list, then a's slots
+        self.assertEqual([b - a for a, b in zip(times, times[1:], strict=False)][-2:], [SLOW, SLOW])
+
+    def test_notARouterStaysOnItsProbes(self) -> None:
+        """A server answering ``/slots`` 400 whose ``/models`` carries no statuses is no
+        router: it is never asked its list again, and its 400 is a problem like any other."""
+        self.up.script["http://s/slots"] = FakeResponse(400, b"{}")
+        single = {"object": "list", "data": [{"id": "m", "object": "model"}]}
+        self.up.script["http://s/models"] = FakeResponse(200, json.dumps(single).encode())
+        self.traffic = True
+        self.poller("http://s")
+        self.clock.advance(5 * FAST)
+        asked = [c[3] for c in self.up.calls]
+        self.assertEqual(asked.count(b"/models"), 1)
+        self.assertIsNone(self.ledger.free("http://s"))
+        self.assertEqual(self.states.status()["http://s"]["problem"], "status 400")
+
+    def test_lmstudioV1ThenV0(self) -> None:
+        """LM Studio is read through its v1 REST API; a server without it (404) through
+        ``/api/v0/models`` from then on."""
+        v1 = {"models": [{"key": "q", "loaded_instances": [{"id": "q", "config": {}}]}]}
+        self.up.script["http://new/api/v1/models"] = FakeResponse(200, json.dumps(v1).encode())
+        self.up.script["http://old/api/v1/models"] = FakeResponse(404)
+        v0 = {"data": [{"id": "q", "state": "loaded"}]}
+        self.up.script["http://old/api/v0/models"] = FakeResponse(200, json.dumps(v0).encode())
+        self.traffic = True
+        self.poller("http://new", "http://old", engine=LMSTUDIO)
+        self.clock.advance(FAST)
+        for url in ("http://new", "http://old"):
+            self.assertIs(self.states.modelLoaded(url, "q"), True)
+        self.assertEqual(self.states.status()["http://old"]["probe"], "/api/v0/models")
+
+    def test_routerStopCancelsChildProbes(self) -> None:
+        """Stopping abandons a router probe waiting on a model's slots; no timer is left."""
+        self.up.script["http://r/slots"] = FakeResponse(400)
+        models = {"data": [{"id": "a", "status": {"value": "loaded"}}]}
+        self.up.script["http://r/models"] = FakeResponse(200, json.dumps(models).encode())
+        self.up.script["http://r/slots?model=a&autoload=false"] = "hang"
+        self.traffic = True
+        poller = self.poller("http://r")
+        self.clock.advance(FAST)
+        poller.stopService()
+        self.assertEqual(self.up.cancelled, ["http://r"])
+        self.assertEqual(self.clock.getDelayedCalls(), [])
 
     def test_setBackends(self) -> None:
         """The backend set can change while running: new ones probed at once, removed ones

@@ -189,6 +189,23 @@ class BadFleetTests(SynchronousTestCase):
         self.refused(base + f'name = "{"x" * 65}"\n', 4, "printable")
         self.refused(base + 'name = "a\\u0007b"\n', 4, "printable")
 
+    def test_residencyKeys(self) -> None:
+        """``preload`` (model names, each once) and ``unload_idle`` (a boolean) per backend
+        (protocol §9); bad values refused on their line."""
+        base = '[[backend]]\nengine = "ollama"\nurl = "http://a:1"\n'
+        spec = parse(base + 'preload = ["qwen3:8b", "gemma3"]\nunload_idle = true\n')
+        backend = spec.backends[0]
+        self.assertEqual((backend.preload, backend.unloadIdle), (("qwen3:8b", "gemma3"), True))
+        self.assertEqual((parse(base).backends[0].preload, parse(base).backends[0].unloadIdle),
+                         ((), False))  # fmt: skip
+        self.refused(base + 'preload = "qwen"\n', 4, "list of model names")
+        self.refused(base + "preload = [1]\n", 4, "list of model names")
+        self.refused(base + 'preload = ["a", "a"]\n', 4, "twice")
+        self.refused(base + 'preload = [""]\n', 4, "printable")
+        many = ", ".join(f'"m{i}"' for i in range(65))
+        self.refused(base + f"preload = [{many}]\n", 4, "more than 64")
+        self.refused(base + 'unload_idle = "yes"\n', 4, "true or false")
+
     def test_badUrls(self) -> None:
         """Only plain http URLs with a host and no credentials, query or fragment."""
         for url, words in [
@@ -255,7 +272,19 @@ class BadFleetTests(SynchronousTestCase):
         self.assertTrue(str(caught.exception).startswith("/nonexistent/fleet.toml: cannot read"))
 
 
-_KEYS = st.sampled_from(["engine", "url", "name", "max_concurrency", "enabled", "engines", "x"])
+_KEYS = st.sampled_from(
+    [
+        "engine",
+        "url",
+        "name",
+        "max_concurrency",
+        "enabled",
+        "engines",
+        "x",
+        "preload",
+        "unload_idle",
+    ]
+)
 _VALUES = st.one_of(
     st.integers(-5, 5000),
     st.booleans(),

@@ -109,5 +109,6 @@ class CheckFleetTests(SynchronousTestCase):
         self.assertEqual(
             err,
             f"nvpair-proxy: --check-fleet: {path}:4: unknown key 'colour' "
-            "in [[backend]] (allowed: engine, url, name, max_concurrency, enabled)\n",
+            "in [[backend]] (allowed: engine, url, name, max_concurrency, enabled, preload, "
+            "unload_idle)\n",
         )

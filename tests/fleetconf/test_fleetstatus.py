@@ -73,7 +73,7 @@ class FleetStatusTests(SynchronousTestCase):
             fleet["error"],
             {
                 "message": f"{self.file.path}:10: unknown key 'colour' in [[backend]] "
-                "(allowed: engine, url, name, max_concurrency, enabled)",
+                "(allowed: engine, url, name, max_concurrency, enabled, preload, unload_idle)",
                 "line": 10,
                 "at": 1005000,
             },

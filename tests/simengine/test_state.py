@@ -146,7 +146,8 @@ class ControlTests(SynchronousTestCase):
     def test_failNative(self) -> None:
         """Ollama's native routes fail with its plain error string."""
         h = Harness(dialect="ollama", failure=Failure(429, 0.0))
-        answer = h.exchange(post(b"/api/chat", {"model": "m", "messages": []}))
+        chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        answer = h.exchange(post(b"/api/chat", chat))
         self.assertEqual((answer.status, answer.json()), (429, {"error": "simulated failure"}))
 
     def test_badFailBodies(self) -> None:
@@ -179,11 +180,12 @@ class BadInputTests(SynchronousTestCase):
     """Bad requests get a clear error in the dialect's shape and take no slot."""
 
     def test_errors(self) -> None:
-        """Not JSON, no prompt, unknown model, too long: 400/404, nothing runs."""
+        """Not JSON, no prompt, unknown model, too long: 400/404, nothing runs (Ollama's native
+        routes take a request without a prompt as a load: ``residency``)."""
         h = Harness(dialect="ollama", models=("a:latest",), nCtx=10)
         cases = [
             (b"/v1/chat/completions", b"{", 400),
-            (b"/api/generate", b'{"model":"a"}', 400),
+            (b"/v1/chat/completions", b'{"model":"a"}', 400),
             (b"/api/generate", b'{"model":"zz","prompt":"x"}', 404),
             (b"/api/generate", b'{"prompt":"x"}', 400),
             (b"/api/generate", b'{"model":"a","prompt":"' + b"w " * 20 + b'"}', 400),

@@ -9,6 +9,9 @@ why, only when neither is there.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Sequence
 from typing import Any
 
 import treq
@@ -90,6 +93,12 @@ async def startLlamaServer(case: SynchronousTestCase, reactor: Any, *args: str) 
     argv = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), *args]
     process = IReactorProcess(reactor).spawnProcess(server, binary, argv, env=dict(os.environ))
     killAtCleanup(case, process, server.ended)
+    await _healthy(case, reactor, server)
+    return server
+
+
+async def _healthy(case: SynchronousTestCase, reactor: Any, server: LlamaServer) -> None:
+    """Poll ``/health`` until it answers 200 (at most ``LOAD_SECONDS``)."""
     clock = IReactorTime(reactor)
     deadline = clock.seconds() + LOAD_SECONDS
     while clock.seconds() < deadline:
@@ -99,10 +108,31 @@ async def startLlamaServer(case: SynchronousTestCase, reactor: Any, *args: str) 
             response = await treq.get(server.url + "/health", persistent=False, timeout=10)
             await treq.content(response)
             if response.code == 200:
-                return server
+                return
         except Exception:
             pass  # not listening yet, or loading the model (503)
         await task.deferLater(clock, 0.2, lambda: None)
     raise case.failureException(
         f"llama-server not healthy within {LOAD_SECONDS:.0f} s:\n" + server.lastLines()
     )
+
+
+async def startLlamaRouter(
+    case: SynchronousTestCase, reactor: Any, names: Sequence[str], *args: str
+) -> LlamaServer:
+    """llama-server in router mode (no ``-m``): ``--models-dir`` a temporary directory in
+    which the kit's GGUF appears once under each of ``names`` (symbolic links), on a free
+    127.0.0.1 port with ``args`` added; killed when ``case`` ends; returned once ``/health``
+    answers 200 (polled, at most ``LOAD_SECONDS``)."""
+    binary, model = await locate(reactor)
+    directory = tempfile.mkdtemp(prefix="nvpair-router-")
+    case.addCleanup(shutil.rmtree, directory, True)
+    for name in names:
+        os.symlink(model, os.path.join(directory, f"{name}.gguf"))
+    port = freePort()
+    server = LlamaServer(f"http://127.0.0.1:{port}")
+    argv = [binary, "--models-dir", directory, "--host", "127.0.0.1", "--port", str(port), *args]
+    process = IReactorProcess(reactor).spawnProcess(server, binary, argv, env=dict(os.environ))
+    killAtCleanup(case, process, server.ended)
+    await _healthy(case, reactor, server)
+    return server

@@ -9,11 +9,20 @@ path for good (llama.cpp without ``/slots`` falls back to ``/metrics``); one tha
 out (``PROBE_TIMEOUT``), is malformed or too large is recorded as unknown.  A backend's
 problem is logged when it starts and when it ends, not at every poll (a server that has
 no such endpoint at info level, any other problem as a warning).
+
+llama.cpp in router mode (``llama-server`` without ``-m``) answers ``/slots`` 400 (it wants
+``?model=``): such a backend is asked the engine's ``routerProbe`` (``GET /models``); when
+that lists statuses, the backend is probed as a router from then on: ``/models``, then
+``/slots?model=NAME&autoload=false`` of each loaded model (at most ``MAX_CHILDREN``), so a
+probe never loads a model (without ``autoload=false`` the router would load it).  A
+``/models`` without statuses sends the backend back to the usual probes for good.  While an
+engine says a model is loading, it is probed every ``FAST`` seconds, traffic or not.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from urllib.parse import quote
 
 from twisted.application.service import IServiceCollection, Service
 from twisted.internet import defer, task
@@ -27,7 +36,15 @@ from nvpair.proxy.facade.fleet import NodeAnswer, askNode
 from nvpair.proxy.features import Standalone
 from nvpair.proxy.interfaces import IRequestContext, IUpstream
 from nvpair.proxy.nodestate.ledger import RoomLedger
-from nvpair.proxy.nodestate.probes import BadProbe, EngineReport, parseProbe
+from nvpair.proxy.nodestate.probes import (
+    LOADING,
+    BadProbe,
+    EngineReport,
+    NotThisProbe,
+    parseProbe,
+    parseSlots,
+    withChildSlots,
+)
 from nvpair.proxy.nodestate.states import EngineStates
 from nvpair.proxy.routing.nodes import Node
 
@@ -35,14 +52,18 @@ FAST = 1.0
 SLOW = 5.0
 ACTIVE_WINDOW = 10.0
 PROBE_TIMEOUT = 2.0
+MAX_CHILDREN = 16  # a router's loaded models whose slots are read per probe
+ROUTER_SUFFIX = " (router)"
 
 
 class _Backend:
-    __slots__ = ("url", "probe", "due", "interval", "problem", "asking")
+    __slots__ = ("url", "probe", "due", "interval", "problem", "asking", "router", "notRouter")
 
     def __init__(self, url: str, now: float) -> None:
         self.url = url
         self.probe = 0  # index into the engine's stateProbes
+        self.router = False  # a llama.cpp router: probed by its model list
+        self.notRouter = False  # its model list said it is not one: never asked again
         self.due = now
         self.interval = FAST
         self.problem: str | None = None  # the problem last logged, None while fine
@@ -146,13 +167,9 @@ class EnginePoller(Service):
             if not busy:
                 backend.interval = min(SLOW, backend.interval * 2)
 
-    def probe(self, backend: _Backend) -> None:
-        """Ask ``backend`` its current state probe; record what it says."""
-        probes = self.engine.stateProbes
-        path = probes[backend.probe]
+    def _ask(self, backend: _Backend, path: bytes) -> defer.Deferred[NodeAnswer]:
         node = Node(backend.url, False, (backend.url,), frozenset())
-        self.ledger.probeSent(backend.url)
-        asked = askNode(
+        return askNode(
             self.upstream,
             self.clock,
             PROBE_TIMEOUT,
@@ -162,9 +179,25 @@ class EnginePoller(Service):
             (path,),
             Headers(),
         )
+
+    def probe(self, backend: _Backend) -> None:
+        """Ask ``backend`` its current state probe; record what it says."""
+        self.ledger.probeSent(backend.url)  # from now until the answer: the probe race
+        if backend.router:
+            self.probeRouter(backend)
+            return
+        probes = self.engine.stateProbes
+        path = probes[backend.probe]
+        asked = self._ask(backend, path)
         interval = backend.interval
+        routerProbe = self.engine.routerProbe
 
         def answered(answer: NodeAnswer) -> None:
+            if answer.status == 400 and routerProbe is not None and not backend.notRouter:
+                backend.router = True  # perhaps a router wanting ?model=: ask its list now
+                backend.due = self.clock.seconds()
+                self._record(backend, None, interval, path, "status 400", False)
+                return
             if answer.status in (404, 501) and backend.probe + 1 < len(probes):
                 backend.probe += 1  # this server has no such endpoint: the next, for good
                 backend.due = self.clock.seconds()
@@ -192,6 +225,65 @@ class EnginePoller(Service):
         backend.asking = d
         d.addBoth(settled)
 
+    def probeRouter(self, backend: _Backend) -> None:
+        """Ask a llama.cpp router its model list, then each loaded model's slots (never
+        loading one: ``autoload=false``); record the whole as one report."""
+        path = self.engine.routerProbe or b"/models"
+        interval = backend.interval
+        probe = path + ROUTER_SUFFIX.encode()
+
+        async def ask() -> None:
+            try:
+                answer = await self._ask(backend, path)
+            except defer.TimeoutError:
+                self._record(backend, None, interval, probe, "timed out")
+                return
+            except defer.CancelledError:
+                raise
+            except Exception:
+                self._record(backend, None, interval, probe, "unreachable")
+                return
+            if not 200 <= answer.status < 300:
+                self._record(backend, None, interval, probe, f"status {answer.status}")
+                return
+            try:
+                report = parseProbe(path, answer.body)
+            except NotThisProbe:
+                backend.router, backend.notRouter = False, True  # back to the usual probes
+                backend.due = self.clock.seconds()
+                return
+            except BadProbe as e:
+                self._record(backend, None, interval, probe, str(e))
+                return
+            loaded = sorted(report.loaded or ())[:MAX_CHILDREN]
+            asked = [
+                defer.Deferred.fromCoroutine(self._childSlots(backend, model)) for model in loaded
+            ]
+            slots = await defer.gatherResults(asked, consumeErrors=True) if asked else []
+            report = withChildSlots(report, dict(zip(loaded, slots, strict=True)))
+            self._record(backend, report, interval, probe, "")
+
+        def settled(result: object) -> None:
+            if backend.asking is d:
+                backend.asking = None
+
+        d: defer.Deferred[None] = defer.Deferred.fromCoroutine(ask())
+        backend.asking = d
+        d.addErrback(lambda f: f.trap(defer.CancelledError)).addBoth(settled)
+
+    async def _childSlots(self, backend: _Backend, model: str) -> EngineReport | None:
+        """One router model's ``/slots`` (``autoload=false``), or None when unreadable."""
+        target = b"/slots?model=" + quote(model, safe="").encode() + b"&autoload=false"
+        try:
+            answer = await self._ask(backend, target)
+            if not 200 <= answer.status < 300:
+                return None
+            return parseSlots(answer.body)
+        except defer.CancelledError:
+            raise
+        except Exception:
+            return None
+
     def _record(
         self,
         backend: _Backend,
@@ -209,6 +301,10 @@ class EnginePoller(Service):
             self.ledger.probeFailed(backend.url)
         else:
             self.ledger.probed(backend.url, report.busy, report.total, interval)
+        if report is not None and any(m.state == LOADING for m in report.resident or ()):
+            # A model is loading there: probe often, to see it loaded (and time the load).
+            backend.interval = FAST
+            backend.due = min(backend.due, self.clock.seconds() + FAST)
         if report is not None and self.onReport is not None:
             self.onReport(backend.url, report)
         if not log:
@@ -233,15 +329,24 @@ def startEngineState(
     engine: Engine,
     urls: Sequence[str],
 ) -> EnginePoller:
-    """Poll ``engine``'s backends ``urls`` into standalone's engine states and room ledger
-    under ``parent`` (traffic: any request in flight); reported slot contexts bound the
-    prefix index's nodes."""
+    """Poll ``engine``'s backends ``urls`` into standalone's engine states, room ledger and
+    residency view under ``parent`` (traffic: any request in flight); reported slot
+    contexts bound the prefix index's nodes; a backend that leaves is forgotten by all."""
     states, ledger, affinity = features.states, features.ledger, features.affinity
+    residency = features.residency
+    forget = residency.forget
     index = None if affinity is None else affinity.index
 
     def reported(nodeId: str, report: EngineReport) -> None:
+        residency.observe(nodeId, report)
         if index is not None and report.contextTokens is not None:
             index.setCapacity(nodeId, report.contextTokens)
+
+    def forgotten(nodeId: str) -> None:
+        if index is not None:
+            index.forget(nodeId)
+        if forget is not None:
+            forget(nodeId)
 
     poller = EnginePoller(
         engine,
@@ -252,7 +357,7 @@ def startEngineState(
         ledger,
         active=lambda: bool(context.exchanges),
         onReport=reported,
-        onForget=None if index is None else index.forget,
+        onForget=forgotten,
     )
     poller.setServiceParent(parent)
     return poller

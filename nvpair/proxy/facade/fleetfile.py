@@ -27,11 +27,13 @@ MAX_FILE_BYTES = 1024 * 1024
 MAX_BACKENDS = 1024
 MAX_CONCURRENCY = 4096
 MAX_NAME = 64
+MAX_PRELOAD = 64  # models named in one backend's preload
+MAX_MODEL_NAME = 512
 
 _T = TypeVar("_T")
 
 _TOP_KEYS = ("engines", "backend", "client", "share_prefixes")
-_BACKEND_KEYS = ("engine", "url", "name", "max_concurrency", "enabled")
+_BACKEND_KEYS = ("engine", "url", "name", "max_concurrency", "enabled", "preload", "unload_idle")
 _TOML_POSITION = re.compile(r"\(at line (\d+), column \d+\)|\(at end of document\)")
 _HEADER = re.compile(r"^\s*\[\[\s*(backend|client)\s*\]\]\s*(#.*)?$")
 _ANY_HEADER = re.compile(r"^\s*\[")
@@ -59,6 +61,10 @@ class Backend:
     maxConcurrency: int | None = None
     """Slots for an engine that reports none (placement and the queue read it)."""
     enabled: bool = True
+    preload: tuple[str, ...] = ()
+    """Models to load through the engine's own API at start and after every reload."""
+    unloadIdle: bool = False
+    """Whether the proxy may unload an idle model there to make room for another."""
 
 
 @attrs.frozen
@@ -304,7 +310,27 @@ def _backend(entry: object, i: int, lines: _Lines, path: str) -> Backend:
                 f"max_concurrency must be 1 to {MAX_CONCURRENCY}",
             )
     enabled = _typed(entry, "enabled", bool, i, lines, path) if "enabled" in entry else True
-    return Backend(engine, url, name, limit, enabled)
+    preload = _preload(entry, i, lines, path)
+    unload = _typed(entry, "unload_idle", bool, i, lines, path) if "unload_idle" in entry else False
+    return Backend(engine, url, name, limit, enabled, preload, unload)
+
+
+def _preload(entry: Mapping[str, object], i: int, lines: _Lines, path: str) -> tuple[str, ...]:
+    """``preload``: a list of distinct model names (protocol §9)."""
+    value = entry.get("preload", [])
+    line = lines.backend(i, "preload")
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise FleetError(path, line, "preload must be a list of model names")
+    if len(value) > MAX_PRELOAD:
+        raise FleetError(path, line, f"preload names more than {MAX_PRELOAD} models")
+    for name in value:
+        if not name.strip() or len(name) > MAX_MODEL_NAME or not name.isprintable():
+            raise FleetError(
+                path, line, f"preload names must be 1 to {MAX_MODEL_NAME} printable characters"
+            )
+    if len(set(value)) != len(value):
+        raise FleetError(path, line, "preload names a model twice")
+    return tuple(value)
 
 
 def _typed(

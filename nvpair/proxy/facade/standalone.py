@@ -30,6 +30,7 @@ from nvpair.proxy.facade.enginepoller import startEngineState
 from nvpair.proxy.facade.facade import BindError, Facade, IFacadeHost
 from nvpair.proxy.facade.fleet import NODE_GRACE, NodeAnswer, askNode
 from nvpair.proxy.facade.fleetfile import Backend
+from nvpair.proxy.facade.modelactor import ModelActions
 from nvpair.proxy.facade.reload import FleetReloader, IFleetFollower, UrlFollower
 from nvpair.proxy.features import useStandalone
 from nvpair.proxy.interfaces import IRequestContext, IUpstream
@@ -91,8 +92,10 @@ class FleetPoller(Service):
         timeout: float,
         interval: float = POLL_INTERVAL,
         inFlight: Callable[[str], int] = lambda url: 0,
+        onInventory: Callable[[str, int | None], None] | None = None,
     ) -> None:
         self.facade = facade
+        self.onInventory = onInventory  # told each poll's model count (None: failed)
         self.engine: Engine = facade.engine
         self.name = f"standalone-{self.engine.id}"
         self.urls = tuple(urls)
@@ -211,6 +214,8 @@ class FleetPoller(Service):
                 self.log.warn("backend-down", engine=self.engine.id, url=url, problem=problem)
             self.up[url] = state
         self.inventories[url] = models or ()
+        if self.onInventory is not None:
+            self.onInventory(url, None if models is None else len(models))
         self._publish()
 
     def _publish(self) -> None:
@@ -264,10 +269,14 @@ def startStandalone(process: IStandaloneProcess) -> None:
     context = process.context
     settings = context.settings
     timeout = settings.dialTimeout + NODE_GRACE
-    # The proxy is its own scheduler: one room record per node, the engines' own state,
-    # placement by cache (``--affinity prefix``), a fair queue while every owner is full,
-    # node breakers.
+    # The proxy is its own scheduler: one room record per node, the engines' own state and
+    # which models each node holds, placement by cache (``--affinity prefix``), a fair
+    # queue while every owner is full, node breakers.
     features = useStandalone(context)
+    # The engines' own APIs load and unload where the fleet file says so (``preload``,
+    # ``unload_idle``).
+    actions = ModelActions(context.upstream, context.clock, features.residency)
+    actions.setServiceParent(process)
     reservations = context.reservations
     reloader: FleetReloader | None = None
 
@@ -287,18 +296,19 @@ def startStandalone(process: IStandaloneProcess) -> None:
             context.clock,
             timeout,
             inFlight=lambda url: context.activity.inFlight.get(url, 0),
+            onInventory=features.residency.setInventory,
         )
         poller.backends = tuple(backends)
         poller.setServiceParent(process)
         statePoller = startEngineState(process, context, features, engine, urls)
-        limits = SlotLimits(
-            features.ledger
-        )  # ``max_concurrency``: slots of engines that report none
+        actions.setBackends(engineId, backends)
+        limits = SlotLimits(features.ledger)  # ``max_concurrency``: slots when none reported
         limits.setBackends(backends)
         if reloader is not None:
             reloader.follow(engineId, poller)
             reloader.follow(engineId, UrlFollower(statePoller.setBackends))
             reloader.follow(engineId, limits)
+            reloader.follow(engineId, actions.follower(engineId))
         return True
 
     def reorder(order: Sequence[str]) -> None:

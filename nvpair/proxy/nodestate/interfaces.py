@@ -1,12 +1,15 @@
 """The seams through which standalone placement, the queue and holds read what is known of
-each node: its engine's own state (``IEngineStates``) and its room (``IRoomLedger``).  A
-leaf, so that the stores, placement and the queue share them without importing one
-another."""
+each node: its engine's own state (``IEngineStates``), its room (``IRoomLedger``) and which
+models it holds (``IResidency``).  A leaf, so that the stores, placement and the queue share
+them without importing one another."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import Enum
 
+import attrs
+from twisted.internet.defer import Deferred
 from zope.interface import Interface
 
 
@@ -49,3 +52,83 @@ class IRoomLedger(Interface):
     def subscribe(listener: Callable[[str], None]) -> Callable[[], None]:
         """Call ``listener(nodeId)`` whenever room may have appeared on ``nodeId``; returns a
         function that unsubscribes it."""
+
+
+class ModelState(Enum):
+    """Whether a node holds a model, as its engine last said (and the proxy's own loads)."""
+
+    LOADED = "loaded"
+    """In memory and ready."""
+    LOADING = "loading"
+    """Being loaded (the engine says so, or the proxy started the load and it is not done)."""
+    SLEEPING = "sleeping"
+    """llama.cpp router mode: its child sleeps, weights out of memory: a request reloads it
+    (cost as cold) while it keeps its place among the resident models."""
+    COLD = "cold"
+    """Not resident: a request would load it first."""
+    UNKNOWN = "unknown"
+    """The engine's state is not known now (no fresh probe), or it says nothing of models."""
+
+
+@attrs.frozen
+class Eviction:
+    """What a load on a node would likely push out: the least recently used resident model
+    with no request of ours running (``idle``; when every resident model is busy, the least
+    recently used one, ``idle`` False: the load waits), its recent demand there and over the
+    fleet (requests per minute, decayed over about a minute) and on how many nodes it is
+    resident (this one included)."""
+
+    model: str
+    idle: bool
+    demand: float
+    fleetDemand: float
+    copies: int
+
+
+class IResidency(Interface):
+    """What standalone placement reads of the models each node holds (spec §11, "Model
+    residency"): fed by the engines' probes, the inventories and the proxy's own requests
+    and loads.  Node ids are backend URLs; models are normalized names."""
+
+    def state(nodeId: str, model: str) -> ModelState:
+        """Whether ``nodeId`` holds ``model`` now."""
+
+    def loadSeconds(nodeId: str, model: str) -> float:
+        """Expected seconds to load ``model`` on ``nodeId`` (learnt, else a default)."""
+
+    def likelyEviction(nodeId: str, model: str) -> Eviction | None:
+        """What loading ``model`` on ``nodeId`` would evict; None when it is resident or
+        there is room (or nothing is known of what the node can hold)."""
+
+    def room(nodeId: str) -> int | None:
+        """How many more models ``nodeId`` can hold without evicting (None: unknown)."""
+
+    def demand(model: str, nodeId: str | None = None) -> float:
+        """Requests per minute for ``model`` (on ``nodeId``, or over the fleet), decayed."""
+
+    def holders(model: str) -> tuple[str, ...]:
+        """The nodes where ``model`` is loaded or loading."""
+
+    def parallel(nodeId: str, model: str) -> int | None:
+        """How many requests for ``model`` ``nodeId`` runs at once, for an engine that
+        reports no slots: the fleet file's ``max_concurrency``, else the engine's own figure
+        (LM Studio's instance ``parallel``), else learnt from its waits (Ollama); None when
+        none is known."""
+
+    def nodeStatus(nodeId: str) -> dict[str, object]:
+        """``/status``: what ``nodeId`` holds, its loads and evictions seen (empty: none)."""
+
+    def snapshot() -> dict[str, object]:
+        """``/status`` ``residency``: the default load time and every node's status."""
+
+
+class IModelActions(Interface):
+    """Unloading a model through its engine's own API (protocol §9), for placement: only
+    where the fleet file says ``unload_idle = true``, only an idle model."""
+
+    def allowsUnload(nodeId: str) -> bool:
+        """Whether the fleet file lets the proxy unload models on ``nodeId``."""
+
+    def unload(nodeId: str, model: str) -> Deferred[bool]:
+        """Unload ``model`` on ``nodeId`` when allowed and none of our requests run on it;
+        fires with whether the engine did (False: not allowed, busy, or it failed)."""

@@ -258,6 +258,11 @@ class RoomLedger:
         room = self.rooms.get(nodeId)
         return None if room is None else room.service
 
+    def configured(self, nodeId: str) -> int | None:
+        """``nodeId``'s ``max_concurrency``, if the fleet file gives one."""
+        room = self.rooms.get(nodeId)
+        return None if room is None else room.configured
+
     def serviceSamples(self, nodeId: str) -> int:
         """How many of our requests on ``nodeId`` the service time has seen (capped)."""
         room = self.rooms.get(nodeId)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
-from nvpair.proxy.nodestate.interfaces import IEngineStates, IRoomLedger
+from nvpair.proxy.nodestate.interfaces import IEngineStates, IResidency, IRoomLedger
 from nvpair.proxy.nodestate.probes import EngineReport
 from nvpair.proxy.nodestate.table import MAX_NODES
 
@@ -56,6 +56,7 @@ class EngineStates:
         self._states: dict[str, _State] = {}
         self.cache: dict[str, CacheCounts] = {}  # what each node's engine reported
         self.prefill: dict[str, float] = {}  # node -> prefill ms per evaluated token (EWMA)
+        self.residency: IResidency | None = None  # which models each node holds (standalone)
 
     def served(self, nodeId: str, prompt: int, cached: int, promptMs: float | None = None) -> None:
         """The engine of ``nodeId`` reported ``cached`` of ``prompt`` prompt tokens cached,

@@ -177,6 +177,7 @@ class StatusDocument(TypedDict):
     reservations: dict[str, int]
     affinity: dict[str, object]
     engineStates: NotRequired[dict[str, dict[str, object]]]
+    residency: NotRequired[dict[str, object]]  # standalone: which models each node holds
     queueing: dict[str, object] | None
     workloads: WorkloadsStatus
     fleet: FleetStatus | None

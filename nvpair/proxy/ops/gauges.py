@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 
 from nvpair.proxy.ops.enginegauges import engineFamilies
 from nvpair.proxy.ops.interfaces import IOpsView
+from nvpair.proxy.ops.residencyview import residencyFamilies
 from nvpair.proxy.placement.affinity import Affinity
 
 WORKLOAD_STATES = ("completed", "failed", "cancelled")
@@ -120,6 +121,8 @@ class StateCollector(Collector):
         engineStates = view.context.engineStates
         if engineStates is not None:
             yield from engineFamilies(engineStates, affinity)
+            if engineStates.residency is not None:
+                yield from residencyFamilies(engineStates.residency)
 
 
 def _affinityFamilies(affinity: Affinity) -> Iterator[Metric]:

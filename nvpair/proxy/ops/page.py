@@ -21,6 +21,7 @@ from nvpair.proxy.ops.documents import (
 )
 from nvpair.proxy.ops.format import ago, bar, esc, fixed, millis, number, reasonText, sparkline
 from nvpair.proxy.ops.queueview import breakerNote, queueTile
+from nvpair.proxy.ops.residencyview import residencyNote
 
 MAX_MODELS_SHOWN = 6
 _MINUTE_BUCKETS = 6
@@ -259,8 +260,14 @@ def _facade(
     )
     rows = "".join(
         _nodeRow(
-            n, hist["nodes"].get(n["id"]), empty, seconds, scale, now, breakerNote(status, n["id"])
-        )
+            n,
+            hist["nodes"].get(n["id"]),
+            empty,
+            seconds,
+            scale,
+            now,
+            breakerNote(status, n["id"]) + residencyNote(status, n["id"]),
+        )  # fmt: skip
         for n in facade["nodes"]
     )
     if not rows:

@@ -33,6 +33,7 @@ from twisted.web.resource import Resource
 
 from nvpair.proxy.facade.hostcheck import HostGate
 from nvpair.proxy.facade.listener import PersonalityFactory
+from nvpair.proxy.facade.modelactor import findModelActions
 from nvpair.proxy.facade.reload import FleetReloader, findReloader
 from nvpair.proxy.ops.documents import (
     FacadeStatus,
@@ -49,6 +50,7 @@ from nvpair.proxy.ops.interfaces import IOpsView
 from nvpair.proxy.ops.nodestate import nodeHealth
 from nvpair.proxy.ops.page import renderPage
 from nvpair.proxy.ops.queuegauges import QueueCollector, queueStatus
+from nvpair.proxy.ops.residencyview import residencyStatus
 from nvpair.proxy.placement.affinity import Affinity
 
 MAX_MODEL_NAMES = 64
@@ -132,6 +134,8 @@ def statusDocument(view: IOpsView) -> StatusDocument:
     }
     if states is not None:
         document["engineStates"] = engines
+        if states.residency is not None:
+            document["residency"] = residencyStatus(states.residency, findModelActions(view))
     return document
 
 

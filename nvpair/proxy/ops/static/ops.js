@@ -200,6 +200,20 @@
     return el("div", "breaker " + b.state,
       "breaker " + b.state + " \u00b7 opened " + number(b.opens) + "\u00d7");
   }
+  function residencyNote(s, id) {  // as residencyview.residencyNote
+    var r = s.residency, e = r && typeof r === "object" && r.nodes ? r.nodes[id] : null;
+    if (!e || typeof e !== "object" || !e.models) return null;
+    var names = e.models.slice(0, 4).map(function (m) {
+      return m.state === "loaded" ? m.model : m.model + " (" + m.state + ")";
+    });
+    if (e.models.length > 4) names.push("+" + (e.models.length - 4));
+    var parts = [];
+    if (names.length) parts.push("holds " + names.join(", "));
+    else if (e.fresh) parts.push("holds no model");
+    var plural = function (n, w) { return number(n) + " " + w + (n === 1 ? "" : "s"); };
+    if (e.loads || e.evictions) parts.push(plural(e.loads, "load"), plural(e.evictions, "eviction"));
+    return parts.length ? el("div", "resident", parts.join(" \u00b7 ")) : null;
+  }
   function tiles(series, bucketSeconds, affinity, queue) {
     var box = el("div", "tiles");
     charts(series, bucketSeconds).forEach(function (c) {
@@ -234,7 +248,7 @@
       parts.push("cache " + Math.floor(e.cacheHitRatio * 100 + 0.5) + "%");
     return parts.join(" \u00b7 ");
   }
-  function nodeRow(node, series, bucketSeconds, scale, now, breaker) {
+  function nodeRow(node, series, bucketSeconds, scale, now, breaker, resident) {
     var why = node.stateReason;
     if (node.checkedAt !== null) why += " \u00b7 " + ago((now - node.checkedAt) / 1000);
     var tr = el("tr", "node");
@@ -249,7 +263,7 @@
       id.appendChild(el("div", "addr", addresses.join(" ")));
     add(tr, [add(el("td", "st"), [el("span", "state " + node.state, node.state),
       el("div", "why", why), node.engine ? el("div", "engine", engineLine(node.engine)) : null,
-      breaker]), id, models(node.modelNames, node.models),
+      breaker, resident]), id, models(node.modelNames, node.models),
       add(el("td", "work"), [bar("inflight", node.inFlight, scale, "in flight"),
         bar("reserved", node.reserved, scale, "reserved")]),
       el("td", "num", number(node.estimatedLoad))]);
@@ -273,7 +287,8 @@
     var head = add(el("tr"), NODE_HEADS.map(function (h) { return el("th", null, h); }));
     var body = el("tbody");
     f.nodes.forEach(function (n) {
-      body.appendChild(nodeRow(n, hist.nodes[n.id] || empty, bs, scale, now, breakerNote(s, n.id)));
+      body.appendChild(nodeRow(n, hist.nodes[n.id] || empty, bs, scale, now, breakerNote(s, n.id),
+        residencyNote(s, n.id)));
     });
     if (!f.nodes.length) {
       var none = el("td", "none", "no nodes");

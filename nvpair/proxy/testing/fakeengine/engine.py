@@ -26,7 +26,7 @@ _NO_MODEL = b'{"error":"fake engine: body must be a JSON object with a model"}'
 # The engine-state probes standalone mode polls (spec §11.2): a fake engine has none of
 # them, as a server started without them; it answers 404 without recording the probe or
 # consuming a scripted behaviour, so polls never race a test's script or its counts.
-STATE_PROBES = frozenset((b"/slots", b"/metrics", b"/api/ps"))
+STATE_PROBES = frozenset((b"/slots", b"/metrics", b"/api/ps", b"/api/v1/models"))
 _NO_STATE = b'{"error":"fake engine: no state endpoint"}'
 
 

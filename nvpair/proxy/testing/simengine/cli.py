@@ -42,9 +42,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-slots", action="store_true", help="/slots answers 501")
     p.add_argument("--no-metrics", action="store_true", help="/metrics answers 501")
     p.add_argument("--loaded", default=None, help="models loaded at start (default: all)")
-    p.add_argument("--load-ms", type=float, default=0.0, help="to load a model not loaded")
+    p.add_argument(
+        "--load-ms",
+        default="0",
+        help="to load a model not loaded: MS, or MS,NAME=MS,... (per model; one load at a time)",
+    )
     p.add_argument("--max-loaded", type=int, default=0, help="models loaded at once (0: all)")
     p.add_argument("--keep-alive-s", type=float, default=300.0, help="unused model unloads")
+    p.add_argument("--router", action="store_true", help="llamacpp: llama-server router mode")
+    p.add_argument(
+        "--no-models-autoload", action="store_true", help="router: requests never load a model"
+    )
+    p.add_argument(
+        "--no-lmstudio-v1", action="store_true", help="lmstudio: no /api/v1 REST API (v0 only)"
+    )
     p.add_argument("--fail-status", type=int, default=None, help="fail inference with this")
     p.add_argument("--fail-delay-ms", type=float, default=0.0)
     p.add_argument("--fail-retry-after", type=int, default=None)
@@ -60,6 +71,11 @@ def configFromArgs(argv: Sequence[str]) -> tuple[SimConfig, str, int]:
         if not 400 <= args.fail_status <= 599:
             p.error("--fail-status must be from 400 to 599")
         failure = Failure(args.fail_status, args.fail_delay_ms, args.fail_retry_after)
+    loadMs, perModel = parseLoadMs(args.load_ms)
+    if loadMs is None:
+        p.error("--load-ms must be MS or MS,NAME=MS,... with non-negative numbers")
+    if args.router and args.dialect != "llamacpp":
+        p.error("--router is llama-server's router mode: --dialect llamacpp only")
     try:
         config = SimConfig(
             dialect=args.dialect,
@@ -78,13 +94,36 @@ def configFromArgs(argv: Sequence[str]) -> tuple[SimConfig, str, int]:
             metricsEndpoint=not args.no_metrics,
             failure=failure,
             loaded=None if args.loaded is None else tuple(m for m in args.loaded.split(",") if m),
-            loadMs=args.load_ms,
+            loadMs=loadMs,
+            loadMsPerModel=perModel,
             maxLoaded=args.max_loaded,
             keepAlive=args.keep_alive_s,
+            router=args.router,
+            autoload=not args.no_models_autoload,
+            lmstudioV1=not args.no_lmstudio_v1,
         )
     except ValueError as e:
         p.error(str(e))
     return config, args.host, args.port
+
+
+def parseLoadMs(value: str) -> tuple[float | None, tuple[tuple[str, float], ...]]:
+    """``--load-ms``: a default and per-model times (``3000,big=9000``); None when bad."""
+    default = 0.0
+    perModel: list[tuple[str, float]] = []
+    for part in (p.strip() for p in value.split(",")):
+        name, sep, number = part.rpartition("=")
+        try:
+            ms = float(number)
+        except ValueError:
+            return None, ()
+        if not ms >= 0 or (sep and not name):
+            return None, ()
+        if sep:
+            perModel.append((name, ms))
+        else:
+            default = ms
+    return default, tuple(perModel)
 
 
 def engineFromArgs(reactor: IReactorTCP, argv: Sequence[str]) -> SimEngine:

@@ -40,9 +40,12 @@ class SimConfig:
     Ollama's ``options.num_predict``), and ``maxOutputTokens`` caps any request's.
 
     Models: ``loaded`` are loaded at start (None: all of them); a request for another one
-    first waits ``loadMs`` while it loads; past ``maxLoaded`` models (0: no limit) the least
-    recently used unloads, and so does one unused for ``keepAlive`` seconds (Ollama's 5
-    minutes).
+    first waits ``loadMs`` (or its own in ``loadMsPerModel``) while it loads, one load at a
+    time; past ``maxLoaded`` models (0: no limit) the least recently used idle one unloads,
+    and so does one unused for ``keepAlive`` seconds (Ollama's 5 minutes).  ``router`` makes
+    a ``llamacpp`` engine a llama-server in router mode (``autoload``: requests load their
+    model, as without ``--no-models-autoload``); ``lmstudioV1`` serves LM Studio's v1 REST
+    API beside ``/api/v0`` (``simengine/residency``).
     """
 
     dialect: str = attrs.field(default="llamacpp", validator=attrs.validators.in_(DIALECTS))
@@ -64,3 +67,7 @@ class SimConfig:
     loadMs: float = attrs.field(default=0.0, validator=_notNegative)
     maxLoaded: int = attrs.field(default=0, validator=_notNegative)
     keepAlive: float = attrs.field(default=300.0, validator=_notNegative)
+    loadMsPerModel: tuple[tuple[str, float], ...] = ()
+    router: bool = False
+    autoload: bool = True
+    lmstudioV1: bool = True

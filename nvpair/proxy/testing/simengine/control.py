@@ -100,7 +100,7 @@ def answer(
         if not isinstance(model, str):
             core.document(connection, 400, _bad("model must be a string"))
             return
-        core.loaded.pop(model, None)
+        core.residency.unload(model)
         core.document(connection, 200, _OK)
     elif path == b"/sim/flush":
         core.cache.clear()
@@ -108,6 +108,7 @@ def answer(
     elif path == b"/sim/reset":
         core.stats.reset()
         core.slots.resetWaits()
+        core.residency.stats.reset()
         core.document(connection, 200, _OK)
     else:
         core.document(connection, 404, _bad("no such control route"))

@@ -7,7 +7,6 @@ object; ``SimEngine`` owns it and adds the listening socket and the connections.
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 
 import attrs
 from twisted.internet.interfaces import IReactorTime
@@ -18,6 +17,7 @@ from nvpair.proxy.testing.fakeengine.connection import EngineConnection
 from nvpair.proxy.testing.simengine.agents.stored import StoredResponses
 from nvpair.proxy.testing.simengine.cache import PrefixCache
 from nvpair.proxy.testing.simengine.config import Failure, SimConfig
+from nvpair.proxy.testing.simengine.residency.model import Residency
 from nvpair.proxy.testing.simengine.slots import Slots
 
 
@@ -61,38 +61,34 @@ class Core:
         self.cache = PrefixCache(config.cacheTokens // config.blockSize)
         self.slots = Slots(clock, config.slots, config.queueMax)
         self.responder = Responder(config.name)
-        now = clock.seconds()
-        initial = config.models if config.loaded is None else config.loaded
-        self.loaded: OrderedDict[str, float] = OrderedDict((m, now) for m in initial)
-        """Loaded model -> when it was last used (least recent first)."""
+        self.residency = Residency(clock, config)
+        self.modelSlots: dict[str, Slots] = {}  # router mode: each model's own slots
         self.runs: dict[EngineConnection, IRun] = {}
         self.stored = StoredResponses()
         """The responses this engine produced (a stateful dialect's, LM Studio's)."""
 
-    def loadedModels(self) -> list[tuple[str, float]]:
-        """The models loaded now, each with when it unloads (unused for ``keepAlive``)."""
-        now, keep = self.clock.seconds(), self.config.keepAlive
-        for model, used in list(self.loaded.items()):
-            if used + keep < now:
-                del self.loaded[model]
-        return [(m, used + keep) for m, used in self.loaded.items()]
+    def loadedModels(self) -> list[tuple[str, float | None]]:
+        """The models loaded now, each with when it unloads if left idle (None: never)."""
+        return self.residency.loadedModels()
 
-    def use(self, model: str) -> float:
-        """``model`` is used now: seconds it takes to load first (0 when loaded)."""
-        self.loadedModels()
-        delay = 0.0 if model in self.loaded else self.config.loadMs / 1000.0
-        self.loaded[model] = self.clock.seconds()
-        self.loaded.move_to_end(model)
-        limit = self.config.maxLoaded
-        while limit and len(self.loaded) > limit:
-            self.loaded.popitem(last=False)
-        return delay
+    def slotsFor(self, model: str) -> Slots:
+        """The slots a request for ``model`` runs in: the engine's, or in router mode that
+        model's own (each model is a child server with ``--slots`` of its own)."""
+        if not self.config.router:
+            return self.slots
+        slots = self.modelSlots.get(model)
+        if slots is None:
+            slots = self.modelSlots[model] = Slots(
+                self.clock, self.config.slots, self.config.queueMax
+            )
+        return slots
 
     def resolve(self, model: str) -> str | None:
         """The configured model a request names (Ollama's implicit ``:latest``; llama-server
-        serves its one model whatever the name), or None when unknown."""
+        serves its one model whatever the name, unless it is a router), or None when
+        unknown."""
         models = self.config.models
-        if self.config.dialect == "llamacpp":
+        if self.config.dialect == "llamacpp" and not self.config.router:
             return models[0]
         if model in models:
             return model
@@ -152,5 +148,6 @@ class Core:
             "failing": None
             if self.failure is None
             else {"status": self.failure.status, "delay_ms": self.failure.delayMs},
+            "residency": self.residency.statsDocument(),
         }
         return json.dumps(doc, separators=(",", ":")).encode()

@@ -18,6 +18,7 @@ from nvpair.proxy.testing.simengine import control
 from nvpair.proxy.testing.simengine.agents import serve as agents
 from nvpair.proxy.testing.simengine.config import Failure, SimConfig
 from nvpair.proxy.testing.simengine.core import Core
+from nvpair.proxy.testing.simengine.residency import routes as residency
 from nvpair.proxy.testing.simengine.routes import GETS, INFERENCE, answerGet, inference
 
 _NOT_FOUND = b'{"error":{"code":404,"message":"File Not Found","type":"not_found_error"}}'
@@ -68,6 +69,8 @@ class SimEngine(EngineServer):
         """Route one request: inference, state, probe or control."""
         path, _, query = target.partition(b"?")
         dialect = self.config.dialect
+        if residency.answer(self.core, connection, method, path, query, body):
+            return  # managing models (or a router refusing the request)
         if method == b"POST" and path in INFERENCE[dialect]:
             self.stats.requests += 1
             inference(self.core, connection, INFERENCE[dialect][path], body)

@@ -38,6 +38,7 @@ class Usage:
     completion: int
     promptMs: float
     predictedMs: float
+    loadMs: float = 0.0  # waited for the model to load (Ollama's ``load_duration``)
 
     def openai(self, details: bool) -> dict[str, object]:
         """The OpenAI ``usage`` object (with ``prompt_tokens_details`` when ``details``)."""
@@ -73,9 +74,10 @@ class Usage:
         """Ollama's counters on the last line (durations in nanoseconds)."""
         prompt = int(self.promptMs * 1e6)
         predicted = int(self.predictedMs * 1e6)
+        load = int(self.loadMs * 1e6)
         return {
-            "total_duration": prompt + predicted,
-            "load_duration": 0,
+            "total_duration": load + prompt + predicted,
+            "load_duration": load,
             "prompt_eval_count": self.prompt,
             "prompt_eval_duration": prompt,
             "eval_count": self.completion,

@@ -4,9 +4,9 @@ Every dialect serves OpenAI-style ``/v1/chat/completions`` and ``/v1/completions
 when ``"stream": true``); llama.cpp adds ``/chat/completions``, ``/models``, ``/slots`` and
 ``/metrics``; LM Studio its ``/api/v0/*`` routes and model states; Ollama ``/api/chat`` and
 ``/api/generate`` (NDJSON, streaming unless ``"stream": false``), ``/api/tags``,
-``/api/ps`` and ``/api/version``. All of them answer the routers' probes (``/health``,
-SGLang's ``/model_info`` and ``/server_info`` and their older ``/get_*`` names, vLLM's
-``POST /tokenize``).
+``/api/ps`` (``residency.routes``) and ``/api/version``. All of them answer the
+routers' probes (``/health``, SGLang's ``/model_info`` and ``/server_info`` and their older
+``/get_*`` names, vLLM's ``POST /tokenize``).
 """
 
 from __future__ import annotations
@@ -70,8 +70,6 @@ def answerGet(core: Core, connection: EngineConnection, path: bytes, query: byte
         body = listDocument(Listing.MODELS, models)
     elif path == b"/api/version":
         body = b'{"version":"0.0.0-sim"}'
-    elif path == b"/api/ps":
-        body = state.psDocument(core.loadedModels(), 300_000_000)
     elif path == b"/api/v0/models":
         loaded = {m for m, _ in core.loadedModels()}
         body = state.lmstudioModels([(m, m in loaded) for m in models], config.nCtx)

@@ -1,14 +1,16 @@
-"""One inference request inside the simulated engine: wait for a slot, prefill, decode.
+"""One inference request inside the simulated engine: wait for its model, a slot, prefill, decode.
 
-Timeline, once the request has a slot: a model not loaded first takes ``loadMs`` to load;
-the leading prompt blocks held in the prefix cache are free; every other prompt token costs
-``prefillMs``; then the prompt's blocks are cached and (streaming) the headers go out; the
-i-th token goes out ``(i + 1) * decodeMs`` later. When the last token is out, the blocks of
-prompt and answer together are cached (the next turn of the conversation starts with
-exactly those tokens), the usage is reported as the dialect does, and the slot goes to the
-next request in the FIFO.  Every answer carries ``X-Sim-Queue-Ms``: how long the request
-waited in the engine's FIFO for its slot (no real engine says so; benchmarks tell a wait in
-the engine from one in front of it by it).
+Timeline: a request for a model not loaded first waits for it to load (``residency``: one
+load at a time, idle models evicted), holding the model from then on; then it waits for a
+slot; once it has one, the leading prompt blocks held in the prefix cache are free; every
+other prompt token costs ``prefillMs``; then the prompt's blocks are cached and (streaming)
+the headers go out; the i-th token goes out ``(i + 1) * decodeMs`` later. When the last
+token is out, the blocks of prompt and answer together are cached (the next turn of the
+conversation starts with exactly those tokens), the usage is reported as the dialect does
+(Ollama's ``load_duration``: the wait for the model), and the slot goes to the next request
+in the FIFO.  Every answer carries ``X-Sim-Queue-Ms``: how long the request waited in the
+engine's FIFO for its slot (no real engine says so; benchmarks tell a wait in the engine
+from one in front of it by it).
 """
 
 from __future__ import annotations
@@ -49,10 +51,14 @@ class Run:
         self._onDone = onDone
         self._served = served or reply.model
         self._digests = blockDigests(reply.model, self._ids, core.config.blockSize)
+        self._slots = core.slotsFor(self._served)
         self.job = Job(self._start)
         self.cached = 0
         self.done = False
         self.taskId = -1
+        self.loadSeconds = 0.0  # waited for the model to load
+        self._giveUp: Callable[[], None] | None = None
+        self._holding = False
 
     @property
     def promptTokens(self) -> int:
@@ -60,15 +66,35 @@ class Run:
         return len(self._ids)
 
     def begin(self) -> bool:
-        """Take a slot or a place in the FIFO; False when the FIFO is full."""
-        return self._parts.slots.submit(self.job)
+        """Wait for the model, then take a slot or a place in the FIFO; False when the FIFO
+        is full (checked on arrival)."""
+        if not self._slots.accepts():
+            return False
+        self._giveUp = self._parts.residency.want(self._served, self._ready)
+        return True
+
+    def _ready(self, waited: float) -> None:
+        self._giveUp = None
+        self.loadSeconds = waited
+        self._parts.residency.hold(self._served)
+        self._holding = True
+        self._slots.submit(self.job, bounded=False)
+
+    def _letGo(self) -> None:
+        if self._giveUp is not None:
+            self._giveUp()
+            self._giveUp = None
+        if self._holding:
+            self._holding = False
+            self._parts.residency.release(self._served)
 
     def cancel(self) -> None:
-        """The client went away: give up the slot or the place in the FIFO."""
+        """The client went away: give up the model, the slot or the place in the FIFO."""
         if not self.done:
             self.done = True
             self._parts.stats.cancelled += 1
-            self._parts.slots.release(self.job)
+            self._slots.release(self.job)
+            self._letGo()
 
     def _start(self, slotId: int) -> None:
         parts = self._parts
@@ -81,8 +107,7 @@ class Run:
         stats.promptTokens += len(self._ids)
         stats.cachedTokens += self.cached
         stats.promptSeconds += self._promptMs / 1000.0
-        loading = parts.use(self._served)
-        self._connection.later(loading + self._promptMs / 1000.0, self._prefilled)
+        self._connection.later(self._promptMs / 1000.0, self._prefilled)
 
     def _prefilled(self) -> None:
         self._parts.cache.insert(self._digests)
@@ -112,14 +137,17 @@ class Run:
             blockDigests(self._reply.model, self._ids + answer, parts.config.blockSize)
         )
         predictedMs = n * parts.config.decodeMs
-        usage = Usage(len(self._ids), self.cached, n, self._promptMs, predictedMs)
+        usage = Usage(
+            len(self._ids), self.cached, n, self._promptMs, predictedMs, self.loadSeconds * 1000
+        )
         stats = parts.stats
         stats.completed += 1
         stats.completionTokens += n
         stats.predictedSeconds += predictedMs / 1000.0
         stats.decodes += n
         self.done = True
-        parts.slots.release(self.job)
+        self._slots.release(self.job)
+        self._letGo()
         self._onDone(self)
         if self._stream:
             self._connection.write(chunk(self._reply.last(usage)) + b"0\r\n\r\n")

@@ -82,14 +82,19 @@ class Slots:
         owner = self._owners[slotId]
         return owner if isinstance(owner, Job) else None
 
-    def submit(self, job: Job) -> bool:
-        """Start ``job`` in a free slot or queue it; False (nothing done) if the queue is full."""
+    def accepts(self) -> bool:
+        """Whether a job submitted now would run or queue (not be refused)."""
+        return (self._free() is not None and not self._queue) or len(self._queue) < self.queueMax
+
+    def submit(self, job: Job, bounded: bool = True) -> bool:
+        """Start ``job`` in a free slot or queue it; False (nothing done) if the queue is full
+        (never when not ``bounded``: a job admitted before it waited for its model)."""
         job.arrived = self.clock.seconds()
         free = self._free()
         if free is not None and not self._queue:
             self._run(job, free)
             return True
-        if len(self._queue) >= self.queueMax:
+        if bounded and len(self._queue) >= self.queueMax:
             return False
         self._queue.append(job)
         return True

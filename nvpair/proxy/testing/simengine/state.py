@@ -4,7 +4,7 @@
   ``is_processing``, and a busy slot's task) and ``GET /metrics`` (Prometheus text,
   ``llamacpp:*``); when the server was started without them, 501 ``not_supported_error``,
   as llama-server answers;
-* Ollama ``GET /api/ps`` (the loaded models, with ``expires_at``) and ``GET /api/version``;
+* Ollama ``GET /api/version`` (its ``/api/ps`` is ``residency.routes``');
 * LM Studio ``GET /api/v0/models`` (every model with ``state`` ``loaded`` or ``not-loaded``);
 * the probes of the Rust routers: ``GET /health``, SGLang's ``GET /get_model_info`` and
   ``GET /get_server_info``, and ``POST /tokenize`` (vLLM's format; llama.cpp's when the body
@@ -91,33 +91,6 @@ def rfc3339(seconds: float) -> str:
     """A UTC time as RFC 3339 (what Ollama writes in ``expires_at``)."""
     moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
     return moment.isoformat().replace("+00:00", "Z")
-
-
-def psDocument(loaded: Sequence[tuple[str, float]], size: int) -> bytes:
-    """Ollama's ``/api/ps``: each loaded model with when it unloads (``expires_at``)."""
-    return dumps(
-        {
-            "models": [
-                {
-                    "name": name,
-                    "model": name,
-                    "size": size,
-                    "digest": "0" * 64,
-                    "details": {
-                        "parent_model": "",
-                        "format": "gguf",
-                        "family": "sim",
-                        "families": ["sim"],
-                        "parameter_size": "270M",
-                        "quantization_level": "Q4_K_M",
-                    },
-                    "expires_at": rfc3339(expires),
-                    "size_vram": size,
-                }
-                for name, expires in loaded
-            ]
-        }
-    )
 
 
 def lmstudioModels(models: Sequence[tuple[str, bool]], nCtx: int) -> bytes:

@@ -1,0 +1,151 @@
+"""``python -m bench.residency``: the residency benchmark (issue 33; ``bench/README.md``).
+
+    python -m bench.residency [--nodes 3] [--models 5] [--clients 8] [--duration 75]
+        [--think 0.5] [--zipf 1.0] [--max-loaded 2] [--load-ms 3000] [--slots 2]
+        [--decode-ms 20] [--seed 1] [--routers least-busy,warm-first,swapper,oracle,nvpair]
+        [--no-write]
+
+Each router gets fresh engines that start empty; the engines' counters are zeroed once the
+router is ready, so its probes are not counted.  Results: ``bench/out/residency.json`` and
+(unless ``--no-write``) a dated section of ``bench/RESULTS.md`` before the earlier runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import attrs
+from twisted.internet.defer import Deferred
+from twisted.internet.task import react
+
+from bench import procs
+from bench.residency.client import Clients, Router
+from bench.residency.report import markdown, summarize, writeSection
+from bench.residency.routers import (
+    ROUTERS,
+    EngineSettings,
+    LeastBusy,
+    Oracle,
+    Proxy,
+    WarmFirst,
+    binPack,
+    engineStats,
+    proxyResidency,
+    resetEngine,
+    startEngines,
+    startProxy,
+)
+from bench.residency.workload import Workload
+
+
+def parseArgs(argv: list[str]) -> argparse.Namespace:
+    """The command line."""
+    p = argparse.ArgumentParser(prog="python -m bench.residency")
+    p.add_argument("--nodes", type=int, default=3)
+    p.add_argument("--models", type=int, default=5)
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--duration", type=float, default=75.0, help="seconds of load per router")
+    p.add_argument("--think", type=float, default=0.5, help="mean seconds between requests")
+    p.add_argument("--zipf", type=float, default=1.0)
+    p.add_argument("--answer-tokens", type=int, default=16)
+    p.add_argument("--max-loaded", type=int, default=2, help="models each node holds")
+    p.add_argument("--load-ms", type=float, default=3000.0)
+    p.add_argument("--slots", type=int, default=2, help="per engine")
+    p.add_argument("--decode-ms", type=float, default=20.0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--routers", default=",".join(ROUTERS))
+    p.add_argument("--no-write", action="store_true", help="leave bench/RESULTS.md alone")
+    args = p.parse_args(argv)
+    unknown = set(args.routers.split(",")) - set(ROUTERS)
+    if unknown:
+        p.error(f"unknown routers: {', '.join(sorted(unknown))} (known: {', '.join(ROUTERS)})")
+    return args
+
+
+async def _one(
+    reactor: Any, name: str, workload: Workload, settings: EngineSettings, nodes: int
+) -> dict[str, Any]:
+    if name == "swapper":
+        settings = attrs.evolve(settings, maxLoaded=1)
+    engines = startEngines(nodes, workload.names(), settings)
+    urls = [f"http://127.0.0.1:{e.port}" for e in engines]
+    proxy = None
+    warm = None
+    router: Router
+    try:
+        if name == "nvpair":
+            proxy, ops = startProxy(engines)
+            router = Proxy(f"http://127.0.0.1:{proxy.port}")
+        elif name == "warm-first":
+            warm = WarmFirst(reactor, urls)
+            warm.start()
+            router = warm
+        elif name == "oracle":
+            held = binPack(workload.popularity(), nodes, settings.maxLoaded)
+            router = Oracle(urls, workload.names(), held)
+        else:
+            router = LeastBusy(urls)
+        for engine in engines:
+            resetEngine(engine)
+        started = time.monotonic()
+        records = await Clients(reactor, router, workload).run()
+        summary = summarize(records, [engineStats(e) for e in engines])
+        summary["seconds"] = round(time.monotonic() - started, 1)
+        if proxy is not None:
+            summary["proxy"] = proxyResidency(ops)
+        return summary
+    finally:
+        if warm is not None:
+            warm.stop()
+        if proxy is not None:
+            proxy.close()
+        for engine in engines:
+            engine.close()
+
+
+async def run(reactor: Any, args: argparse.Namespace) -> None:
+    """Run the workload through every router, report, write the section."""
+    workload = Workload(
+        models=args.models,
+        clients=args.clients,
+        duration=args.duration,
+        think=args.think,
+        zipf=args.zipf,
+        answerTokens=args.answer_tokens,
+        seed=args.seed,
+    )
+    settings = EngineSettings(args.slots, args.max_loaded, args.load_ms, args.decode_ms)
+    results: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": " ".join(["python -m bench.residency", *sys.argv[1:]]),
+        "machine": f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.0f} at start",
+        "workload": attrs.asdict(workload),
+        "engines": {"count": args.nodes, **attrs.asdict(settings)},
+        "routers": {},
+    }
+    for name in args.routers.split(","):
+        sys.stderr.write(f"residency: {name} ...\n")
+        summary = await _one(reactor, name, workload, settings, args.nodes)
+        results["routers"][name] = summary
+        sys.stderr.write(f"residency: {name}: {json.dumps(summary)}\n")
+    os.makedirs(os.path.join(procs.ROOT, "bench", "out"), exist_ok=True)
+    with open(os.path.join(procs.ROOT, "bench", "out", "residency.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    section = markdown(results)
+    sys.stdout.write(section)
+    if not args.no_write:
+        writeSection(os.path.join(procs.ROOT, "bench", "RESULTS.md"), section)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point."""
+    args = parseArgs(sys.argv[1:] if argv is None else argv)
+    react(lambda reactor: Deferred.fromCoroutine(run(reactor, args)))
+
+
+main()

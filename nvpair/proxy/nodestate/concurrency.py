@@ -1,0 +1,109 @@
+"""How many requests an engine that reports no slots serves at once, learnt (spec §11).
+
+Ollama never says how many requests a loaded model runs in parallel
+(``OLLAMA_NUM_PARALLEL``) and never answers "busy" until its queue of 512 is full: a
+request beyond its parallel slots waits inside the engine for a whole answer to end.  So
+the wait before the first byte tells: requests started while *k* of ours ran on the node
+(this one included) that waited about as long as when few ran were served at once; from
+the level where the wait rises, they queued.
+
+``observe(node, running, firstByte, work)``: a request started while ``running`` of ours
+ran there got its first byte after ``firstByte`` seconds, of which ``work`` the engine says
+it spent working (prompt evaluation and load, when reported: Ollama's
+``prompt_eval_duration`` and ``load_duration``; 0 when not).  Its *wait* is the rest.  Per
+level *k* (1 to ``MAX_LEVEL``) the waits' moving average (weight ``WEIGHT``); the
+*baseline* is the lowest level average with ``MIN_SAMPLES`` samples; a level has *risen*
+when its average exceeds ``RISE_FACTOR`` × baseline + ``RISE_SLACK`` seconds (a queued
+request waits a whole answer: far beyond jitter).  The estimate is one below the lowest
+risen level with ``MIN_SAMPLES`` samples (at least 1); with none risen, None (no limit
+seen yet).  A level not sampled for ``FORGET_AFTER`` seconds is forgotten, so a limit
+lapses unless traffic confirms it (and the engine may have been restarted with another
+setting).  Pure, on a clock, at most ``maxNodes`` nodes of ``MAX_LEVEL`` levels.
+"""
+
+from __future__ import annotations
+
+import math
+
+from twisted.internet.interfaces import IReactorTime
+
+__all__ = ["ConcurrencyEstimator"]
+
+MAX_LEVEL = 64
+MIN_SAMPLES = 3
+WEIGHT = 0.25
+RISE_FACTOR = 2.0
+RISE_SLACK = 0.1
+FORGET_AFTER = 600.0
+MAX_NODES = 1024
+
+
+class _Level:
+    __slots__ = ("average", "samples", "at")
+
+    def __init__(self, wait: float, at: float) -> None:
+        self.average = wait
+        self.samples = 1
+        self.at = at
+
+
+class ConcurrencyEstimator:
+    """Learnt parallel slots per node (the module docstring says the rule)."""
+
+    def __init__(self, clock: IReactorTime, maxNodes: int = MAX_NODES) -> None:
+        self.clock = clock
+        self.maxNodes = maxNodes
+        self._nodes: dict[str, dict[int, _Level]] = {}
+
+    def observe(self, nodeId: str, running: int, firstByte: float, work: float = 0.0) -> None:
+        """A request started with ``running`` of ours on ``nodeId`` (itself included) had
+        its first byte after ``firstByte`` s, ``work`` s of it the engine's own work."""
+        if not (1 <= running <= MAX_LEVEL) or not math.isfinite(firstByte - work):
+            return
+        wait = max(0.0, firstByte - max(0.0, work))
+        levels = self._nodes.get(nodeId)
+        if levels is None:
+            if len(self._nodes) >= self.maxNodes:
+                return
+            levels = self._nodes[nodeId] = {}
+        now = self.clock.seconds()
+        level = levels.get(running)
+        if level is None:
+            levels[running] = _Level(wait, now)
+            return
+        level.average += WEIGHT * (wait - level.average)
+        level.samples += 1
+        level.at = now
+
+    def learnt(self, nodeId: str) -> int | None:
+        """How many requests ``nodeId`` serves at once, or None while no rise was seen."""
+        levels = self._nodes.get(nodeId)
+        if not levels:
+            return None
+        now = self.clock.seconds()
+        for k in [k for k, level in levels.items() if now - level.at > FORGET_AFTER]:
+            del levels[k]
+        known = sorted((k, lv) for k, lv in levels.items() if lv.samples >= MIN_SAMPLES)
+        if not known:
+            return None
+        baseline = min(level.average for _, level in known)
+        for k, level in known:
+            if level.average > RISE_FACTOR * baseline + RISE_SLACK:
+                return max(1, k - 1)
+        return None
+
+    def forget(self, nodeId: str) -> None:
+        """``nodeId`` left the fleet."""
+        self._nodes.pop(nodeId, None)
+
+    def snapshot(self, nodeId: str) -> dict[str, object]:
+        """``/status``: the learnt limit and each level's average wait and samples."""
+        learnt = self.learnt(nodeId)
+        levels = self._nodes.get(nodeId, {})
+        return {
+            "learnt": learnt,
+            "levels": {
+                str(k): {"waitSeconds": round(lv.average, 3), "samples": lv.samples}
+                for k, lv in sorted(levels.items())
+            },
+        }

@@ -1,0 +1,119 @@
+"""What a load costs (``LoadCosts``) and how many requests an engine serves at once
+(``ConcurrencyEstimator``): pure, on a ``Clock``."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from nvpair.proxy.nodestate.concurrency import FORGET_AFTER, MAX_LEVEL, ConcurrencyEstimator
+from nvpair.proxy.nodestate.loadcost import DEFAULT_LOAD_SECONDS, LoadCosts, LoadEvidence
+
+
+class LoadCostTests(SynchronousTestCase):
+    """Load seconds per (node, model): evidence in order of trust, fallbacks, bounds."""
+
+    def test_defaultThenLearnt(self) -> None:
+        """Nothing known: the conservative default; then the moving average (weight ½)."""
+        costs = LoadCosts()
+        self.assertEqual(costs.estimate("n", "m"), DEFAULT_LOAD_SECONDS)
+        costs.observe("n", "m", 4.0, LoadEvidence.FIRST_BYTE)
+        self.assertEqual(costs.estimate("n", "m"), 4.0)
+        costs.observe("n", "m", 2.0, LoadEvidence.FIRST_BYTE)
+        self.assertEqual(costs.estimate("n", "m"), 3.0)
+
+    def test_trustOrder(self) -> None:
+        """The engine's own figure beats a status transition, which beats a first byte."""
+        costs = LoadCosts()
+        costs.observe("n", "m", 9.0, LoadEvidence.FIRST_BYTE)
+        costs.observe("n", "m", 5.0, LoadEvidence.TRANSITION)
+        self.assertEqual(costs.estimate("n", "m"), 5.0)
+        costs.observe("n", "m", 3.0, LoadEvidence.REPORTED)
+        self.assertEqual(costs.estimate("n", "m"), 3.0)
+        costs.observe("n", "m", 100.0, LoadEvidence.FIRST_BYTE)
+        self.assertEqual(costs.estimate("n", "m"), 3.0)
+
+    def test_ollamaLoadDuration(self) -> None:
+        """Ollama's ``load_duration`` (ns) counts as a load only from 0.1 s: a warm model
+        reports a few milliseconds."""
+        costs = LoadCosts()
+        self.assertFalse(costs.loadDuration("n", "m", 12_000_000))
+        self.assertIsNone(costs.known("n", "m"))
+        self.assertTrue(costs.loadDuration("n", "m", 2_500_000_000))
+        self.assertEqual(costs.known("n", "m"), 2.5)
+        self.assertFalse(costs.loadDuration("n", "m", True))
+
+    def test_fallbacks(self) -> None:
+        """Unknown here: the model's cost elsewhere, else the node's other models'."""
+        costs = LoadCosts()
+        costs.observe("a", "m", 2.0, LoadEvidence.REPORTED)
+        costs.observe("b", "m", 4.0, LoadEvidence.REPORTED)
+        costs.observe("c", "x", 7.0, LoadEvidence.REPORTED)
+        self.assertEqual(costs.estimate("c", "m"), 3.0)
+        self.assertEqual(costs.estimate("c", "y"), 7.0)
+        costs.forget("c")
+        self.assertEqual(costs.estimate("c", "y"), DEFAULT_LOAD_SECONDS)
+
+    def test_bounded(self) -> None:
+        """Past its bound the least recently observed pair is forgotten."""
+        costs = LoadCosts(maxEntries=3)
+        for i in range(5):
+            costs.observe("n", f"m{i}", float(i), LoadEvidence.REPORTED)
+        self.assertEqual(len(costs), 3)
+        self.assertIsNone(costs.known("n", "m0"))
+        self.assertEqual(costs.known("n", "m4"), 4.0)
+
+    @settings(max_examples=200)
+    @given(st.floats(allow_nan=True, allow_infinity=True))
+    def test_anyNumber(self, seconds: float) -> None:
+        """Whatever number arrives, the estimate stays a finite, non-negative figure."""
+        costs = LoadCosts()
+        costs.observe("n", "m", seconds, LoadEvidence.REPORTED)
+        estimate = costs.estimate("n", "m")
+        self.assertTrue(math.isfinite(estimate) and 0 <= estimate <= 3600)
+
+
+class ConcurrencyTests(SynchronousTestCase):
+    """Learning an engine's parallel slots from its waits before the first byte."""
+
+    def feed(self, estimator: ConcurrencyEstimator, level: int, wait: float, n: int = 4) -> None:
+        for _ in range(n):
+            estimator.observe("o", level, wait + 0.3, work=0.3)
+
+    def test_riseMarksTheLimit(self) -> None:
+        """Waits flat up to 4 running, then a whole answer's wait: 4 at once."""
+        estimator = ConcurrencyEstimator(Clock())
+        for level in range(1, 5):
+            self.feed(estimator, level, 0.02)
+        self.assertIsNone(estimator.learnt("o"), "no rise seen: no limit")
+        self.feed(estimator, 5, 3.0)
+        self.assertEqual(estimator.learnt("o"), 4)
+        self.assertEqual(estimator.snapshot("o")["learnt"], 4)
+
+    def test_needsSamplesAndForgets(self) -> None:
+        """A level counts from three samples; a level unseen for ten minutes is forgotten,
+        so a limit lapses unless traffic confirms it."""
+        clock = Clock()
+        estimator = ConcurrencyEstimator(clock)
+        self.feed(estimator, 1, 0.01)
+        self.feed(estimator, 2, 5.0, n=2)
+        self.assertIsNone(estimator.learnt("o"))
+        self.feed(estimator, 2, 5.0, n=1)
+        self.assertEqual(estimator.learnt("o"), 1)
+        clock.advance(FORGET_AFTER + 1)
+        self.assertIsNone(estimator.learnt("o"))
+
+    def test_ignoresNonsense(self) -> None:
+        """Levels out of range and non-finite times are not samples."""
+        estimator = ConcurrencyEstimator(Clock(), maxNodes=1)
+        estimator.observe("o", 0, 1.0)
+        estimator.observe("o", MAX_LEVEL + 1, 1.0)
+        estimator.observe("o", 1, math.nan)
+        self.assertEqual(estimator.snapshot("o")["levels"], {})
+        estimator.observe("o", 1, 1.0)
+        estimator.observe("p", 1, 1.0)
+        self.assertEqual(estimator.snapshot("p")["levels"], {}, "one node at most")
