@@ -37,6 +37,7 @@ from nvpair.proxy.ops.history import History
 from nvpair.proxy.ops.interfaces import IOpsContext
 from nvpair.proxy.ops.metrics import Metrics
 from nvpair.proxy.placement.affinity import Affinity
+from nvpair.proxy.placement.responses import ResponseTable
 from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.runtime.logs import LogControl
 from nvpair.proxy.settings import Settings
@@ -103,6 +104,7 @@ class RequestContext(ObservedContext):
         self.trust = trust
         self.tracer = tracer  # None unless --otel: then exchanges carry a ``trace``
         self.reservations = ReservationMap()
+        self.responses = ResponseTable(clock)  # follow-ups go where their predecessor is
         self.activity = Activity(sink)
         self.history = History(clock)
         self.reporter = WorkloadReporter(sink, clock, ends=self.history)

@@ -129,7 +129,11 @@ class Engine:
         elif self.usesNativeErrors(path):
             doc = {"error": message, "reason": reason}
         else:
-            doc = {"error": {"message": message, "type": "proxy_error", "code": reason}}
+            kind, param = _OPENAI_ERRORS.get(reason, ("proxy_error", None))
+            error: dict[str, object] = {"message": message, "type": kind, "code": reason}
+            if param is not None:
+                error["param"] = param
+            doc = {"error": error}
         return json.dumps(doc).encode("utf-8")
 
     def streamsByDefault(self, path: bytes) -> bool:
@@ -145,6 +149,11 @@ class Engine:
 
 
 _OPENAI = (b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings")
+
+# Reasons the OpenAI shape names as the engines' own API does (type, param), not ours.
+_OPENAI_ERRORS: Mapping[str, tuple[str, str | None]] = {
+    "previous_response_not_found": ("invalid_request_error", "previous_response_id"),
+}
 
 OLLAMA = Engine(
     id="ollama",

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import openai
+from twisted.internet import defer
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
@@ -119,3 +120,70 @@ class ResponsesClientTests(TestCase):
         )
         self.assertEqual(caught.status_code, 502)
         self.assertEqual((caught.code, caught.type), ("no_owner", "proxy_error"))
+
+
+class StoredResponsesTests(TestCase):
+    """Two LM Studio engines, each keeping the responses it made (issue 30 item 3)."""
+
+    timeout = 120
+
+    async def test_followUpsFindTheirNode(self) -> None:
+        """Eight conversations of four turns chained by ``previous_response_id``: every
+        follow-up reaches the engine that stored its predecessor at its first attempt (none
+        sent to the other engine, which would answer 404), and continues it from that
+        engine's cache; once that engine is down
+        its conversations' next follow-up gets ``previous_response_not_found`` at once."""
+        fleet = AgentFleet(self, "lmstudio")
+        await fleet.start(
+            [sim("L1", dialect="lmstudio", blockSize=4), sim("L2", dialect="lmstudio", blockSize=4)]
+        )
+        client = fleet.openai()
+
+        def conversation(topic: str) -> list[Any]:
+            made = client.responses.with_raw_response.create(
+                model="m", input=f"tell me about {topic}", max_output_tokens=2
+            )
+            answers = [made]
+            for turn in range(3):
+                made = client.responses.with_raw_response.create(
+                    model="m",
+                    input=f"and then {turn}",
+                    previous_response_id=made.parse().id,
+                    max_output_tokens=2,
+                )
+                answers.append(made)
+            return answers
+
+        chains = await defer.gatherResults(
+            [deferToThread(conversation, f"topic {i}") for i in range(8)]
+        )
+        # Every call above succeeded (the client does not retry): no follow-up met an engine
+        # that did not store its predecessor (it would have answered 404).
+        nodes = set()
+        for answers in chains:
+            homes = {a.headers["x-nvpair-node"] for a in answers}
+            self.assertEqual(len(homes), 1, "a conversation stays on its node")
+            attempts = [a.headers["x-nvpair-attempts"] for a in answers]
+            self.assertEqual(attempts, ["1"] * 4, "sent there first, not retried there")
+            nodes |= homes
+        self.assertEqual(nodes, set(fleet.urls), "conversations spread over both nodes")
+        cached = sum(engine.stats.cachedTokens for engine in fleet.engines)
+        self.assertGreater(cached, 0, "follow-ups continue from the storing engine's cache")
+        down = fleet.urls[0]
+        last = next(a[-1].parse().id for a in chains if a[-1].headers["x-nvpair-node"] == down)
+        await fleet.engines[0].close()
+        await fleet.proxy.waitForLog(
+            lambda r: r.get("event") == "backend-down" and r.get("url") == down
+        )
+        error = await raises(
+            lambda: client.responses.create(
+                model="m", input="again", previous_response_id=last, max_output_tokens=2
+            ),
+            openai.NotFoundError,
+        )
+        body = error.body
+        assert isinstance(body, dict)
+        self.assertEqual(
+            (body.get("code"), body.get("param")),
+            ("previous_response_not_found", "previous_response_id"),
+        )

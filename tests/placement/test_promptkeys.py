@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.facade.frontdoor import promptKeyer
+from nvpair.proxy.facade.frontdoor import promptKeyer, sessionOf
 from nvpair.proxy.placement.affinity import Affinity
 from nvpair.proxy.placement.keys import MAX_HINT, AffinityKey, keyFor, scopeOf
 from nvpair.proxy.placement.promptparts import IMAGE_CHARS, MAX_DEPTH, MAX_PARTS
@@ -290,6 +290,22 @@ class HintTests(SynchronousTestCase):
                     {"messages": [], "prompt_cache_key": hint},
                 )
             )
+
+    def test_sessionHeaderIsALastHint(self) -> None:
+        """An agent CLI's session header is looked up after the prompt's own digests and
+        recorded; the front door reads it from the request (``sessionOf``)."""
+        doc = {"model": "m", "system": "s", "messages": agentTurn(1)}
+        plain = keyFor("llamacpp", "m", b"/v1/messages", doc)
+        tagged = keyFor("llamacpp", "m", b"/v1/messages", doc, session=b"abc")
+        other = keyFor("llamacpp", "m", b"/v1/messages", {**doc, "system": "t"}, session=b"abc")
+        assert plain is not None and tagged is not None and other is not None
+        self.assertEqual(tagged.lookups[:-1], plain.lookups)
+        self.assertEqual(tagged.lookups[-1], other.lookups[-1])
+        self.assertIn(tagged.lookups[-1], tagged.records)
+        self.assertEqual(tagged.spread, plain.spread)
+        request = FakeRequest(headers={b"x-claude-code-session-id": [b"abc"]})
+        self.assertEqual(sessionOf(request), b"abc")
+        self.assertIsNone(sessionOf(FakeRequest()))
 
     def test_cachePromptFalse(self) -> None:
         """A request that asks for no cache reuse keys as usual but confirms nothing."""

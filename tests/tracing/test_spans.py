@@ -12,6 +12,7 @@ from zope.interface.verify import verifyObject
 
 from nvpair.proxy.testing.fakecontext import FakeContext
 from nvpair.proxy.tracing.interfaces import IPeerTrace, IRequestTrace, ITracer, TraceStart
+from nvpair.proxy.tracing.spans import operationName
 from tests.support.exchangecase import SSE, USAGE
 from tests.support.fakerequest import FakeRequest
 from tests.support.fakeupstream import makeFacade, node, startExchange
@@ -347,3 +348,15 @@ class PeerSpanTests(SynchronousTestCase):
         traceparent = headerValue(headers, b"traceparent")
         self.assertEqual(parentOf(traceparent)[:2], spanIds(backend))
         self.assertEqual(server.end_time - server.start_time, 3 * 10**9)  # type: ignore[operator]
+
+
+class OperationNameTests(SynchronousTestCase):
+    """The GenAI operation a route serves, by its path."""
+
+    def test_agentsRoutesAreChat(self) -> None:
+        """Anthropic Messages and OpenAI Responses are chat, as the chat routes are."""
+        for path in (b"/v1/chat/completions", b"/api/chat", b"/v1/messages", b"/v1/responses"):
+            self.assertEqual(operationName(path), "chat")
+        self.assertEqual(operationName(b"/v1/embeddings"), "embeddings")
+        self.assertEqual(operationName(b"/api/generate"), "text_completion")
+        self.assertIsNone(operationName(b"/v1/messages/count_tokens"))

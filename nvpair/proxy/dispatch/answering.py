@@ -23,6 +23,7 @@ MESSAGES = {
     "attempts_exhausted": "every permitted dispatch attempt failed",
     "internal": "internal proxy error",
     "bad_request": "the body must be a JSON object with a string model",
+    "previous_response_not_found": "previous response not found: the node that stored it is gone",
 }
 
 

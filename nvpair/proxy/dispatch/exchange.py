@@ -13,7 +13,7 @@ from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
 from nvpair.proxy.broker.workloads import FAILED
-from nvpair.proxy.dispatch.answering import MESSAGES, commitHead, statsDialect
+from nvpair.proxy.dispatch.answering import MESSAGES, commitHead
 from nvpair.proxy.dispatch.attempt import Attempt
 from nvpair.proxy.dispatch.driver import PolicyDriver
 from nvpair.proxy.dispatch.ending import finishServed, finishUnserved, pauseFor
@@ -31,6 +31,7 @@ from nvpair.proxy.dispatch.outcome import (
     Committed,
     Failed,
 )
+from nvpair.proxy.dispatch.reading import meterFor
 from nvpair.proxy.dispatch.relay import ClientFlow, abortClient, truncateClient
 from nvpair.proxy.dispatch.seat import QueueSeat
 from nvpair.proxy.endings import BodyEnding
@@ -350,11 +351,12 @@ class Exchange:
         content = request.content
         if content is not None:
             content.close()
-        nodeId = committed.node.id
+        nodeId, responses = committed.node.id, self.context.responses
         commitHead(request, code, phrase, headers, length, nodeId, self.attempts)
         if self.inference and code < 400:
-            meter = self.meter = StatsMeter(statsDialect(self.engine, self.path), self.createdAt)
+            meter = meterFor(self.engine, self.path, code, self.createdAt, responses, nodeId)
             meter.firstByte(self.clock.seconds())
+            self.meter = meter
         self.seat.committed(nodeId, code)
         self.context.committed(self, nodeId)
         if self.client is GONE:

@@ -125,9 +125,29 @@ def promptKeyer(
     def keyer(model: str, document: dict[str, object]) -> AffinityKey | None:
         authorization = request.getHeader(b"authorization")
         scope = scopeOf(authorization, affinity.sharesPrefixes())
-        return keyFor(engineId, model, path, document, scope)
+        return keyFor(engineId, model, path, document, scope, sessionOf(request))
 
     return keyer
+
+
+# Agent CLIs' session headers, read from their public sources (research notes): Claude
+# Code's, Codex's (newer and older spellings), OpenCode's.  Only an affinity hint.
+SESSION_HEADERS = (
+    b"x-claude-code-session-id",
+    b"session-id",
+    b"session_id",
+    b"x-session-affinity",
+    b"x-session-id",
+)
+
+
+def sessionOf(request: IServerRequest) -> bytes | None:
+    """The first agent session header the request carries, if any."""
+    for name in SESSION_HEADERS:
+        value = request.getHeader(name)
+        if value:
+            return value
+    return None
 
 
 def _lowerHeaders(request: IServerRequest, names: tuple[bytes, ...]) -> dict[str, str]:

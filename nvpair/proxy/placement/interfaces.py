@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from nvpair.proxy.engines import Engine
     from nvpair.proxy.placement.affinity import Affinity
     from nvpair.proxy.placement.keys import AffinityKey
+    from nvpair.proxy.placement.responses import ResponseTable
     from nvpair.proxy.routing.candidates import Snapshot
     from nvpair.proxy.routing.facts import RequestFacts
     from nvpair.proxy.routing.nodes import Node, OwnerSplit
@@ -31,6 +32,9 @@ class IPlacementContext(Interface):
     it): the reservations it ranks and takes, and conversation affinity."""
 
     reservations: ReservationMap = Attribute("The reservation map.")
+    responses: ResponseTable = Attribute(
+        "Which node stored which OpenAI Responses answer: a follow-up goes there."
+    )
     affinity: Affinity | None = Attribute(
         "Conversation affinity, or None where it is not ordering candidates (under a "
         "broker, or ``--affinity off``)."

@@ -159,10 +159,16 @@ def scopeOf(authorization: bytes | None, shared: bool) -> int | None:
 
 
 def keyFor(
-    engineId: str, model: str, path: bytes, doc: object, scope: int | None = None
+    engineId: str,
+    model: str,
+    path: bytes,
+    doc: object,
+    scope: int | None = None,
+    session: bytes | None = None,
 ) -> AffinityKey | None:
     """The affinity key of a request on ``path`` with the parsed JSON body ``doc`` in
-    ``scope`` (``scopeOf``), if any."""
+    ``scope`` (``scopeOf``), if any; ``session`` is an agent CLI's session header, a hint
+    looked up last (after the prompt's own digests) and recorded."""
     kind = ROUTES.get(path)
     if kind is None or type(doc) is not dict:
         return None
@@ -180,6 +186,10 @@ def keyFor(
             key.lookups = (grouped, *key.lookups)
             key.records = (grouped, *key.records)
             key.spread = grouped
+    if key is not None and session is not None and 0 < len(session) <= MAX_HINT:
+        together = hash((seed, "session", session))
+        key.lookups = (*key.lookups, together)
+        key.records = (*key.records, together)
     if key is not None and doc.get("cache_prompt") is False:
         key.confirms = False
     return key

@@ -23,6 +23,7 @@ from nvpair.proxy.engines import RouteClass
 from nvpair.proxy.placement.choose import Choice, Hold
 from nvpair.proxy.placement.interfaces import IOutcome, IPlacementExchange
 from nvpair.proxy.placement.keys import AffinityKey
+from nvpair.proxy.placement.responses import NOT_FOUND_CODE, NOT_FOUND_STATUS, Predecessor, followUp
 from nvpair.proxy.routing.candidates import orderCandidates, placeReservation
 from nvpair.proxy.routing.nodes import Node
 
@@ -62,6 +63,23 @@ class _Round:
                 return None
             if not (yield from self.backOff("owner_unavailable", True)):
                 return None
+        return owners
+
+    def follow(self, owners: tuple[Node, ...]) -> tuple[Node, ...] | None:
+        """A Responses follow-up goes to the node that stored its predecessor (its input
+        holds only the new turn): that owner alone; when that node no longer owns the model
+        the answer is 404 ``previous_response_not_found`` (None), never a node that cannot
+        know the id; a predecessor the proxy never saw served is placed as usual."""
+        ex = self.ex
+        previous = ex.facts.previousResponseId
+        if previous is None:
+            return owners
+        found = followUp(ex.context.responses, previous, {node.id for node in owners})
+        if found.predecessor is Predecessor.GONE:
+            ex.answerError(NOT_FOUND_STATUS, NOT_FOUND_CODE)
+            return None
+        if found.predecessor is Predecessor.STORED:
+            return tuple(node for node in owners if node.id == found.node)
         return owners
 
     def backOff(
@@ -183,7 +201,7 @@ def placeInference(ex: IPlacementExchange) -> Policy:
     placing = _Round(ex, ex.model)
     while True:
         owners = yield from placing.owners()
-        if owners is None:
+        if owners is None or (owners := placing.follow(owners)) is None:
             return None
         wait = ex.seat.waitForRoom(owners)  # standalone: the fair queue while all are full
         if wait is not None:

@@ -135,11 +135,12 @@ class ResponseIdSniffer:
     """Finds a Responses answer's id in its first ``SNIFF_LIMIT`` bytes, fed as they come:
     a JSON answer's top-level ``id``, or the ``response.id`` of a stream's first
     ``response.*`` event.  Each byte is copied once, into a buffer of at most the limit;
-    the buffer is read each time it has doubled (from ``FIRST_TRY`` bytes), when it
-    reaches the limit and at ``finish``, so all the reads together cover under twice the
-    limit, whatever the chunking."""
+    the buffer is read each time it has doubled (from ``FIRST_TRY`` bytes), once when a
+    chunk first ends an event (a blank line: the first event, which names the response, is
+    whole then), when it reaches the limit and at ``finish``, so all the reads together
+    cover under three times the limit, whatever the chunking."""
 
-    __slots__ = ("limit", "responseId", "done", "_buffer", "_nextTry")
+    __slots__ = ("limit", "responseId", "done", "_buffer", "_nextTry", "_eventTried")
 
     def __init__(self, limit: int = SNIFF_LIMIT) -> None:
         self.limit = limit
@@ -147,6 +148,7 @@ class ResponseIdSniffer:
         self.done = False  # found, or given up: later bytes are not looked at
         self._buffer = bytearray()
         self._nextTry = min(FIRST_TRY, limit)
+        self._eventTried = False  # read once at the first chunk ending an event
 
     def feed(self, data: bytes) -> str | None:
         """Take the next bytes of the answer; the id once found (then None again)."""
@@ -155,7 +157,9 @@ class ResponseIdSniffer:
         buffer = self._buffer
         buffer += data[: self.limit - len(buffer)]
         if len(buffer) < self._nextTry:
-            return None
+            if self._eventTried or b"\n\n" not in data:
+                return None  # neither doubled nor the first event's end: read later
+            self._eventTried = True
         self._nextTry = min(2 * len(buffer), self.limit)
         return self._read(final=len(buffer) >= self.limit)
 

@@ -41,6 +41,7 @@ from nvpair.proxy.interfaces import (
 from nvpair.proxy.nodestate.interfaces import IEngineStates, IRoomLedger
 from nvpair.proxy.placement.affinity import Affinity
 from nvpair.proxy.placement.keys import AffinityKey
+from nvpair.proxy.placement.responses import ResponseTable
 from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.runtime.logs import LogControl
 from nvpair.proxy.settings import Settings
@@ -190,6 +191,7 @@ class FakeContext(ObservedContext, Generic[UpstreamT]):
         self.reporter = WorkloadReporter(self.sink, self.clock, RUN_ID)
         self.activity = Activity(self.sink)
         self.reservations = ReservationMap()
+        self.responses = ResponseTable(self.clock)
         self.exchanges: set[InFlight] = set()
         self.observe(self.record)
         self.observe(TraceObserver())  # feeds an exchange's trace when a test sets ``tracer``

@@ -75,8 +75,8 @@ def _ns(clock: IReactorTime) -> int:
 
 def operationName(path: bytes) -> str | None:
     """The GenAI operation a route serves, by its path (None for other routes)."""
-    if b"chat" in path:
-        return "chat"
+    if b"chat" in path or path.endswith((b"/messages", b"/responses")):
+        return "chat"  # Anthropic Messages and OpenAI Responses are chat, by the conventions
     if b"embed" in path:
         return "embeddings"
     if b"complet" in path or b"generate" in path:
