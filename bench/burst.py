@@ -13,7 +13,7 @@ line) after ``--client-timeout`` seconds. Reported: every request's final status
 refused with its status and reason, or given up unanswered), the refusals within 1 s of the
 burst with a valid ``Retry-After`` (an integer of seconds from 1 to 3600, or an HTTP date),
 when each refusal came, and of the clients that gave up, those whose refusal was
-foreseeable: still behind more requests than the engines could start in the rest of their
+foreseeable: behind more requests kept by the proxy than the engines could start within
 ``--queue-timeout`` at the rate they started them. Targets: at least 200 refused within
 1 s with a valid ``Retry-After``, every request a final status, none given up while a
 refusal was foreseeable. ``bench/out/burst.json`` and (unless ``--no-write``) a dated
@@ -70,25 +70,13 @@ def validRetryAfter(value: str | None) -> bool:
     return email.utils.parsedate_to_datetime(value) is not None if "," in value else False
 
 
-def foreseeable(outcomes: list[Outcome], wait: float, rate: float, remaining: float) -> list[int]:
-    """The clients that gave up after ``wait`` seconds while still behind at least ``rate ×
-    remaining`` requests (sent before theirs, neither answered nor given up by then): the
-    engines could not have started them before their queue time ran out."""
-    out = []
-    for g in outcomes:
-        if not g.gaveUp:
-            continue
-        at = g.sent + wait
-        ahead = sum(
-            1
-            for o in outcomes
-            if o.sent < g.sent
-            and not (o.at is not None and o.at <= at)
-            and not (o.gaveUp and o.sent + wait <= at)
-        )
-        if ahead >= rate * remaining:
-            out.append(g.index)
-    return out
+def foreseeable(outcomes: list[Outcome], rate: float, timeout: float) -> list[int]:
+    """The clients that gave up unanswered although, as the proxy could see it, they could
+    not start before their queue time ran out: behind at least ``rate × timeout`` requests
+    it kept (sent before theirs and not refused; whether those clients would give up, the
+    proxy cannot know), at the rate the engines started requests."""
+    kept = sorted((o for o in outcomes if o.gaveUp or o.status == 200), key=lambda o: o.sent)
+    return [o.index for k, o in enumerate(kept) if o.gaveUp and k >= rate * timeout]
 
 
 def timeline(times: list[float]) -> dict[str, int]:
@@ -224,7 +212,7 @@ def _figures(
         o for o in refused if o.at is not None and o.at <= 1.0 and validRetryAfter(o.retryAfter)
     ]
     gaveUp = [o for o in outcomes if o.gaveUp]
-    late = foreseeable(outcomes, args.client_timeout, rate, timeout - args.client_timeout)
+    late = foreseeable(outcomes, rate, timeout)
     return {
         "requests": len(outcomes),
         "tokensPerRequest": tokens,
@@ -273,8 +261,9 @@ def markdown(results: dict[str, Any]) -> str:
         f"10 ms apart); each gave up without a status line after {_s(a['client_timeout'])} s. "
         "Times from the burst's start. A refusal's `Retry-After` is valid when it is 1 to 3600 "
         "seconds or an HTTP date. A client that gave up had a foreseeable refusal when it was "
-        "still behind more requests than the engines could start in the rest of its queue "
-        f"time, at the rate they started them ({r['startRate']} per second).",
+        "behind more requests kept by the proxy (sent before it, not refused) than the engines "
+        "could start within `--queue-timeout`, at the rate they started them "
+        f"({r['startRate']} per second).",
         "",
         "| figure | value |",
         "|---|---|",

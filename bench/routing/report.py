@@ -118,8 +118,12 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def routerTable(results: dict[str, Any], who: str) -> list[str]:
-    """The table of every router's figures (``who``: what the workload's tenants are)."""
+def routerTable(
+    results: dict[str, Any], who: str, labels: dict[str, str] | None = None
+) -> list[str]:
+    """The table of every router's figures (``who``: what the workload's tenants are;
+    ``labels`` over ``LABELS``)."""
+    names = {**LABELS, **(labels or {})}
     lines = [
         "| router | TTFT p50 | TTFT p90 | TTFT p99 | prompt tokens from cache "
         f"| requests per engine | {who} per engine | errors | load average (start → end) |",
@@ -127,12 +131,12 @@ def routerTable(results: dict[str, Any], who: str) -> list[str]:
     ]
     for name, s in results["routers"].items():
         if "skipped" in s:
-            lines.append(f"| {LABELS.get(name, name)} | skipped: {s['skipped']} | | | | | | | |")
+            lines.append(f"| {names.get(name, name)} | skipped: {s['skipped']} | | | | | | | |")
             continue
         t = s["ttft"]
         load = s.get("load", [])
         lines.append(
-            f"| {LABELS.get(name, name)} | {_s(t['p50'])} | {_s(t['p90'])} | {_s(t['p99'])} "
+            f"| {names.get(name, name)} | {_s(t['p50'])} | {_s(t['p90'])} | {_s(t['p99'])} "
             f"| {s['hitRatio']:.1%} | {'/'.join(map(str, s['perEngine']))} "
             f"| {'/'.join(map(str, s['tenantsPerEngine']))} | {s['errors']} "
             f"| {' → '.join(f'{x:.0f}' for x in load)} |"

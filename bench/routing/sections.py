@@ -57,7 +57,7 @@ def agentsMarkdown(results: dict[str, Any]) -> str:
         "apps spread evenly. A router that does not answer `POST /v1/messages` is listed as "
         "skipped, with what it answered.",
         "",
-        *routerTable(results, "apps"),
+        *routerTable(results, "apps", {"oracle": "each app pinned to one engine (an oracle)"}),
         *_targets(results),
     ]
     return "\n".join(lines) + "\n"
@@ -78,8 +78,8 @@ def realMarkdown(results: dict[str, Any]) -> str:
         f"llama-servers ({e['model']}, `-np {e['slots']} {e['llamaArgs']}`), fresh for "
         "each router. TTFT: request sent → first content chunk. Cache hits: the answers' "
         "`prompt_tokens_details.cached_tokens` over `prompt_tokens`. Requests per engine: "
-        "those whose engine is known (the proxy's `X-Nvpair-Node`, or the engine the client "
-        "chose); a Rust router does not say.",
+        "by the proxy's `X-Nvpair-Node` or the engine the client chose; a Rust router does not "
+        "say which engine served, so its requests are counted in one last column.",
         "",
         *routerTable(results, "tenants"),
     ]
