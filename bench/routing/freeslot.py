@@ -168,4 +168,9 @@ def markdown(results: dict[str, Any], labels: Mapping[str, str]) -> str:
             f"| {d['misplacedOverSecond']} | {_s(short['p50'])} | {_s(short['p90'])} "
             f"| {_s(long['p50'])} | {per} | {s['errors']} |"
         )
+    nvpair = results["routers"].get("nvpair-prefix")
+    if nvpair and "skipped" not in nvpair:
+        d = nvpair["waits"]
+        ok = d["misplacedShare"] <= 0.02 and d["misplacedOverSecond"] == 0
+        lines += ["", f"Targets (issue 31), nvpair-proxy: **{'PASS' if ok else 'FAIL'}**."]
     return "\n".join(lines) + "\n"

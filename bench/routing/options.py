@@ -55,7 +55,7 @@ REAL_DEFAULTS: dict[str, object] = {
     "think": 3.0,
     "routers": "nvpair-prefix,sglang,random",
 }
-LLAMA_ARGS = "--ctx-size 16384 --swa-full --cache-ram 0 --threads 1"
+LLAMA_ARGS = "--ctx-size 16384 --swa-full --threads 1"
 
 
 def parser() -> argparse.ArgumentParser:
