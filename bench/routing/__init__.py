@@ -1,9 +1,11 @@
-"""The placement benchmark: a seeded multi-tenant chat workload through each router.
+"""The placement benchmark: seeded workloads through each router, on fresh engines.
 
-``python -m bench.routing`` (see ``__main__``) starts four simulated llama.cpp engines
-(``nvpair.proxy.testing.simengine``), fresh for each router, replays the same workload
-through each router in turn and writes the "Placement: multi-tenant chat" section of
-``bench/RESULTS.md``. The modules: ``workload`` (the seeded conversations), ``client``
-(replaying them, timing the first content token), ``routers`` (starting each router and
-the engines) and ``report`` (the figures and the markdown).
+``python -m bench.routing`` (see ``__main__`` and ``options``) starts simulated llama.cpp
+engines (``nvpair.proxy.testing.simengine``) or real llama-servers (``llamaserver``), fresh
+for each router, replays one workload through each router in turn and writes its section of
+``bench/RESULTS.md``. The workloads: ``workload`` (multi-tenant chat, replayed by
+``client``), ``agents`` (apps' agents over Messages, replayed by ``messages``) and
+``freeslot`` (routed requests beside direct clients); ``routers`` starts each router and the
+engines; ``direct`` measures waits inside engines; ``report`` and ``sections`` write the
+figures.
 """

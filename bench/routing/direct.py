@@ -115,6 +115,7 @@ def measure(
     waited = misplaced = front = 0
     waits: list[float] = []
     fronts: list[float] = []
+    misplacedWaits: list[float] = []
     for r in served:
         assert r.ttft is not None and r.promptMs is not None
         total = r.ttft - r.promptMs / 1000.0 - decodeMs / 1000.0
@@ -129,6 +130,7 @@ def measure(
         waited += 1
         if sampler.freeElsewhere(r.engine, r.sent + before, r.sent + before + wait):
             misplaced += 1
+            misplacedWaits.append(wait)
     short = [
         r.ttft
         for r in served
@@ -139,6 +141,8 @@ def measure(
         "waited": waited,
         "waitedWhileFreeElsewhere": misplaced,
         "misplacedShare": misplaced / len(served) if served else 0.0,
+        "misplacedWaitMax": max(misplacedWaits, default=None),
+        "misplacedOverSecond": sum(1 for w in misplacedWaits if w > 1.0),
         "waitP90": _p90(waits),
         "waitedInFront": front,
         "frontWaitP90": _p90(fronts),

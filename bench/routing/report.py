@@ -38,9 +38,34 @@ def summarize(records: list[Record], stats: list[dict[str, Any]], tenants: int) 
         "perEngine": [int(s["completed"]) for s in stats],
         "tenantsPerEngine": [homes.get(n, 0) for n in names],
         "tenantsTotal": tenants,
-        "queueWaitMsMax": max(float(s["queue"]["wait_ms_max"]) for s in stats),
-        "queueWaitMsTotal": sum(float(s["queue"]["wait_ms_total"]) for s in stats),
+        "queueWaitMsMax": max(
+            (float(s["queue"]["wait_ms_max"]) for s in stats if "queue" in s), default=None
+        ),
+        "queueWaitMsTotal": sum(float(s["queue"]["wait_ms_total"]) for s in stats if "queue" in s),
     }
+
+
+def statsFromRecords(records: list[Record], names: list[str]) -> list[dict[str, Any]]:
+    """Per engine, what its answers reported (prompt and cached tokens, requests served):
+    for real engines, which have no ``/sim/stats``; answers from an engine not known (a
+    router that does not say) under ``?``."""
+    out = []
+    unknown = any(r.engine not in names for r in records if not r.error)
+    for name in [*names, "?"] if unknown else names:
+        mine = [
+            r
+            for r in records
+            if not r.error and (r.engine == name or name == "?" and r.engine not in names)
+        ]
+        out.append(
+            {
+                "name": name,
+                "prompt_tokens": sum(r.promptTokens for r in mine),
+                "cached_tokens": sum(r.cachedTokens or 0 for r in mine),
+                "completed": len(mine),
+            }
+        )
+    return out
 
 
 LABELS = {
@@ -50,6 +75,7 @@ LABELS = {
     "random": "random engine per request (client-side)",
     "oracle": "each tenant pinned to one engine (an oracle, not a router)",
     "sglang": "SGLang model gateway (`sglang-router`, `cache_aware`)",
+    "smg": "SGLang's successor gateway (`smg`, `cache_aware`)",
     "vllm": "vLLM router (`vllm-router`, `cache_aware`)",
 }
 
@@ -85,25 +111,37 @@ def markdown(results: dict[str, Any]) -> str:
         f"{w['systemWords'] * e['prefillMs'] / 1000:.2f} s of prefill before its first token; "
         "one whose prompt and history are cached, a few tens of milliseconds.",
         "",
+        *routerTable(results, "tenants"),
+    ]
+    if direct:
+        lines += _directTable(results)
+    return "\n".join(lines) + "\n"
+
+
+def routerTable(
+    results: dict[str, Any], who: str, labels: dict[str, str] | None = None
+) -> list[str]:
+    """The table of every router's figures (``who``: what the workload's tenants are;
+    ``labels`` over ``LABELS``)."""
+    names = {**LABELS, **(labels or {})}
+    lines = [
         "| router | TTFT p50 | TTFT p90 | TTFT p99 | prompt tokens from cache "
-        "| requests per engine | tenants per engine | errors | load average (start → end) |",
+        f"| requests per engine | {who} per engine | errors | load average (start → end) |",
         "|---|---:|---:|---:|---:|---|---|---:|---|",
     ]
     for name, s in results["routers"].items():
         if "skipped" in s:
-            lines.append(f"| {LABELS.get(name, name)} | skipped: {s['skipped']} | | | | | | | |")
+            lines.append(f"| {names.get(name, name)} | skipped: {s['skipped']} | | | | | | | |")
             continue
         t = s["ttft"]
         load = s.get("load", [])
         lines.append(
-            f"| {LABELS.get(name, name)} | {_s(t['p50'])} | {_s(t['p90'])} | {_s(t['p99'])} "
-            f"| {s['hitRatio']:.0%} | {'/'.join(map(str, s['perEngine']))} "
+            f"| {names.get(name, name)} | {_s(t['p50'])} | {_s(t['p90'])} | {_s(t['p99'])} "
+            f"| {s['hitRatio']:.1%} | {'/'.join(map(str, s['perEngine']))} "
             f"| {'/'.join(map(str, s['tenantsPerEngine']))} | {s['errors']} "
             f"| {' → '.join(f'{x:.0f}' for x in load)} |"
         )
-    if direct:
-        lines += _directTable(results)
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _directTable(results: dict[str, Any]) -> list[str]:
@@ -140,16 +178,17 @@ def _directTable(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def writeSection(path: str, section: str) -> None:
+def writeSection(path: str, section: str, heading: str = HEADING) -> None:
     """Put ``section`` (a dated run) into the results file before the earlier runs of this
-    benchmark, which are kept: newest first, at the end of the file if there is none."""
+    benchmark (those under ``heading``), which are kept: newest first, at the end of the
+    file if there is none."""
     old = ""
     if os.path.exists(path):
         with open(path) as f:
             old = f.read()
-    if HEADING in old:
-        before, after = old.split(HEADING, 1)
-        text = before + section + "\n" + HEADING + after
+    if heading in old:
+        before, after = old.split(heading, 1)
+        text = before + section + "\n" + heading + after
     else:
         text = old.rstrip("\n") + "\n\n" + section
     with open(path, "w") as f:

@@ -3,10 +3,11 @@ its pid (``bench.procs``).
 
 Routers: ``nvpair-prefix`` / ``nvpair-off`` (``twistd -n nvpair-proxy --standalone
 --affinity prefix|off``, the llama.cpp facade, one ``--backend`` per engine), ``nginx``
-(round robin over the four engines), ``sglang`` and ``vllm`` (``sglang-router launch`` and
-``vllm-router`` from ``bench/.venv``, ``--policy cache_aware``), and two client-side
-choosers that need no process: ``random`` (a seeded random engine per request) and
-``oracle`` (each tenant pinned to one engine, tenants spread evenly).
+(round robin over the engines), ``sglang``, ``smg`` and ``vllm`` (``sglang-router launch``,
+its successor ``smg launch`` and ``vllm-router`` from ``bench/.venv``, ``--policy
+cache_aware``), and two client-side choosers that need no process: ``random`` (a seeded
+random engine per request) and ``oracle`` (each tenant pinned to one engine, tenants
+spread evenly).
 """
 
 from __future__ import annotations
@@ -15,18 +16,35 @@ import json
 import os
 import random
 import subprocess
+import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
 from bench import procs
-from bench.routing.workload import Conversation
 
 MODEL = "bench"
-ROUTERS = ("nvpair-prefix", "nvpair-off", "nginx", "random", "oracle", "sglang", "vllm")
+ROUTERS = ("nvpair-prefix", "nvpair-off", "nginx", "random", "oracle", "sglang", "vllm", "smg")
 BENCH_VENV = os.path.join(procs.ROOT, "bench", ".venv", "bin")
+RUST = {"sglang": ["sglang-router", "launch"], "smg": ["smg", "launch"], "vllm": ["vllm-router"]}
+# A readiness request that stays short on a real engine too (llama-server's default is to
+# generate until the end of the context).
+READY = b'{"model":"bench","messages":[{"role":"user","content":"hi"}],"max_tokens":1}'
+
+
+class Keyed(Protocol):
+    """What a chooser reads of a request's conversation: its tenant (app)."""
+
+    @property
+    def tenant(self) -> int:
+        """The tenant (app) the conversation belongs to."""
+        ...
+
+
+Choose = Callable[[Keyed, int], str]
 
 
 @attrs.frozen
@@ -87,12 +105,11 @@ def routerAvailable(name: str) -> str | None:
     """Why ``name`` cannot run here, or None."""
     if name == "nginx" and procs.nginxBinary() is None:
         return "nginx is not installed (bench/run.sh installs it)"
-    if name in ("sglang", "vllm"):
-        binary = "sglang-router" if name == "sglang" else "vllm-router"
+    if name in RUST:
+        binary = RUST[name][0]
         if not os.path.exists(os.path.join(BENCH_VENV, binary)):
-            return (
-                f"{binary} is not installed: bench/.venv/bin/pip install sglang-router vllm-router"
-            )
+            package = "sglang-router vllm-router" if name != "smg" else "smg"
+            return f"{binary} is not installed: bench/.venv/bin/pip install {package}"
     return None
 
 
@@ -124,13 +141,12 @@ def proxyPlacement(server: procs.Server) -> dict[str, Any] | None:
 
 
 def startRustRouter(name: str, urls: list[str]) -> procs.Server:
-    """``sglang-router launch`` or ``vllm-router`` (``cache_aware``) in front of ``urls``,
-    its log in ``bench/out/NAME-router.log``; returns once a chat completion passes."""
+    """``sglang-router launch``, ``smg launch`` or ``vllm-router`` (``cache_aware``) in
+    front of ``urls``, its log in ``bench/out/NAME-router.log``; returns once a chat
+    completion passes."""
     port, metrics = procs.freePort(), procs.freePort()
-    if name == "sglang":
-        head = [os.path.join(BENCH_VENV, "sglang-router"), "launch"]
-    else:
-        head = [os.path.join(BENCH_VENV, "vllm-router")]
+    binary, *rest = RUST[name]
+    head = [os.path.join(BENCH_VENV, binary), *rest]
     argv = [
         *head,
         "--worker-urls",
@@ -149,13 +165,53 @@ def startRustRouter(name: str, urls: list[str]) -> procs.Server:
     proc = procs.spawn(argv, stdout=log, stderr=subprocess.STDOUT)
     log.close()
     procs.waitForPort(port, f"{name} router", proc, timeout=60)
-    procs.waitForRoute(port, timeout=60)
+    _waitForChat(port, timeout=60)
     return procs.Server(name, port, proc.pid, [proc])
+
+
+def _waitForChat(port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last, _ = procs.post(port, READY, timeout=30)
+            if last == 200:
+                return
+        except OSError as e:
+            last = e
+        time.sleep(0.2)
+    raise RuntimeError(f"no 200 through port {port} within {timeout:.0f}s (last: {last})")
+
+
+MESSAGES_PROBE = {
+    "model": MODEL,
+    "max_tokens": 1,
+    "messages": [{"role": "user", "content": "hi"}],
+}
+
+
+def servesMessages(server: procs.Server) -> str | None:
+    """None when a started router answers ``POST /v1/messages`` with a 200, else what it
+    answered (a router that does not serve Messages is left out of the agent workload)."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{server.port}/v1/messages",
+        data=json.dumps(MESSAGES_PROBE).encode(),
+        headers={"Content-Type": "application/json", "anthropic-version": "2023-06-01"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            r.read()
+            return None
+    except urllib.error.HTTPError as e:
+        return f"{server.name} answered {e.code} to POST /v1/messages"
+    except OSError as e:
+        return f"{server.name} failed on POST /v1/messages ({e})"
 
 
 def startRouter(
     name: str, engines: list[procs.Server], seed: int
-) -> tuple[procs.Server | None, Callable[[Conversation, int], str]]:
+) -> tuple[procs.Server | None, Choose]:
     """Start router ``name`` in front of ``engines``: its server (None for client-side
     choosers) and the function choosing each turn's base URL."""
     urls = [f"http://127.0.0.1:{e.port}" for e in engines]

@@ -54,7 +54,8 @@ _VOCAB = [
 ]
 
 
-def _text(rng: random.Random, n: int, tag: str) -> str:
+def randomText(rng: random.Random, n: int, tag: str) -> str:
+    """``n`` words drawn by ``rng``, every 50th prefixed by ``tag``."""
     words = [rng.choice(_VOCAB) for _ in range(n)]
     # a tag every 50 words makes each tenant's and user's text its own
     return " ".join(w if i % 50 else f"{tag}{w}" for i, w in enumerate(words))
@@ -63,12 +64,13 @@ def _text(rng: random.Random, n: int, tag: str) -> str:
 def conversations(sizes: Sizes) -> list[Conversation]:
     """Every conversation of the workload, by start time."""
     rng = random.Random(sizes.seed)
-    systems = [_text(rng, sizes.systemWords, f"t{t}") for t in range(sizes.tenants)]
+    systems = [randomText(rng, sizes.systemWords, f"t{t}") for t in range(sizes.tenants)]
     out = []
     for tenant in range(sizes.tenants):
         for user in range(sizes.users):
             questions = tuple(
-                _text(rng, sizes.questionWords, f"u{tenant}.{user}.{k}") for k in range(sizes.turns)
+                randomText(rng, sizes.questionWords, f"u{tenant}.{user}.{k}")
+                for k in range(sizes.turns)
             )
             pauses = tuple(
                 rng.expovariate(1 / sizes.think) if sizes.think > 0 else 0.0 for _ in questions
