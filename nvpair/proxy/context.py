@@ -31,12 +31,14 @@ from nvpair.proxy.interfaces import (
     IUpstream,
 )
 from nvpair.proxy.logswitch import ILogControl
+from nvpair.proxy.nodestate.interfaces import IResidency
 from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.nodestate.states import EngineStates
 from nvpair.proxy.ops.history import History
 from nvpair.proxy.ops.interfaces import IOpsContext
 from nvpair.proxy.ops.metrics import Metrics
 from nvpair.proxy.placement.affinity import Affinity
+from nvpair.proxy.placement.interfaces import ILoadPlanner
 from nvpair.proxy.placement.responses import ResponseTable
 from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.runtime.logs import LogControl
@@ -115,6 +117,8 @@ class RequestContext(ObservedContext):
         self.engineStates: EngineStates | None = None
         self.affinity: Affinity | None = None
         self.queueing: Queueing | None = None
+        self.residency: IResidency | None = None
+        self.loads: ILoadPlanner | None = None
         self.exchanges: set[InFlight] = set()
         self.observe(metrics)
         self.observe(HistoryObserver(self.history))

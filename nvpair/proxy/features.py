@@ -6,6 +6,7 @@ the process's context and on the testing kit's fake alike, so the two are wired 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import attrs
@@ -15,20 +16,34 @@ from nvpair.proxy.dispatch.queueing import Queueing
 from nvpair.proxy.flow.interfaces import IQueueing
 from nvpair.proxy.hooks import RequestObserver
 from nvpair.proxy.interfaces import IActivity, IExchangeReport, IRequestObserver
-from nvpair.proxy.nodestate.interfaces import IEngineStates, IRoomLedger
+from nvpair.proxy.nodestate.interfaces import IEngineStates, IResidency, IRoomLedger, ModelState
 from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.nodestate.residency import Residency
 from nvpair.proxy.nodestate.states import EngineStates
 from nvpair.proxy.placement.affinity import Affinity, requestServed
+from nvpair.proxy.placement.interfaces import ILoadPlanner
+from nvpair.proxy.placement.loads import LoadPlanner
 from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.settings import Settings
 
-__all__ = ["ServedObserver", "Standalone", "useStandalone"]
+__all__ = ["ResidencyObserver", "ServedObserver", "Standalone", "useStandalone"]
+
+
+MAX_TRACKED = 65536  # committed requests whose first byte awaits their end's figures
+
+
+def _loadSeconds(exchange: IExchangeReport) -> float:
+    """The seconds an ended exchange's engine said it waited for its model to load."""
+    workload = exchange.workload
+    stats = None if workload is None else workload.stats
+    loadMs = None if stats is None else stats.get("loadMs")
+    return loadMs / 1000 if type(loadMs) is float and loadMs >= 0 else 0.0
 
 
 class ServedObserver(RequestObserver):
-    """At each request's end: how long it held its slot (the ledger's service time), and
-    the cached-prompt count its engine reported (hit ratio, confirmed misses)."""
+    """At each request's end: how long it held its slot (the ledger's service time, less
+    any wait its engine reported for a load), and the cached-prompt count its engine
+    reported (hit ratio, confirmed misses)."""
 
     def __init__(self, ledger: RoomLedger, states: EngineStates, affinity: Affinity | None) -> None:
         self.ledger = ledger
@@ -40,8 +55,48 @@ class ServedObserver(RequestObserver):
         dispatched = exchange.dispatchedAt
         if node is not None and dispatched is not None and exchange.committedStatus is not None:
             if exchange.committedStatus < 400:
-                self.ledger.finished(node, exchange.context.clock.seconds() - dispatched)
+                held = exchange.context.clock.seconds() - dispatched - _loadSeconds(exchange)
+                self.ledger.finished(node, max(0.0, held))
         requestServed(exchange, self.states, self.affinity)
+
+
+class ResidencyObserver(RequestObserver):
+    """Feeds the residency view from our requests (spec §11, "Model residency").  A first
+    byte on a node where the model was loading ends that load (``coldFirstByte``) and lets
+    the requests waiting for it go (``RoomLedger.changed``); a warm one, with the number of
+    ours then running on the node, teaches what an engine reporting no slots serves at once
+    (``firstByte``, once the end says how much of it was a load); an engine's reported load
+    time (Ollama's ``load_duration``) is what the load cost."""
+
+    def __init__(self, residency: Residency, ledger: RoomLedger, ours: Mapping[str, int]) -> None:
+        self.residency = residency
+        self.ledger = ledger
+        self.ours = ours
+        self.firstBytes: dict[IExchangeReport, tuple[int, float]] = {}
+
+    def committed(self, exchange: IExchangeReport, nodeId: str, firstByte: float) -> None:
+        model, dispatched = exchange.model, exchange.dispatchedAt
+        if not exchange.inference or model is None or dispatched is None:
+            return
+        seconds = exchange.context.clock.seconds() - dispatched
+        if self.residency.state(nodeId, model) is ModelState.LOADING:
+            self.residency.coldFirstByte(nodeId, model, seconds)
+            self.ledger.changed(nodeId)
+        elif len(self.firstBytes) < MAX_TRACKED:
+            self.firstBytes[exchange] = (self.ours.get(nodeId, 1), seconds)
+
+    def requestEnded(self, exchange: IExchangeReport) -> None:
+        measured = self.firstBytes.pop(exchange, None)
+        nodeId, model = exchange.servedBy, exchange.model
+        status = exchange.committedStatus
+        if nodeId is None or model is None or status is None or status >= 400:
+            return
+        load = _loadSeconds(exchange)
+        if load > 0:
+            self.residency.loadDuration(nodeId, model, int(load * 1e9))
+        if measured is not None:
+            running, seconds = measured
+            self.residency.firstByte(nodeId, running, seconds, load)
 
 
 class StandaloneContext(Protocol):
@@ -61,6 +116,8 @@ class StandaloneContext(Protocol):
     engineStates: IEngineStates | None
     affinity: Affinity | None
     queueing: IQueueing | None
+    residency: IResidency | None
+    loads: ILoadPlanner | None
 
     def observe(self, observer: IRequestObserver) -> None: ...
 
@@ -82,15 +139,32 @@ def useStandalone(context: StandaloneContext, affinity: bool | None = None) -> S
     node holds, placement by cache
     (``affinity``: default ``--affinity prefix``), the fair queue and the breakers."""
     settings = context.settings
-    ledger = RoomLedger(context.clock, context.activity.inFlight)
-    context.activity.listener = ledger.activityChanged
+    ours = context.activity.inFlight
+    ledger = RoomLedger(context.clock, ours)
     states = EngineStates(context.clock, ledger)
     residency = states.residency = Residency(context.clock, states, ledger)
+    ledger.parallel = residency.concurrency.learnt
+    context.activity.listener = _listener(ledger, residency)
     placing = None
     if settings.affinity == "prefix" if affinity is None else affinity:
         placing = Affinity(context.clock, context.reservations, ledger, states)
-    queueing = Queueing(settings, context.clock, ledger)
+    loads = LoadPlanner(residency, ledger)
+    queueing = Queueing(settings, context.clock, ledger, loads)
     context.ledger, context.engineStates = ledger, states
     context.affinity, context.queueing = placing, queueing
+    context.residency, context.loads = residency, loads
     context.observe(ServedObserver(ledger, states, placing))
+    context.observe(ResidencyObserver(residency, ledger, ours))
     return Standalone(ledger, states, residency, placing, queueing)
+
+
+def _listener(ledger: RoomLedger, residency: Residency) -> Callable[[str, int, str | None], None]:
+    """``Activity``'s listener: our requests per model for the residency view, then our
+    in-flight count for the ledger (which may let waiting requests go)."""
+
+    def changed(nodeId: str, delta: int, model: str | None) -> None:
+        if model is not None:
+            (residency.began if delta > 0 else residency.ended)(nodeId, model)
+        ledger.activityChanged(nodeId, delta)
+
+    return changed

@@ -141,12 +141,13 @@ class IActivity(Interface):
     """In-flight dispatch counts per node (``broker.activity.Activity``)."""
 
     inFlight: dict[str, int] = Attribute("Dispatches in flight per node id (absent: none).")
-    listener: Callable[[str, int], None] | None = Attribute(
-        "Called ``listener(nodeId, delta)`` after each change (standalone's queue), or None."
+    listener: Callable[[str, int, str | None], None] | None = Attribute(
+        "Called ``listener(nodeId, delta, model)`` after each change (standalone's room "
+        "ledger and residency view), or None."
     )
 
-    def change(nodeId: str, delta: int) -> None:
-        """Add ``delta`` to the in-flight count of ``nodeId``."""
+    def change(nodeId: str, delta: int, model: str | None = None) -> None:
+        """Add ``delta`` to the in-flight count of ``nodeId`` (a dispatch for ``model``)."""
 
 
 class IExchangeReport(Interface):

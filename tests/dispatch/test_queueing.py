@@ -15,6 +15,7 @@ from nvpair.proxy.features import useStandalone
 from nvpair.proxy.flow import breaker as b
 from nvpair.proxy.flow.interfaces import IQueueing
 from nvpair.proxy.nodestate.ledger import RoomLedger
+from nvpair.proxy.nodestate.residency import Residency
 from nvpair.proxy.ops.queuegauges import QueueCollector, queueStatus
 from nvpair.proxy.testing.upstreamspy import FakeResponse
 from tests.facade.test_standalone import FakeService
@@ -326,14 +327,22 @@ class ModeTests(LoopCase):
         self.assertEqual(ex.seat.demote([]), ([], (), ()))
 
     def test_standaloneWiresQueueing(self) -> None:
-        """``startStandalone`` gives the context a queue over a room ledger listening to
-        in-flight changes; a process under a broker has none."""
+        """``startStandalone`` gives the context a queue over a room ledger and a residency
+        view, both listening to in-flight changes (the residency view per model); a process
+        under a broker has none."""
         service = FakeService(("llamacpp",), ())
         startStandalone(service)
-        ledger = service.context.ledger
+        ledger, residency = service.context.ledger, service.context.residency
         self.assertIsNotNone(service.context.queueing)
+        self.assertIsNotNone(service.context.loads)
         assert isinstance(ledger, RoomLedger)
-        self.assertEqual(service.context.activity.listener, ledger.activityChanged)
+        assert isinstance(residency, Residency)
+        activity = service.context.activity
+        activity.change("http://a", +1, "m")
+        self.assertEqual(residency.running("http://a", "m"), 1)
+        self.assertIsNotNone(ledger.rooms.get("http://a"))
+        activity.change("http://a", -1, "m")
+        self.assertEqual(residency.running("http://a", "m"), 0)
 
 
 class VisibleTests(QueueCase):

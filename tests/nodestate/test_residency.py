@@ -9,11 +9,12 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
+from nvpair.proxy.nodestate.holdings import MAX_EVENTS
 from nvpair.proxy.nodestate.interfaces import Eviction, IResidency, ModelState
 from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.nodestate.loadcost import DEFAULT_LOAD_SECONDS
 from nvpair.proxy.nodestate.probes import EngineReport, ResidentModel
-from nvpair.proxy.nodestate.residency import MAX_EVENTS, Residency
+from nvpair.proxy.nodestate.residency import DONE_GRACE, Residency
 from nvpair.proxy.nodestate.states import EngineStates
 
 NOW = 1_800_000_000.0
@@ -131,6 +132,23 @@ class StateTests(ResidencyCase):
         self.view.loadDuration("n", "z", 2_000_000_000)
         self.assertEqual(self.view.loadSeconds("n", "z"), 2.0)
 
+
+    def test_doneBeforeListed(self) -> None:
+        """A load seen done before any probe lists the model is ``loaded`` (and takes a
+        place) until a probe lists it, or ``DONE_GRACE`` s pass with none listing it."""
+        self.probe(ps("b"))
+        self.view.loadStarted("n", "a")
+        self.view.coldFirstByte("n", "a", 1.0)
+        self.probe(ps("b"), advance=1.0)
+        self.assertIs(self.view.state("n", "a"), ModelState.LOADED, "a probe sent before")
+        self.assertEqual(self.view.holders("a"), ("n",))
+        self.probe(ps("b"), advance=DONE_GRACE)
+        self.assertIs(self.view.state("n", "a"), ModelState.COLD)
+        self.view.loadStarted("n", "c")
+        self.view.loadDone("n", "c")
+        self.probe(ps("b", "c"))
+        self.probe(ps("b"), advance=0.5)
+        self.assertIs(self.view.state("n", "c"), ModelState.COLD, "listed, then gone")
 
 class EvictionTests(ResidencyCase):
     """What a node can hold and what a load there would push out."""

@@ -254,6 +254,15 @@ class EndMarkerTests(SynchronousTestCase):
         meter.feed(b"data: [DONE]\n\n")
         self.assertTrue(meter.sawEnd())
 
+    def test_ollamaLoadDuration(self) -> None:
+        """Ollama's ``load_duration`` (ns) on the done line is ``loadMs``: what the request
+        waited for its model to load (read by the residency view); not a duration, none."""
+        for load, expected in ((2_500_000_000, {"loadMs": 2500.0}), ("x", {}), (-1, {})):
+            body = ndjsonBody(["a"], {"eval_count": 1, "load_duration": load})
+            result = measure("ollama", body)
+            assert result is not None
+            self.assertEqual({k: v for k, v in result.items() if k == "loadMs"}, expected)
+
     def test_ollamaDoneLine(self) -> None:
         """An NDJSON body whose last line says ``"done": true`` has ended."""
         meter = StatsMeter("ollama", 0.0)

@@ -29,11 +29,13 @@ class Activity:
     def __init__(self, sink: IBrokerSink) -> None:
         self._sink = sink
         self.inFlight: dict[str, int] = {}
-        # Standalone's queue listens: ``listener(nodeId, delta)`` after each change.
-        self.listener: Callable[[str, int], None] | None = None
+        # Standalone's room ledger and residency view listen: ``listener(nodeId, delta,
+        # model)`` after each change.
+        self.listener: Callable[[str, int, str | None], None] | None = None
 
-    def change(self, nodeId: str, delta: int) -> None:
-        """Add ``delta`` to ``nodeId``'s count and announce the new value."""
+    def change(self, nodeId: str, delta: int, model: str | None = None) -> None:
+        """Add ``delta`` to ``nodeId``'s count (a dispatch for ``model``, when it names
+        one) and announce the new value."""
         count = self.inFlight.get(nodeId, 0) + delta
         if count <= 0:
             self.inFlight.pop(nodeId, None)
@@ -41,7 +43,7 @@ class Activity:
         else:
             self.inFlight[nodeId] = count
         if self.listener is not None:
-            self.listener(nodeId, delta)
+            self.listener(nodeId, delta, model)
         if not self._sink.listening:
             return  # nobody receives notifications (standalone)
         if type(nodeId) is str and type(count) is int:

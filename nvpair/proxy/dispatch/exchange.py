@@ -239,10 +239,10 @@ class Exchange:
 
     def _setActive(self, nodeId: str | None) -> None:
         if self.activeNode is not None:
-            self.context.activity.change(self.activeNode, -1)
+            self.context.activity.change(self.activeNode, -1, self.model)
         self.activeNode = nodeId
         if nodeId is not None:
-            self.context.activity.change(nodeId, +1)
+            self.context.activity.change(nodeId, +1, self.model)
 
     # -- what the policy asks for, besides attempts (``IPlacementExchange``) ---------------
 

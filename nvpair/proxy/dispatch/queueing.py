@@ -34,7 +34,7 @@ from nvpair.proxy.flow.interfaces import IQueueing
 from nvpair.proxy.flow.predicted import OBSERVED_SAMPLES, bound, keptInTime, serviceRate
 from nvpair.proxy.flow.waits import WaitHistogram
 from nvpair.proxy.nodestate.ledger import RoomLedger
-from nvpair.proxy.placement.interfaces import IFleetView, IPlacementExchange
+from nvpair.proxy.placement.interfaces import IFleetView, ILoadPlanner, IPlacementExchange
 
 if TYPE_CHECKING:
     from nvpair.proxy.routing.facts import Identity
@@ -82,10 +82,17 @@ class Queueing:
     """The queues of every facade and model, the holds and the breakers, over the room
     ledger."""
 
-    def __init__(self, settings: Settings, clock: IReactorTime, ledger: RoomLedger) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        clock: IReactorTime,
+        ledger: RoomLedger,
+        loads: ILoadPlanner | None = None,
+    ) -> None:
         self.settings = settings
         self.clock = clock
         self.ledger = ledger
+        self.loads = loads  # which owners a model's requests may use (placement counts loads)
         self.breakers = Breakers()
         self.holds = Holds(clock, self._hasRoom, settings.queueMax)  # spec §11 "Placement"
         self.lines: OrderedDict[tuple[str, str], _Line] = OrderedDict()
@@ -98,12 +105,29 @@ class Queueing:
 
     # -- what the placement loop asks --------------------------------------------------
 
-    def _hasRoom(self, nodeId: str) -> bool:
-        return not self.ledger.knownFull(nodeId)
+    def _hasRoom(self, nodeId: str, model: str | None = None) -> bool:
+        """Whether ``nodeId`` has room now (for ``model``: not while it loads there)."""
+        if self.ledger.knownFull(nodeId):
+            return False
+        loads = self.loads
+        return model is None or loads is None or not loads.loading(nodeId, model)
 
-    def knownFull(self, owners: Sequence[Node]) -> bool:
-        """Whether every one of ``owners`` is known full now."""
-        return bool(owners) and not any(self._hasRoom(node.id) for node in owners)
+    def knownFull(self, owners: Sequence[Node], model: str | None = None) -> bool:
+        """Whether every one of ``owners`` is known full now (for ``model``: a node where
+        it is loading counts as full until the load is done)."""
+        return bool(owners) and not any(self._hasRoom(node.id, model) for node in owners)
+
+    def usable(self, line: _Line) -> tuple[Node, ...]:
+        """The owners ``line``'s requests may use now (``ILoadPlanner.plan``)."""
+        owners = line.owners()
+        if self.loads is None:
+            return owners
+        return self.loads.plan(owners, line.model, len(line.queue)).usable
+
+    def depth(self, facade: IFleetView, model: str) -> int:
+        """How many requests for ``model`` wait in ``facade``'s queue."""
+        line = self.lines.get((facade.engine.id, model))
+        return 0 if line is None else len(line.queue)
 
     def _line(self, facade: IFleetView, model: str) -> _Line | None:
         key = (facade.engine.id, model)
@@ -152,7 +176,7 @@ class Queueing:
         facade = ex.facade
         line = self.lines.get((facade.engine.id, model))
         waiting = line is not None and bool(line.queue)
-        if not waiting and not self.knownFull(owners):
+        if not waiting and not self.knownFull(owners, model):
             self.dispatching(facade, model, client)
             return None
         now = self.clock.seconds()
@@ -197,7 +221,7 @@ class Queueing:
         ledger = self.ledger
         return serviceRate(
             (ledger.capacity(n.id), ledger.serviceTime(n.id), ledger.serviceSamples(n.id))
-            for n in line.owners()
+            for n in self.usable(line)
         )
 
     def _bound(self, line: _Line) -> int:
@@ -299,7 +323,7 @@ class Queueing:
         slot taken, refuse those that could not start in time (``_shed``)."""
         queue = line.queue
         while queue:
-            if self.knownFull(line.owners()):
+            if self.knownFull(self.usable(line), line.model):
                 self._shed(line)
                 return
             now = self.clock.seconds()
@@ -359,11 +383,12 @@ class Queueing:
         self.breakers.succeeded(nodeId)
         self.ledger.served(nodeId)
 
-    def demote(self, owners: Sequence[Node]) -> OwnerSplit:
+    def demote(self, owners: Sequence[Node], model: str | None = None) -> OwnerSplit:
         """``owners`` split: those to order as usual, then the known-full ones (while another
-        owner has room), then those whose breaker is open, each in their order."""
+        owner has room; for ``model``, as ``knownFull`` says), then those whose breaker is
+        open, each in their order."""
         preferred, demoted = self.breakers.order(owners, self.clock.seconds())
-        full = tuple(node for node in preferred if not self._hasRoom(node.id))
+        full = tuple(node for node in preferred if not self._hasRoom(node.id, model))
         if not full or len(full) == len(preferred):
             return preferred, (), demoted
         # Owners with room first (a request let out of the queue goes where the room is).

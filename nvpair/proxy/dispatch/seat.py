@@ -66,7 +66,7 @@ class QueueSeat:
         if self.standing is Standing.LET_OUT:
             self.standing = Standing.CHARGED  # just let out (and charged): it goes on
             return None
-        if self.standing is Standing.CHARGED and not queueing.knownFull(owners):
+        if self.standing is Standing.CHARGED and not queueing.knownFull(owners, ex.model):
             return None  # a later round, already charged
         values = self.headers.getRawHeaders(b"authorization")
         authorization = values[0] if values else None
@@ -85,7 +85,15 @@ class QueueSeat:
     def knownFull(self, owners: Sequence[Node]) -> bool:
         """Whether every one of ``owners`` is known full (the next round waits in the queue
         instead of backing off)."""
-        return self.queueing is not None and self.queueing.knownFull(owners)
+        queueing = self.queueing
+        return queueing is not None and queueing.knownFull(owners, self.exchange.model)
+
+    def ahead(self) -> int:
+        """How many requests for its model wait in the fair queue (0 under a broker)."""
+        queueing, ex = self.queueing, self.exchange
+        if queueing is None or ex.model is None:
+            return 0
+        return queueing.depth(ex.facade, ex.model)
 
     # -- whose fault a failure is (spec §6 "Status handling") ----------------------------
 
@@ -138,7 +146,7 @@ class QueueSeat:
         """``owners`` split: those to order as usual, the known full, the broken."""
         if self.queueing is None:
             return owners, (), ()
-        return self.queueing.demote(owners)
+        return self.queueing.demote(owners, self.exchange.model)
 
 
 def _poisonable(status: int | None) -> bool:

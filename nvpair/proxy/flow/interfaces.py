@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
 
     from nvpair.proxy.flow.clients import Client
-    from nvpair.proxy.placement.interfaces import IPlacementExchange
+    from nvpair.proxy.placement.interfaces import IFleetView, IPlacementExchange
     from nvpair.proxy.routing.facts import Identity
     from nvpair.proxy.routing.nodes import Node, OwnerSplit
 
@@ -25,8 +25,12 @@ class IQueueing(Interface):
     def clientOf(authorization: bytes | None, identity: Identity) -> Client:
         """The request's client by protocol §9's rule, with the declared clients in force."""
 
-    def knownFull(owners: Sequence[Node]) -> bool:
-        """Whether every one of ``owners`` is known full now."""
+    def knownFull(owners: Sequence[Node], model: str | None = None) -> bool:
+        """Whether every one of ``owners`` is known full now (for ``model``: a node where it
+        is loading counts as full)."""
+
+    def depth(facade: IFleetView, model: str) -> int:
+        """How many requests for ``model`` wait in ``facade``'s queue."""
 
     def waitForRoom(
         ex: IPlacementExchange, owners: Sequence[Node], client: Client
@@ -38,9 +42,9 @@ class IQueueing(Interface):
         """Hold a request for ``nodeId``'s next free slot, at most ``seconds``: a Deferred
         firing then (cancel it when the client goes), or None when it cannot be held."""
 
-    def demote(owners: Sequence[Node]) -> OwnerSplit:
+    def demote(owners: Sequence[Node], model: str | None = None) -> OwnerSplit:
         """``owners`` split: those to order as usual, then the known-full ones (while another
-        has room), then those whose breaker is open."""
+        has room; for ``model`` as ``knownFull`` says), then those whose breaker is open."""
 
     def busyAnswer(nodeId: str, status: int | None, retryAfter: float | None) -> bool:
         """Whether ``nodeId``'s refusal with ``status`` (and the engine's ``Retry-After``

@@ -115,6 +115,14 @@ class IResidency(Interface):
         (LM Studio's instance ``parallel``), else learnt from its waits (Ollama); None when
         none is known."""
 
+    def loadStarted(nodeId: str, model: str) -> None:
+        """The proxy is starting a load of ``model`` on ``nodeId``: it is loading there
+        from now on, until the engine or a first byte says it is done."""
+
+    def loadAbandoned(nodeId: str, model: str) -> None:
+        """The request that was to load ``model`` on ``nodeId`` failed there: no load of
+        ours is expected any more (the engine's next probe says what it holds)."""
+
     def nodeStatus(nodeId: str) -> dict[str, object]:
         """``/status``: what ``nodeId`` holds, its loads and evictions seen (empty: none)."""
 

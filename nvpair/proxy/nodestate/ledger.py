@@ -12,7 +12,9 @@ applies:
 
 * reported, while the report is fresh (two probe intervals): ``total - foreign - ours``;
 * configured (``max_concurrency``): ``limit - ours``;
-* learnt from busy answers: ``learnt - ours``.
+* learnt from busy answers: ``learnt - ours``;
+* learnt from waits, for an engine that reports no slots and never answers busy (Ollama:
+  ``parallel``, ``nodestate.concurrency``): ``parallel - ours``.
 
 **Known full**: free now is known and at most 0.
 
@@ -64,6 +66,10 @@ SERVICE_WEIGHT = 0.25  # weight of the newest request in the service time's movi
 MAX_SERVICE = 3600.0
 
 
+def _nothingLearnt(nodeId: str) -> int | None:
+    return None
+
+
 def isBusyAnswer(status: int | None, othersInFlight: int, servedRecently: bool) -> bool:
     """Whether a refused attempt's status says the engine is busy rather than failing: a
     429, or a 503 while we had other requests running on that node and it served one of
@@ -110,6 +116,9 @@ class RoomLedger:
         self.ours = ours
         self.rooms: BoundedTable[str, _Room] = BoundedTable(_Room, maxNodes)
         self._listeners: list[Callable[[str], None]] = []
+        # What an engine reporting no slots serves at once, learnt from its waits (standalone
+        # sets it to the residency view's estimator); None where nothing is learnt.
+        self.parallel: Callable[[str], int | None] = _nothingLearnt
 
     # -- events ------------------------------------------------------------------------
 
@@ -218,6 +227,11 @@ class RoomLedger:
 
         return unsubscribe
 
+    def changed(self, nodeId: str) -> None:
+        """Something that decides where requests may go changed on ``nodeId`` (a model
+        finished loading there): tell the listeners, as when room may have appeared."""
+        self._roomMayHaveAppeared(nodeId)
+
     def _roomMayHaveAppeared(self, nodeId: str) -> None:
         for listener in list(self._listeners):
             listener(nodeId)
@@ -227,20 +241,13 @@ class RoomLedger:
     def free(self, nodeId: str) -> int | None:
         """Free slots on ``nodeId`` now (at most 0 when full), or None when unknown."""
         room = self.rooms.get(nodeId)
-        if room is None:
-            return None
         ours = self.ours.get(nodeId, 0)
-        now = self.clock.seconds()
-        free: int | None = None
-        if room.configured is not None:
-            free = room.configured - ours
-        learnt = self._learnt(room, ours, now)
-        if learnt is not None and (free is None or learnt - ours < free):
-            free = learnt - ours
-        reported = self._reported(room, now)
-        if reported is not None and (free is None or reported - ours < free):
-            free = reported - ours
-        return free
+        limits = [self.parallel(nodeId)]
+        if room is not None:
+            now = self.clock.seconds()
+            limits += [room.configured, self._learnt(room, ours, now), self._reported(room, now)]
+        known = [limit for limit in limits if limit is not None]
+        return min(known) - ours if known else None
 
     def knownFull(self, nodeId: str) -> bool:
         """Whether ``nodeId`` is known to have no room now."""
@@ -293,6 +300,9 @@ class RoomLedger:
             out["slotsLimit"] = room.configured
         if room.learnt is not None:
             out["learntLimit"] = room.learnt
+        parallel = self.parallel(nodeId)
+        if parallel is not None:
+            out["learntParallel"] = parallel
         if room.service is not None:
             out["serviceSeconds"] = round(room.service, 3)
         return out

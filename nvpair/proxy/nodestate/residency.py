@@ -1,19 +1,22 @@
 """Which models each node holds, what a load there costs and would evict (spec §11, "Model
 residency"): ``IResidency``, standalone mode only.
 
-**Fed by** each fresh engine probe that lists models (``EngineStates.subscribe``: Ollama
+**Fed by** each fresh engine probe that lists models (the poller's reports: Ollama
 ``/api/ps``, LM Studio ``/api/v1/models`` or ``/api/v0/models``, llama.cpp router
 ``/models``), the inventory polls (``setInventory``), and the proxy's own work: its
-requests (``began``, ``ended``), the loads it starts (``loadStarted``, ``loadDone``) and
-unloads it asks (``unloadAsked``), the engines' load figures (``loadDuration``, Ollama's
-nanoseconds; ``coldFirstByte``) and first bytes (``firstByte``, for ``parallel``).
+requests (``began``, ``ended``), the loads it starts (``loadStarted``, ``loadDone``;
+``loadAbandoned`` when the request that was to load fails) and unloads it asks
+(``unloadAsked``), the engines' load figures (``loadDuration``, Ollama's nanoseconds;
+``coldFirstByte``) and first bytes (``firstByte``, for ``parallel``).
 
 * **State** per (node, model): ``loaded``, ``loading``, ``sleeping`` as the engine says;
   ``cold`` when its fresh probe does not list the model; ``unknown`` when the probe is not
   fresh or says nothing of models.  A load the proxy started is ``loading`` at once, until
   the engine says it is loaded (router mode, LM Studio), its first byte or load figure
   comes, or its expected load time has passed since (Ollama lists a loading model as
-  resident: then ``EXPECT_FACTOR`` × that time at most when it is not listed).
+  resident: then ``EXPECT_FACTOR`` × that time at most when it is not listed).  A load
+  seen done (a first byte, a load figure, a load call answered) is ``loaded`` until a
+  probe lists it, ``DONE_GRACE`` s at most (a probe sent before it may not list it).
 * **Loads and evictions seen**: a model listed that was not in the node's previous probe is
   a load; a model gone is *unloaded* when the proxy asked it within ``ASKED_WINDOW`` s,
   *expired* when its ``expires_at`` had passed, else *evicted*.  A router model going
@@ -32,15 +35,14 @@ Bounded: ``MAX_NODES`` nodes, ``MAX_MODELS`` models per node in each table,
 
 from __future__ import annotations
 
-import datetime
 import math
-from collections import deque
 
 from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
 from nvpair.proxy.nodestate.concurrency import ConcurrencyEstimator
 from nvpair.proxy.nodestate.demand import Demand
+from nvpair.proxy.nodestate.holdings import MAX_MODELS, NodeHoldings, epoch, residentBytes
 from nvpair.proxy.nodestate.interfaces import Eviction, IResidency, ModelState
 from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.nodestate.loadcost import DEFAULT_LOAD_SECONDS, LoadCosts, LoadEvidence
@@ -50,47 +52,11 @@ from nvpair.proxy.nodestate.states import EngineStates
 __all__ = ["Residency"]
 
 MAX_NODES = 256
-MAX_MODELS = 256
 MAX_DEMAND_MODELS = 1024
-MAX_EVENTS = 32
 EXPECT_FACTOR = 3.0
 ASKED_WINDOW = 60.0
 SHOWN_EVENTS = 8
-
-
-class _Node:
-    __slots__ = ("resident", "since", "loadingSince", "seen", "installed", "capacity",
-                 "memory", "counts", "events", "asked", "expected", "running", "used",
-                 "demand")  # fmt: skip
-
-    def __init__(self) -> None:
-        self.resident: dict[str, ResidentModel] = {}
-        self.since: dict[str, float] = {}  # resident model -> when it appeared
-        self.loadingSince: dict[str, float] = {}  # model seen loading -> since when
-        self.seen = False  # a probe listing models was read
-        self.installed: int | None = None
-        self.capacity = 0  # most models seen resident at once
-        self.memory = 0  # most bytes seen resident at once (sizes reported)
-        self.counts = {"loads": 0, "evictions": 0, "expired": 0, "unloaded": 0}
-        self.events: deque[tuple[float, str, str]] = deque(maxlen=MAX_EVENTS)
-        self.asked: dict[str, float] = {}  # model -> when we asked to unload it
-        self.expected: dict[str, float] = {}  # model -> when we started its load
-        self.running: dict[str, int] = {}
-        self.used: dict[str, float] = {}  # model -> our last request on it
-        self.demand = Demand(MAX_MODELS)
-
-
-def _epoch(until: str | None) -> float | None:
-    if until is None:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(until).timestamp()
-    except (ValueError, OverflowError):
-        return None
-
-
-def _bytes(model: ResidentModel) -> int | None:
-    return model.vramBytes if model.vramBytes else model.sizeBytes
+DONE_GRACE = 5.0
 
 
 @implementer(IResidency)
@@ -110,14 +76,14 @@ class Residency:
         self.maxNodes = maxNodes
         self.costs = LoadCosts()
         self.concurrency = ConcurrencyEstimator(clock)
-        self._nodes: dict[str, _Node] = {}
+        self._nodes: dict[str, NodeHoldings] = {}
         self._demand = Demand(MAX_DEMAND_MODELS)
         self._sizes: dict[str, int] = {}  # model -> bytes, as last reported anywhere
 
-    def _node(self, nodeId: str) -> _Node | None:
+    def _node(self, nodeId: str) -> NodeHoldings | None:
         node = self._nodes.get(nodeId)
         if node is None and len(self._nodes) < self.maxNodes:
-            node = self._nodes[nodeId] = _Node()
+            node = self._nodes[nodeId] = NodeHoldings()
         return node
 
     # -- fed by the probes and the inventories --
@@ -134,6 +100,7 @@ class Residency:
             node.installed = len(report.installed)
         new = {r.name: r for r in report.resident[:MAX_MODELS]}
         for name, model in new.items():
+            node.done.pop(name, None)
             old = node.resident.get(name)
             if old is None:
                 node.since[name] = now
@@ -148,7 +115,7 @@ class Residency:
                     node.expected.pop(name, None)
             if report.router and model.state == LOADED:
                 node.expected.pop(name, None)  # a router says when a load is done
-            size = _bytes(model)
+            size = residentBytes(model)
             if size is not None and len(self._sizes) < MAX_DEMAND_MODELS:
                 self._sizes[name] = size
         for name, old in node.resident.items():
@@ -159,13 +126,13 @@ class Residency:
         node.resident = new
         node.seen = True
         node.capacity = max(node.capacity, len(new))
-        sizes = [_bytes(m) for m in new.values()]
+        sizes = [residentBytes(m) for m in new.values()]
         if sizes and all(s is not None for s in sizes):
             node.memory = max(node.memory, sum(s for s in sizes if s is not None))
 
-    def _gone(self, node: _Node, now: float, name: str, old: ResidentModel) -> None:
+    def _gone(self, node: NodeHoldings, now: float, name: str, old: ResidentModel) -> None:
         asked = node.asked.pop(name, None)
-        until = _epoch(old.until)
+        until = epoch(old.until)
         if asked is not None and now - asked <= ASKED_WINDOW:
             self._event(node, now, "unloaded", name, "unloaded")
         elif until is not None and 0 < until <= now:  # Go's zero time: not said
@@ -173,7 +140,7 @@ class Residency:
         else:
             self._event(node, now, "evictions", name, "evicted")
 
-    def _event(self, node: _Node, now: float, count: str, model: str, what: str) -> None:
+    def _event(self, node: NodeHoldings, now: float, count: str, model: str, what: str) -> None:
         node.counts[count] += 1
         node.events.append((now, what, model))
 
@@ -215,7 +182,7 @@ class Residency:
             node.running.pop(model, None)
         self._use(node, model, self.clock.seconds())
 
-    def _use(self, node: _Node, model: str, now: float) -> None:
+    def _use(self, node: NodeHoldings, model: str, now: float) -> None:
         if model in node.used or len(node.used) < MAX_MODELS:
             node.used[model] = now
 
@@ -225,12 +192,21 @@ class Residency:
         if node is not None and (model in node.expected or len(node.expected) < MAX_MODELS):
             node.expected[model] = self.clock.seconds()
 
+    def loadAbandoned(self, nodeId: str, model: str) -> None:
+        """The request that was to load ``model`` on ``nodeId`` failed there: no load of
+        ours is expected any more (the engine's next probe says what it holds)."""
+        node = self._nodes.get(nodeId)
+        if node is not None:
+            node.expected.pop(model, None)
+
     def loadDone(self, nodeId: str, model: str, seconds: float | None = None) -> None:
         """A load of ``model`` on ``nodeId`` is done (the engine's load call answered),
         having taken ``seconds`` (as the engine said or as measured; None: not known)."""
         node = self._nodes.get(nodeId)
         if node is not None:
             node.expected.pop(model, None)
+            if model not in node.resident and (model in node.done or len(node.done) < MAX_MODELS):
+                node.done[model] = self.clock.seconds()
         if seconds is not None:
             self.costs.observe(nodeId, model, seconds, LoadEvidence.REPORTED)
 
@@ -269,7 +245,7 @@ class Residency:
 
     # -- IResidency --
 
-    def _expecting(self, nodeId: str, node: _Node, model: str, now: float) -> bool:
+    def _expecting(self, nodeId: str, node: NodeHoldings, model: str, now: float) -> bool:
         started = node.expected.get(model)
         if started is None:
             return False
@@ -283,8 +259,11 @@ class Residency:
         node = self._nodes.get(nodeId)
         if node is None:
             return ModelState.UNKNOWN
-        if self._expecting(nodeId, node, model, self.clock.seconds()):
+        now = self.clock.seconds()
+        if self._expecting(nodeId, node, model, now):
             return ModelState.LOADING
+        if self._done(node, model, now):
+            return ModelState.LOADED
         if not node.seen or self.states.fresh(nodeId) is None:
             return ModelState.UNKNOWN
         resident = node.resident.get(model)
@@ -293,10 +272,20 @@ class Residency:
     def loadSeconds(self, nodeId: str, model: str) -> float:
         return self.costs.estimate(nodeId, model)
 
-    def _count(self, nodeId: str, node: _Node) -> int:
+    def _done(self, node: NodeHoldings, model: str, now: float) -> bool:
+        done = node.done.get(model)
+        if done is None:
+            return False
+        if now - done <= DONE_GRACE:
+            return True
+        del node.done[model]
+        return False
+
+    def _count(self, nodeId: str, node: NodeHoldings) -> int:
         now = self.clock.seconds()
         pending = [m for m in list(node.expected) if self._expecting(nodeId, node, m, now)]
-        return len(node.resident) + sum(1 for m in pending if m not in node.resident)
+        pending += [m for m in list(node.done) if self._done(node, m, now)]
+        return len(node.resident) + len({m for m in pending if m not in node.resident})
 
     def room(self, nodeId: str) -> int | None:
         node = self._nodes.get(nodeId)
@@ -304,11 +293,11 @@ class Residency:
             return None
         return max(0, node.capacity - self._count(nodeId, node))
 
-    def _fits(self, nodeId: str, node: _Node, model: str) -> bool:
+    def _fits(self, nodeId: str, node: NodeHoldings, model: str) -> bool:
         if self._count(nodeId, node) < node.capacity:
             return True
         size = self._sizes.get(model)
-        held = [_bytes(m) for m in node.resident.values()]
+        held = [residentBytes(m) for m in node.resident.values()]
         if size is None or not node.memory or any(b is None for b in held):
             return False
         return sum(b for b in held if b is not None) + size <= node.memory
@@ -382,7 +371,7 @@ class Residency:
                     "running": node.running.get(name, 0),
                     "demandPerMinute": round(self.demand(name, nodeId), 2),
                     "loadSeconds": round(self.costs.estimate(nodeId, name), 2),
-                    "sizeBytes": None if resident is None else _bytes(resident),
+                    "sizeBytes": None if resident is None else residentBytes(resident),
                 }
             )
         return {

@@ -16,8 +16,10 @@ if TYPE_CHECKING:
     from twisted.internet.interfaces import IReactorTime
 
     from nvpair.proxy.engines import Engine
+    from nvpair.proxy.nodestate.interfaces import IResidency
     from nvpair.proxy.placement.affinity import Affinity
     from nvpair.proxy.placement.keys import AffinityKey
+    from nvpair.proxy.placement.loads import LoadPlan
     from nvpair.proxy.placement.responses import ResponseTable
     from nvpair.proxy.routing.candidates import Snapshot
     from nvpair.proxy.routing.facts import RequestFacts
@@ -39,6 +41,24 @@ class IPlacementContext(Interface):
         "Conversation affinity, or None where it is not ordering candidates (under a "
         "broker, or ``--affinity off``)."
     )
+    loads: ILoadPlanner | None = Attribute(
+        "Placement that counts loads (standalone mode), or None under a broker."
+    )
+    residency: IResidency | None = Attribute(
+        "Which models each node holds (standalone mode), or None under a broker."
+    )
+
+
+class ILoadPlanner(Interface):
+    """Which of a model's owners a request may use, counting loads (``loads.LoadPlanner``,
+    spec §11 "Placement that counts loads")."""
+
+    def loading(nodeId: str, model: str) -> bool:
+        """Whether ``model`` is loading on ``nodeId`` (no room for it there until loaded)."""
+
+    def plan(owners: Sequence[Node], model: str, ahead: int) -> LoadPlan:
+        """The owners a request for ``model`` may use now (``ahead`` requests for it waiting
+        before it), and the one where it would start a load."""
 
 
 class IFleetView(Interface):
@@ -73,7 +93,11 @@ class ISeat(Interface):
         ``seconds``; a Deferred that fires then (None: it cannot be held)."""
 
     def knownFull(owners: Sequence[Node]) -> bool:
-        """Whether every one of ``owners`` is known full (always False under a broker)."""
+        """Whether every one of ``owners`` is known full (always False under a broker); a
+        node where the request's model is loading counts as full."""
+
+    def ahead() -> int:
+        """How many requests for its model wait in the fair queue (0 under a broker)."""
 
     def demote(owners: Sequence[Node]) -> OwnerSplit:
         """``owners`` split: those to order as usual, then the known-full ones (while another

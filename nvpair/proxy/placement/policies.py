@@ -30,6 +30,8 @@ from nvpair.proxy.routing.nodes import Node
 if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
 
+    from nvpair.proxy.nodestate.interfaces import IResidency
+
 # What a policy yields (an attempt, or a pause), is sent back (the attempt's outcome, or
 # None after a pause, and None to start it), and returns.
 Policy = Generator["Deferred[IOutcome] | Deferred[None]", "IOutcome | None", None]
@@ -40,7 +42,7 @@ class _Round:
     budget (attempts tried, the job deadline, the next backoff), its prompt digests, and
     whether it may still be held for a prefix holder."""
 
-    __slots__ = ("ex", "model", "deadline", "backoff", "tried", "key", "counted", "hold")
+    __slots__ = ("ex", "model", "deadline", "backoff", "tried", "key", "counted", "hold", "load")
 
     def __init__(self, ex: IPlacementExchange, model: str) -> None:
         self.ex = ex
@@ -51,6 +53,7 @@ class _Round:
         self.key: AffinityKey | None = None
         self.counted: str | None = ex.facade.engine.id  # placements count once per request
         self.hold = Hold.ALLOWED  # held in the proxy for its prefix holder at most once
+        self.load: str | None = None  # the node where this round would start a load
 
     def owners(self) -> Generator[Deferred[None], IOutcome | None, tuple[Node, ...] | None]:
         """The model's owners now; with none, 502 ``no_owner`` before any dispatch, else a
@@ -81,6 +84,21 @@ class _Round:
         if found.predecessor is Predecessor.STORED:
             return tuple(node for node in owners if node.id == found.node)
         return owners
+
+    def usable(self, owners: tuple[Node, ...]) -> tuple[Node, ...]:
+        """The owners this round may use: in standalone mode, placement that counts loads
+        (``loads.LoadPlanner``) over the owners whose breaker is not open (all of them when
+        every breaker is); under a broker, all of them."""
+        ex = self.ex
+        loads = ex.context.loads
+        self.load = None
+        if loads is None:
+            return owners
+        broken = ex.seat.demote(owners)[2]
+        healthy = tuple(node for node in owners if node not in broken) or owners
+        plan = loads.plan(healthy, self.model, ex.seat.ahead())
+        self.load = None if plan.load is None else plan.load.id
+        return plan.usable
 
     def backOff(
         self, reason: str, wakeOnDiscovery: bool
@@ -170,11 +188,14 @@ class _Round:
                 node = live
             self.tried += 1
             final = self.tried == maxAttempts
+            loading = self.startLoad(node)
             outcome = yield ex.attemptOn(node, final, gated=True)
             assert outcome is not None  # an attempt fires with its outcome
             if outcome.committed:
                 self.served(node)
                 return True
+            if loading is not None:
+                loading.loadAbandoned(node.id, self.model)
             if final:
                 ex.answerFinal(outcome)
                 return True
@@ -183,6 +204,16 @@ class _Round:
                 break  # every owner is busy now: wait in the queue rather than try them
         ex.releaseReservation()
         return False
+
+    def startLoad(self, node: Node) -> IResidency | None:
+        """Going to the node where this round starts a load: the model is loading there
+        from now on (the residency view, returned), so the next requests wait for it."""
+        residency = self.ex.context.residency
+        if node.id != self.load or residency is None:
+            return None
+        self.load = None
+        residency.loadStarted(node.id, self.model)
+        return residency
 
     def served(self, node: Node) -> None:
         """``node`` committed: it is the conversation's home (a failover moves it)."""
@@ -203,6 +234,7 @@ def placeInference(ex: IPlacementExchange) -> Policy:
         owners = yield from placing.owners()
         if owners is None or (owners := placing.follow(owners)) is None:
             return None
+        owners = placing.usable(owners)
         wait = ex.seat.waitForRoom(owners)  # standalone: the fair queue while all are full
         if wait is not None:
             yield wait

@@ -195,6 +195,8 @@ class StatsMeter:
                 stats["cachedTokens"] = cached
             if usage.promptMs is not None:
                 stats["promptMs"] = usage.promptMs
+        if usage.loadNs is not None:
+            stats["loadMs"] = round(usage.loadNs / 1e6, 3)
         firstByteAt = self._firstByteAt
         if completion is not None:
             stats["completionTokens"] = completion

@@ -44,6 +44,7 @@ TIMINGS_KEY = b'"timings"'
 EVAL_COUNT_KEY = b'"eval_count"'
 PROMPT_EVAL_COUNT_KEY = b'"prompt_eval_count"'
 EVAL_DURATION_KEY = b'"eval_duration"'
+LOAD_DURATION_KEY = b'"load_duration"'
 
 # The decoder's own scanner: one JSON value at an index (raw_decode without its wrapper).
 _scan: Callable[[str, int], tuple[object, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # set in __init__
@@ -91,13 +92,15 @@ DIALECTS: dict[str, Dialect] = {
 @attrs.frozen
 class Usage:
     """What an answer reported: prompt, completion and cached prompt tokens, the prompt's
-    evaluation in milliseconds (llama.cpp), the generation in nanoseconds (Ollama)."""
+    evaluation in milliseconds (llama.cpp), the generation and the wait for the model to
+    load in nanoseconds (Ollama)."""
 
     prompt: int | None = None
     completion: int | None = None
     cached: int | None = None
     promptMs: float | None = None
     durationNs: float | None = None
+    loadNs: float | None = None
 
 
 NOTHING = Usage()
@@ -278,10 +281,15 @@ def ollamaUsage(tail: bytes) -> Usage:
     objectEnd = tail.find(b"\n{", at)
     region = tail[objectStart:] if objectEnd < 0 else tail[objectStart:objectEnd]
     fields: dict[bytes, object] = {}
-    for key in (EVAL_COUNT_KEY, PROMPT_EVAL_COUNT_KEY, EVAL_DURATION_KEY):
+    for key in (EVAL_COUNT_KEY, PROMPT_EVAL_COUNT_KEY, EVAL_DURATION_KEY, LOAD_DURATION_KEY):
         keyAt = region.rfind(key)
         if keyAt >= 0:
             fields[key] = valueAfter(region, keyAt, key)
     completion = count(fields.get(EVAL_COUNT_KEY))
     duration = nanoseconds(fields.get(EVAL_DURATION_KEY)) if completion is not None else None
-    return Usage(count(fields.get(PROMPT_EVAL_COUNT_KEY)), completion, durationNs=duration)
+    return Usage(
+        count(fields.get(PROMPT_EVAL_COUNT_KEY)),
+        completion,
+        durationNs=duration,
+        loadNs=nanoseconds(fields.get(LOAD_DURATION_KEY)),
+    )

@@ -38,8 +38,9 @@ from nvpair.proxy.interfaces import (
     IRequestContext,
     IWorkload,
 )
-from nvpair.proxy.nodestate.interfaces import IEngineStates, IRoomLedger
+from nvpair.proxy.nodestate.interfaces import IEngineStates, IResidency, IRoomLedger
 from nvpair.proxy.placement.affinity import Affinity
+from nvpair.proxy.placement.interfaces import ILoadPlanner
 from nvpair.proxy.placement.keys import AffinityKey
 from nvpair.proxy.placement.responses import ResponseTable
 from nvpair.proxy.routing.reservations import ReservationMap
@@ -183,6 +184,8 @@ class FakeContext(ObservedContext, Generic[UpstreamT]):
         self.affinity: Affinity | None = None
         self.engineStates: IEngineStates | None = None
         self.queueing: IQueueing | None = None
+        self.residency: IResidency | None = None
+        self.loads: ILoadPlanner | None = None
         # The overloads tie ``UpstreamT`` to what is stored here.
         self.upstream = cast(UpstreamT, UpstreamSpy(self.clock) if upstream is None else upstream)
         self.trust = trust

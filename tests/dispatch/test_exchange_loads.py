@@ -1,0 +1,135 @@
+"""Placement that counts loads in the placement loop, on a Clock (spec §11, "Placement that
+counts loads"): a model loaded nowhere is loaded on one node while the others wait in the
+proxy; a warm node that is full is waited for rather than a cold one loaded; a load whose
+request failed is no longer expected."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nvpair.proxy.features import useStandalone
+from nvpair.proxy.nodestate.interfaces import ModelState
+from nvpair.proxy.nodestate.probes import EngineReport, ResidentModel
+from nvpair.proxy.testing.upstreamspy import FakeResponse
+from tests.support.exchangecase import LoopCase
+from tests.support.fakerequest import FakeRequest
+from tests.support.fakeupstream import makeFacade, node
+
+FUTURE = "2030-01-01T00:00:00Z"
+
+
+def ps(*models: str) -> EngineReport:
+    """An Ollama ``/api/ps`` report holding ``models``."""
+    resident = tuple(ResidentModel(m, until=FUTURE) for m in models)
+    return EngineReport(loaded=frozenset(models), resident=resident)
+
+
+class LoadsCase(LoopCase):
+    """Owners A, B and C of ``m1``, Ollama-like (no slots reported), standalone's features."""
+
+    nodes = ("A", "B", "C")
+    settings: dict[str, Any] = {"queueMax": 64, "queueTimeout": 30.0}
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.features = useStandalone(self.context, affinity=False)
+        self.residency = self.features.residency
+
+    def hold(self, **held: tuple[str, ...]) -> None:
+        """Each named node's fresh probe lists ``models``."""
+        for node, models in held.items():
+            self.features.states.record(node, ps(*models), 1.0, "/api/ps")
+            self.residency.observe(node, ps(*models))
+
+    def commit(self, index: int) -> FakeResponse:
+        """Upstream call ``index`` answers 200 and its first byte arrives."""
+        response: FakeResponse = self.upstream.calls[index].respond(200)
+        response.send(b"{}")
+        return response
+
+    def depth(self) -> int:
+        return sum(d for _, _, d, _, _ in self.features.queueing.depths())
+
+
+class ColdTests(LoadsCase):
+    """Loaded nowhere."""
+
+    def test_twentyTogetherOneLoad(self) -> None:
+        """Twenty requests arriving together: one goes to one node (the model loading there
+        from then on), nineteen wait in the proxy; its first byte ends the load and all
+        nineteen go to that same node."""
+        self.hold(A=(), B=(), C=())
+        for _ in range(20):
+            self.start()
+        self.assertEqual(len(self.upstream.calls), 1)
+        loader = self.upstream.calls[0].nodeId
+        self.assertIs(self.residency.state(loader, "m1"), ModelState.LOADING)
+        self.assertEqual(self.depth(), 19)
+        self.clock.advance(0.5)
+        self.commit(0)
+        self.assertIs(self.residency.state(loader, "m1"), ModelState.LOADED)
+        self.assertEqual(len(self.upstream.calls), 20)
+        self.assertEqual({call.nodeId for call in self.upstream.calls}, {loader})
+        self.assertEqual(self.depth(), 0)
+        self.assertEqual(self.residency.costs.known(loader, "m1"), 0.5)
+
+    def test_failedLoadIsNotExpected(self) -> None:
+        """The request that was to load fails there: no load is expected on that node any
+        more, and the request is placed again."""
+        self.hold(A=(), B=(), C=())
+        self.start()
+        loader = self.upstream.calls[0].nodeId
+        self.upstream.calls[0].refuse()
+        self.assertIsNot(self.residency.state(loader, "m1"), ModelState.LOADING)
+        self.clock.advance(self.context.settings.backoffBase)
+        self.assertEqual(len(self.upstream.calls), 2)
+
+
+class WarmTests(LoadsCase):
+    """Warm on a node that is full, cold on idle ones."""
+
+    def test_waitForTheWarmNode(self) -> None:
+        """A is warm and full (one slot), B and C cold and idle: the next request waits in
+        the proxy for A (nothing loads), and goes there when A's request ends."""
+        self.hold(A=("m1",), B=("x",), C=())
+        self.features.ledger.configure("A", 1)
+        self.start()
+        first = self.commit(0)
+        self.start()
+        self.assertEqual(len(self.upstream.calls), 1)
+        self.assertEqual(self.depth(), 1)
+        first.end()
+        self.assertEqual([call.nodeId for call in self.upstream.calls], ["A", "A"])
+        self.assertEqual(self.residency.holders("m1"), ("A",))
+
+
+class FeedTests(LoadsCase):
+    """What our requests teach the residency view."""
+
+    def test_warmFirstByteTeachesParallel(self) -> None:
+        """A warm request's first byte since dispatch, with the number of ours then running
+        on the node, is a sample for what the engine serves at once; what that learns bounds
+        the node's room in the ledger."""
+        self.hold(A=("m1",), B=(), C=())
+        self.start()
+        self.clock.advance(0.25)
+        self.commit(0).end()
+        levels = self.residency.concurrency.snapshot("A")["levels"]
+        self.assertEqual(levels, {"1": {"waitSeconds": 0.25, "samples": 1}})
+        for running, wait in ((1, 0.25), (1, 0.25), (2, 3.0), (2, 3.0), (2, 3.0)):
+            self.residency.firstByte("A", running, wait)
+        self.assertEqual(self.features.ledger.free("A"), 1)
+
+    def test_reportedLoadTime(self) -> None:
+        """An Ollama answer that waited for a load (``load_duration``) tells what the load
+        cost there, and that wait is not counted in the node's service time."""
+        self.facade = makeFacade(self.clock, [node(n) for n in self.nodes], engine="ollama")
+        self.hold(A=(), B=(), C=())
+        self.start(FakeRequest(path=b"/api/chat"), model="m1:latest")
+        loader = self.upstream.calls[0].nodeId
+        self.clock.advance(3.0)
+        response = self.commit(0)
+        response.send(b'\n{"done":true,"eval_count":1,"load_duration":2500000000}\n')
+        response.end()
+        self.assertEqual(self.residency.costs.known(loader, "m1:latest"), 2.5)
+        self.assertEqual(self.features.ledger.serviceTime(loader), 0.5)

@@ -1,0 +1,261 @@
+"""Placement that counts loads (spec §11, "Placement that counts loads"): which owners a
+request may use given what each holds, what a load costs and what it would evict; pure,
+over a real residency view and room ledger on a ``Clock``."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+from zope.interface.verify import verifyObject
+
+from nvpair.proxy.nodestate.interfaces import ModelState
+from nvpair.proxy.nodestate.ledger import RoomLedger
+from nvpair.proxy.nodestate.probes import EngineReport, ResidentModel
+from nvpair.proxy.nodestate.residency import Residency
+from nvpair.proxy.nodestate.states import EngineStates
+from nvpair.proxy.placement.interfaces import ILoadPlanner
+from nvpair.proxy.placement.loads import LoadPlan, LoadPlanner, Tier
+from nvpair.proxy.routing.nodes import Node
+
+NOW = 1_800_000_000.0
+FUTURE = "2030-01-01T00:00:00Z"
+NODES = tuple(Node(n, False, (n,), frozenset({"m", "x", "y"})) for n in ("A", "B", "C"))
+A, B, C = NODES
+
+
+def ps(*models: str) -> EngineReport:
+    """An Ollama ``/api/ps`` report holding ``models``."""
+    resident = tuple(ResidentModel(m, until=FUTURE) for m in models)
+    return EngineReport(loaded=frozenset(models), resident=resident)
+
+
+class PlanCase(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.clock.advance(NOW)
+        self.ours: dict[str, int] = {}
+        self.ledger = RoomLedger(self.clock, self.ours)
+        self.states = EngineStates(self.clock, self.ledger)
+        self.residency = Residency(self.clock, self.states, self.ledger)
+        self.planner = LoadPlanner(self.residency, self.ledger)
+
+    def hold(self, **held: tuple[str, ...]) -> None:
+        """Every node's fresh probe: ``A=("m",)`` holds m; a node not named says nothing."""
+        for node, models in held.items():
+            self.states.record(node, ps(*models), 1.0, "/api/ps")
+            self.residency.observe(node, ps(*models))
+
+    def learnCapacity(self, node: str, models: tuple[str, ...]) -> None:
+        """``node`` is seen holding ``models`` at once (what it can hold), then nothing."""
+        self.hold(**{node: models})
+        self.hold(**{node: ()})
+
+    def serve(self, node: str, slots: int, seconds: float) -> None:
+        """``node`` runs ``slots`` of ours at most (``max_concurrency``), each ``seconds``."""
+        self.ledger.configure(node, slots)
+        self.ledger.finished(node, seconds)
+
+    def start(self, node: str, model: str, count: int) -> None:
+        """``count`` of ours for ``model`` start on ``node``."""
+        for _ in range(count):
+            self.ours[node] = self.ours.get(node, 0) + 1
+            self.residency.began(node, model)
+
+    def plan(self, ahead: int = 0, owners: tuple[Node, ...] = NODES) -> LoadPlan:
+        return self.planner.plan(owners, "m", ahead)
+
+
+class NoLoadTests(PlanCase):
+    """When no load is in question the owners are left as they are."""
+
+    def test_interface(self) -> None:
+        """The planner provides the interface the queue and the policy type it by."""
+        self.assertTrue(verifyObject(ILoadPlanner, self.planner))
+
+    def test_nothingKnown(self) -> None:
+        """Engines that say nothing of models (or no fresh probe yet): every owner."""
+        self.assertEqual(self.plan(), LoadPlan(NODES))
+
+    def test_warmEverywhere(self) -> None:
+        """The model loaded on every owner: every owner."""
+        self.hold(A=("m",), B=("m",), C=("m", "x"))
+        self.assertEqual(self.plan(), LoadPlan(NODES))
+
+    def test_warmWithRoomOnly(self) -> None:
+        """Warm on A, cold on B and C: A alone while it has room (its ledger says so or
+        knows nothing), however many wait."""
+        self.hold(A=("m",), B=("x",), C=())
+        self.assertEqual(self.plan(ahead=1000), LoadPlan((A,)))
+        self.serve("A", 2, 1.0)
+        self.start("A", "m", 1)
+        self.assertEqual(self.plan(ahead=1000), LoadPlan((A,)))
+
+    def test_unknownCountsAsWarm(self) -> None:
+        """An owner whose engine says nothing of models may serve it (a single-model
+        engine): it and the warm ones, never the cold ones."""
+        self.hold(A=("m",), B=())
+        self.assertEqual(self.plan(), LoadPlan((A, C)))
+
+
+class ColdTests(PlanCase):
+    """Loaded nowhere: exactly one owner, the cheapest to load on."""
+
+    def test_oneNodeThenItsLoad(self) -> None:
+        """The first request goes alone to one node and starts a load there; every later
+        one (twenty arriving together) waits for that load, starting none."""
+        self.hold(A=(), B=(), C=())
+        first = self.plan()
+        assert first.load is not None
+        self.assertEqual(first.usable, (first.load,))
+        self.residency.loadStarted(first.load.id, "m")
+        for ahead in range(20):
+            self.assertEqual(self.plan(ahead), LoadPlan((first.load,)))
+        self.assertTrue(self.planner.loading(first.load.id, "m"))
+
+    def test_roomBeforeEviction(self) -> None:
+        """A node with room for one more model wins over one that must evict."""
+        self.learnCapacity("A", ("x", "y"))
+        self.learnCapacity("B", ("x", "y"))
+        self.hold(A=("x", "y"), B=("x",), C=("x", "y"))
+        self.learnCapacity("C", ("x", "y"))
+        self.hold(C=("x", "y"))
+        self.assertEqual(self.plan().load, B)
+
+    def test_evictACopyBeforeAnOnlyCopy(self) -> None:
+        """Both full: the node whose victim is resident elsewhere too goes first."""
+        self.learnCapacity("A", ("x",))
+        self.learnCapacity("B", ("x",))
+        self.hold(A=("y",), B=("x",), C=("x",))
+        self.assertEqual(self.plan(owners=(A, B)).load, B)
+        self.assertEqual(self.planner.cheapest((A, B), "m").tier, Tier.COPY)
+
+    def test_idleVictimBeforeBusy(self) -> None:
+        """Every resident model of A is running ours: a load there waits; B's idle one goes."""
+        self.learnCapacity("A", ("x",))
+        self.learnCapacity("B", ("y",))
+        self.hold(A=("x",), B=("y",))
+        self.start("A", "x", 1)
+        self.assertEqual(self.plan(owners=(A, B)).load, B)
+        self.assertEqual(self.planner.cheapest((A,), "m").tier, Tier.BUSY)
+
+    def test_leastDemandVictim(self) -> None:
+        """Two only copies: the one with less demand lately is evicted."""
+        self.learnCapacity("A", ("x",))
+        self.learnCapacity("B", ("y",))
+        self.hold(A=("x",), B=("y",))
+        for _ in range(5):
+            self.residency.began("A", "x")
+            self.residency.ended("A", "x")
+        self.residency.began("B", "y")
+        self.residency.ended("B", "y")
+        self.assertEqual(self.plan(owners=(A, B)).load, B)
+
+    @settings(max_examples=50, deadline=None)
+    @given(st.permutations(NODES))
+    def test_sameNodeWhateverTheOrder(self, owners: list[Node]) -> None:
+        """Ties go by rendezvous hashing on the model: the owners' order does not matter."""
+        self.hold(A=(), B=(), C=())
+        self.assertEqual(self.plan(owners=tuple(owners)).load, self.plan().load)
+
+    def test_abandonedLoad(self) -> None:
+        """The request that was to load fails: the model is cold there again."""
+        self.hold(A=(), B=(), C=())
+        load = self.plan().load
+        assert load is not None
+        self.residency.loadStarted(load.id, "m")
+        self.residency.loadAbandoned(load.id, "m")
+        self.assertIs(self.residency.state(load.id, "m"), ModelState.COLD)
+
+
+class SpillTests(PlanCase):
+    """Warm copies all full: a further copy only when their wait exceeds a load elsewhere."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.learnCapacity("B", ("x", "y"))
+        self.hold(A=("m",), B=("x",), C=())
+        self.serve("A", 2, 1.0)  # two slots, a second each: two requests a second
+        self.start("A", "m", 2)
+
+    def test_waitShorterThanALoad(self) -> None:
+        """Predicted wait ((ahead + 1) / 2 per second) under the 10 s default load: the warm
+        owners only (the request waits for them in the proxy)."""
+        self.assertEqual(self.plan(ahead=18), LoadPlan((A,)))
+
+    def test_waitLongerThanALoad(self) -> None:
+        """Past it: the cheapest cold owner alone (B has room), where the request loads."""
+        self.assertEqual(self.plan(ahead=20), LoadPlan((B,), B))
+
+    def test_oneCopyAtATime(self) -> None:
+        """While that copy loads it counts at the warm copies' rate: another load only once
+        the wait beyond both exceeds a load."""
+        self.residency.loadStarted("B", "m")
+        self.assertEqual(self.plan(ahead=38), LoadPlan((A, B)))
+        self.assertEqual(self.plan(ahead=40), LoadPlan((C,), C))
+
+    def test_unknownRateStaysWarm(self) -> None:
+        """A warm copy whose service time is not known yet: no spill, however long the
+        queue (stay warm when uncertain)."""
+        self.ledger.forget("A")
+        self.ledger.configure("A", 2)
+        self.assertEqual(self.plan(ahead=1000), LoadPlan((A,)))
+
+    def test_neverEvictAnOnlyCopyInDemand(self) -> None:
+        """A spill never pushes out the only copy of a model in use lately, nor a busy one."""
+        self.learnCapacity("C", ("y",))
+        self.hold(C=("y",))
+        self.residency.began("C", "y")
+        self.residency.ended("C", "y")
+        self.assertEqual(self.plan(ahead=1000, owners=(A, C)), LoadPlan((A,)))
+        self.start("C", "y", 1)
+        self.assertEqual(self.plan(ahead=1000, owners=(A, C)), LoadPlan((A,)))
+
+    def test_anIdleOnlyCopyMayGo(self) -> None:
+        """The only copy of a model nobody asked for lately may make room."""
+        self.learnCapacity("C", ("y",))
+        self.hold(C=("y",))
+        self.assertEqual(self.plan(ahead=1000, owners=(A, C)), LoadPlan((C,), C))
+
+    def test_copyEvictionCharged(self) -> None:
+        """Evicting a model resident elsewhere costs its load times its demand's share
+        there (all of it here: 10 s more): a wait between one load and that does not
+        spill."""
+        self.learnCapacity("C", ("x",))
+        self.hold(A=("m", "x"), C=("x",))
+        for _ in range(4):
+            self.residency.began("C", "x")
+            self.residency.ended("C", "x")
+        self.assertEqual(self.planner.cheapest((C,), "m").tier, Tier.COPY)
+        self.assertEqual(self.plan(ahead=30, owners=(A, C)), LoadPlan((A,)))
+        self.assertEqual(self.plan(ahead=50, owners=(A, C)), LoadPlan((C,), C))
+
+
+class LoadingTests(PlanCase):
+    """Loading somewhere, warm nowhere: wait for that load."""
+
+    def test_waitForTheLoad(self) -> None:
+        """The loading owner alone, however many wait: its rate is not known yet."""
+        self.hold(A=(), B=(), C=())
+        self.residency.loadStarted("C", "m")
+        self.assertEqual(self.plan(ahead=500), LoadPlan((C,)))
+        self.assertTrue(self.planner.loading("C", "m"))
+        self.assertFalse(self.planner.loading("A", "m"))
+
+
+class LedgerParallelTests(SynchronousTestCase):
+    """What an engine reporting no slots serves at once, learnt, bounds its room."""
+
+    def test_parallelSource(self) -> None:
+        """The learnt parallel slots less ours: the least of the sources, as the others."""
+        ours = {"n": 1}
+        ledger = RoomLedger(Clock(), ours)
+        self.assertIsNone(ledger.free("n"))
+        ledger.parallel = {"n": 2}.get
+        self.assertEqual(ledger.free("n"), 1)
+        ours["n"] = 2
+        self.assertTrue(ledger.knownFull("n"))
+        ledger.configure("n", 1)
+        self.assertEqual(ledger.free("n"), -1)
+        self.assertEqual(ledger.status("n")["learntParallel"], 2)
