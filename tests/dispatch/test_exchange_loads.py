@@ -37,9 +37,9 @@ class LoadsCase(LoopCase):
 
     def hold(self, **held: tuple[str, ...]) -> None:
         """Each named node's fresh probe lists ``models``."""
-        for node, models in held.items():
-            self.features.states.record(node, ps(*models), 1.0, "/api/ps")
-            self.residency.observe(node, ps(*models))
+        for nodeId, models in held.items():
+            self.features.states.record(nodeId, ps(*models), 1.0, "/api/ps")
+            self.residency.observe(nodeId, ps(*models))
 
     def commit(self, index: int) -> FakeResponse:
         """Upstream call ``index`` answers 200 and its first byte arrives."""

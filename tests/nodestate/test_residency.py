@@ -132,7 +132,6 @@ class StateTests(ResidencyCase):
         self.view.loadDuration("n", "z", 2_000_000_000)
         self.assertEqual(self.view.loadSeconds("n", "z"), 2.0)
 
-
     def test_doneBeforeListed(self) -> None:
         """A load seen done before any probe lists the model is ``loaded`` (and takes a
         place) until a probe lists it, or ``DONE_GRACE`` s pass with none listing it."""
@@ -149,6 +148,7 @@ class StateTests(ResidencyCase):
         self.probe(ps("b", "c"))
         self.probe(ps("b"), advance=0.5)
         self.assertIs(self.view.state("n", "c"), ModelState.COLD, "listed, then gone")
+
 
 class EvictionTests(ResidencyCase):
     """What a node can hold and what a load there would push out."""
