@@ -14,7 +14,7 @@ from nvpair.proxy.nodestate.interfaces import Eviction, IResidency, ModelState
 from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.nodestate.loadcost import DEFAULT_LOAD_SECONDS
 from nvpair.proxy.nodestate.probes import EngineReport, ResidentModel
-from nvpair.proxy.nodestate.residency import DONE_GRACE, Residency
+from nvpair.proxy.nodestate.residency import DONE_GRACE, LISTING_TRUSTED, Residency
 from nvpair.proxy.nodestate.states import EngineStates
 
 NOW = 1_800_000_000.0
@@ -60,13 +60,15 @@ class StateTests(ResidencyCase):
         self.assertTrue(verifyObject(IResidency, self.view))
 
     def test_statesFromProbes(self) -> None:
-        """Listed: loaded; not listed: cold; no fresh probe, or a probe that says nothing of
-        models: unknown."""
+        """Listed: loaded; not listed: cold; no listing for ``LISTING_TRUSTED`` s and no fresh
+        probe, or a probe that says nothing of models: unknown."""
         self.assertIs(self.view.state("n", "a"), ModelState.UNKNOWN)
         self.probe(ps("a", "b"))
         self.assertIs(self.view.state("n", "a"), ModelState.LOADED)
         self.assertIs(self.view.state("n", "c"), ModelState.COLD)
         self.clock.advance(2.5)
+        self.assertIs(self.view.state("n", "a"), ModelState.LOADED, "a recent listing holds")
+        self.clock.advance(LISTING_TRUSTED)
         self.assertIs(self.view.state("n", "a"), ModelState.UNKNOWN, "stale")
         self.probe(EngineReport(busy=0, total=2), node="llama")
         self.assertIs(self.view.state("llama", "m"), ModelState.UNKNOWN)

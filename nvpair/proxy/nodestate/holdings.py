@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import datetime
 from collections import deque
+from collections.abc import Mapping
 
 from nvpair.proxy.nodestate.demand import Demand
 from nvpair.proxy.nodestate.probes import ResidentModel
 
-__all__ = ["MAX_EVENTS", "MAX_MODELS", "NodeHoldings", "epoch", "residentBytes"]
+__all__ = ["ASKED_WINDOW", "EVICTION_SETTLE", "MAX_EVENTS", "MAX_MODELS", "NodeHoldings",
+           "epoch", "residentBytes"]  # fmt: skip
 
 MAX_MODELS = 256
 MAX_EVENTS = 32
+ASKED_WINDOW = 60.0
+EVICTION_SETTLE = 0.5  # a probe this long after a load started shows what it evicted
 
 
 class NodeHoldings:
@@ -20,7 +24,8 @@ class NodeHoldings:
     our requests there, its loads and evictions seen (``residency.Residency``)."""
 
     __slots__ = ("resident", "since", "loadingSince", "seen", "installed", "capacity",
-                 "memory", "counts", "events", "asked", "expected", "done", "running", "used",
+                 "memory", "counts", "events", "asked", "expected", "done", "evicting", "running",
+                 "used", "listedAt",
                  "demand")  # fmt: skip
 
     def __init__(self) -> None:
@@ -36,9 +41,36 @@ class NodeHoldings:
         self.asked: dict[str, float] = {}  # model -> when we asked to unload it
         self.expected: dict[str, float] = {}  # model -> when we started its load
         self.done: dict[str, float] = {}  # model -> when a load was seen done, until listed
+        self.evicting: dict[str, float] = {}  # model a load of ours will likely evict -> when
+        self.listedAt = 0.0  # when a probe last listed what it holds
         self.running: dict[str, int] = {}
         self.used: dict[str, float] = {}  # model -> our last request on it
         self.demand = Demand(MAX_MODELS)
+
+    def event(self, now: float, count: str, model: str, what: str) -> None:
+        """A load or an unload seen: counted, and kept among the node's last events."""
+        self.counts[count] += 1
+        self.events.append((now, what, model))
+
+    def gone(self, now: float, name: str, old: ResidentModel) -> None:
+        """``name`` is no longer listed: unloaded (we asked within ``ASKED_WINDOW`` s),
+        expired (its ``expires_at`` passed) or evicted."""
+        asked = self.asked.pop(name, None)
+        until = epoch(old.until)
+        if asked is not None and now - asked <= ASKED_WINDOW:
+            self.event(now, "unloaded", name, "unloaded")
+        elif until is not None and 0 < until <= now:  # Go's zero time: not said
+            self.event(now, "expired", name, "expired")
+        else:
+            self.event(now, "evictions", name, "evicted")
+
+    def settle(self, listed: Mapping[str, object], now: float) -> None:
+        """A probe listed ``listed``: a model a load of ours was to evict is gone (it is not
+        listed), or was not evicted (still listed ``EVICTION_SETTLE`` s after the load
+        started: the engine had room)."""
+        for name, since in list(self.evicting.items()):
+            if name not in listed or now - since >= EVICTION_SETTLE:
+                del self.evicting[name]
 
 
 def epoch(until: str | None) -> float | None:

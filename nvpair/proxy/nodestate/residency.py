@@ -10,13 +10,17 @@ requests (``began``, ``ended``), the loads it starts (``loadStarted``, ``loadDon
 ``coldFirstByte``) and first bytes (``firstByte``, for ``parallel``).
 
 * **State** per (node, model): ``loaded``, ``loading``, ``sleeping`` as the engine says;
-  ``cold`` when its fresh probe does not list the model; ``unknown`` when the probe is not
-  fresh or says nothing of models.  A load the proxy started is ``loading`` at once, until
-  the engine says it is loaded (router mode, LM Studio), its first byte or load figure
-  comes, or its expected load time has passed since (Ollama lists a loading model as
-  resident: then ``EXPECT_FACTOR`` × that time at most when it is not listed).  A load
-  seen done (a first byte, a load figure, a load call answered) is ``loaded`` until a
-  probe lists it, ``DONE_GRACE`` s at most (a probe sent before it may not list it).
+  ``cold`` when its last listing does not have the model; ``unknown`` when the engine says
+  nothing of models, or no probe is fresh and none listed models within
+  ``LISTING_TRUSTED`` s.  A load the proxy started is ``loading`` at once, until the engine
+  says it is loaded (router mode, LM Studio), its first byte or load figure comes, or its
+  expected load time has passed since (Ollama lists a loading model as resident: then
+  ``EXPECT_FACTOR`` × that time at most when it is not listed).  A load seen done (a first
+  byte, a load figure, a load call answered) is ``loaded`` until a probe lists it,
+  ``DONE_GRACE`` s at most (a probe sent before it may not list it).  The idle model a
+  load of ours will likely evict is ``cold`` from the load's start, until a probe shows it
+  gone or still there ``EVICTION_SETTLE`` s after (the engine had room): requests for it
+  do not reach it meanwhile, to find it evicted and load it back.
 * **Loads and evictions seen**: a model listed that was not in the node's previous probe is
   a load; a model gone is *unloaded* when the proxy asked it within ``ASKED_WINDOW`` s,
   *expired* when its ``expires_at`` had passed, else *evicted*.  A router model going
@@ -42,11 +46,11 @@ from zope.interface import implementer
 
 from nvpair.proxy.nodestate.concurrency import ConcurrencyEstimator
 from nvpair.proxy.nodestate.demand import Demand
-from nvpair.proxy.nodestate.holdings import MAX_MODELS, NodeHoldings, epoch, residentBytes
+from nvpair.proxy.nodestate.holdings import MAX_MODELS, NodeHoldings, residentBytes
 from nvpair.proxy.nodestate.interfaces import Eviction, IResidency, ModelState
 from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.nodestate.loadcost import DEFAULT_LOAD_SECONDS, LoadCosts, LoadEvidence
-from nvpair.proxy.nodestate.probes import LOADED, LOADING, EngineReport, ResidentModel
+from nvpair.proxy.nodestate.probes import LOADED, LOADING, EngineReport
 from nvpair.proxy.nodestate.states import EngineStates
 
 __all__ = ["Residency"]
@@ -54,9 +58,9 @@ __all__ = ["Residency"]
 MAX_NODES = 256
 MAX_DEMAND_MODELS = 1024
 EXPECT_FACTOR = 3.0
-ASKED_WINDOW = 60.0
 SHOWN_EVENTS = 8
 DONE_GRACE = 5.0
+LISTING_TRUSTED = 10.0
 
 
 @implementer(IResidency)
@@ -105,7 +109,7 @@ class Residency:
             if old is None:
                 node.since[name] = now
                 if node.seen:
-                    self._event(node, now, "loads", name, "load")
+                    node.event(now, "loads", name, "load")
             if model.state == LOADING:
                 node.loadingSince.setdefault(name, node.expected.get(name, now))
             elif name in node.loadingSince:
@@ -122,27 +126,15 @@ class Residency:
             if name not in new:
                 node.since.pop(name, None)
                 node.loadingSince.pop(name, None)
-                self._gone(node, now, name, old)
+                node.gone(now, name, old)
+        node.settle(new, now)
         node.resident = new
         node.seen = True
+        node.listedAt = now
         node.capacity = max(node.capacity, len(new))
         sizes = [residentBytes(m) for m in new.values()]
         if sizes and all(s is not None for s in sizes):
             node.memory = max(node.memory, sum(s for s in sizes if s is not None))
-
-    def _gone(self, node: NodeHoldings, now: float, name: str, old: ResidentModel) -> None:
-        asked = node.asked.pop(name, None)
-        until = epoch(old.until)
-        if asked is not None and now - asked <= ASKED_WINDOW:
-            self._event(node, now, "unloaded", name, "unloaded")
-        elif until is not None and 0 < until <= now:  # Go's zero time: not said
-            self._event(node, now, "expired", name, "expired")
-        else:
-            self._event(node, now, "evictions", name, "evicted")
-
-    def _event(self, node: NodeHoldings, now: float, count: str, model: str, what: str) -> None:
-        node.counts[count] += 1
-        node.events.append((now, what, model))
 
     def setInventory(self, nodeId: str, models: int | None) -> None:
         """How many models ``nodeId`` has installed (its inventory poll; None: unknown)."""
@@ -187,10 +179,14 @@ class Residency:
             node.used[model] = now
 
     def loadStarted(self, nodeId: str, model: str) -> None:
-        """The proxy started a load of ``model`` on ``nodeId`` (it is ``loading`` now)."""
+        """The proxy started a load of ``model`` on ``nodeId`` (it is ``loading`` now); the
+        idle model it will likely evict there is taken as gone until a probe says."""
+        eviction = self.likelyEviction(nodeId, model)
         node = self._node(nodeId)
         if node is not None and (model in node.expected or len(node.expected) < MAX_MODELS):
             node.expected[model] = self.clock.seconds()
+        if node is not None and eviction is not None and eviction.idle:
+            node.evicting[eviction.model] = self.clock.seconds()
 
     def loadAbandoned(self, nodeId: str, model: str) -> None:
         """The request that was to load ``model`` on ``nodeId`` failed there: no load of
@@ -264,10 +260,14 @@ class Residency:
             return ModelState.LOADING
         if self._done(node, model, now):
             return ModelState.LOADED
-        if not node.seen or self.states.fresh(nodeId) is None:
+        if not node.seen or (
+            now - node.listedAt > LISTING_TRUSTED and not self.states.fresh(nodeId)
+        ):
             return ModelState.UNKNOWN
         resident = node.resident.get(model)
-        return ModelState.COLD if resident is None else ModelState(resident.state)
+        if resident is None or model in node.evicting:
+            return ModelState.COLD
+        return ModelState(resident.state)
 
     def loadSeconds(self, nodeId: str, model: str) -> float:
         return self.costs.estimate(nodeId, model)

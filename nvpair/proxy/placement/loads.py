@@ -25,8 +25,9 @@ router's sleeping child).  ``LoadPlanner.plan`` answers the owners a request may
 4. **Cold everywhere**: exactly one owner, the cheapest to load on: no eviction (room
    known) first, then nothing known of its room, then evicting an idle model resident
    elsewhere, then the only copy of an idle model (least fleet demand first), then a busy
-   one (the load waits); within a tier the least victim demand, the fastest load, then
-   rendezvous hashing on the model, so a burst for one model picks one node.
+   one (the load waits); within a tier a node with a free slot first, then the least victim
+   demand, the fastest load, then rendezvous hashing on the model, so a burst for one model
+   picks one node.
 
 A request sent to its ``load`` node marks the model loading there at once
 (``IResidency.loadStarted``), so the next requests wait for that load instead of starting
@@ -113,9 +114,11 @@ class LoadPlanner:
         copies = (*warm, *loading)
         if not copies:
             best = self.cheapest(cold, model)
+            _dbg("cold", model, owners, state, ahead, best, self)
             return LoadPlan((best.node,), best.node)
         spill = self._spill(warm, loading, cold, model, ahead)
         if spill is not None:
+            _dbg("spill", model, owners, state, ahead, self._cold(spill, model), self)
             return LoadPlan((spill,), spill)
         return LoadPlan(copies)
 
@@ -135,7 +138,9 @@ class LoadPlanner:
             share = min(1.0, eviction.demand / eviction.fleetDemand)
             charge = residency.loadSeconds(nodeId, eviction.model) * share
         rendezvous = float(mix(hash((model, nodeId))))
-        return _Cold(node, tier, seconds + charge, (tier, round(demand, 1), seconds, rendezvous))
+        full = float(self.ledger.knownFull(nodeId))  # the load would wait for a slot
+        key = (tier, full, round(demand, 1), seconds, rendezvous)
+        return _Cold(node, tier, seconds + charge, key)
 
     def _spill(
         self,
@@ -180,3 +185,17 @@ def _tier(eviction: Eviction | None, room: int | None) -> Tier:
     if not eviction.idle:
         return Tier.BUSY
     return Tier.COPY if eviction.copies > 1 else Tier.ONLY
+
+
+def _dbg(kind, model, owners, state, ahead, best, planner):  # type: ignore[no-untyped-def]
+    import time
+
+    with open("/tmp/plan.log", "a") as f:
+        f.write(
+            f"{time.time():.2f} {kind} {model} ahead={ahead} -> {best.node.id[-5:]} tier={best.tier.name} "
+            + " ".join(
+                f"{n.id[-5:]}:{state(n.id, model).value}:{planner.residency.room(n.id)}:{planner.ledger.free(n.id)}"
+                for n in owners
+            )
+            + f" ev={planner.residency.likelyEviction(best.node.id, model)}\n"
+        )
