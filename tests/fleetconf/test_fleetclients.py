@@ -13,7 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.facade.fleetclients import MAX_CLIENTS
 from nvpair.proxy.facade.fleetfile import FleetError, FleetSpec, parseFleet
-from nvpair.proxy.facade.reload import findReloader
+from nvpair.proxy.facade.reload import ReloadResult, findReloader
 from nvpair.proxy.flow.clients import DeclaredClient
 from nvpair.proxy.ops.queuegauges import queueStatus
 from nvpair.proxy.ops.server import statusDocument
@@ -195,12 +195,12 @@ class LiveClientTests(SynchronousTestCase):
         self.file.write(BACKEND + client("batch", BATCH))
         reloader = findReloader(self.service)
         assert reloader is not None
-        self.assertEqual(reloader.reload("signal"), "applied")
+        self.assertEqual(reloader.reload("signal"), ReloadResult.APPLIED)
         status = queueStatus(queueing)
         assert status is not None
         self.assertEqual(status["declaredClients"], ["batch"])
         self.file.write(BACKEND + client("batch", "not a digest"))
-        self.assertEqual(reloader.reload("signal"), "invalid")
+        self.assertEqual(reloader.reload("signal"), ReloadResult.INVALID)
         status = queueStatus(queueing)
         assert status is not None
         self.assertEqual(status["declaredClients"], ["batch"])  # an invalid file changes nothing
