@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.flow.clients import DeclaredClient
+from nvpair.proxy.flow.interfaces import QueueRefusal
 from nvpair.proxy.ops.queuegauges import QueueCollector, queueStatus
 from nvpair.proxy.routing.admission import factsOf
 from nvpair.proxy.routing.facts import MAX_FIELD, Identity
@@ -63,7 +64,7 @@ class DisplaceTests(QueueCase):
         self.start(client(b"k2"))
         self.clock.advance(31)
         self.assertEqual(self.reason(waiting[-1]), "queue_full")
-        self.assertEqual(self.queueing.refused[("llamacpp", "queue_full")], 1)
+        self.assertEqual(self.queueing.refused[("llamacpp", QueueRefusal.QUEUE_FULL)], 1)
 
 
 class DeclaredTests(QueueCase):
