@@ -19,7 +19,7 @@ from nvpair.proxy.flow.interfaces import QueueRefusal
 from nvpair.proxy.ops.queuegauges import QueueCollector, queueStatus
 from nvpair.proxy.routing.admission import factsOf
 from nvpair.proxy.routing.facts import MAX_FIELD, Identity
-from tests.dispatch.test_queueing import QueueCase, client
+from tests.support.cases.queuecase import QueueCase, client
 
 IDE_KEY = b"Bearer sk-ide-secret-value"
 IDE = DeclaredClient("ide", hashlib.sha256(IDE_KEY).hexdigest(), 1.0)

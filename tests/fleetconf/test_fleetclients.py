@@ -19,8 +19,8 @@ from nvpair.proxy.ops.queuegauges import queueStatus
 from nvpair.proxy.ops.server import statusDocument
 from nvpair.proxy.service import ProxyService
 from tests.fleetconf.filekit import FleetFile
-from tests.fleetconf.test_fleetfile import _toml
 from tests.ops.opskit import makeService
+from tests.support.cases.fleettext import tomlValue
 
 PATH = "/etc/nvpair/fleet.toml"
 BACKEND = '[[backend]]\nengine = "llamacpp"\nurl = "http://10.0.0.1:8081"\n'
@@ -137,7 +137,7 @@ _CLIENT_VALUES = st.one_of(
 
 
 def _value(value: object) -> str:
-    return repr(value) if isinstance(value, float) else _toml(value)
+    return repr(value) if isinstance(value, float) else tomlValue(value)
 
 
 @st.composite

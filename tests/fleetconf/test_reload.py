@@ -25,9 +25,9 @@ from nvpair.proxy.facade.reload import (
     reloadOnSighup,
 )
 from nvpair.proxy.testing.fakecontext import FakeContext
-from tests.facade.test_hostcheck import Events
-from tests.facade.test_standalone import FakeService
 from tests.fleetconf.filekit import BAD, ONE, TWO, FleetFile, RecordingFollower
+from tests.support.fakes.logevents import Events
+from tests.support.fakes.standalone import FakeService
 
 
 class UrlFollowerTests(SynchronousTestCase):
