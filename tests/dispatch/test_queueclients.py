@@ -64,7 +64,7 @@ class DisplaceTests(QueueCase):
         self.start(client(b"k2"))
         self.clock.advance(31)
         self.assertEqual(self.reason(waiting[-1]), "queue_full")
-        self.assertEqual(self.queueing.refused[("llamacpp", QueueRefusal.QUEUE_FULL)], 1)
+        self.assertEqual(self.queueing.refused[("llamacpp", QueueRefusal.FULL)], 1)
 
 
 class DeclaredTests(QueueCase):

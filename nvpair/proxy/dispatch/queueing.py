@@ -166,13 +166,11 @@ class Queueing:
             line.queue.maxDepth = self._bound(line)
         left = ticket if line is None else line.queue.push(ticket)
         if line is None or left is ticket:
-            self._refuse(ex, line, QueueRefusal.QUEUE_FULL, client)
+            self._refuse(ex, line, QueueRefusal.FULL, client)
             return defer.fail(defer.CancelledError())
         waiter.deferred = defer.Deferred(lambda _: self._leave(line, ticket))
         timeout = self.settings.queueTimeout
-        reason = (
-            QueueRefusal.QUEUE_TIMEOUT if timeout <= remaining else QueueRefusal.DEADLINE_EXCEEDED
-        )
+        reason = QueueRefusal.TIMEOUT if timeout <= remaining else QueueRefusal.DEADLINE
         waiter.timer = self.clock.callLater(
             min(timeout, remaining), self._expire, line, ticket, reason
         )
@@ -258,7 +256,7 @@ class Queueing:
         if waiter.timer is not None and waiter.timer.active():
             waiter.timer.cancel()
         waiter.timer = None
-        self._refuse(waiter.exchange, line, QueueRefusal.QUEUE_FULL, ticket.client)
+        self._refuse(waiter.exchange, line, QueueRefusal.FULL, ticket.client)
         waiter.deferred.cancel()
 
     def _leave(self, line: _Line, ticket: Ticket[_Waiter]) -> None:

@@ -23,9 +23,9 @@ class QueueRefusal(Enum):
     """Why the queue answered a request 503 without sending it: the values are the error
     codes the client reads and the ``reason`` label of the queue's refusal counters."""
 
-    QUEUE_FULL = "queue_full"  # past --queue-max (or its place given to a fairer client)
-    QUEUE_TIMEOUT = "queue_timeout"  # waited --queue-timeout
-    DEADLINE_EXCEEDED = "deadline_exceeded"  # its job deadline came first
+    FULL = "queue_full"  # past --queue-max (or its place given to a fairer client)
+    TIMEOUT = "queue_timeout"  # waited --queue-timeout
+    DEADLINE = "deadline_exceeded"  # its job deadline came first
 
 
 class IQueueing(Interface):
