@@ -15,14 +15,13 @@ from typing import Any, cast
 from twisted.internet import defer
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectError, ConnectionRefusedError
-from twisted.internet.interfaces import IOpenSSLClientConnectionCreator, IPushProducer
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
-from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from nvpair.proxy.cluster.membership import ClusterTrust
@@ -35,35 +34,10 @@ from nvpair.proxy.routing.nodes import Node
 from nvpair.proxy.testing.certs import makeNodeCert, writeClusterDir, writePins
 from nvpair.proxy.testing.fakecontext import FakeContext
 from nvpair.proxy.testing.upstreamspy import FakeResponse, UpstreamSpy
+from tests.support.fakes.peertrust import FakeTrust
 
 LOCAL = "http://127.0.0.1:11435"
 BODY = b'{"model": "m1", "stream": true}'
-
-
-@implementer(IClusterTrust)
-class FakeTrust:
-    """Answers ``peerNodeId`` for the one connection under test; a node that dials no peer."""
-
-    nodeId = "node-b"
-    fingerprint = None
-
-    def __init__(self) -> None:
-        self.pinned: str | None = "node-a"
-        self.current = True
-        self.asked: list[object] = []
-
-    def pinFor(self, nodeId: str) -> str | None:
-        return None
-
-    def clientCreatorFor(self, nodeId: str) -> IOpenSSLClientConnectionCreator:
-        raise AssertionError("the peer door never dials a peer")
-
-    def peerNodeId(self, transport: object) -> str | None:
-        self.asked.append(transport)
-        return self.pinned
-
-    def presentsCurrentIdentity(self, transport: object) -> bool:
-        return self.current
 
 
 class FakesTests(SynchronousTestCase):

@@ -15,10 +15,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.flow.clients import DeclaredClient
+from nvpair.proxy.flow.interfaces import QueueRefusal
 from nvpair.proxy.ops.queuegauges import QueueCollector, queueStatus
 from nvpair.proxy.routing.admission import factsOf
 from nvpair.proxy.routing.facts import MAX_FIELD, Identity
-from tests.dispatch.test_queueing import QueueCase, client
+from tests.support.cases.queuecase import QueueCase, client
 
 IDE_KEY = b"Bearer sk-ide-secret-value"
 IDE = DeclaredClient("ide", hashlib.sha256(IDE_KEY).hexdigest(), 1.0)
@@ -63,7 +64,7 @@ class DisplaceTests(QueueCase):
         self.start(client(b"k2"))
         self.clock.advance(31)
         self.assertEqual(self.reason(waiting[-1]), "queue_full")
-        self.assertEqual(self.queueing.refused[("llamacpp", "queue_full")], 1)
+        self.assertEqual(self.queueing.refused[("llamacpp", QueueRefusal.FULL)], 1)
 
 
 class DeclaredTests(QueueCase):

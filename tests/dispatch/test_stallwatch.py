@@ -12,7 +12,7 @@ from zope.interface import implementer
 from nvpair.proxy.dispatch.stallwatch import StallWatch
 from nvpair.proxy.testing.fakecontext import FakeContext
 from nvpair.proxy.testing.upstreamspy import FakeResponse
-from tests.process.test_options import assertExitsNaming, parse
+from tests.support.cases.optionparse import assertExitsNaming, parse
 from tests.support.fakerequest import FakeRequest
 from tests.support.fakeupstream import makeFacade, node, startExchange
 

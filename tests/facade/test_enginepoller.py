@@ -16,7 +16,7 @@ from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.nodestate.probes import EngineReport
 from nvpair.proxy.nodestate.states import EngineStates
 from tests.facade.fleetkit import FakeResponse, FakeUpstream
-from tests.facade.test_hostcheck import Events
+from tests.support.fakes.logevents import Events
 
 
 def slots(busy: int, total: int = 2) -> FakeResponse:

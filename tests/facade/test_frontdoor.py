@@ -25,7 +25,7 @@ from nvpair.proxy.service import ProxyService
 from nvpair.proxy.testing.fakecontext import ListSink
 from nvpair.proxy.testing.wire import TCPStringTransport, siteExchange
 from nvpair.proxy.testing.wire import splitAnswer as split
-from tests.facade.test_hostcheck import Events
+from tests.support.fakes.logevents import Events
 
 PORTS = {"ollama": (6100, 6101), "llamacpp": (6200, 6201)}
 EVIL = b"evil.example"
@@ -291,7 +291,7 @@ class ClusterPersonalityTests(SynchronousTestCase):
         from nvpair.proxy.cluster.peer import PeerDoor
         from nvpair.proxy.http.site import FacadeSite
         from nvpair.proxy.testing.fakecontext import FakeContext
-        from tests.cluster.test_peer import FakeTrust
+        from tests.support.fakes.peertrust import FakeTrust
 
         context = FakeContext(trust=FakeTrust())
         facade = SimpleNamespace(engine=ENGINES["llamacpp"], localBackend="http://127.0.0.1:9")

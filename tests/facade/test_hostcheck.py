@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.logger import ILogObserver, Logger
+from twisted.logger import Logger
 from twisted.trial.unittest import SynchronousTestCase
-from zope.interface import implementer
 
 from nvpair.proxy.facade.hostcheck import (
     CACHE_KEY_MAX,
@@ -21,17 +20,10 @@ from nvpair.proxy.facade.hostcheck import (
 )
 from nvpair.proxy.options import Options
 from nvpair.proxy.settings import Settings
-from tests.process.test_options import assertExitsNaming
+from tests.support.cases.optionparse import assertExitsNaming
+from tests.support.fakes.logevents import Events
 
 HOSTNAME = "Workstation"
-
-
-@implementer(ILogObserver)
-class Events(list[dict[str, Any]]):
-    """A log observer keeping every event it sees."""
-
-    def __call__(self, event: dict[str, Any]) -> None:
-        self.append(event)
 
 
 def rule(*allowed: str) -> HostRule:

@@ -33,7 +33,7 @@ from nvpair.proxy.nodestate.probes import EngineReport, ResidentModel
 from nvpair.proxy.nodestate.residency import Residency
 from nvpair.proxy.nodestate.states import EngineStates
 from tests.facade.fleetkit import FakeResponse
-from tests.facade.test_hostcheck import Events
+from tests.support.fakes.logevents import Events
 
 Answer = FakeResponse | Exception | str
 

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-from twisted.application.service import MultiService
 from twisted.internet.error import ConnectionRefusedError
-from twisted.internet.protocol import ServerFactory
-from twisted.internet.task import Clock
-from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import Logger
 from twisted.trial.unittest import SynchronousTestCase
-from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from nvpair.proxy.engines import LLAMACPP, LMSTUDIO, OLLAMA, Engine
-from nvpair.proxy.facade.facade import BindError, Facade
+from nvpair.proxy.engines import LLAMACPP, LMSTUDIO, OLLAMA
 from nvpair.proxy.facade.standalone import (
     POLL_INTERVAL,
     BackendState,
@@ -22,41 +16,10 @@ from nvpair.proxy.facade.standalone import (
     fleetUrls,
     startStandalone,
 )
-from nvpair.proxy.ops.metrics import Metrics
-from nvpair.proxy.placement.affinity import Affinity
-from nvpair.proxy.routing.candidates import Snapshot
-from nvpair.proxy.routing.reservations import ReservationMap
-from nvpair.proxy.settings import Settings
 from nvpair.proxy.testing.fakecontext import FakeContext
 from tests.facade.fleetkit import FakeResponse, FakeUpstream, openaiList
-from tests.facade.test_hostcheck import Events
-
-TIMEOUT = 12.0
-
-
-def _noFactory(aliasOnly: bool) -> ServerFactory:
-    raise AssertionError("a standalone test facade never listens")
-
-
-class RecordingFacade(Facade):
-    """A facade (never listening) that records the snapshots a poller publishes."""
-
-    def __init__(self, engine: Engine = LLAMACPP) -> None:
-        super().__init__(
-            engine,
-            MemoryReactorClock(),
-            _noFactory,
-            Snapshot((), engine.normalize),
-        )
-        self.snapshots: list[Snapshot] = []
-
-    def setSnapshot(self, snapshot: Snapshot) -> None:
-        self.snapshots.append(snapshot)
-
-    def inventories(self) -> dict[str, list[str]]:
-        """The latest snapshot as node id → sorted models."""
-        last = self.snapshots[-1]
-        return {n.id: sorted(n.models) for n in last.nodes}
+from tests.support.fakes.logevents import Events
+from tests.support.fakes.standalone import TIMEOUT, FakeService, RecordingFacade
 
 
 class FleetUrlsTests(SynchronousTestCase):
@@ -205,64 +168,6 @@ class FleetPollerTests(SynchronousTestCase):
         self.clock.advance(POLL_INTERVAL * 3)
         self.assertEqual(len(self.up.calls), 1)
         self.assertEqual(len(self.facade.snapshots), published)
-
-
-@implementer(IStandaloneProcess)
-class FakeService(MultiService):
-    """The process as ``startStandalone`` uses it (``ProxyService`` in production)."""
-
-    def __init__(
-        self,
-        engines: tuple[str, ...],
-        backends: tuple[tuple[str, str], ...],
-        refuse: frozenset[str] = frozenset(),
-        affinity: str = "off",
-        fleetFile: str | None = None,
-    ) -> None:
-        super().__init__()
-        self.context = FakeContext(
-            upstream=FakeUpstream(),
-            engines=engines,
-            backends=backends,
-            dialTimeout=1.0,
-            affinity=affinity,
-            fleetFile=fleetFile,
-        )
-        self.metrics = Metrics()
-        self.refuse = refuse
-        self.enabled: list[tuple[str, int]] = []
-        self.problems: list[tuple[str, str, str]] = []
-        self.facades: dict[str, RecordingFacade] = {}
-
-    @property
-    def settings(self) -> Settings:
-        return self.context.settings
-
-    @property
-    def clock(self) -> Clock:
-        return self.context.clock
-
-    @property
-    def reservations(self) -> ReservationMap:
-        return self.context.reservations
-
-    @property
-    def affinity(self) -> Affinity | None:
-        """The context's (what the status view reads)."""
-        return self.context.affinity
-
-    def enableFacade(
-        self, engine: Engine, port: int, aliases: list[str], ignorePersisted: bool
-    ) -> RecordingFacade:
-        if engine.id in self.refuse:
-            raise BindError(port, "Address already in use")
-        self.enabled.append((engine.id, port))
-        facade = RecordingFacade(engine)
-        self.facades[engine.id] = facade
-        return facade
-
-    def facadeProblem(self, engineId: str, kind: str, message: str) -> None:
-        self.problems.append((engineId, kind, message))
 
 
 class StartStandaloneTests(SynchronousTestCase):

@@ -14,9 +14,9 @@ from twisted.internet.protocol import ProcessProtocol
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 
-from tests.fleet.test_reload import PLAIN, backend
-from tests.integration.test_command import COMMAND, TWISTD
-from tests.integration.test_requests import asyncTest
+from tests.support.cases.command import COMMAND, TWISTD
+from tests.support.cases.fleettext import backend
+from tests.support.cases.requestcase import PLAIN, asyncTest
 from tests.support.harness import startEngine
 from tests.support.kitprocess import killAtCleanup
 from tests.support.standaloneharness import StandaloneProxy, backendUp

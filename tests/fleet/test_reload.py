@@ -14,13 +14,14 @@ from twisted.trial.unittest import TestCase
 
 from nvpair.proxy.testing.fakeengine import Answer, FakeEngine
 from nvpair.proxy.testing.fakeengine.connection import EngineConnection
-from tests.integration.test_command import COMMAND, TWISTD, run
+from tests.support.cases.command import COMMAND, TWISTD, run
+from tests.support.cases.fleettext import backend
+from tests.support.cases.requestcase import PLAIN
 from tests.support.harness import freePort
 from tests.support.standaloneharness import StandaloneProxy, backendUp
 
 CHAT = "/v1/chat/completions"
 STREAM = {"model": "m1", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-PLAIN = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
 
 
 class _Held:
@@ -64,12 +65,6 @@ class GatedEngine(FakeEngine):
         if method == b"POST" and self.modes:
             connection = cast(EngineConnection, _Held(connection, self, self.modes.pop(0)))
         super().requestReceived(connection, method, target, headers, body)
-
-
-def backend(url: str, name: str | None = None) -> str:
-    """One ``[[backend]]`` table of the llama.cpp facade."""
-    named = f'name = "{name}"\n' if name else ""
-    return f'[[backend]]\nengine = "llamacpp"\nurl = "{url}"\n{named}'
 
 
 def posts(engine: FakeEngine) -> int:

@@ -10,7 +10,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.facade.fleetfile import loadFleet
 from nvpair.proxy.options import Options
-from tests.process.test_options import _Capture
+from tests.support.cases.optionparse import Capture
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = os.path.join(ROOT, "README.md")
@@ -54,7 +54,7 @@ class DeployTests(SynchronousTestCase):
         self.assertTrue(argv[0].endswith("/.venv/bin/nvpair-proxy"), argv[0])
         argv = [EXAMPLE if a.endswith("fleet.toml") else a for a in argv[1:]]
         options = Options({})
-        _Capture(self)
+        Capture(self)
         try:
             options.parseOptions(argv)
         except SystemExit as e:

@@ -13,14 +13,14 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.facade.fleetclients import MAX_CLIENTS
 from nvpair.proxy.facade.fleetfile import FleetError, FleetSpec, parseFleet
-from nvpair.proxy.facade.reload import findReloader
+from nvpair.proxy.facade.reload import ReloadResult, findReloader
 from nvpair.proxy.flow.clients import DeclaredClient
 from nvpair.proxy.ops.queuegauges import queueStatus
 from nvpair.proxy.ops.server import statusDocument
 from nvpair.proxy.service import ProxyService
 from tests.fleetconf.filekit import FleetFile
-from tests.fleetconf.test_fleetfile import _toml
 from tests.ops.opskit import makeService
+from tests.support.cases.fleettext import tomlValue
 
 PATH = "/etc/nvpair/fleet.toml"
 BACKEND = '[[backend]]\nengine = "llamacpp"\nurl = "http://10.0.0.1:8081"\n'
@@ -137,7 +137,7 @@ _CLIENT_VALUES = st.one_of(
 
 
 def _value(value: object) -> str:
-    return repr(value) if isinstance(value, float) else _toml(value)
+    return repr(value) if isinstance(value, float) else tomlValue(value)
 
 
 @st.composite
@@ -195,12 +195,12 @@ class LiveClientTests(SynchronousTestCase):
         self.file.write(BACKEND + client("batch", BATCH))
         reloader = findReloader(self.service)
         assert reloader is not None
-        self.assertEqual(reloader.reload("signal"), "applied")
+        self.assertEqual(reloader.reload("signal"), ReloadResult.APPLIED)
         status = queueStatus(queueing)
         assert status is not None
         self.assertEqual(status["declaredClients"], ["batch"])
         self.file.write(BACKEND + client("batch", "not a digest"))
-        self.assertEqual(reloader.reload("signal"), "invalid")
+        self.assertEqual(reloader.reload("signal"), ReloadResult.INVALID)
         status = queueStatus(queueing)
         assert status is not None
         self.assertEqual(status["declaredClients"], ["batch"])  # an invalid file changes nothing

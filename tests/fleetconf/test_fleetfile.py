@@ -18,6 +18,7 @@ from nvpair.proxy.facade.fleetfile import (
     loadFleet,
     parseFleet,
 )
+from tests.support.cases.fleettext import tomlValue
 
 PATH = "/etc/nvpair/fleet.toml"
 
@@ -294,24 +295,13 @@ _VALUES = st.one_of(
 )
 
 
-def _toml(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    assert isinstance(value, list)
-    return "[" + ", ".join(_toml(v) for v in value) + "]"
-
-
 @st.composite
 def fleetTexts(draw: st.DrawFn) -> str:
     """Plausible fleet files: top keys, then backend tables of random keys and values."""
-    lines = [f"{k} = {_toml(draw(_VALUES))}" for k in draw(st.lists(_KEYS, max_size=2))]
+    lines = [f"{k} = {tomlValue(draw(_VALUES))}" for k in draw(st.lists(_KEYS, max_size=2))]
     for _ in range(draw(st.integers(0, 4))):
         lines.append("[[backend]]")
-        lines += [f"{k} = {_toml(draw(_VALUES))}" for k in draw(st.lists(_KEYS, max_size=5))]
+        lines += [f"{k} = {tomlValue(draw(_VALUES))}" for k in draw(st.lists(_KEYS, max_size=5))]
     return "\n".join(lines) + "\n"
 
 

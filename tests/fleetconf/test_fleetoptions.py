@@ -8,7 +8,7 @@ import tempfile
 from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.options import Options
-from tests.process.test_options import _Capture, parse
+from tests.support.cases.optionparse import Capture, parse
 
 FLEET = b'[[backend]]\nengine = "llamacpp"\nurl = "http://127.0.0.1:9001"\nname = "a"\n'
 BAD = b'[[backend]]\nengine = "llamacpp"\nurl = "http://127.0.0.1:9001"\ncolour = "red"\n'
@@ -28,7 +28,7 @@ class FleetOptionTests(SynchronousTestCase):
 
     def exits(self, argv: list[str], environ: dict[str, str] | None = None) -> str:
         """Parse, expecting exit 2 with one stderr line and no stdout; return the line."""
-        capture = _Capture(self)
+        capture = Capture(self)
         with self.assertRaises(SystemExit) as cm:
             parse(argv, environ)
         self.assertEqual(cm.exception.code, 2)
@@ -87,7 +87,7 @@ class CheckFleetTests(SynchronousTestCase):
     def check(self, data: bytes) -> tuple[int | str | None, str, str, str]:
         """Run ``--check-fleet`` on ``data``: exit code, stdout, stderr, the path."""
         path = fleetFile(self, data)
-        capture = _Capture(self)
+        capture = Capture(self)
         options = Options({})
         with self.assertRaises(SystemExit) as cm:
             options.parseOptions(["--check-fleet", path])

@@ -11,7 +11,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.facade.fleetfile import MAX_FILE_BYTES, FleetError, loadFleet
 from nvpair.proxy.facade.fleetread import NotRegularFile, readRegularFile
-from nvpair.proxy.facade.reload import RELOAD_POLL, FleetReloader
+from nvpair.proxy.facade.reload import RELOAD_POLL, FleetReloader, ReloadResult
 from nvpair.proxy.testing.fakecontext import FakeContext
 from tests.fleetconf.filekit import ONE, TWO, FleetFile
 
@@ -80,7 +80,7 @@ class ReloadPipeTests(SynchronousTestCase):
         the path is."""
         context = FakeContext()
         file = FleetFile(self, ONE)
-        counts: list[str] = []
+        counts: list[ReloadResult] = []
         reloader = FleetReloader(
             file.path, context.clock, lambda e, b: True, lambda o: None, counts.append
         )
@@ -91,7 +91,7 @@ class ReloadPipeTests(SynchronousTestCase):
         os.mkfifo(file.path)
         for _ in range(4):
             context.clock.advance(RELOAD_POLL)
-        self.assertEqual((counts, reloader.generation), (["invalid"], 1))
+        self.assertEqual((counts, reloader.generation), ([ReloadResult.INVALID], 1))
         assert reloader.error is not None
         self.assertEqual(
             reloader.error.message, f"{file.path}: cannot read: not a regular file (a named pipe)"

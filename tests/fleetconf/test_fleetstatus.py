@@ -5,7 +5,7 @@ from __future__ import annotations
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.facade.reload import findReloader
+from nvpair.proxy.facade.reload import ReloadResult, findReloader
 from nvpair.proxy.ops.history import Window
 from nvpair.proxy.ops.page import renderPage
 from nvpair.proxy.ops.server import historyDocument, statusDocument
@@ -65,7 +65,7 @@ class FleetStatusTests(SynchronousTestCase):
         reloader = findReloader(self.service)
         assert reloader is not None
         self.reactor.advance(5)
-        self.assertEqual(reloader.reload("signal"), "invalid")
+        self.assertEqual(reloader.reload("signal"), ReloadResult.INVALID)
         doc = statusDocument(self.service)
         fleet = doc["fleet"]
         assert fleet is not None

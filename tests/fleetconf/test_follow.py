@@ -19,8 +19,8 @@ from nvpair.proxy.facade.standalone import (
 )
 from nvpair.proxy.testing.fakecontext import FakeContext
 from tests.facade.fleetkit import FakeResponse, FakeUpstream, openaiList
-from tests.facade.test_standalone import TIMEOUT, FakeService, RecordingFacade
 from tests.fleetconf.filekit import ONE, TWO, FleetFile
+from tests.support.fakes.standalone import TIMEOUT, FakeService, RecordingFacade
 
 
 class DrainTests(SynchronousTestCase):

@@ -19,14 +19,15 @@ from nvpair.proxy.facade.reload import (
     RELOAD_POLL,
     FleetReloader,
     IFleetFollower,
+    ReloadResult,
     UrlFollower,
     reloadFrom,
     reloadOnSighup,
 )
 from nvpair.proxy.testing.fakecontext import FakeContext
-from tests.facade.test_hostcheck import Events
-from tests.facade.test_standalone import FakeService
 from tests.fleetconf.filekit import BAD, ONE, TWO, FleetFile, RecordingFollower
+from tests.support.fakes.logevents import Events
+from tests.support.fakes.standalone import FakeService
 
 
 class UrlFollowerTests(SynchronousTestCase):
@@ -53,7 +54,7 @@ class ReloaderTests(SynchronousTestCase):
         self.patch(FleetReloader, "log", Logger(observer=self.events))
         self.enabled: list[tuple[str, list[str]]] = []
         self.orders: list[list[str]] = []
-        self.counts: list[str] = []
+        self.counts: list[ReloadResult] = []
         self.follower = RecordingFollower()
 
     def reloader(self, text: str, refuse: frozenset[str] = frozenset()) -> FleetReloader:
@@ -100,20 +101,20 @@ class ReloaderTests(SynchronousTestCase):
         reloader = self.reloader(ONE)
         self.file.write(TWO)
         self.clock.advance(0.25)
-        self.assertEqual(reloader.reload("signal"), "applied")
+        self.assertEqual(reloader.reload("signal"), ReloadResult.APPLIED)
         self.assertEqual(self.follower.sets, [["http://a:1", "http://b:1"]])
         self.assertEqual(self.orders[-1], ["http://a:1", "http://b:1"])
         self.assertEqual((reloader.generation, reloader.loadedAt), (2, 0.25))
-        self.assertEqual(self.counts, ["applied"])
+        self.assertEqual(self.counts, [ReloadResult.APPLIED])
         self.assertEqual(len(self.enabled), 1)  # the facade was not enabled again
         self.assertEqual(self.named("fleet-loaded")[-1]["trigger"], "signal")
 
     def test_unchanged(self) -> None:
         """Reloading the same fleet changes nothing and says so."""
         reloader = self.reloader(ONE)
-        self.assertEqual(reloader.reload("signal"), "unchanged")
+        self.assertEqual(reloader.reload("signal"), ReloadResult.UNCHANGED)
         self.assertEqual((self.follower.sets, reloader.generation), ([], 1))
-        self.assertEqual(self.counts, ["unchanged"])
+        self.assertEqual(self.counts, [ReloadResult.UNCHANGED])
 
     def test_invalidKeepsFleet(self) -> None:
         """An invalid file changes nothing; its error is logged once, counted each time,
@@ -121,10 +122,10 @@ class ReloaderTests(SynchronousTestCase):
         reloader = self.reloader(ONE)
         self.file.write(BAD)
         self.clock.advance(3)
-        self.assertEqual(reloader.reload("signal"), "invalid")
-        self.assertEqual(reloader.reload("signal"), "invalid")
+        self.assertEqual(reloader.reload("signal"), ReloadResult.INVALID)
+        self.assertEqual(reloader.reload("signal"), ReloadResult.INVALID)
         self.assertEqual((self.follower.sets, reloader.generation), ([], 1))
-        self.assertEqual(self.counts, ["invalid", "invalid"])
+        self.assertEqual(self.counts, [ReloadResult.INVALID, ReloadResult.INVALID])
         assert reloader.error is not None
         self.assertEqual((reloader.error.line, reloader.error.at), (5, 3))
         self.assertTrue(reloader.error.message.startswith(f"{self.file.path}:5: invalid TOML"))
@@ -133,7 +134,7 @@ class ReloaderTests(SynchronousTestCase):
         reloader.reload("signal")
         self.assertEqual(len(self.named("fleet-invalid")), 2)
         self.file.write(TWO)
-        self.assertEqual(reloader.reload("signal"), "applied")
+        self.assertEqual(reloader.reload("signal"), ReloadResult.APPLIED)
         self.assertIsNone(reloader.error)
 
     def test_watchSettles(self) -> None:
@@ -146,11 +147,11 @@ class ReloaderTests(SynchronousTestCase):
         self.clock.advance(RELOAD_POLL)
         self.assertEqual(self.counts, [])  # still within its quiet time
         self.clock.advance(RELOAD_POLL)
-        self.assertEqual(self.counts, ["applied"])
+        self.assertEqual(self.counts, [ReloadResult.APPLIED])
         self.assertEqual(self.named("fleet-loaded")[-1]["trigger"], "file-changed")
         for _ in range(5):
             self.clock.advance(RELOAD_POLL)
-        self.assertEqual(self.counts, ["applied"])  # loaded once
+        self.assertEqual(self.counts, [ReloadResult.APPLIED])  # loaded once
         self.assertEqual(reloader.generation, 2)
 
     def test_slowWriterDropsNothing(self) -> None:
@@ -167,7 +168,7 @@ class ReloaderTests(SynchronousTestCase):
         for _ in range(5):
             self.clock.advance(RELOAD_POLL)
         self.assertEqual(self.follower.sets, [])
-        self.assertEqual((self.counts, reloader.generation), (["unchanged"], 1))
+        self.assertEqual((self.counts, reloader.generation), ([ReloadResult.UNCHANGED], 1))
 
     def test_signalWaitsForQuiet(self) -> None:
         """SIGHUP on a file changed in the last ``QUIET`` seconds waits for it to be quiet,
@@ -175,17 +176,17 @@ class ReloaderTests(SynchronousTestCase):
         reloader = self.reloader(TWO)
         self.clock.advance(QUIET)
         reloader.signalled()
-        self.assertEqual(self.counts, ["unchanged"])
+        self.assertEqual(self.counts, [ReloadResult.UNCHANGED])
         self.file.write(ONE)  # a writer part way through
         reloader.signalled()
-        self.assertEqual(self.counts, ["unchanged"])
+        self.assertEqual(self.counts, [ReloadResult.UNCHANGED])
         self.assertEqual(self.named("fleet-reload-waiting")[-1]["trigger"], "signal")
         self.file.write(TWO)
         self.clock.advance(RELOAD_POLL)
-        self.assertEqual(self.counts, ["unchanged"])
+        self.assertEqual(self.counts, [ReloadResult.UNCHANGED])
         for _ in range(3):
             self.clock.advance(RELOAD_POLL)
-        self.assertEqual(self.counts, ["unchanged", "unchanged"])
+        self.assertEqual(self.counts, [ReloadResult.UNCHANGED, ReloadResult.UNCHANGED])
         self.assertEqual(self.named("fleet-unchanged")[-1]["trigger"], "signal")
         self.assertEqual(self.follower.sets, [])
 
@@ -202,12 +203,12 @@ class ReloaderTests(SynchronousTestCase):
 
         self.file.write(TWO)
         reloader.load = writtenMeanwhile
-        self.assertEqual(reloader.reload("signal"), "waiting")
+        self.assertEqual(reloader.reload("signal"), ReloadResult.WAITING)
         reloader.load = load
         self.assertEqual((self.follower.sets, self.counts), ([], []))
         for _ in range(3):
             self.clock.advance(RELOAD_POLL)
-        self.assertEqual(self.counts, ["applied"])
+        self.assertEqual(self.counts, [ReloadResult.APPLIED])
         self.assertEqual(self.named("fleet-loaded")[-1]["trigger"], "signal")
         self.assertEqual(self.follower.sets, [["http://a:1", "http://b:1"]])
 
@@ -217,7 +218,7 @@ class ReloaderTests(SynchronousTestCase):
         self.file.write(BAD)
         for _ in range(10):
             self.clock.advance(RELOAD_POLL)
-        self.assertEqual(self.counts, ["invalid"])
+        self.assertEqual(self.counts, [ReloadResult.INVALID])
 
     def test_removedFile(self) -> None:
         """A file that disappears is one refusal naming it; the fleet stays."""
@@ -226,7 +227,7 @@ class ReloaderTests(SynchronousTestCase):
         self.addCleanup(os.rename, self.file.path + ".gone", self.file.path)
         for _ in range(4):
             self.clock.advance(RELOAD_POLL)
-        self.assertEqual(self.counts, ["invalid"])
+        self.assertEqual(self.counts, [ReloadResult.INVALID])
         assert reloader.error is not None
         self.assertIn("cannot read", reloader.error.message)
 

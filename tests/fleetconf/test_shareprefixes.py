@@ -8,8 +8,8 @@ from twisted.trial.unittest import SynchronousTestCase
 from nvpair.proxy.facade.fleetfile import FleetError, parseFleet
 from nvpair.proxy.facade.reload import findReloader
 from nvpair.proxy.facade.standalone import startStandalone
-from tests.facade.test_standalone import FakeService
 from tests.fleetconf.filekit import ONE, FleetFile
+from tests.support.fakes.standalone import FakeService
 
 PATH = "/etc/nvpair/fleet.toml"
 

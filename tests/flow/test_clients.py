@@ -20,6 +20,7 @@ from nvpair.proxy.flow.clients import (
     Roster,
     clientKey,
 )
+from nvpair.proxy.flow.interfaces import QueueRefusal
 from nvpair.proxy.routing.facts import Identity
 
 KEY = b"Bearer sk-declared-secret"
@@ -122,20 +123,20 @@ class BookTests(SynchronousTestCase):
             tally.countDispatch("llamacpp", Client("d:ide", "ide"))
         tally.countDispatch("llamacpp", Client("d:batch", "batch"))
         tally.countDispatch("llamacpp", Client("a:1"))
-        tally.countRefusal("llamacpp", Client("d:ide", "ide"), "queue_full")
+        tally.countRefusal("llamacpp", Client("d:ide", "ide"), QueueRefusal.FULL)
         tally.setClients([DeclaredClient("batch", "0" * 64)])
         tally.countDispatch("llamacpp", Client("d:ide", "ide"))  # one still waiting then
         self.assertEqual(
             tally.dispatched,
             {("llamacpp", OTHER): 4, ("llamacpp", "batch"): 1, ("llamacpp", UNVERIFIED): 1},
         )
-        self.assertEqual(tally.refused, {("llamacpp", OTHER, "queue_full"): 1})
+        self.assertEqual(tally.refused, {("llamacpp", OTHER, QueueRefusal.FULL): 1})
 
     def test_labelsBoundedWhateverIsMinted(self) -> None:
         """However many keys clients mint, undeclared counts go under one label."""
         tally = ClientBook()
         for i in range(5000):
             tally.countDispatch("ollama", Client(f"a:{i}"))
-            tally.countRefusal("ollama", Client(f"a:{i}"), "queue_full")
+            tally.countRefusal("ollama", Client(f"a:{i}"), QueueRefusal.FULL)
         self.assertEqual(tally.dispatched, {("ollama", UNVERIFIED): 5000})
         self.assertEqual(len(tally.refused), 1)

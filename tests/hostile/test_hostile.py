@@ -14,53 +14,14 @@ import os
 import random
 
 import treq
-from twisted.internet import defer, protocol, reactor, task
-from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
-from twisted.internet.interfaces import IPushProducer, ITCPTransport
+from twisted.internet import defer, reactor, task
+from twisted.internet.interfaces import ITCPTransport
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from nvpair.proxy.options import Options
 from nvpair.proxy.testing.fakeengine import Answer
+from tests.support.fakes.rawclient import RawClient, connect
 from tests.support.harness import ProxyFixture, directNode, startEngine
-
-
-class RawClient(protocol.Protocol):
-    """A raw TCP client: records what it receives and when its connection ends."""
-
-    def __init__(self, reading: bool = True) -> None:
-        self.received = b""
-        self.reading = reading
-        self.lost: defer.Deferred[None] = defer.Deferred()
-        self.made: defer.Deferred[None] = defer.Deferred()
-        self.gone = False
-
-    def connectionMade(self) -> None:
-        if not self.reading:
-            IPushProducer(self.transport).pauseProducing()
-        self.made.callback(None)
-
-    def send(self, data: bytes) -> None:
-        """Write ``data`` on the connection."""
-        assert self.transport is not None
-        self.transport.write(data)
-
-    def readAgain(self) -> None:
-        """Read again after ``reading=False`` held the connection's reads."""
-        IPushProducer(self.transport).resumeProducing()
-
-    def dataReceived(self, data: bytes) -> None:
-        self.received += data
-
-    def connectionLost(self, reason: object = None) -> None:
-        self.gone = True
-        self.lost.callback(None)
-
-
-def connect(port: int, client: RawClient) -> defer.Deferred[RawClient]:
-    """Connect ``client`` to 127.0.0.1:port."""
-    endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", port)
-    connected: defer.Deferred[RawClient] = connectProtocol(endpoint, client)
-    return connected
 
 
 def fds(pid: int) -> int:

@@ -15,7 +15,7 @@ import treq
 from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
 
-from tests.integration.test_requests import asyncTest
+from tests.support.cases.requestcase import asyncTest
 from tests.support.chaos.checks import rssKiB
 from tests.support.harness import freePort, startEngine
 from tests.support.standaloneharness import StandaloneProxy, backendUp

@@ -24,8 +24,8 @@ from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
 from nvpair.proxy.testing.wire import splitAnswer
-from tests.integration.test_ops import labels, parse
-from tests.integration.test_requests import asyncTest
+from tests.support.cases.metricstext import labels, parse
+from tests.support.cases.requestcase import asyncTest
 from tests.support.harness import (
     CANARY,
     ProxyFixture,

@@ -20,7 +20,7 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.interfaces import IAddress
 from twisted.trial.unittest import TestCase
 
-from tests.integration.test_requests import FAST, asyncTest
+from tests.support.cases.requestcase import FAST, asyncTest
 from tests.support.harness import ProxyFixture, directNode, freePort, startEngine
 
 _MAX_REQUEST = 1 << 16

@@ -14,7 +14,7 @@ from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
 
 from nvpair.proxy.testing.fakeengine import Answer
-from tests.hostile.test_hostile import RawClient, connect
+from tests.support.fakes.rawclient import RawClient, connect
 from tests.support.harness import ProxyFixture, directNode, startEngine
 
 BODY = json.dumps({"model": "m1", "messages": [{"role": "user", "content": "hi"}]}).encode()

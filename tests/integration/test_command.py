@@ -9,29 +9,13 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
-import tempfile
-from collections.abc import Sequence
 
 import treq
-from twisted.internet import reactor, utils
+from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 
+from tests.support.cases.command import COMMAND, TWISTD, run
 from tests.support.harness import ProxyFixture, freePort
-
-BIN = os.path.dirname(sys.executable)
-COMMAND = os.path.join(BIN, "nvpair-proxy")
-TWISTD = os.path.join(BIN, "twistd")
-
-
-async def run(executable: str, args: Sequence[str]) -> tuple[bytes, bytes, int, list[str]]:
-    """Run one command to its end in a fresh working directory: (stdout, stderr, exit
-    status, what it left in the directory)."""
-    cwd = tempfile.mkdtemp(prefix="nvpair-cwd-")
-    out, err, code = await utils.getProcessOutputAndValue(
-        executable, list(args), env=dict(os.environ), path=cwd
-    )
-    return out, err, code, sorted(os.listdir(cwd))
 
 
 class ConsoleCommandTests(TestCase):

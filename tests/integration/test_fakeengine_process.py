@@ -9,7 +9,7 @@ import treq
 from twisted.internet.threads import deferToThread
 
 from nvpair.proxy.testing.fakeengine import Answer, engineFromArgs
-from tests.integration.test_fakeengine import EngineTestCase, reactor
+from tests.support.cases.enginecase import EngineTestCase, reactor
 from tests.support.kitprocess import spawnKitEngine
 
 

@@ -6,29 +6,13 @@ import json
 from typing import Any
 
 import treq
-from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
 from twisted.web.http_headers import Headers
 
 from nvpair.proxy.testing.fakeengine import Status
+from tests.support.cases.metricstext import Samples, labels, parse
 from tests.support.harness import CANARY, ProxyFixture, directNode, freePort, startEngine
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def parse(text: str) -> Samples:
-    """A Prometheus text exposition as {(sample name, label items): value}."""
-    out: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out[sample.name, frozenset(sample.labels.items())] = sample.value
-    return out
-
-
-def labels(**kw: str) -> frozenset[tuple[str, str]]:
-    """A label set key for ``Samples``."""
-    return frozenset(kw.items())
 
 
 class OpsIntegrationTests(TestCase):

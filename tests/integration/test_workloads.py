@@ -17,7 +17,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nvpair.proxy.testing.fakeengine import Answer, HangAfterHeaders, Status
-from tests.integration.test_requests import FAST, RequestCase, asyncTest
+from tests.support.cases.requestcase import FAST, RequestCase, asyncTest
 
 STREAM = {"model": "m1", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 

@@ -20,9 +20,9 @@ from nvpair.proxy.routing import admission
 from nvpair.proxy.routing.candidates import Snapshot, orderCandidates
 from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.testing.fakecontext import FakeContext
-from tests.facade.test_standalone import FakeService
-from tests.process.test_options import assertExitsNaming, parse
+from tests.support.cases.optionparse import assertExitsNaming, parse
 from tests.support.fakerequest import FakeRequest
+from tests.support.fakes.standalone import FakeService
 from tests.support.fakeupstream import makeFacade, node, startExchange
 
 CHAT = b"/v1/chat/completions"

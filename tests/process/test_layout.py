@@ -9,6 +9,8 @@
   no reactor and no ``runtime`` (issue 26), checked on the source and in a fresh interpreter;
 * the proxy's runtime code never imports the shipped testing kit;
 * no module over 400 lines and no folder over 15 modules, in the package and in the tests.
+* no module of the tests imports a test module (``tests.….test_*``): what tests share lives
+  in ``tests/support/`` or a folder's kit.
 """
 
 from __future__ import annotations
@@ -102,6 +104,34 @@ def _importsIn(name: str, path: Path, tree: ast.AST, known: set[str]) -> Iterato
             for alias in node.names:
                 candidate = f"{base}.{alias.name}"
                 yield candidate if candidate in known else base
+
+
+def isTestModule(module: str) -> bool:
+    """Whether ``module`` is a test module of the tests (``tests.<folder>.test_<name>``)."""
+    parts = module.split(".")
+    return parts[0] == "tests" and parts[-1].startswith("test_")
+
+
+def testModulesImported(module: str, source: str, isPackage: bool = False) -> set[str]:
+    """The test modules that ``module`` (of the tests, with text ``source``) imports
+    anywhere: ``import tests.a.test_b``, ``from tests.a.test_b import x``, ``from tests.a
+    import test_b`` and their relative forms."""
+    package = module if isPackage else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        found.update(name for name in names if isTestModule(name))
+    return found
 
 
 def isConcrete(module: str) -> bool:
@@ -308,6 +338,37 @@ class LayoutTests(TestCase):
             if not m.startswith("nvpair.proxy.testing")
             for t in targets
             if t.startswith("nvpair.proxy.testing")
+        }
+        self.assertEqual(offending, set())
+
+    def test_testImportsFound(self) -> None:
+        """The reader finds a test module imported in every form, at the top or inside a
+        function, and nothing else, so the check below can fail."""
+        source = (
+            "import tests.a.test_b\n"
+            "from tests.a.test_c import Fake\n"
+            "from tests.a import test_d, kit\n"
+            "from .test_e import Case\n"
+            "from . import test_f\n"
+            "from tests.support.harness import freePort\n"
+            "def f() -> None:\n"
+            "    from ..b.test_g import helper\n"
+        )
+        self.assertEqual(
+            testModulesImported("tests.a.test_z", source),
+            {f"tests.{m}" for m in ("a.test_b", "a.test_c", "a.test_d", "a.test_e", "a.test_f")}
+            | {"tests.b.test_g"},
+        )
+        self.assertEqual(testModulesImported("tests.a.test_z", "import tests.a.kit\n"), set())
+
+    def test_noTestModuleImports(self) -> None:
+        """No module of the tests imports a test module: shared fakes, cases and helpers
+        live in ``tests/support/`` (or a folder's kit), so a test module is only run."""
+        offending = {
+            (name, imported)
+            for path in sorted(TESTS.rglob("*.py"))
+            for name in [moduleName(path)]
+            for imported in testModulesImported(name, path.read_text(), path.name == "__init__.py")
         }
         self.assertEqual(offending, set())
 

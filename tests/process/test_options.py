@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import io
 import os
-import sys
 from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
 from nvpair.proxy.options import STANDALONE_OPS_PORT, Options, parseDuration
-from nvpair.proxy.settings import Settings
+from tests.support.cases.optionparse import Capture, parse
 
 # (flag, env var, a valid text, its parsed value, Settings field, a malformed text)
 VALUED: list[tuple[str, str, str, Any, str, str]] = [
@@ -67,41 +65,6 @@ DEFAULTS = {
     "backends": (),
     "engines": ("ollama", "lmstudio", "llamacpp"),
 }
-
-
-class _Capture:
-    """Swap ``sys.stderr`` and ``sys.stdout`` for buffers during a parse."""
-
-    def __init__(self, test: SynchronousTestCase) -> None:
-        self.stderr = io.StringIO()
-        self.stdout = io.StringIO()
-        test.patch(sys, "stderr", self.stderr)
-        test.patch(sys, "stdout", self.stdout)
-
-
-def parse(argv: list[str], environ: dict[str, str] | None = None) -> Settings:
-    options = Options(environ or {})
-    options.parseOptions(argv)
-    assert options.settings is not None
-    return options.settings
-
-
-def assertExitsNaming(
-    test: SynchronousTestCase,
-    option: str,
-    cases: tuple[tuple[list[str], dict[str, str]], ...],
-) -> None:
-    """Each ``(argv, environ)`` exits 2 with one stderr line naming ``option``, nothing on
-    stdout."""
-    for argv, environ in cases:
-        capture = _Capture(test)
-        with test.assertRaises(SystemExit) as cm:
-            parse(argv, environ)
-        test.assertEqual(cm.exception.code, 2, (argv, environ))
-        lines = capture.stderr.getvalue().splitlines()
-        test.assertEqual(len(lines), 1, (argv, environ))
-        test.assertIn(option, lines[0])
-        test.assertEqual(capture.stdout.getvalue(), "")
 
 
 class DurationTests(SynchronousTestCase):
@@ -172,7 +135,7 @@ class OptionTests(SynchronousTestCase):
         for flag, _env, _text, _value, _field, bad in VALUED:
             if not bad:
                 continue
-            capture = _Capture(self)
+            capture = Capture(self)
             with self.assertRaises(SystemExit) as cm:
                 parse([f"--{flag}={bad}"])
             self.assertEqual(cm.exception.code, 2, flag)
@@ -186,7 +149,7 @@ class OptionTests(SynchronousTestCase):
         for flag, env, _text, _value, _field, bad in VALUED:
             if not bad:
                 continue
-            capture = _Capture(self)
+            capture = Capture(self)
             with self.assertRaises(SystemExit) as cm:
                 parse([], {env: bad})
             self.assertEqual(cm.exception.code, 2, flag)
@@ -199,7 +162,7 @@ class OptionTests(SynchronousTestCase):
     def test_unknownOption(self) -> None:
         """An unknown flag, or a valued flag without its value, exits 2 (not twistd's exit 1)."""
         for argv in (["--bogus"], ["--max-body"], ["stray"]):
-            capture = _Capture(self)
+            capture = Capture(self)
             with self.assertRaises(SystemExit) as cm:
                 parse(argv)
             self.assertEqual(cm.exception.code, 2, argv)
@@ -246,7 +209,7 @@ class OptionTests(SynchronousTestCase):
             (["--backend", "ollama=http://h:1"], "--backend"),
         ]
         for argv, name in cases:
-            capture = _Capture(self)
+            capture = Capture(self)
             with self.assertRaises(SystemExit) as cm:
                 parse(argv)
             self.assertEqual(cm.exception.code, 2, argv)

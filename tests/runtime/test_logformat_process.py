@@ -19,7 +19,7 @@ from twisted.trial.unittest import TestCase
 from zope.interface import implementer
 
 from nvpair.proxy.engines import ENGINES
-from tests.integration.test_requests import asyncTest
+from tests.support.cases.requestcase import asyncTest
 from tests.support.harness import freePort, rawExchange
 from tests.support.kitprocess import killAtCleanup
 from tests.support.standaloneharness import StandaloneProxy, facadeEnabled

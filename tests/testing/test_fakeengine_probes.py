@@ -5,7 +5,7 @@ from __future__ import annotations
 import treq
 
 from nvpair.proxy.testing.fakeengine import Status
-from tests.integration.test_fakeengine import CHAT, EngineTestCase
+from tests.support.cases.enginecase import CHAT, EngineTestCase
 
 
 class StateProbeTests(EngineTestCase):

@@ -4,10 +4,10 @@ stay short whatever the path."""
 
 from __future__ import annotations
 
+from tests.support.cases.spancase import BODY, CLIENT_TRACE, TRACEPARENT, SpanCase, parentOf
 from tests.support.exchangecase import SSE
 from tests.support.fakerequest import FakeRequest
 from tests.support.fakeupstream import startExchange
-from tests.tracing.test_spans import BODY, CLIENT_TRACE, TRACEPARENT, SpanCase, parentOf
 
 
 class TracestateTests(SpanCase):

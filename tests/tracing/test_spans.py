@@ -13,25 +13,20 @@ from zope.interface.verify import verifyObject
 from nvpair.proxy.testing.fakecontext import FakeContext
 from nvpair.proxy.tracing.interfaces import IPeerTrace, IRequestTrace, ITracer, TraceStart
 from nvpair.proxy.tracing.spans import operationName
+from tests.support.cases.spancase import (
+    CLIENT_SPAN,
+    CLIENT_TRACE,
+    SECRET,
+    TRACEPARENT,
+    SpanCase,
+    parentOf,
+)
 from tests.support.exchangecase import SSE, USAGE
 from tests.support.fakerequest import FakeRequest
 from tests.support.fakeupstream import makeFacade, node, startExchange
 from tests.tracing.spankit import ALWAYS_OFF, SpanCapture
 
-CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
-CLIENT_SPAN = "00f067aa0ba902b7"
-TRACEPARENT = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01".encode()
-SECRET = "do-not-trace-this-prompt"
-BODY = b'{"model":"m1","stream":true,"messages":[{"role":"user","content":"%s"}]}' % (
-    SECRET.encode()
-)
 ANSWER = b'data: {"choices":[{"delta":{"content":"%s"}}]}\n\n' % SECRET.encode()
-
-
-def parentOf(header: bytes) -> tuple[str, str, str]:
-    """(trace id, span id, flags) of a ``traceparent`` value."""
-    version, traceId, spanId, flags = header.decode().split("-")
-    return traceId, spanId, flags
 
 
 def spanId(span: ReadableSpan) -> int:
@@ -53,25 +48,6 @@ def spanIds(span: ReadableSpan) -> tuple[str, str]:
     context = span.get_span_context()
     assert context is not None
     return f"{context.trace_id:032x}", f"{context.span_id:016x}"
-
-
-class SpanCase(SynchronousTestCase):
-    """A context with a tracer on a Clock, two owners A and B of ``m1``."""
-
-    settings: dict[str, Any] = {}
-
-    def setUp(self) -> None:
-        self.context = FakeContext(**self.settings)
-        self.clock = self.context.clock
-        self.capture = SpanCapture(self.clock)
-        self.context.tracer = self.capture.tracer
-        self.upstream = self.context.upstream
-        self.facade = makeFacade(self.clock, [node("A"), node("B")])
-
-    def start(self, headers: dict[bytes, list[bytes]] | None = None) -> FakeRequest:
-        request = FakeRequest(headers=headers)
-        startExchange(self.context, self.facade, request, body=BODY)
-        return request
 
 
 class RequestSpanTests(SpanCase):

@@ -12,7 +12,7 @@ from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 from twisted.web.http_headers import Headers
 
-from tests.integration.test_requests import asyncTest
+from tests.support.cases.requestcase import asyncTest
 from tests.support.harness import startEngine
 from tests.support.standaloneharness import StandaloneProxy, backendUp
 from tests.tracing.otlpreceiver import SERVER, OTLPReceiver, ReceivedSpan

@@ -30,7 +30,7 @@ from nvpair.proxy.flow.breaker import Breakers
 from nvpair.proxy.flow.clientbook import ClientBook
 from nvpair.proxy.flow.clients import Client
 from nvpair.proxy.flow.fairqueue import MAX_RETRY_AFTER, FairQueue, Ticket
-from nvpair.proxy.flow.interfaces import IQueueing
+from nvpair.proxy.flow.interfaces import IQueueing, QueueRefusal
 from nvpair.proxy.flow.predicted import OBSERVED_SAMPLES, bound, keptInTime, serviceRate
 from nvpair.proxy.flow.waits import WaitHistogram
 from nvpair.proxy.nodestate.ledger import RoomLedger
@@ -96,7 +96,7 @@ class Queueing:
         self.breakers = Breakers()
         self.holds = Holds(clock, self._hasRoom, settings.queueMax)  # spec §11 "Placement"
         self.lines: OrderedDict[tuple[str, str], _Line] = OrderedDict()
-        self.refused: dict[tuple[str, str], int] = {}
+        self.refused: dict[tuple[str, QueueRefusal], int] = {}
         self.clients = ClientBook()  # the fleet file's [[client]] entries, counts per client
         self._draining = False
         self._again = False
@@ -190,11 +190,11 @@ class Queueing:
             line.queue.maxDepth = self._bound(line)
         left = ticket if line is None else line.queue.push(ticket)
         if line is None or left is ticket:
-            self._refuse(ex, line, "queue_full", client)
+            self._refuse(ex, line, QueueRefusal.FULL, client)
             return defer.fail(defer.CancelledError())
         waiter.deferred = defer.Deferred(lambda _: self._leave(line, ticket))
         timeout = self.settings.queueTimeout
-        reason = "queue_timeout" if timeout <= remaining else "deadline_exceeded"
+        reason = QueueRefusal.TIMEOUT if timeout <= remaining else QueueRefusal.DEADLINE
         waiter.timer = self.clock.callLater(
             min(timeout, remaining), self._expire, line, ticket, reason
         )
@@ -263,7 +263,7 @@ class Queueing:
         self,
         ex: IPlacementExchange,
         line: _Line | None,
-        reason: str,
+        reason: QueueRefusal,
         client: Client | None = None,
     ) -> None:
         engineId = ex.facade.engine.id
@@ -271,7 +271,7 @@ class Queueing:
         self.refused[key] = self.refused.get(key, 0) + 1
         if client is not None:
             self.clients.countRefusal(engineId, client, reason)
-        ex.answerError(503, reason, self._retryAfter(line))
+        ex.answerError(503, reason.value, self._retryAfter(line))
 
     def _displaced(self, line: _Line, ticket: Ticket[_Waiter]) -> None:
         """A full queue gave ``ticket``'s place to a client with fewer waiting: answered
@@ -280,7 +280,7 @@ class Queueing:
         if waiter.timer is not None and waiter.timer.active():
             waiter.timer.cancel()
         waiter.timer = None
-        self._refuse(waiter.exchange, line, "queue_full", ticket.client)
+        self._refuse(waiter.exchange, line, QueueRefusal.FULL, ticket.client)
         waiter.deferred.cancel()
 
     def _leave(self, line: _Line, ticket: Ticket[_Waiter]) -> None:
@@ -290,7 +290,7 @@ class Queueing:
         if timer is not None and timer.active():
             timer.cancel()
 
-    def _expire(self, line: _Line, ticket: Ticket[_Waiter], reason: str) -> None:
+    def _expire(self, line: _Line, ticket: Ticket[_Waiter], reason: QueueRefusal) -> None:
         waiter = ticket.payload
         waiter.timer = None
         if not line.queue.remove(ticket):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable, Sequence
+from enum import Enum
 from types import FrameType
 
 import attrs
@@ -39,6 +40,20 @@ QUIET = 2.0
 SERVICE_NAME = "fleet-file"
 
 Fingerprint = tuple[int, int, int, int] | None
+
+
+class ReloadResult(Enum):
+    """What one reload did; the values are the ``result`` label of
+    ``nvpair_proxy_fleet_reloads_total`` and the keys of ``/status``'s ``fleet.reloads``."""
+
+    APPLIED = "applied"  # a valid, different file: switched to
+    UNCHANGED = "unchanged"  # a valid file equal to the one in use
+    INVALID = "invalid"  # refused: nothing changed
+    WAITING = "waiting"  # the file changed while it was read: read again once quiet
+
+
+COUNTED = (ReloadResult.APPLIED, ReloadResult.UNCHANGED, ReloadResult.INVALID)
+"""The results counted (``WAITING`` is not: the reload it defers is counted once done)."""
 
 
 class IFleetFollower(Interface):
@@ -90,7 +105,7 @@ class FleetReloader(Service):
         clock: IReactorTime,
         enableEngine: Callable[[str, Sequence[Backend]], bool],
         reorder: Callable[[Sequence[str]], None],
-        counted: Callable[[str], None],
+        counted: Callable[[ReloadResult], None],
         interval: float = RELOAD_POLL,
         stat: Callable[[str], os.stat_result] = os.stat,
         load: Callable[[str], FleetSpec] = loadFleet,
@@ -109,7 +124,7 @@ class FleetReloader(Service):
         self.generation = 0
         self.loadedAt: float | None = None
         self.error: ReloadError | None = None
-        self.results = {"applied": 0, "unchanged": 0, "invalid": 0}
+        self.results = dict.fromkeys(COUNTED, 0)
         self.followers: dict[str, list[IFleetFollower]] = {}
         self.clientFollowers: list[Callable[[Sequence[DeclaredClient]], object]] = []
         self.serving: dict[str, tuple[Backend, ...]] = {}  # enabled engines, in order
@@ -187,7 +202,7 @@ class FleetReloader(Service):
         self._waiting = trigger
         self.log.info("fleet-reload-waiting", trigger=trigger, reason=reason, quiet=self.quiet)
 
-    def reload(self, trigger: str) -> str:
+    def reload(self, trigger: str) -> ReloadResult:
         """Load the file and switch to it if valid; the result: applied, unchanged, invalid,
         or waiting (the file changed while it was read: read again once quiet, uncounted)."""
         before = fingerprint(self.path, self.stat)  # taken first: a write after it is seen
@@ -199,20 +214,20 @@ class FleetReloader(Service):
         if after != before:  # still being written: what was read may be a part of it
             self._see(after)
             self._wait(trigger, "the file changed while it was read")
-            return "waiting"
+            return ReloadResult.WAITING
         self._loaded = before
         self._see(before)
         if isinstance(spec, FleetError):
             self._refuse(spec)
-            result = "invalid"
+            result = ReloadResult.INVALID
         else:
             self.error = None
             if spec == self.spec:
                 self.log.info("fleet-unchanged", trigger=trigger, generation=self.generation)
-                result = "unchanged"
+                result = ReloadResult.UNCHANGED
             else:
                 self._apply(spec, trigger)
-                result = "applied"
+                result = ReloadResult.APPLIED
         self.results[result] += 1
         self.counted(result)
         return result

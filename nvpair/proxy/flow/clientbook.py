@@ -20,6 +20,7 @@ from nvpair.proxy.flow.clients import (
     Roster,
     clientKey,
 )
+from nvpair.proxy.flow.interfaces import QueueRefusal
 from nvpair.proxy.routing.facts import Identity
 
 __all__ = ["ClientBook"]
@@ -27,13 +28,12 @@ __all__ = ["ClientBook"]
 
 class ClientBook:
     """The declared clients (``roster``) and, per facade and client label, requests
-    dispatched (waited or not) and refused by reason (``queue_full``, ``queue_timeout``,
-    ``deadline_exceeded``)."""
+    dispatched (waited or not) and refused by reason (``QueueRefusal``)."""
 
     def __init__(self) -> None:
         self.roster = NO_CLIENTS
         self.dispatched: dict[tuple[str, str], int] = {}
-        self.refused: dict[tuple[str, str, str], int] = {}
+        self.refused: dict[tuple[str, str, QueueRefusal], int] = {}
 
     def clientOf(self, authorization: bytes | None, identity: Identity) -> Client:
         """The request's client (``flow.clients.clientKey``) with the declared clients in
@@ -50,7 +50,7 @@ class ClientBook:
             key = (engine, _kept(label, roster))
             dispatched[key] = dispatched.get(key, 0) + count
         self.dispatched = dispatched
-        refused: dict[tuple[str, str, str], int] = {}
+        refused: dict[tuple[str, str, QueueRefusal], int] = {}
         for (engine, label, reason), count in self.refused.items():
             rkey = (engine, _kept(label, roster), reason)
             refused[rkey] = refused.get(rkey, 0) + count
@@ -61,7 +61,7 @@ class ClientBook:
         key = (engine, self.roster.label(client.share))
         self.dispatched[key] = self.dispatched.get(key, 0) + 1
 
-    def countRefusal(self, engine: str, client: Client, reason: str) -> None:
+    def countRefusal(self, engine: str, client: Client, reason: QueueRefusal) -> None:
         """The queue answered one request of ``client`` with ``reason``."""
         key = (engine, self.roster.label(client.share), reason)
         self.refused[key] = self.refused.get(key, 0) + 1

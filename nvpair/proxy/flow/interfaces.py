@@ -5,6 +5,7 @@ the dispatch layer."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import Enum
 from typing import TYPE_CHECKING
 
 from zope.interface import Interface
@@ -16,6 +17,15 @@ if TYPE_CHECKING:
     from nvpair.proxy.placement.interfaces import IFleetView, IPlacementExchange
     from nvpair.proxy.routing.facts import Identity
     from nvpair.proxy.routing.nodes import Node, OwnerSplit
+
+
+class QueueRefusal(Enum):
+    """Why the queue answered a request 503 without sending it: the values are the error
+    codes the client reads and the ``reason`` label of the queue's refusal counters."""
+
+    FULL = "queue_full"  # past --queue-max (or its place given to a fairer client)
+    TIMEOUT = "queue_timeout"  # waited --queue-timeout
+    DEADLINE = "deadline_exceeded"  # its job deadline came first
 
 
 class IQueueing(Interface):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from nvpair.proxy.engines import ENGINES
+from nvpair.proxy.facade.reload import COUNTED, ReloadResult
 from nvpair.proxy.hooks import HOOKS, RequestObserver
 
 if TYPE_CHECKING:
@@ -148,8 +149,8 @@ class Metrics(RequestObserver):
             ["result"],
             registry=registry,
         )
-        for result in ("applied", "unchanged", "invalid"):
-            self._fleetReloads.labels(result)
+        for result in COUNTED:
+            self._fleetReloads.labels(result.value)
         self._requestChildren: dict[tuple[str, bool, str], _Count] = {}
         self._attemptChildren: dict[tuple[str, str], _Count] = {}
         self._ttftChildren: dict[tuple[str, bool], _Count] = {}
@@ -224,9 +225,9 @@ class Metrics(RequestObserver):
             ).inc
         inc(1)
 
-    def fleetReload(self, result: str) -> None:
-        """One fleet file reload: ``applied``, ``unchanged`` or ``invalid``."""
-        self._fleetReloads.labels(result).inc()
+    def fleetReload(self, result: ReloadResult) -> None:
+        """One fleet file reload, labelled by its result's value (one of ``COUNTED``)."""
+        self._fleetReloads.labels(result.value).inc()
 
     def streamStalled(self, engineId: str) -> None:
         """A committed stream was cut for engine silence."""

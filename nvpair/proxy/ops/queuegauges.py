@@ -61,7 +61,7 @@ class QueueCollector(Collector):
             "deadline_exceeded).",
             labels=["engine", "reason"],
         )
-        for (engine, reason), count in sorted(queueing.refused.items()):
+        for (engine, reason), count in sorted(refusals(queueing)):
             refused.add_metric([engine, reason], count)
         yield refused
         yield from _clientFamilies(queueing)
@@ -103,6 +103,18 @@ class QueueCollector(Collector):
         )
 
 
+def refusals(queueing: Queueing) -> Iterator[tuple[tuple[str, str], int]]:
+    """The queue's refusals per facade and reason, the reason as its code."""
+    for (engine, reason), count in queueing.refused.items():
+        yield (engine, reason.value), count
+
+
+def clientRefusals(queueing: Queueing) -> Iterator[tuple[tuple[str, str, str], int]]:
+    """The queue's refusals per facade, client label and reason, the reason as its code."""
+    for (engine, label, reason), count in queueing.clients.refused.items():
+        yield (engine, label, reason.value), count
+
+
 def clientDepths(queueing: Queueing) -> list[tuple[str, str, str, int]]:
     """Per facade, model and client label with requests waiting: how many wait."""
     rows: list[tuple[str, str, str, int]] = []
@@ -142,7 +154,7 @@ def _clientFamilies(queueing: Queueing) -> Iterator[Metric]:
         "Requests the queue refused, per facade, client and reason.",
         labels=["engine", "client", "reason"],
     )
-    for (engine, label, reason), count in sorted(queueing.clients.refused.items()):
+    for (engine, label, reason), count in sorted(clientRefusals(queueing)):
         refused.add_metric([engine, label, reason], count)
     yield refused
 
@@ -154,7 +166,7 @@ def clientStatus(queueing: Queueing) -> dict[str, dict[str, dict[str, object]]]:
     for engine, _, label, count in clientDepths(queueing):
         waiting[engine, label] = waiting.get((engine, label), 0) + count
     refused: dict[tuple[str, str], dict[str, int]] = {}
-    for (engine, label, reason), count in sorted(queueing.clients.refused.items()):
+    for (engine, label, reason), count in sorted(clientRefusals(queueing)):
         refused.setdefault((engine, label), {})[reason] = count
     dispatched = queueing.clients.dispatched
     clients: dict[str, dict[str, dict[str, object]]] = {}
@@ -182,7 +194,7 @@ def queueStatus(queueing: Queueing | None) -> dict[str, object] | None:
             "dispatched": waits.count,
         }
     refused: dict[str, dict[str, int]] = {}
-    for (engine, reason), count in sorted(queueing.refused.items()):
+    for (engine, reason), count in sorted(refusals(queueing)):
         refused.setdefault(engine, {})[reason] = count
     return {
         "queueMax": queueing.settings.queueMax,

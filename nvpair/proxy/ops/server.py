@@ -164,7 +164,7 @@ def fleetStatus(reloader: FleetReloader) -> FleetStatus:
         "error": None
         if error is None
         else {"message": error.message, "line": error.line, "at": int(error.at * 1000)},
-        "reloads": dict(reloader.results),
+        "reloads": {result.value: n for result, n in reloader.results.items()},
     }
 
 
