@@ -6,7 +6,7 @@ the process's context and on the testing kit's fake alike, so the two are wired 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Protocol
 
 import attrs
@@ -64,14 +64,13 @@ class ResidencyObserver(RequestObserver):
     """Feeds the residency view from our requests (spec §11, "Model residency").  A first
     byte on a node where the model was loading ends that load (``coldFirstByte``) and lets
     the requests waiting for it go (``RoomLedger.changed``); a warm one, with the number of
-    ours then running on the node, teaches what an engine reporting no slots serves at once
-    (``firstByte``, once the end says how much of it was a load); an engine's reported load
-    time (Ollama's ``load_duration``) is what the load cost."""
+    ours on the node when it was dispatched, teaches what an engine reporting no slots
+    serves at once (``firstByte``, once the end says how much of it was a load); an
+    engine's reported load time (Ollama's ``load_duration``) is what the load cost."""
 
-    def __init__(self, residency: Residency, ledger: RoomLedger, ours: Mapping[str, int]) -> None:
+    def __init__(self, residency: Residency, ledger: RoomLedger) -> None:
         self.residency = residency
         self.ledger = ledger
-        self.ours = ours
         self.firstBytes: dict[IExchangeReport, tuple[int, float]] = {}
 
     def committed(self, exchange: IExchangeReport, nodeId: str, firstByte: float) -> None:
@@ -83,7 +82,7 @@ class ResidencyObserver(RequestObserver):
             self.residency.coldFirstByte(nodeId, model, seconds)
             self.ledger.changed(nodeId)
         elif len(self.firstBytes) < MAX_TRACKED:
-            self.firstBytes[exchange] = (self.ours.get(nodeId, 1), seconds)
+            self.firstBytes[exchange] = (exchange.dispatchedWith, seconds)
 
     def requestEnded(self, exchange: IExchangeReport) -> None:
         measured = self.firstBytes.pop(exchange, None)
@@ -154,7 +153,7 @@ def useStandalone(context: StandaloneContext, affinity: bool | None = None) -> S
     context.affinity, context.queueing = placing, queueing
     context.residency, context.loads = residency, loads
     context.observe(ServedObserver(ledger, states, placing))
-    context.observe(ResidencyObserver(residency, ledger, ours))
+    context.observe(ResidencyObserver(residency, ledger))
     return Standalone(ledger, states, residency, placing, queueing)
 
 

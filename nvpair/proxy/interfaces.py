@@ -173,6 +173,10 @@ class IExchangeReport(Interface):
         "flight; None when there is neither."
     )
     dispatchedAt: float | None = Attribute("When the latest attempt was dispatched.")
+    dispatchedWith: int = Attribute(
+        "How many of ours ran on the latest attempt's node when it was dispatched (itself "
+        "included)."
+    )
     ending: BodyEnding | None = Attribute("How the committed body ended, once it did.")
     prefixKey: AffinityKey | None = Attribute(
         "The prompt digests placement committed with (standalone placement by cache)."

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import treq
+from twisted.internet import defer, task
 from twisted.internet import reactor as _reactor
-from twisted.internet import task
 from twisted.trial.unittest import TestCase
 
 from nvpair.proxy.testing.simengine import SimConfig, SimEngine
@@ -147,7 +147,8 @@ class RealRouterTests(ResidencyCase):
 
     async def test_realRouter(self) -> None:
         """The proxy reads the router's statuses and the loaded model's own slots without
-        ever loading a model; a preload goes through the router's API; /status shows it."""
+        ever loading a model; a preload goes through the router's API; /status shows it; a
+        request for a model loaded nowhere is placed there and loads it."""
         server = await startLlamaRouter(
             self, reactor, ("alpha", "beta"), "--models-max", "2", "-np", "2", "-c", "2048"
         )
@@ -168,3 +169,87 @@ class RealRouterTests(ResidencyCase):
         states = {m["id"]: m["status"]["value"] for m in listed["data"]}
         self.assertEqual(states, {"alpha": "loaded", "beta": "unloaded"})
         self.assertFalse(server.ended.called, server.lastLines())
+        # Placement reads the statuses: beta, loaded nowhere, is loaded there by one request.
+        chat = {"model": "beta", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        url = self.running.url("llamacpp") + "/v1/chat/completions"
+        answer = await treq.post(url, json=chat, persistent=False, timeout=DEADLINE)
+        self.assertEqual(answer.code, 200, await answer.text())
+        await self.until(holding(server.url, {"alpha": "loaded", "beta": "loaded"}))
+
+
+class LoadPlacementTests(ResidencyCase):
+    """Placement that counts loads (spec §11), through the real process over simulated
+    Ollama engines holding models as the real one does."""
+
+    def ollama(self, name: str, **config: Any) -> SimEngine:
+        """A simulated Ollama engine with models ``a`` and ``b`` installed."""
+        return self.sim(dialect="ollama", models=("a:latest", "b:latest"), name=name, **config)
+
+    async def ask(self, model: str) -> int:
+        """One non-streamed chat for ``model`` through the proxy: its status."""
+        body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": False}
+        url = self.running.url("ollama") + "/api/chat"
+        answer = await treq.post(url, json=body, persistent=False)
+        await answer.content()
+        return int(answer.code)
+
+    async def listed(self, engines: list[SimEngine]) -> None:
+        """Wait until the proxy has a fresh listing of every engine's models."""
+        await self.until(lambda s: all(node(s, e.url).get("fresh") for e in engines))
+
+    async def test_burstForAColdModelLoadsOnce(self) -> None:
+        """Twenty requests arriving together for a model loaded nowhere: one load on one
+        node, all twenty served."""
+        engines = [self.ollama(f"e{i}", loaded=(), loadMs=1000.0, maxLoaded=2) for i in range(3)]
+        await self.proxy("ollama", [("ollama", e.url) for e in engines])
+        await self.listed(engines)
+        codes = await defer.gatherResults([defer.ensureDeferred(self.ask("a")) for _ in range(20)])
+        self.assertEqual(codes, [200] * 20)
+        self.assertEqual([e.core.residency.stats.loads for e in engines].count(1), 1)
+        self.assertEqual(sum(e.core.residency.stats.loads for e in engines), 1)
+
+    async def test_warmBusyNodeServes(self) -> None:
+        """A model warm on a busy node (one slot) and cold on an idle one whose only model
+        was used: the warm node serves every request while its wait is shorter than a load;
+        nothing is loaded or evicted on the idle node."""
+        warm = self.ollama("warm", loaded=("a:latest",), slots=1, decodeMs=10.0)
+        idle = self.ollama("idle", loaded=("b:latest",), maxLoaded=1, loadMs=5000.0)
+        fleet = (
+            f'[[backend]]\nengine = "ollama"\nurl = "{warm.url}"\nmax_concurrency = 1\n'
+            f'[[backend]]\nengine = "ollama"\nurl = "{idle.url}"\n'
+        )
+        await self.proxy("ollama", [("ollama", warm.url), ("ollama", idle.url)], fleet)
+        await self.listed([warm, idle])
+        self.assertEqual(await self.ask("b"), 200)
+        for _ in range(2):  # its service time is known
+            self.assertEqual(await self.ask("a"), 200)
+        codes = await defer.gatherResults([defer.ensureDeferred(self.ask("a")) for _ in range(6)])
+        self.assertEqual(codes, [200] * 6)
+        self.assertEqual(warm.core.stats.completed, 8)
+        stats = idle.core.residency.stats
+        self.assertEqual((stats.loads, stats.evictions), (0, 0))
+
+    async def test_sustainedDemandOneMoreCopy(self) -> None:
+        """Demand above one node's capacity (5 requests a second for 4 a second), sustained
+        for longer than a load: exactly one more copy, on one of the two cold nodes."""
+        engines = [
+            self.ollama(f"e{i}", loaded=(), slots=2, decodeMs=30.0, loadMs=1000.0, maxLoaded=2)
+            for i in range(3)
+        ]
+        fleet = "".join(
+            f'[[backend]]\nengine = "ollama"\nurl = "{e.url}"\nmax_concurrency = 2\n'
+            + ('preload = ["a:latest"]\n' if e is engines[0] else "")
+            for e in engines
+        )
+        await self.proxy("ollama", [("ollama", e.url) for e in engines], fleet)
+        await self.until(holding(engines[0].url, {"a:latest": "loaded"}))
+        await self.listed(engines)
+        asked = [
+            task.deferLater(reactor, i * 0.2, lambda: defer.ensureDeferred(self.ask("a")))
+            for i in range(75)
+        ]
+        codes = await defer.gatherResults(asked)
+        self.assertEqual(codes, [200] * 75)
+        loads = [e.core.residency.stats.loads for e in engines]
+        self.assertEqual(loads[0], 1, "the preload")
+        self.assertEqual(sorted(loads[1:]), [0, 1], "exactly one more copy")

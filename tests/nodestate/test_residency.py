@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from nvpair.proxy.nodestate.holdings import MAX_EVENTS
-from nvpair.proxy.nodestate.interfaces import Eviction, IResidency, ModelState
+from nvpair.proxy.nodestate.holdings import EVICTION_SETTLE, MAX_EVENTS
+from nvpair.proxy.nodestate.interfaces import Eviction, IModelActions, IResidency, ModelState
 from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.nodestate.loadcost import DEFAULT_LOAD_SECONDS
 from nvpair.proxy.nodestate.probes import EngineReport, ResidentModel
@@ -156,15 +158,17 @@ class EvictionTests(ResidencyCase):
     """What a node can hold and what a load there would push out."""
 
     def test_capacityAndLeastRecentlyUsedIdle(self) -> None:
-        """What a node can hold is the most it was seen holding (a lower bound: a load past
-        it is expected to evict); seen holding two, a third would evict the least recently
-        used idle one; a busy one only when all are busy (then ``idle`` is False); with
-        room, nothing."""
+        """What a node can hold is the most it was seen holding: a lower bound, so no load
+        is predicted to evict until the node was seen evicting; then, seen holding two, a
+        third would evict the least recently used idle one; a busy one only when all are
+        busy (then ``idle`` is False); with room, nothing."""
         self.probe(ps("a"))
-        first = self.view.likelyEviction("n", "b")
-        self.assertEqual(first.model, "a", "seen holding one at most: a load evicts")  # type: ignore[union-attr]
+        self.assertIsNone(self.view.likelyEviction("n", "b"), "a lower bound: no eviction")
         self.assertEqual(self.view.room("n"), 0)
         self.probe(ps("a", "b"))
+        self.probe(ps("a", "x"))
+        self.probe(ps("a", "b"))
+        self.assertEqual(self.view.nodeStatus("n")["evictions"], 2)
         self.assertEqual(self.view.room("n"), 0)
         self.view.began("n", "b")
         self.view.ended("n", "b")
@@ -189,6 +193,8 @@ class EvictionTests(ResidencyCase):
         early = ResidentModel("x", until="2030-01-01T00:00:00Z")
         late = ResidentModel("y", until="2030-01-01T00:01:00Z")
         self.probe(ps(late, early))
+        self.probe(ps(late, ResidentModel("w")))
+        self.probe(ps(late, early))
         self.assertEqual(self.view.likelyEviction("n", "z").model, "x")  # type: ignore[union-attr]
 
     def test_memoryFits(self) -> None:
@@ -212,6 +218,42 @@ class EvictionTests(ResidencyCase):
         self.clock.advance(600)
         self.assertLess(self.view.demand("a"), 0.01)
         self.assertEqual(self.view.demand("zz", "nowhere"), 0.0)
+
+
+@implementer(IModelActions)
+class RecordedActions:
+    """Model actions that record the unloads asked (allowed on node ``n`` only)."""
+
+    def __init__(self) -> None:
+        self.unloads: list[tuple[str, str]] = []
+
+    def allowsUnload(self, nodeId: str) -> bool:
+        return nodeId == "n"
+
+    def unload(self, nodeId: str, model: str) -> Deferred[bool]:
+        self.unloads.append((nodeId, model))
+        return succeed(True)
+
+
+class PredictedEvictionTests(ResidencyCase):
+    """What a load of ours will likely evict, from the moment it starts."""
+
+    def test_victimColdFromTheStart(self) -> None:
+        """On a node seen full, a load of ours makes its likely victim ``cold`` at once
+        (requests for it go elsewhere), unloaded through the engine's API first where the
+        fleet file allows; a probe listing it ``EVICTION_SETTLE`` s later says the engine
+        had room after all."""
+        actions = self.view.actions = RecordedActions()
+        for node in ("n", "m"):
+            self.probe(ps("a", "b"), node=node)
+            self.probe(ps("a", "x"), node=node)
+        self.view.loadStarted("n", "c")
+        self.assertIs(self.view.state("n", "a"), ModelState.COLD)
+        self.assertEqual(self.view.holders("a"), ("m",))
+        self.view.loadStarted("m", "c")
+        self.assertEqual(actions.unloads, [("n", "a")], "only where unload_idle allows")
+        self.probe(ps("a", "x", "c"), node="m", advance=EVICTION_SETTLE)
+        self.assertIs(self.view.state("m", "a"), ModelState.LOADED)
 
 
 class ParallelTests(ResidencyCase):

@@ -15,8 +15,8 @@ from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.nodestate.probes import EngineReport, ResidentModel
 from nvpair.proxy.nodestate.residency import Residency
 from nvpair.proxy.nodestate.states import EngineStates
-from nvpair.proxy.placement.interfaces import ILoadPlanner
-from nvpair.proxy.placement.loads import LoadPlan, LoadPlanner, Tier
+from nvpair.proxy.placement.interfaces import Backlog, ILoadPlanner, LoadPlan
+from nvpair.proxy.placement.loads import LoadPlanner, Tier
 from nvpair.proxy.routing.nodes import Node
 
 NOW = 1_800_000_000.0
@@ -63,8 +63,10 @@ class PlanCase(SynchronousTestCase):
             self.ours[node] = self.ours.get(node, 0) + 1
             self.residency.began(node, model)
 
-    def plan(self, ahead: int = 0, owners: tuple[Node, ...] = NODES) -> LoadPlan:
-        return self.planner.plan(owners, "m", ahead)
+    def plan(
+        self, ahead: int = 0, owners: tuple[Node, ...] = NODES, waited: float = 0.0
+    ) -> LoadPlan:
+        return self.planner.plan(owners, "m", Backlog(ahead, waited))
 
 
 class NoLoadTests(PlanCase):
@@ -195,41 +197,54 @@ class SpillTests(PlanCase):
         self.assertEqual(self.plan(ahead=38), LoadPlan((A, B)))
         self.assertEqual(self.plan(ahead=40), LoadPlan((C,), C))
 
+    def test_waitedLongerThanALoad(self) -> None:
+        """What the model's requests waited lately past a load's seconds times the copies:
+        a further copy, however short the queue now; not while a copy loads."""
+        self.assertEqual(self.plan(waited=9.5), LoadPlan((A,)))
+        self.assertEqual(self.plan(waited=10.5), LoadPlan((B,), B))
+        self.residency.loadStarted("B", "m")
+        self.assertEqual(self.plan(waited=1000.0), LoadPlan((A, B)))
+
     def test_unknownRateStaysWarm(self) -> None:
-        """A warm copy whose service time is not known yet: no spill, however long the
-        queue (stay warm when uncertain)."""
+        """A warm copy whose service time is not known yet: no spill for the queue's length,
+        however long (stay warm when uncertain); what was waited still counts."""
         self.ledger.forget("A")
         self.ledger.configure("A", 2)
         self.assertEqual(self.plan(ahead=1000), LoadPlan((A,)))
+        self.assertEqual(self.plan(ahead=1000, waited=11.0), LoadPlan((B,), B))
 
-    def test_neverEvictAnOnlyCopyInDemand(self) -> None:
-        """A spill never pushes out the only copy of a model in use lately, nor a busy one."""
+    def test_notKnownFull(self) -> None:
+        """A node never seen evicting takes a further copy only while it holds fewer models
+        than another owner was seen holding (B, full, was seen holding two)."""
+        self.hold(B=("x", "y"), C=("x",))
+        self.assertEqual(self.planner.cheapest((B, C), "m").tier, Tier.UNKNOWN)
+        self.assertEqual(self.plan(waited=11.0), LoadPlan((C,), C))
+        self.hold(C=("x", "y"))
+        self.assertEqual(self.planner.cheapest((B, C), "m").tier, Tier.UNKNOWN)
+        self.assertEqual(self.plan(waited=11.0), LoadPlan((A,)))
+
+    def test_neverEvictAnOnlyCopy(self) -> None:
+        """A further copy never pushes out the only copy of a model, used lately or not,
+        nor a busy one."""
         self.learnCapacity("C", ("y",))
         self.hold(C=("y",))
+        self.assertEqual(self.plan(ahead=1000, owners=(A, C)), LoadPlan((A,)))
         self.residency.began("C", "y")
         self.residency.ended("C", "y")
         self.assertEqual(self.plan(ahead=1000, owners=(A, C)), LoadPlan((A,)))
         self.start("C", "y", 1)
         self.assertEqual(self.plan(ahead=1000, owners=(A, C)), LoadPlan((A,)))
 
-    def test_anIdleOnlyCopyMayGo(self) -> None:
-        """The only copy of a model nobody asked for lately may make room."""
-        self.learnCapacity("C", ("y",))
-        self.hold(C=("y",))
-        self.assertEqual(self.plan(ahead=1000, owners=(A, C)), LoadPlan((C,), C))
-
-    def test_copyEvictionCharged(self) -> None:
-        """Evicting a model resident elsewhere costs its load times its demand's share
-        there (all of it here: 10 s more): a wait between one load and that does not
-        spill."""
+    def test_copyUnusedThereMayGo(self) -> None:
+        """A copy of a model resident elsewhere may make room when it was not used on that
+        node lately; once used there, it stays."""
         self.learnCapacity("C", ("x",))
         self.hold(A=("m", "x"), C=("x",))
-        for _ in range(4):
-            self.residency.began("C", "x")
-            self.residency.ended("C", "x")
         self.assertEqual(self.planner.cheapest((C,), "m").tier, Tier.COPY)
-        self.assertEqual(self.plan(ahead=30, owners=(A, C)), LoadPlan((A,)))
         self.assertEqual(self.plan(ahead=50, owners=(A, C)), LoadPlan((C,), C))
+        self.residency.began("C", "x")
+        self.residency.ended("C", "x")
+        self.assertEqual(self.plan(ahead=50, owners=(A, C)), LoadPlan((A,)))
 
 
 class LoadingTests(PlanCase):

@@ -55,19 +55,16 @@ _NO_HEADERS = Headers()
 
 @implementer(IPlacementExchange, IPolicyOwner, IAttemptExchange)
 class Exchange:
-    """One client request on its way through the fleet, and everything its ending touches."""
+    """One client request on its way through the fleet, and everything its ending touches
+    (slotted, as it lives as long as its stream: the request and what it was admitted with,
+    its placement and attempts, its answer)."""
 
     log = Logger()
-
-    # Slots: one Exchange lives as long as its stream; no per-instance dict.
     __slots__ = (
-        # the request, and what it was admitted with
         *("context", "facade", "engine", "settings", "clock", "upstream", "request"),
         *("method", "uri", "path", "forwardHeaders", "body", "facts", "routeClass"),
-        *("inference", "model", "createdAt", "workload", "dispatchedAt"),
-        # its placement and attempts
+        *("inference", "model", "createdAt", "workload", "dispatchedAt", "dispatchedWith"),
         *("driver", "seat", "prefixKey", "reservation", "activeNode", "attempts"),
-        # its answer
         *("meter", "flow", "committedStatus", "committed", "expectedLength", "written"),
         *("client", "stopping", "answered", "serving", "trace"),
     )
@@ -104,6 +101,7 @@ class Exchange:
         self.activeNode: str | None = None
         self.attempts = 0
         self.dispatchedAt: float | None = None  # when the latest attempt was dispatched
+        self.dispatchedWith = 0  # ours on its node then, itself included
         self.meter: StatsMeter | None = None
         self.flow: ClientFlow | None = None
         self.committedStatus: int | None = None
@@ -141,8 +139,6 @@ class Exchange:
     def halted(self) -> bool:
         """Whether a wait the policy yields is cancelled at once (client gone, stopping)."""
         return self.client is GONE or self.stopping
-
-    # -- life of the exchange -------------------------------------------------------------
 
     def start(self) -> None:
         """Admit (workload ``submitted``) and run the policy for this route class."""
@@ -243,6 +239,7 @@ class Exchange:
         self.activeNode = nodeId
         if nodeId is not None:
             self.context.activity.change(nodeId, +1, self.model)
+            self.dispatchedWith = self.context.activity.inFlight.get(nodeId, 1)
 
     # -- what the policy asks for, besides attempts (``IPlacementExchange``) ---------------
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from twisted.internet import defer
@@ -26,15 +26,22 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from zope.interface import implementer
 
 from nvpair.proxy.dispatch.holds import Holds
+from nvpair.proxy.dispatch.queueline import Line, Waiter
 from nvpair.proxy.flow.breaker import Breakers
 from nvpair.proxy.flow.clientbook import ClientBook
 from nvpair.proxy.flow.clients import Client
-from nvpair.proxy.flow.fairqueue import MAX_RETRY_AFTER, FairQueue, Ticket
+from nvpair.proxy.flow.fairqueue import MAX_RETRY_AFTER, Ticket
 from nvpair.proxy.flow.interfaces import IQueueing, QueueRefusal
 from nvpair.proxy.flow.predicted import OBSERVED_SAMPLES, bound, keptInTime, serviceRate
 from nvpair.proxy.flow.waits import WaitHistogram
 from nvpair.proxy.nodestate.ledger import RoomLedger
-from nvpair.proxy.placement.interfaces import IFleetView, ILoadPlanner, IPlacementExchange
+from nvpair.proxy.placement.interfaces import (
+    NO_BACKLOG,
+    Backlog,
+    IFleetView,
+    ILoadPlanner,
+    IPlacementExchange,
+)
 
 if TYPE_CHECKING:
     from nvpair.proxy.routing.facts import Identity
@@ -44,37 +51,6 @@ if TYPE_CHECKING:
 __all__ = ["MAX_QUEUES", "Queueing"]
 
 MAX_QUEUES = 256
-
-
-class _Waiter:
-    __slots__ = ("exchange", "deferred", "timer")
-
-    def __init__(self, exchange: IPlacementExchange) -> None:
-        self.exchange = exchange
-        self.deferred: defer.Deferred[None]  # set once queued: its canceller needs the ticket
-        self.timer: IDelayedCall | None = None
-
-
-class _Line:
-    """One facade and model's queue, with what it needs to find the model's owners."""
-
-    __slots__ = ("facade", "model", "queue", "waits")
-
-    def __init__(
-        self,
-        facade: IFleetView,
-        model: str,
-        maxDepth: int,
-        charged: Callable[[Client], None] | None = None,
-    ) -> None:
-        self.facade = facade
-        self.model = model
-        self.queue: FairQueue[_Waiter] = FairQueue(maxDepth, charged)
-        self.waits = WaitHistogram()
-
-    def owners(self) -> tuple[Node, ...]:
-        facade = self.facade
-        return facade.snapshot.owners(self.model, facade.hasLocalBackend)
 
 
 @implementer(IQueueing)
@@ -95,7 +71,7 @@ class Queueing:
         self.loads = loads  # which owners a model's requests may use (placement counts loads)
         self.breakers = Breakers()
         self.holds = Holds(clock, self._hasRoom, settings.queueMax)  # spec §11 "Placement"
-        self.lines: OrderedDict[tuple[str, str], _Line] = OrderedDict()
+        self.lines: OrderedDict[tuple[str, str], Line] = OrderedDict()
         self.refused: dict[tuple[str, QueueRefusal], int] = {}
         self.clients = ClientBook()  # the fleet file's [[client]] entries, counts per client
         self._draining = False
@@ -117,19 +93,29 @@ class Queueing:
         it is loading counts as full until the load is done)."""
         return bool(owners) and not any(self._hasRoom(node.id, model) for node in owners)
 
-    def usable(self, line: _Line) -> tuple[Node, ...]:
+    def usable(self, line: Line) -> tuple[Node, ...]:
         """The owners ``line``'s requests may use now (``ILoadPlanner.plan``)."""
         owners = line.owners()
         if self.loads is None:
             return owners
-        return self.loads.plan(owners, line.model, len(line.queue)).usable
+        return self.loads.plan(owners, line.model, self._backlog(line)).usable
 
-    def depth(self, facade: IFleetView, model: str) -> int:
-        """How many requests for ``model`` wait in ``facade``'s queue."""
+    def backlog(self, facade: IFleetView, model: str) -> Backlog:
+        """How many requests for ``model`` wait in ``facade``'s queue, and what its requests
+        waited lately."""
         line = self.lines.get((facade.engine.id, model))
-        return 0 if line is None else len(line.queue)
+        return NO_BACKLOG if line is None else self._backlog(line)
 
-    def _line(self, facade: IFleetView, model: str) -> _Line | None:
+    def loadStarted(self, facade: IFleetView, model: str) -> None:
+        """A request for ``model`` goes to start a load: what its queue waited is paid."""
+        line = self.lines.get((facade.engine.id, model))
+        if line is not None:
+            line.waited.clear()
+
+    def _backlog(self, line: Line) -> Backlog:
+        return Backlog(len(line.queue), line.waited.now(self.clock.seconds()))
+
+    def _line(self, facade: IFleetView, model: str) -> Line | None:
         key = (facade.engine.id, model)
         line = self.lines.get(key)
         if line is not None:
@@ -145,7 +131,7 @@ class Queueing:
             else:
                 return None
         engineId = facade.engine.id
-        line = self.lines[key] = _Line(
+        line = self.lines[key] = Line(
             facade,
             model,
             self.settings.queueMax,
@@ -184,7 +170,7 @@ class Queueing:
         if remaining <= 0:
             return None  # the loop answers deadline_exceeded before any dispatch
         line = self._line(facade, model)
-        waiter = _Waiter(ex)
+        waiter = Waiter(ex)
         ticket = Ticket(client, now, waiter)
         if line is not None:
             line.queue.maxDepth = self._bound(line)
@@ -213,7 +199,7 @@ class Queueing:
             return defer.succeed(None)  # room came back since the engine's last report
         return self.holds.hold(nodeId, seconds)
 
-    def drainRate(self, line: _Line) -> float | None:
+    def drainRate(self, line: Line) -> float | None:
         """How fast ``line`` can let requests out, per second (``flow.predicted``), or None."""
         observed = line.queue.drain.perSecond(self.clock.seconds(), OBSERVED_SAMPLES)
         if observed is not None:
@@ -224,11 +210,11 @@ class Queueing:
             for n in self.usable(line)
         )
 
-    def _bound(self, line: _Line) -> int:
+    def _bound(self, line: Line) -> int:
         settings = self.settings
         return bound(self.drainRate(line), settings.queueTimeout, settings.queueMax)
 
-    def _shed(self, line: _Line) -> None:
+    def _shed(self, line: Line) -> None:
         """Refuse at once, once the drain rate is known, the waiting requests of ``line``
         that could not start before their ``--queue-timeout`` ran out (every owner full:
         ``keptInTime``), those a full queue gives up first (``FairQueue.shed``)."""
@@ -248,7 +234,7 @@ class Queueing:
             self._displaced(line, ticket)
         queue.maxDepth = limit
 
-    def _retryAfter(self, line: _Line | None) -> int:
+    def _retryAfter(self, line: Line | None) -> int:
         """Whole seconds until the requests now waiting in ``line`` (at most its bound) are
         let out at its drain rate (at least 1, at most ``MAX_RETRY_AFTER``);
         ``--retry-after`` when the rate is unknown."""
@@ -262,7 +248,7 @@ class Queueing:
     def _refuse(
         self,
         ex: IPlacementExchange,
-        line: _Line | None,
+        line: Line | None,
         reason: QueueRefusal,
         client: Client | None = None,
     ) -> None:
@@ -273,7 +259,7 @@ class Queueing:
             self.clients.countRefusal(engineId, client, reason)
         ex.answerError(503, reason.value, self._retryAfter(line))
 
-    def _displaced(self, line: _Line, ticket: Ticket[_Waiter]) -> None:
+    def _displaced(self, line: Line, ticket: Ticket[Waiter]) -> None:
         """A full queue gave ``ticket``'s place to a client with fewer waiting: answered
         ``queue_full`` (already out of the queue)."""
         waiter = ticket.payload
@@ -283,14 +269,14 @@ class Queueing:
         self._refuse(waiter.exchange, line, QueueRefusal.FULL, ticket.client)
         waiter.deferred.cancel()
 
-    def _leave(self, line: _Line, ticket: Ticket[_Waiter]) -> None:
+    def _leave(self, line: Line, ticket: Ticket[Waiter]) -> None:
         """The waiting request was cancelled (client gone, shutdown): out of the queue."""
         line.queue.remove(ticket)
         timer = ticket.payload.timer
         if timer is not None and timer.active():
             timer.cancel()
 
-    def _expire(self, line: _Line, ticket: Ticket[_Waiter], reason: QueueRefusal) -> None:
+    def _expire(self, line: Line, ticket: Ticket[Waiter], reason: QueueRefusal) -> None:
         waiter = ticket.payload
         waiter.timer = None
         if not line.queue.remove(ticket):
@@ -318,7 +304,7 @@ class Queueing:
             self._draining = False
         self._armBusyTimer()
 
-    def _drainLine(self, line: _Line) -> None:
+    def _drainLine(self, line: Line) -> None:
         """Let out the waiting requests of ``line`` while an owner has room; then, every
         slot taken, refuse those that could not start in time (``_shed``)."""
         queue = line.queue
@@ -333,6 +319,7 @@ class Queueing:
             if waiter.timer is not None and waiter.timer.active():
                 waiter.timer.cancel()
             line.waits.observe(now - ticket.since)
+            line.waited.add(now - ticket.since, now)
             waiter.deferred.callback(None)
 
     def _armBusyTimer(self) -> None:

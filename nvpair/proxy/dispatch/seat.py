@@ -15,7 +15,7 @@ from zope.interface import implementer
 
 from nvpair.proxy.endings import FailureKind
 from nvpair.proxy.flow.interfaces import IQueueing
-from nvpair.proxy.placement.interfaces import IPlacementExchange, ISeat
+from nvpair.proxy.placement.interfaces import NO_BACKLOG, Backlog, IPlacementExchange, ISeat
 from nvpair.proxy.routing.facts import NO_IDENTITY
 from nvpair.proxy.tracing.interfaces import IRequestTrace
 
@@ -88,12 +88,18 @@ class QueueSeat:
         queueing = self.queueing
         return queueing is not None and queueing.knownFull(owners, self.exchange.model)
 
-    def ahead(self) -> int:
-        """How many requests for its model wait in the fair queue (0 under a broker)."""
+    def loadStarted(self) -> None:
+        """It goes to start a load of its model: what its queue waited so far is paid."""
+        queueing, ex = self.queueing, self.exchange
+        if queueing is not None and ex.model is not None:
+            queueing.loadStarted(ex.facade, ex.model)
+
+    def backlog(self) -> Backlog:
+        """Its model's queue: how many wait, what they waited lately (none under a broker)."""
         queueing, ex = self.queueing, self.exchange
         if queueing is None or ex.model is None:
-            return 0
-        return queueing.depth(ex.facade, ex.model)
+            return NO_BACKLOG
+        return queueing.backlog(ex.facade, ex.model)
 
     # -- whose fault a failure is (spec §6 "Status handling") ----------------------------
 

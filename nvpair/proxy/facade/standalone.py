@@ -276,6 +276,7 @@ def startStandalone(process: IStandaloneProcess) -> None:
     # The engines' own APIs load and unload where the fleet file says so (``preload``,
     # ``unload_idle``).
     actions = ModelActions(context.upstream, context.clock, features.residency)
+    features.residency.actions = actions  # a load of ours may make its room (``unload_idle``)
     actions.setServiceParent(process)
     reservations = context.reservations
     reloader: FleetReloader | None = None

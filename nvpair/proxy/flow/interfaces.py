@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
 
     from nvpair.proxy.flow.clients import Client
-    from nvpair.proxy.placement.interfaces import IFleetView, IPlacementExchange
+    from nvpair.proxy.placement.interfaces import Backlog, IFleetView, IPlacementExchange
     from nvpair.proxy.routing.facts import Identity
     from nvpair.proxy.routing.nodes import Node, OwnerSplit
 
@@ -39,8 +39,12 @@ class IQueueing(Interface):
         """Whether every one of ``owners`` is known full now (for ``model``: a node where it
         is loading counts as full)."""
 
-    def depth(facade: IFleetView, model: str) -> int:
-        """How many requests for ``model`` wait in ``facade``'s queue."""
+    def loadStarted(facade: IFleetView, model: str) -> None:
+        """A request for ``model`` goes to start a load: what its queue waited is paid."""
+
+    def backlog(facade: IFleetView, model: str) -> Backlog:
+        """How many requests for ``model`` wait in ``facade``'s queue, and what its requests
+        waited lately."""
 
     def waitForRoom(
         ex: IPlacementExchange, owners: Sequence[Node], client: Client

@@ -24,9 +24,8 @@ class NodeHoldings:
     our requests there, its loads and evictions seen (``residency.Residency``)."""
 
     __slots__ = ("resident", "since", "loadingSince", "seen", "installed", "capacity",
-                 "memory", "counts", "events", "asked", "expected", "done", "evicting", "running",
-                 "used", "listedAt",
-                 "demand")  # fmt: skip
+                 "memory", "counts", "events", "asked", "expected", "done", "evicting",
+                 "running", "full", "used", "listedAt", "demand")  # fmt: skip
 
     def __init__(self) -> None:
         self.resident: dict[str, ResidentModel] = {}
@@ -35,6 +34,7 @@ class NodeHoldings:
         self.seen = False  # a probe listing models was read
         self.installed: int | None = None
         self.capacity = 0  # most models seen resident at once
+        self.full = False  # an eviction was seen: that many is all it holds, not a lower bound
         self.memory = 0  # most bytes seen resident at once (sizes reported)
         self.counts = {"loads": 0, "evictions": 0, "expired": 0, "unloaded": 0}
         self.events: deque[tuple[float, str, str]] = deque(maxlen=MAX_EVENTS)
@@ -63,6 +63,7 @@ class NodeHoldings:
             self.event(now, "expired", name, "expired")
         else:
             self.event(now, "evictions", name, "evicted")
+            self.full = True
 
     def settle(self, listed: Mapping[str, object], now: float) -> None:
         """A probe listed ``listed``: a model a load of ours was to evict is gone (it is not

@@ -100,6 +100,12 @@ class IResidency(Interface):
         """What loading ``model`` on ``nodeId`` would evict; None when it is resident or
         there is room (or nothing is known of what the node can hold)."""
 
+    def held(nodeId: str) -> int:
+        """How many models ``nodeId`` holds or is loading now, as known (0: none known)."""
+
+    def mostHeld(nodeId: str) -> int:
+        """The most models ``nodeId`` was seen holding at once (0: never seen)."""
+
     def room(nodeId: str) -> int | None:
         """How many more models ``nodeId`` can hold without evicting (None: unknown)."""
 

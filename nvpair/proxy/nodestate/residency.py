@@ -1,13 +1,9 @@
 """Which models each node holds, what a load there costs and would evict (spec §11, "Model
 residency"): ``IResidency``, standalone mode only.
 
-**Fed by** each fresh engine probe that lists models (the poller's reports: Ollama
-``/api/ps``, LM Studio ``/api/v1/models`` or ``/api/v0/models``, llama.cpp router
-``/models``), the inventory polls (``setInventory``), and the proxy's own work: its
-requests (``began``, ``ended``), the loads it starts (``loadStarted``, ``loadDone``;
-``loadAbandoned`` when the request that was to load fails) and unloads it asks
-(``unloadAsked``), the engines' load figures (``loadDuration``, Ollama's nanoseconds;
-``coldFirstByte``) and first bytes (``firstByte``, for ``parallel``).
+**Fed by** each fresh probe that lists models (the poller's reports), the inventory polls,
+and the proxy's own work: its requests, the loads it starts, finishes or abandons, the
+unloads it asks, the engines' load figures and first bytes.
 
 * **State** per (node, model): ``loaded``, ``loading``, ``sleeping`` as the engine says;
   ``cold`` when its last listing does not have the model; ``unknown`` when the engine says
@@ -21,13 +17,12 @@ requests (``began``, ``ended``), the loads it starts (``loadStarted``, ``loadDon
   load of ours will likely evict is ``cold`` from the load's start, until a probe shows it
   gone or still there ``EVICTION_SETTLE`` s after (the engine had room): requests for it
   do not reach it meanwhile, to find it evicted and load it back.
-* **Loads and evictions seen**: a model listed that was not in the node's previous probe is
-  a load; a model gone is *unloaded* when the proxy asked it within ``ASKED_WINDOW`` s,
-  *expired* when its ``expires_at`` had passed, else *evicted*.  A router model going
-  ``loading`` → ``loaded`` measures its load time (``LoadCosts``).
+* **Loads and evictions seen**: a model newly listed is a load; one gone is *unloaded*
+  (we asked within ``ASKED_WINDOW`` s), *expired* (its ``expires_at`` passed) or *evicted*.
 * **What a node can hold**: the most models it was seen holding at once, and (where the
   engine reports sizes) the most bytes; a load fits when either says so.  Before a node was
-  seen holding anything, unknown.
+  seen holding anything, unknown; before it was seen evicting a model, a lower bound only
+  (``room`` says it, but no load is predicted to evict).
 * **What a load would evict**: the least recently used resident model (by the proxy's own
   use, else the engine's ``expires_at`` order, else when it appeared) with no request of
   ours running; when all are busy, the least recently used one (the load waits).
@@ -47,7 +42,7 @@ from zope.interface import implementer
 from nvpair.proxy.nodestate.concurrency import ConcurrencyEstimator
 from nvpair.proxy.nodestate.demand import Demand
 from nvpair.proxy.nodestate.holdings import MAX_MODELS, NodeHoldings, residentBytes
-from nvpair.proxy.nodestate.interfaces import Eviction, IResidency, ModelState
+from nvpair.proxy.nodestate.interfaces import Eviction, IModelActions, IResidency, ModelState
 from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.nodestate.loadcost import DEFAULT_LOAD_SECONDS, LoadCosts, LoadEvidence
 from nvpair.proxy.nodestate.probes import LOADED, LOADING, EngineReport
@@ -83,6 +78,9 @@ class Residency:
         self._nodes: dict[str, NodeHoldings] = {}
         self._demand = Demand(MAX_DEMAND_MODELS)
         self._sizes: dict[str, int] = {}  # model -> bytes, as last reported anywhere
+        # Unloading through the engines' own APIs where the fleet file allows it (standalone
+        # mode's ``model-actions`` service sets it).
+        self.actions: IModelActions | None = None
 
     def _node(self, nodeId: str) -> NodeHoldings | None:
         node = self._nodes.get(nodeId)
@@ -180,13 +178,17 @@ class Residency:
 
     def loadStarted(self, nodeId: str, model: str) -> None:
         """The proxy started a load of ``model`` on ``nodeId`` (it is ``loading`` now); the
-        idle model it will likely evict there is taken as gone until a probe says."""
+        idle model it will likely evict there is taken as gone until a probe says, and
+        unloaded through the engine's API first where the fleet file says ``unload_idle``."""
         eviction = self.likelyEviction(nodeId, model)
         node = self._node(nodeId)
         if node is not None and (model in node.expected or len(node.expected) < MAX_MODELS):
             node.expected[model] = self.clock.seconds()
         if node is not None and eviction is not None and eviction.idle:
             node.evicting[eviction.model] = self.clock.seconds()
+            actions = self.actions  # ``unload_idle``: make the room through its API first
+            if actions is not None and actions.allowsUnload(nodeId):
+                actions.unload(nodeId, eviction.model)
 
     def loadAbandoned(self, nodeId: str, model: str) -> None:
         """The request that was to load ``model`` on ``nodeId`` failed there: no load of
@@ -287,6 +289,14 @@ class Residency:
         pending += [m for m in list(node.done) if self._done(node, m, now)]
         return len(node.resident) + len({m for m in pending if m not in node.resident})
 
+    def held(self, nodeId: str) -> int:
+        node = self._nodes.get(nodeId)
+        return 0 if node is None else self._count(nodeId, node)
+
+    def mostHeld(self, nodeId: str) -> int:
+        node = self._nodes.get(nodeId)
+        return 0 if node is None else node.capacity
+
     def room(self, nodeId: str) -> int | None:
         node = self._nodes.get(nodeId)
         if node is None or node.capacity == 0 or self.states.fresh(nodeId) is None:
@@ -307,7 +317,7 @@ class Residency:
         node = self._nodes.get(nodeId)
         if node is None or state in (ModelState.LOADED, ModelState.LOADING, ModelState.SLEEPING):
             return None
-        if state is ModelState.UNKNOWN or node.capacity == 0 or self._fits(nodeId, node, model):
+        if state is ModelState.UNKNOWN or not node.full or self._fits(nodeId, node, model):
             return None
         order = sorted(
             (m for m in node.resident if m != model),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import attrs
 from zope.interface import Attribute, Interface
 
 if TYPE_CHECKING:
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
     from nvpair.proxy.nodestate.interfaces import IResidency
     from nvpair.proxy.placement.affinity import Affinity
     from nvpair.proxy.placement.keys import AffinityKey
-    from nvpair.proxy.placement.loads import LoadPlan
     from nvpair.proxy.placement.responses import ResponseTable
     from nvpair.proxy.routing.candidates import Snapshot
     from nvpair.proxy.routing.facts import RequestFacts
@@ -27,6 +27,26 @@ if TYPE_CHECKING:
     from nvpair.proxy.routing.reservations import ReservationMap
     from nvpair.proxy.settings import Settings
     from nvpair.proxy.tracing.interfaces import IRequestTrace
+
+
+@attrs.frozen
+class LoadPlan:
+    """The owners a request may go to now, and the one where it would start a load."""
+
+    usable: tuple[Node, ...]
+    load: Node | None = None
+
+
+@attrs.frozen
+class Backlog:
+    """A model's queue in the proxy: how many wait, and the seconds its requests waited
+    lately (decayed over about a minute)."""
+
+    ahead: int = 0
+    waited: float = 0.0
+
+
+NO_BACKLOG = Backlog()
 
 
 class IPlacementContext(Interface):
@@ -56,9 +76,10 @@ class ILoadPlanner(Interface):
     def loading(nodeId: str, model: str) -> bool:
         """Whether ``model`` is loading on ``nodeId`` (no room for it there until loaded)."""
 
-    def plan(owners: Sequence[Node], model: str, ahead: int) -> LoadPlan:
-        """The owners a request for ``model`` may use now (``ahead`` requests for it waiting
-        before it), and the one where it would start a load."""
+    def plan(owners: Sequence[Node], model: str, backlog: Backlog) -> LoadPlan:
+        """The owners a request for ``model`` may use now (``backlog``: the requests for it
+        waiting in the proxy before it, and what they waited lately), and the one where it
+        would start a load."""
 
 
 class IFleetView(Interface):
@@ -96,8 +117,12 @@ class ISeat(Interface):
         """Whether every one of ``owners`` is known full (always False under a broker); a
         node where the request's model is loading counts as full."""
 
-    def ahead() -> int:
-        """How many requests for its model wait in the fair queue (0 under a broker)."""
+    def loadStarted() -> None:
+        """It goes to start a load of its model: what its queue waited so far is paid."""
+
+    def backlog() -> Backlog:
+        """The requests for its model waiting in the fair queue, and what that queue's
+        requests waited lately (none under a broker)."""
 
     def demote(owners: Sequence[Node]) -> OwnerSplit:
         """``owners`` split: those to order as usual, then the known-full ones (while another

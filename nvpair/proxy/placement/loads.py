@@ -10,24 +10,27 @@ router's sleeping child).  ``LoadPlanner.plan`` answers the owners a request may
 
 1. **Warm with room**: the warm owners only.
 2. **Warm, every one full**: wait for them (in the fair queue: a loading owner counts as
-   full until its load is done), unless the wait predicted for the model's copies, warm
-   and loading, exceeds what a load elsewhere costs: then the best cold owner alone, where
-   the request starts *a further copy*.  The predicted wait is ``(ahead + 1)`` over the
-   sum of the copies' ``capacity / service time`` (a loading copy counted at the warm
-   copies' mean rate); unknown when a warm
-   copy's capacity or service time is not known yet, and then nothing spills (stay warm
-   when uncertain).  A spill never evicts a busy model, nor the only copy of a model with
-   demand (at least ``IDLE_DEMAND`` requests a minute over the fleet); evicting a copy of
-   a model resident elsewhere costs its load time times the share of its demand served
-   on that node.
+   full until its load is done), unless the copies' queue stays longer than a load
+   elsewhere: then the best cold owner alone, where the request starts *a further copy*.
+   The queue stays longer than a load when what the model's requests waited in the proxy
+   since its last load started (``Backlog.waited``, decayed over a minute) exceeds a
+   load's seconds times the copies there are, no copy loading; or when the wait predicted
+   for this request does: ``(ahead + 1)`` over the sum of the copies' ``capacity /
+   service time`` (a loading copy at the warm copies' mean rate; unknown while a warm
+   copy's capacity or service time is, and then nothing spills on it: stay warm when
+   uncertain).  A further copy goes only where there is room: room known, or a node not
+   known to be full that holds fewer models than another owner was seen holding, or a
+   copy of a model resident elsewhere that was not used there lately (under
+   ``IDLE_DEMAND`` requests a minute) to evict; never a busy model, never the only copy of
+   one.
 3. **No warm owner, one loading**: the loading owners: the request waits in the proxy for
    the load to finish (no further copy: no copy's rate is known yet).
-4. **Cold everywhere**: exactly one owner, the cheapest to load on: no eviction (room
-   known) first, then nothing known of its room, then evicting an idle model resident
-   elsewhere, then the only copy of an idle model (least fleet demand first), then a busy
-   one (the load waits); within a tier a node with a free slot first, then the least victim
-   demand, the fastest load, then rendezvous hashing on the model, so a burst for one model
-   picks one node.
+4. **Cold everywhere**: exactly one owner, the cheapest to load on: room known for one
+   more model first, then not known to be full (never seen evicting), then evicting an
+   idle model resident elsewhere, then the only copy of an idle model (least fleet demand
+   first), then a busy one (the load waits); within a tier a node with a free slot first,
+   then the one holding fewest models, the least victim demand, the fastest load, then
+   rendezvous hashing on the model, so a burst for one model picks one node.
 
 A request sent to its ``load`` node marks the model loading there at once
 (``IResidency.loadStarted``), so the next requests wait for that load instead of starting
@@ -44,12 +47,12 @@ from zope.interface import implementer
 
 from nvpair.proxy.nodestate.interfaces import Eviction, IResidency, IRoomLedger, ModelState
 from nvpair.proxy.placement.choose import mix
-from nvpair.proxy.placement.interfaces import ILoadPlanner
+from nvpair.proxy.placement.interfaces import Backlog, ILoadPlanner, LoadPlan
 from nvpair.proxy.routing.nodes import Node
 
-__all__ = ["IDLE_DEMAND", "LoadPlan", "LoadPlanner", "Tier"]
+__all__ = ["IDLE_DEMAND", "LoadPlanner", "Tier"]
 
-IDLE_DEMAND = 0.1  # requests per minute over the fleet: below it a model is unused lately
+IDLE_DEMAND = 0.1  # requests a minute: below it a model is not used lately
 
 _WARM = (ModelState.LOADED, ModelState.UNKNOWN)
 
@@ -58,23 +61,15 @@ class Tier(IntEnum):
     """How a load on a node would make its room, cheapest first."""
 
     ROOM = 0  # the node has room for one more model
-    UNKNOWN = 1  # nothing known of what it can hold
+    UNKNOWN = 1  # not known to be full (never seen evicting), nor to have room
     COPY = 2  # it evicts an idle model resident elsewhere too
     ONLY = 3  # it evicts the only copy of an idle model
     BUSY = 4  # every resident model is busy: the load waits for one to go idle
 
 
 @attrs.frozen
-class LoadPlan:
-    """The owners a request may go to now, and the one where it would start a load."""
-
-    usable: tuple[Node, ...]
-    load: Node | None = None
-
-
-@attrs.frozen
 class _Cold:
-    """A cold owner, what loading there costs (seconds) and its order key."""
+    """A cold owner, how it would make room, the seconds a load there takes, its order."""
 
     node: Node
     tier: Tier
@@ -94,9 +89,9 @@ class LoadPlanner:
         """Whether ``model`` is loading on ``nodeId`` (no room for it there until loaded)."""
         return self.residency.state(nodeId, model) is ModelState.LOADING
 
-    def plan(self, owners: Sequence[Node], model: str, ahead: int) -> LoadPlan:
-        """The owners a request for ``model`` may use now, ``ahead`` requests for it waiting
-        in the proxy before it, and where it would start a load."""
+    def plan(self, owners: Sequence[Node], model: str, backlog: Backlog) -> LoadPlan:
+        """The owners a request for ``model`` may use now (``backlog``: its queue in the
+        proxy), and where it would start a load."""
         state = self.residency.state
         warm: list[Node] = []
         loading: list[Node] = []
@@ -114,11 +109,9 @@ class LoadPlanner:
         copies = (*warm, *loading)
         if not copies:
             best = self.cheapest(cold, model)
-            _dbg("cold", model, owners, state, ahead, best, self)
             return LoadPlan((best.node,), best.node)
-        spill = self._spill(warm, loading, cold, model, ahead)
+        spill = self._spill(warm, loading, cold, model, backlog)
         if spill is not None:
-            _dbg("spill", model, owners, state, ahead, self._cold(spill, model), self)
             return LoadPlan((spill,), spill)
         return LoadPlan(copies)
 
@@ -133,14 +126,10 @@ class LoadPlanner:
         eviction = residency.likelyEviction(nodeId, model)
         tier = _tier(eviction, residency.room(nodeId))
         demand = 0.0 if eviction is None else eviction.fleetDemand
-        charge = 0.0
-        if eviction is not None and tier is Tier.COPY and eviction.fleetDemand > 0:
-            share = min(1.0, eviction.demand / eviction.fleetDemand)
-            charge = residency.loadSeconds(nodeId, eviction.model) * share
         rendezvous = float(mix(hash((model, nodeId))))
         full = float(self.ledger.knownFull(nodeId))  # the load would wait for a slot
-        key = (tier, full, round(demand, 1), seconds, rendezvous)
-        return _Cold(node, tier, seconds + charge, key)
+        key = (tier, full, residency.held(nodeId), round(demand, 1), seconds, rendezvous)
+        return _Cold(node, tier, seconds, key)
 
     def _spill(
         self,
@@ -148,27 +137,39 @@ class LoadPlanner:
         loading: Sequence[Node],
         cold: Sequence[Node],
         model: str,
-        ahead: int,
+        backlog: Backlog,
     ) -> Node | None:
-        """The cold owner to load a further copy on (rules 2 and 3), or None."""
+        """The cold owner to load a further copy on (rule 2), or None."""
         if not cold or not warm:
             return None  # no copy serves yet: its rate is not known
-        rates = [self._rate(node.id) for node in warm]
-        if any(rate is None for rate in rates):
-            return None
-        known = [rate for rate in rates if rate is not None]
-        total = sum(known) + len(loading) * sum(known) / len(known)
-        if total <= 0:
-            return None
         best = self.cheapest(cold, model)
-        if best.tier is Tier.BUSY:
+        if not self._spillable(best, model, (*warm, *loading, *cold)):
             return None
-        if best.tier is Tier.ONLY:
-            eviction = self.residency.likelyEviction(best.node.id, model)
-            if eviction is None or eviction.fleetDemand >= IDLE_DEMAND:
-                return None
-        wait = (ahead + 1) / total
-        return best.node if wait > best.seconds else None
+        copies = len(warm) + len(loading)
+        if not loading and backlog.waited > best.seconds * copies:
+            return best.node  # the copies' queue stayed longer than a load
+        rates = [self._rate(node.id) for node in warm]
+        known = [rate for rate in rates if rate is not None]
+        if len(known) < len(rates) or sum(known) <= 0:
+            return None  # stay warm when uncertain
+        total = sum(known) * copies / len(known)
+        return best.node if (backlog.ahead + 1) / total > best.seconds else None
+
+    def _spillable(self, best: _Cold, model: str, owners: Sequence[Node]) -> bool:
+        """Whether a further copy may go where ``best`` says: where there is room, or a
+        node not known to be full that holds fewer models than another owner was seen
+        holding; never evicting a busy model, the only copy of a model, or a copy in use on
+        that node lately."""
+        if best.tier is Tier.ROOM:
+            return True
+        if best.tier is Tier.UNKNOWN:
+            residency = self.residency
+            most = max(residency.mostHeld(node.id) for node in owners)
+            return residency.held(best.node.id) < most
+        if best.tier is not Tier.COPY:
+            return False
+        eviction = self.residency.likelyEviction(best.node.id, model)
+        return eviction is not None and eviction.demand < IDLE_DEMAND
 
     def _rate(self, nodeId: str) -> float | None:
         """Requests a second ``nodeId`` serves (capacity / service time), if known."""
@@ -180,22 +181,8 @@ class LoadPlanner:
 
 
 def _tier(eviction: Eviction | None, room: int | None) -> Tier:
-    if eviction is None:  # it fits (by count or by bytes), or nothing is known
-        return Tier.UNKNOWN if room is None else Tier.ROOM
+    if eviction is None:  # room for one more, or not known to be full
+        return Tier.ROOM if room is not None and room > 0 else Tier.UNKNOWN
     if not eviction.idle:
         return Tier.BUSY
     return Tier.COPY if eviction.copies > 1 else Tier.ONLY
-
-
-def _dbg(kind, model, owners, state, ahead, best, planner):  # type: ignore[no-untyped-def]
-    import time
-
-    with open("/tmp/plan.log", "a") as f:
-        f.write(
-            f"{time.time():.2f} {kind} {model} ahead={ahead} -> {best.node.id[-5:]} tier={best.tier.name} "
-            + " ".join(
-                f"{n.id[-5:]}:{state(n.id, model).value}:{planner.residency.room(n.id)}:{planner.ledger.free(n.id)}"
-                for n in owners
-            )
-            + f" ev={planner.residency.likelyEviction(best.node.id, model)}\n"
-        )

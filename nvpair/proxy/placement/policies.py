@@ -96,7 +96,7 @@ class _Round:
             return owners
         broken = ex.seat.demote(owners)[2]
         healthy = tuple(node for node in owners if node not in broken) or owners
-        plan = loads.plan(healthy, self.model, ex.seat.ahead())
+        plan = loads.plan(healthy, self.model, ex.seat.backlog())
         self.load = None if plan.load is None else plan.load.id
         return plan.usable
 
@@ -213,6 +213,7 @@ class _Round:
             return None
         self.load = None
         residency.loadStarted(node.id, self.model)
+        self.ex.seat.loadStarted()
         return residency
 
     def served(self, node: Node) -> None:

@@ -248,5 +248,6 @@ class ExchangeReport:
     stopping: bool = False
     servedBy: str | None = None
     dispatchedAt: float | None = None
+    dispatchedWith: int = 0
     ending: BodyEnding | None = None
     prefixKey: AffinityKey | None = None

@@ -1,0 +1,80 @@
+"""One queue of the fair queue (``queueing.Queueing``): a facade and model's waiting
+requests, what they waited, and how to find the model's owners (spec §11 "The queue")."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from twisted.internet import defer
+from twisted.internet.interfaces import IDelayedCall
+
+from nvpair.proxy.flow.clients import Client
+from nvpair.proxy.flow.fairqueue import FairQueue
+from nvpair.proxy.flow.waits import WaitHistogram
+from nvpair.proxy.placement.interfaces import IFleetView, IPlacementExchange
+
+if TYPE_CHECKING:
+    from nvpair.proxy.routing.nodes import Node
+
+__all__ = ["WAITED_TAU", "Accrued", "Line", "Waiter"]
+
+WAITED_TAU = 60.0  # seconds: the time constant of what a queue's requests waited lately
+
+
+class Accrued:
+    """Seconds waited, decaying with a time constant of ``WAITED_TAU`` seconds."""
+
+    __slots__ = ("value", "at")
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self.at = 0.0
+
+    def now(self, now: float) -> float:
+        """The decayed total at ``now``."""
+        return self.value * math.exp(-max(0.0, now - self.at) / WAITED_TAU)
+
+    def clear(self) -> None:
+        """Nothing waited from now on."""
+        self.value = 0.0
+
+    def add(self, seconds: float, now: float) -> None:
+        """A request waited ``seconds`` (it left the queue at ``now``)."""
+        self.value = self.now(now) + max(0.0, seconds)
+        self.at = now
+
+
+class Waiter:
+    """One request waiting in a queue: its exchange, its Deferred and its timeout."""
+
+    __slots__ = ("exchange", "deferred", "timer")
+
+    def __init__(self, exchange: IPlacementExchange) -> None:
+        self.exchange = exchange
+        self.deferred: defer.Deferred[None]  # set once queued: its canceller needs the ticket
+        self.timer: IDelayedCall | None = None
+
+
+class Line:
+    """One facade and model's queue, with what it needs to find the model's owners."""
+
+    __slots__ = ("facade", "model", "queue", "waits", "waited")
+
+    def __init__(
+        self,
+        facade: IFleetView,
+        model: str,
+        maxDepth: int,
+        charged: Callable[[Client], None] | None = None,
+    ) -> None:
+        self.facade = facade
+        self.model = model
+        self.queue: FairQueue[Waiter] = FairQueue(maxDepth, charged)
+        self.waits = WaitHistogram()
+        self.waited = Accrued()  # seconds its requests waited lately (decayed)
+
+    def owners(self) -> tuple[Node, ...]:
+        facade = self.facade
+        return facade.snapshot.owners(self.model, facade.hasLocalBackend)
