@@ -17,13 +17,14 @@ The node that commits becomes the home and holds the request's blocks.
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from twisted.internet.interfaces import IReactorTime
 
 from nvpair.proxy.nodestate.interfaces import IEngineStates, IRoomLedger
+from nvpair.proxy.placement.agedtable import MAX_AGE, MAX_ENTRIES, AgedTable
 from nvpair.proxy.placement.choose import (
     MAX_IMBALANCE,
     Choice,
@@ -43,50 +44,13 @@ from nvpair.proxy.routing.reservations import ReservationMap
 
 __all__ = ["Affinity", "AffinityTable"]
 
-MAX_ENTRIES = 16384
-MAX_AGE = 900.0
-
 
 def _never() -> bool:
     return False
 
 
-class AffinityTable:
-    """Digest to the node that last served it, bounded in entries and in age."""
-
-    def __init__(
-        self, clock: IReactorTime, maxEntries: int = MAX_ENTRIES, maxAge: float = MAX_AGE
-    ) -> None:
-        self.clock = clock
-        self.maxEntries = maxEntries
-        self.maxAge = maxAge
-        self._entries: OrderedDict[int, tuple[str, float]] = OrderedDict()
-
-    def lookup(self, digests: Iterable[int]) -> str | None:
-        """The node recorded for the first of ``digests`` known and not too old."""
-        entries = self._entries
-        oldest = self.clock.seconds() - self.maxAge
-        for digest in digests:
-            entry = entries.get(digest)
-            if entry is not None and entry[1] >= oldest:
-                return entry[0]
-        return None
-
-    def record(self, digest: int, nodeId: str) -> None:
-        """``nodeId`` served ``digest`` now; the oldest entries beyond the caps go."""
-        entries = self._entries
-        now = self.clock.seconds()
-        entries[digest] = (nodeId, now)
-        entries.move_to_end(digest)
-        oldest = now - self.maxAge
-        while entries:
-            digest, (_, stamp) = next(iter(entries.items()))
-            if len(entries) <= self.maxEntries and stamp >= oldest:
-                break
-            entries.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._entries)
+class AffinityTable(AgedTable[int]):
+    """Prompt digest to the node that last served it (``agedtable.AgedTable``)."""
 
 
 class Affinity:

@@ -256,31 +256,16 @@ def placeVerbatim(ex: IPlacementExchange) -> Policy:
     """Non-inference policy: candidates resolved once, each tried at most once, no backoff,
     up to a commit or a final answer."""
     facade = ex.facade
-    snapshot = facade.snapshot
     owners: tuple[Node, ...] = ()
     if ex.model is not None:
-        owners = snapshot.owners(ex.model, facade.hasLocalBackend)
+        owners = facade.snapshot.owners(ex.model, facade.hasLocalBackend)
     if not owners:
-        owners = tuple(n for n in snapshot.nodes if not n.isSelf or facade.hasLocalBackend)
-    ordered, _ = orderCandidates(owners, facade.pin, ex.context.reservations.rank)
-    if not ordered:
-        ex.answerError(502, "no_owner")
-        return None
-    last = len(ordered) - 1
-    for index, node in enumerate(ordered):
-        if facade.snapshot is not snapshot and node.id not in facade.snapshot:
-            if index == last:
-                ex.answerError(502, "upstream_unreachable")
-                return None
-            continue  # it left discovery meanwhile
-        outcome = yield ex.attemptOn(node, index == last, gated=False)
-        assert outcome is not None  # an attempt fires with its outcome
-        if outcome.committed:
-            return None
-        if index == last:
-            ex.answerFinal(outcome)
-            return None
-    return None
+        owners = tuple(n for n in facade.snapshot.nodes if not n.isSelf or facade.hasLocalBackend)
+
+    def live(node: Node) -> Node | None:
+        return node if node.id in facade.snapshot else None  # it left discovery meanwhile
+
+    return (yield from _eachOnce(ex, owners, False, live))
 
 
 def placeModelRouted(ex: IPlacementExchange) -> Policy:
@@ -292,8 +277,28 @@ def placeModelRouted(ex: IPlacementExchange) -> Policy:
         ex.answerError(400, "bad_request")
         return None
     facade = ex.facade
+
+    def live(node: Node) -> Node | None:
+        current = facade.snapshot  # it may have left, or stopped advertising the model
+        found = current.get(node.id)
+        return found if found in current.owners(model, facade.hasLocalBackend) else None
+
+    return (
+        yield from _eachOnce(ex, facade.snapshot.owners(model, facade.hasLocalBackend), True, live)
+    )
+
+
+def _eachOnce(
+    ex: IPlacementExchange,
+    owners: tuple[Node, ...],
+    gated: bool,
+    live: Callable[[Node], Node | None],
+) -> Policy:
+    """Try ``owners`` in the usual order, each at most once (the last as final), up to a
+    commit or a final answer; once discovery changed, a node ``live`` no longer finds is
+    skipped (502 ``upstream_unreachable`` when it was the last)."""
+    facade = ex.facade
     snapshot = facade.snapshot
-    owners = snapshot.owners(model, facade.hasLocalBackend)
     ordered, _ = orderCandidates(owners, facade.pin, ex.context.reservations.rank)
     if not ordered:
         ex.answerError(502, "no_owner")
@@ -301,20 +306,18 @@ def placeModelRouted(ex: IPlacementExchange) -> Policy:
     last = len(ordered) - 1
     for index, node in enumerate(ordered):
         if facade.snapshot is not snapshot:
-            current = facade.snapshot
-            live = current.get(node.id)
-            if live is None or live not in current.owners(model, facade.hasLocalBackend):
+            current = live(node)
+            if current is None:
                 if index == last:
                     ex.answerError(502, "upstream_unreachable")
                     return None
-                continue  # it left discovery or stopped advertising the model meanwhile
-            node = live
-        outcome = yield ex.attemptOn(node, index == last, gated=True)
+                continue
+            node = current
+        outcome = yield ex.attemptOn(node, index == last, gated=gated)
         assert outcome is not None  # an attempt fires with its outcome
-        if outcome.committed:
-            return None
-        if index == last:
-            ex.answerFinal(outcome)
+        if outcome.committed or index == last:
+            if not outcome.committed:
+                ex.answerFinal(outcome)
             return None
     return None
 

@@ -13,12 +13,11 @@ answer (``ResponseIdSniffer``: the JSON answer's top-level ``id``, or the stream
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 from enum import Enum
 
 import attrs
-from twisted.internet.interfaces import IReactorTime
 
+from nvpair.proxy.placement.agedtable import AgedTable
 from nvpair.proxy.routing.bodyscan import leadingMembers
 
 __all__ = [
@@ -34,8 +33,6 @@ __all__ = [
     "notFoundBody",
 ]
 
-MAX_ENTRIES = 16384
-MAX_AGE = 900.0  # seconds, as the affinity table
 MAX_ID = 128  # characters of a response id the table keeps (longer ones: not kept)
 SNIFF_LIMIT = 16 * 1024  # bytes of an answer read for its id, at most
 FIRST_TRY = 256  # bytes buffered before the first attempt to read the id
@@ -47,43 +44,18 @@ def _usable(responseId: object) -> bool:
     return type(responseId) is str and 0 < len(responseId) <= MAX_ID
 
 
-class ResponseTable:
-    """Response id to the node that served (and so stored) it, bounded in entries and in
-    age: the oldest go first, so its memory is constant under any load."""
+class ResponseTable(AgedTable[str]):
+    """Response id to the node that served (and so stored) it (``agedtable.AgedTable``)."""
 
-    def __init__(
-        self, clock: IReactorTime, maxEntries: int = MAX_ENTRIES, maxAge: float = MAX_AGE
-    ) -> None:
-        self.clock = clock
-        self.maxEntries = maxEntries
-        self.maxAge = maxAge
-        self._entries: OrderedDict[str, tuple[str, float]] = OrderedDict()
-
-    def record(self, responseId: str, nodeId: str) -> None:
-        """``nodeId`` served the response ``responseId`` now (an id longer than ``MAX_ID``
-        is not kept); the oldest entries beyond the caps go."""
-        if not _usable(responseId):
-            return
-        entries = self._entries
-        now = self.clock.seconds()
-        entries[responseId] = (nodeId, now)
-        entries.move_to_end(responseId)
-        oldest = now - self.maxAge
-        while entries:
-            stamp = next(iter(entries.values()))[1]
-            if len(entries) <= self.maxEntries and stamp >= oldest:
-                break
-            entries.popitem(last=False)
+    def record(self, key: str, nodeId: str) -> None:
+        """``nodeId`` served the response ``key`` now (an id longer than ``MAX_ID`` is not
+        kept); the oldest entries beyond the caps go."""
+        if _usable(key):
+            super().record(key, nodeId)
 
     def nodeOf(self, responseId: str) -> str | None:
         """The node that served ``responseId``, if known and not too old."""
-        entry = self._entries.get(responseId)
-        if entry is None or entry[1] < self.clock.seconds() - self.maxAge:
-            return None
-        return entry[0]
-
-    def __len__(self) -> int:
-        return len(self._entries)
+        return self.lookup((responseId,))
 
 
 class Predecessor(Enum):
