@@ -94,9 +94,14 @@ class _Round:
         self.load = None
         if loads is None:
             return owners
+        backlog = ex.seat.backlog()
+        plan = loads.plan(owners, self.model, backlog)
+        if plan.load is None and len(plan.usable) == len(owners):
+            return owners  # nothing to narrow: no model state says otherwise
         broken = ex.seat.demote(owners)[2]
-        healthy = tuple(node for node in owners if node not in broken) or owners
-        plan = loads.plan(healthy, self.model, ex.seat.backlog())
+        if broken and len(broken) < len(owners):
+            healthy = tuple(node for node in owners if node not in broken)
+            plan = loads.plan(healthy, self.model, backlog)
         self.load = None if plan.load is None else plan.load.id
         return plan.usable
 
