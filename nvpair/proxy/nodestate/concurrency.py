@@ -18,7 +18,9 @@ request waits a whole answer: far beyond jitter).  The estimate is one below the
 risen level with ``MIN_SAMPLES`` samples (at least 1); with none risen, None (no limit
 seen yet).  A level not sampled for ``FORGET_AFTER`` seconds is forgotten, so a limit
 lapses unless traffic confirms it (and the engine may have been restarted with another
-setting).  Pure, on a clock, at most ``maxNodes`` nodes of ``MAX_LEVEL`` levels.
+setting).  The estimate is read on every room check: it is reckoned again after a sample,
+else at most every ``REUSE`` seconds.  Pure, on a clock, at most ``maxNodes`` nodes of
+``MAX_LEVEL`` levels.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ RISE_FACTOR = 2.0
 RISE_SLACK = 0.1
 FORGET_AFTER = 600.0
 MAX_NODES = 1024
+REUSE = 1.0  # seconds an estimate is reused while no sample comes
 
 
 class _Level:
@@ -54,6 +57,7 @@ class ConcurrencyEstimator:
         self.clock = clock
         self.maxNodes = maxNodes
         self._nodes: dict[str, dict[int, _Level]] = {}
+        self._learnt: dict[str, tuple[int | None, float]] = {}  # (estimate, when), per node
 
     def observe(self, nodeId: str, running: int, firstByte: float, work: float = 0.0) -> None:
         """A request started with ``running`` of ours on ``nodeId`` (itself included) had
@@ -67,6 +71,7 @@ class ConcurrencyEstimator:
                 return
             levels = self._nodes[nodeId] = {}
         now = self.clock.seconds()
+        self._learnt.pop(nodeId, None)
         level = levels.get(running)
         if level is None:
             levels[running] = _Level(wait, now)
@@ -81,6 +86,14 @@ class ConcurrencyEstimator:
         if not levels:
             return None
         now = self.clock.seconds()
+        cached = self._learnt.get(nodeId)
+        if cached is not None and now - cached[1] < REUSE:
+            return cached[0]  # read on every room check: reckoned at most once a second
+        learnt = self._reckon(levels, now)
+        self._learnt[nodeId] = (learnt, now)
+        return learnt
+
+    def _reckon(self, levels: dict[int, _Level], now: float) -> int | None:
         for k in [k for k, level in levels.items() if now - level.at > FORGET_AFTER]:
             del levels[k]
         known = sorted((k, lv) for k, lv in levels.items() if lv.samples >= MIN_SAMPLES)
@@ -95,6 +108,7 @@ class ConcurrencyEstimator:
     def forget(self, nodeId: str) -> None:
         """``nodeId`` left the fleet."""
         self._nodes.pop(nodeId, None)
+        self._learnt.pop(nodeId, None)
 
     def snapshot(self, nodeId: str) -> dict[str, object]:
         """``/status``: the learnt limit and each level's average wait and samples."""
