@@ -235,15 +235,21 @@ class SpillTests(PlanCase):
         self.start("C", "y", 1)
         self.assertEqual(self.plan(ahead=1000, owners=(A, C)), LoadPlan((A,)))
 
-    def test_copyUnusedThereMayGo(self) -> None:
-        """A copy of a model resident elsewhere may make room when it was not used on that
-        node lately; once used there, it stays."""
+    def test_copyGivesWayByDemandPerCopy(self) -> None:
+        """A copy of a model resident elsewhere makes room when it was not used on that
+        node lately, or when its model's demand per copy is under 1 / ``SHARE_MARGIN`` of
+        this model's per copy with one more (bin-packing by popularity's order); else it
+        stays."""
         self.learnCapacity("C", ("x",))
         self.hold(A=("m", "x"), C=("x",))
         self.assertEqual(self.planner.cheapest((C,), "m").tier, Tier.COPY)
         self.assertEqual(self.plan(ahead=50, owners=(A, C)), LoadPlan((C,), C))
-        self.residency.began("C", "x")
+        self.residency.began("C", "x")  # x: 1 a minute over 2 copies; m: 2 over 2
         self.residency.ended("C", "x")
+        self.assertEqual(self.plan(ahead=50, owners=(A, C)), LoadPlan((C,), C))
+        for _ in range(3):  # x: 4 a minute over 2 copies
+            self.residency.began("C", "x")
+            self.residency.ended("C", "x")
         self.assertEqual(self.plan(ahead=50, owners=(A, C)), LoadPlan((A,)))
 
 

@@ -19,10 +19,11 @@ router's sleeping child).  ``LoadPlanner.plan`` answers the owners a request may
    service time`` (a loading copy at the warm copies' mean rate; unknown while a warm
    copy's capacity or service time is, and then nothing spills on it: stay warm when
    uncertain).  A further copy goes only where there is room: room known, or a node not
-   known to be full that holds fewer models than another owner was seen holding, or a
-   copy of a model resident elsewhere that was not used there lately (under
-   ``IDLE_DEMAND`` requests a minute) to evict; never a busy model, never the only copy of
-   one.
+   known to be full that holds fewer models than another owner was seen holding, or in
+   place of an idle copy of a model resident elsewhere, one not used there lately (under
+   ``IDLE_DEMAND`` requests a minute) or whose demand per copy is under ``1 /
+   SHARE_MARGIN`` of this model's per copy with one more (the order bin-packing by
+   popularity gives); never a busy model, never the only copy of one.
 3. **No warm owner, one loading**: the loading owners: the request waits in the proxy for
    the load to finish (no further copy: no copy's rate is known yet).
 4. **Cold everywhere**: exactly one owner, the cheapest to load on: room known for one
@@ -50,9 +51,10 @@ from nvpair.proxy.placement.choose import mix
 from nvpair.proxy.placement.interfaces import Backlog, ILoadPlanner, LoadPlan
 from nvpair.proxy.routing.nodes import Node
 
-__all__ = ["IDLE_DEMAND", "LoadPlanner", "Tier"]
+__all__ = ["IDLE_DEMAND", "SHARE_MARGIN", "LoadPlanner", "Tier"]
 
 IDLE_DEMAND = 0.1  # requests a minute: below it a model is not used lately
+SHARE_MARGIN = 1.5  # a copy gives way to a model with this much more demand per copy
 
 _WARM = (ModelState.LOADED, ModelState.UNKNOWN)
 
@@ -143,9 +145,9 @@ class LoadPlanner:
         if not cold or not warm:
             return None  # no copy serves yet: its rate is not known
         best = self.cheapest(cold, model)
-        if not self._spillable(best, model, (*warm, *loading, *cold)):
-            return None
         copies = len(warm) + len(loading)
+        if not self._spillable(best, model, (*warm, *loading, *cold), copies):
+            return None
         if not loading and backlog.waited > best.seconds * copies:
             return best.node  # the copies' queue stayed longer than a load
         rates = [self._rate(node.id) for node in warm]
@@ -155,11 +157,13 @@ class LoadPlanner:
         total = sum(known) * copies / len(known)
         return best.node if (backlog.ahead + 1) / total > best.seconds else None
 
-    def _spillable(self, best: _Cold, model: str, owners: Sequence[Node]) -> bool:
+    def _spillable(self, best: _Cold, model: str, owners: Sequence[Node], copies: int) -> bool:
         """Whether a further copy may go where ``best`` says: where there is room, or a
         node not known to be full that holds fewer models than another owner was seen
-        holding; never evicting a busy model, the only copy of a model, or a copy in use on
-        that node lately."""
+        holding, or in place of an idle copy of a model resident elsewhere that was not
+        used there lately or whose demand per copy is under ``1 / SHARE_MARGIN`` of what
+        this model's would be with one more (as bin-packing by popularity would place
+        them); never evicting a busy model or the only copy of one."""
         if best.tier is Tier.ROOM:
             return True
         if best.tier is Tier.UNKNOWN:
@@ -168,8 +172,12 @@ class LoadPlanner:
             return residency.held(best.node.id) < most
         if best.tier is not Tier.COPY:
             return False
-        eviction = self.residency.likelyEviction(best.node.id, model)
-        return eviction is not None and eviction.demand < IDLE_DEMAND
+        residency = self.residency
+        eviction = residency.likelyEviction(best.node.id, model)
+        if eviction is None or eviction.demand < IDLE_DEMAND:
+            return eviction is not None
+        theirs = eviction.fleetDemand / max(1, eviction.copies)
+        return theirs * SHARE_MARGIN < residency.demand(model) / (copies + 1)
 
     def _rate(self, nodeId: str) -> float | None:
         """Requests a second ``nodeId`` serves (capacity / service time), if known."""
