@@ -32,12 +32,14 @@ __all__ = ["ResidencyObserver", "ServedObserver", "Standalone", "useStandalone"]
 MAX_TRACKED = 65536  # committed requests whose first byte awaits their end's figures
 
 
-def _loadSeconds(exchange: IExchangeReport) -> float:
-    """The seconds an ended exchange's engine said it waited for its model to load."""
+def _reportedSeconds(exchange: IExchangeReport, key: str) -> float:
+    """The seconds an ended exchange's engine reported in its statistic ``key`` (ms):
+    ``loadMs``, the wait for its model to load (Ollama); ``promptMs``, the prompt's
+    evaluation (llama.cpp); 0 when it did not say."""
     workload = exchange.workload
     stats = None if workload is None else workload.stats
-    loadMs = None if stats is None else stats.get("loadMs")
-    return loadMs / 1000 if type(loadMs) is float and loadMs >= 0 else 0.0
+    value = None if stats is None else stats.get(key)
+    return value / 1000 if type(value) is float and value >= 0 else 0.0
 
 
 class ServedObserver(RequestObserver):
@@ -55,7 +57,11 @@ class ServedObserver(RequestObserver):
         dispatched = exchange.dispatchedAt
         if node is not None and dispatched is not None and exchange.committedStatus is not None:
             if exchange.committedStatus < 400:
-                held = exchange.context.clock.seconds() - dispatched - _loadSeconds(exchange)
+                held = (
+                    exchange.context.clock.seconds()
+                    - dispatched
+                    - _reportedSeconds(exchange, "loadMs")
+                )
                 self.ledger.finished(node, max(0.0, held))
         requestServed(exchange, self.states, self.affinity)
 
@@ -90,12 +96,14 @@ class ResidencyObserver(RequestObserver):
         status = exchange.committedStatus
         if nodeId is None or model is None or status is None or status >= 400:
             return
-        load = _loadSeconds(exchange)
+        load = _reportedSeconds(exchange, "loadMs")
         if load > 0:
             self.residency.loadDuration(nodeId, model, int(load * 1e9))
         if measured is not None:
             running, seconds = measured
-            self.residency.firstByte(nodeId, running, seconds, load)
+            self.residency.firstByte(
+                nodeId, running, seconds, load + _reportedSeconds(exchange, "promptMs")
+            )
 
 
 class StandaloneContext(Protocol):

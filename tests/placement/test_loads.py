@@ -269,7 +269,8 @@ class LedgerParallelTests(SynchronousTestCase):
     """What an engine reporting no slots serves at once, learnt, bounds its room."""
 
     def test_parallelSource(self) -> None:
-        """The learnt parallel slots less ours: the least of the sources, as the others."""
+        """The learnt parallel slots less ours, while no fresh report says the slots: the
+        least of the sources, as the others."""
         ours = {"n": 1}
         ledger = RoomLedger(Clock(), ours)
         self.assertIsNone(ledger.free("n"))
@@ -280,3 +281,10 @@ class LedgerParallelTests(SynchronousTestCase):
         ledger.configure("n", 1)
         self.assertEqual(ledger.free("n"), -1)
         self.assertEqual(ledger.status("n")["learntParallel"], 2)
+
+    def test_reportedSlotsWin(self) -> None:
+        """An engine that reports its slots is not second-guessed by waits learnt there."""
+        ledger = RoomLedger(Clock(), {"n": 1})
+        ledger.parallel = {"n": 1}.get
+        ledger.probed("n", busy=1, total=4, interval=1.0)
+        self.assertEqual(ledger.free("n"), 3)

@@ -13,8 +13,8 @@ applies:
 * reported, while the report is fresh (two probe intervals): ``total - foreign - ours``;
 * configured (``max_concurrency``): ``limit - ours``;
 * learnt from busy answers: ``learnt - ours``;
-* learnt from waits, for an engine that reports no slots and never answers busy (Ollama:
-  ``parallel``, ``nodestate.concurrency``): ``parallel - ours``.
+* learnt from waits, while no fresh report says the slots (Ollama reports none and never
+  answers busy: ``parallel``, ``nodestate.concurrency``): ``parallel - ours``.
 
 **Known full**: free now is known and at most 0.
 
@@ -242,10 +242,14 @@ class RoomLedger:
         """Free slots on ``nodeId`` now (at most 0 when full), or None when unknown."""
         room = self.rooms.get(nodeId)
         ours = self.ours.get(nodeId, 0)
-        limits = [self.parallel(nodeId)]
+        reported = None
+        limits: list[int | None] = []
         if room is not None:
             now = self.clock.seconds()
-            limits += [room.configured, self._learnt(room, ours, now), self._reported(room, now)]
+            reported = self._reported(room, now)
+            limits += [room.configured, self._learnt(room, ours, now), reported]
+        if reported is None:  # an engine that reports its slots is not second-guessed
+            limits.append(self.parallel(nodeId))
         known = [limit for limit in limits if limit is not None]
         return min(known) - ours if known else None
 
