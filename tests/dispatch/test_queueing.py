@@ -133,6 +133,28 @@ class DeadlineTests(QueueCase):
         self.assertEqual(len(self.upstream.calls), 2)
 
 
+class ColdBurstTests(QueueCase):
+    """A burst on a cold proxy: refused once it is sure they cannot start in time."""
+
+    settings: dict[str, Any] = {"queueMax": 64, "queueTimeout": 3.0}
+
+    def test_refusedBeforeAnyEnds(self) -> None:
+        """Both slots taken, 30 waiting, none of ours ended yet: a second in, the first
+        requests' age caps the drain rate (2 a second at most), so all but the 3 that could
+        start within the 3 s timeout are refused ``queue_full`` at the next room check,
+        before any request ended."""
+        self.start(client(b"k1"))
+        self.start(client(b"k2"))
+        waiting = [self.start(client(b"k%d" % (i % 5)))[1] for i in range(30)]
+        self.assertEqual(self.depth(), 30)
+        self.clock.advance(1.0)
+        self.ledger.probed("A", None, None, 1.0)
+        refused = [r for r in waiting if r.code == 503]
+        self.assertEqual(len(refused), 27)
+        self.assertEqual({self.reason(r) for r in refused}, {"queue_full"})
+        self.assertEqual(self.depth(), 3)
+
+
 class FairnessTests(QueueCase):
     """Least-served client first."""
 

@@ -6,7 +6,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.flow.predicted import SERVICE_SAMPLES, bound, keptInTime, serviceRate
+from nvpair.proxy.flow.predicted import (
+    MIN_RUNNING,
+    SERVICE_SAMPLES,
+    bound,
+    ceilingRate,
+    keptInTime,
+    serviceRate,
+)
 
 
 class PredictedTests(SynchronousTestCase):
@@ -20,6 +27,16 @@ class PredictedTests(SynchronousTestCase):
         self.assertIsNone(serviceRate([(1, 1.0, 5), (None, 1.0, 5)]))
         self.assertIsNone(serviceRate([(1, None, 5)]))
         self.assertIsNone(serviceRate([(0, 1.0, 5)]))
+
+    def test_ceilingRate(self) -> None:
+        """Before any request ended: each owner's capacity over how long its first running
+        request has run, summed (a ceiling); unknown while any is unknown or younger than
+        ``MIN_RUNNING``."""
+        self.assertEqual(ceilingRate([(1, 0.5), (2, 1.0)]), 4.0)
+        self.assertIsNone(ceilingRate([(1, 0.5), (1, None)]))
+        self.assertIsNone(ceilingRate([(None, 0.5)]))
+        self.assertIsNone(ceilingRate([(1, MIN_RUNNING / 2)]))
+        self.assertIsNone(ceilingRate([]))
 
     def test_bound(self) -> None:
         """Unknown rate: ``--queue-max``; known: the requests that start within the

@@ -32,7 +32,13 @@ from nvpair.proxy.flow.clientbook import ClientBook
 from nvpair.proxy.flow.clients import Client
 from nvpair.proxy.flow.fairqueue import MAX_RETRY_AFTER, Ticket
 from nvpair.proxy.flow.interfaces import IQueueing, QueueRefusal
-from nvpair.proxy.flow.predicted import OBSERVED_SAMPLES, bound, keptInTime, serviceRate
+from nvpair.proxy.flow.predicted import (
+    OBSERVED_SAMPLES,
+    bound,
+    ceilingRate,
+    keptInTime,
+    serviceRate,
+)
 from nvpair.proxy.flow.waits import WaitHistogram
 from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.placement.interfaces import (
@@ -204,11 +210,11 @@ class Queueing:
         observed = line.queue.drain.perSecond(self.clock.seconds(), OBSERVED_SAMPLES)
         if observed is not None:
             return observed
-        ledger = self.ledger
+        ledger, owners = self.ledger, self.usable(line)
         return serviceRate(
             (ledger.capacity(n.id), ledger.serviceTime(n.id), ledger.serviceSamples(n.id))
-            for n in self.usable(line)
-        )
+            for n in owners
+        ) or ceilingRate((ledger.capacity(n.id), ledger.serviceAtLeast(n.id)) for n in owners)
 
     def _bound(self, line: Line) -> int:
         settings = self.settings

@@ -6,7 +6,9 @@ request may join while it would start before its own timeout runs out (``bound``
 waiting one is kept while it still would (``keptInTime``).  The rate is what the queue
 has let out (``OBSERVED_SAMPLES`` dispatches at least), else what its owners can take: the
 sum of each one's capacity over the time ours hold a slot there, once ``SERVICE_SAMPLES``
-of ours ended on them (one request is a guess) (``serviceRate``).
+of ours ended on them (one request is a guess) (``serviceRate``); before any ended, at most
+each one's capacity over how long its first running request has run (``ceilingRate``: a
+ceiling, so what it refuses could never have started in time).
 """
 
 from __future__ import annotations
@@ -14,10 +16,19 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-__all__ = ["OBSERVED_SAMPLES", "SERVICE_SAMPLES", "bound", "keptInTime", "serviceRate"]
+__all__ = [
+    "MIN_RUNNING",
+    "OBSERVED_SAMPLES",
+    "SERVICE_SAMPLES",
+    "bound",
+    "ceilingRate",
+    "keptInTime",
+    "serviceRate",
+]
 
 OBSERVED_SAMPLES = 8  # dispatches out of a queue before their rate is trusted
 SERVICE_SAMPLES = 2  # requests ended on the owners before their service times are
+MIN_RUNNING = 0.1  # seconds a first request must have run before its age bounds the rate
 
 
 def serviceRate(owners: Iterable[tuple[int | None, float | None, int]]) -> float | None:
@@ -31,6 +42,18 @@ def serviceRate(owners: Iterable[tuple[int | None, float | None, int]]) -> float
         rate += capacity / service
         samples += seen
     return rate if rate and samples >= SERVICE_SAMPLES else None
+
+
+def ceilingRate(owners: Iterable[tuple[int | None, float | None]]) -> float | None:
+    """At most how many requests a second the owners can take, from each one's (capacity,
+    seconds its first running request has run, none of ours having ended); None when any
+    is unknown or too young to say."""
+    rate = 0.0
+    for capacity, running in owners:
+        if capacity is None or running is None or running < MIN_RUNNING:
+            return None
+        rate += capacity / running
+    return rate or None
 
 
 def bound(rate: float | None, timeout: float, queueMax: int) -> int:

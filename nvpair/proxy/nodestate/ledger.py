@@ -83,7 +83,7 @@ class _Room:
     __slots__ = (
         *("total", "foreign", "readAt", "interval"),
         *("sending", "atSend", "startedInFlight", "endedInFlight", "unsettled"),
-        *("configured", "learnt", "growAt", "servedAt", "service", "finished"),
+        *("configured", "learnt", "growAt", "servedAt", "service", "finished", "busySince"),
     )
 
     def __init__(self) -> None:
@@ -102,6 +102,7 @@ class _Room:
         self.servedAt: float | None = None  # when one of ours last committed below 500
         self.service: float | None = None  # seconds ours take there (moving average)
         self.finished = 0  # how many of ours that average has seen
+        self.busySince = 0.0  # when ours there last went from none to some
 
 
 @implementer(IRoomLedger)
@@ -125,6 +126,8 @@ class RoomLedger:
     def activityChanged(self, nodeId: str, delta: int) -> None:
         """Our in-flight count on ``nodeId`` changed by ``delta`` (``Activity``'s listener)."""
         room = self.rooms.touch(nodeId)
+        if delta > 0 and self.ours.get(nodeId, 0) == delta:
+            room.busySince = self.clock.seconds()
         if room.sending:
             if delta > 0:
                 room.startedInFlight += delta
@@ -268,6 +271,14 @@ class RoomLedger:
         """Seconds our requests on ``nodeId`` hold their slot (a moving average), if seen."""
         room = self.rooms.get(nodeId)
         return None if room is None else room.service
+
+    def serviceAtLeast(self, nodeId: str) -> float | None:
+        """While none of ours has ended on ``nodeId`` and some run there: how long the
+        first of them has run, a floor under the service time not yet seen; else None."""
+        room = self.rooms.get(nodeId)
+        if room is None or room.finished or self.ours.get(nodeId, 0) <= 0:
+            return None
+        return self.clock.seconds() - room.busySince
 
     def configured(self, nodeId: str) -> int | None:
         """``nodeId``'s ``max_concurrency``, if the fleet file gives one."""
