@@ -17,7 +17,7 @@ The node that commits becomes the home and holds the request's blocks.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
@@ -42,11 +42,20 @@ from nvpair.proxy.routing.candidates import toFront
 from nvpair.proxy.routing.nodes import Node
 from nvpair.proxy.routing.reservations import ReservationMap
 
-__all__ = ["Affinity", "AffinityTable"]
+__all__ = ["MAX_UNREAD", "Affinity", "AffinityTable"]
+
+MAX_UNREAD = 4096  # placements whose engine has not read their prompt yet, tracked at most
 
 
 def _never() -> bool:
     return False
+
+
+def _expectedWait(ledger: IRoomLedger, nodeId: str) -> float | None:
+    """Seconds until one of the full ``nodeId``'s slots frees, expected: the time ours hold
+    a slot there over how many it runs at once; None while either is unknown."""
+    service, capacity = ledger.serviceTime(nodeId), ledger.capacity(nodeId)
+    return None if service is None or not capacity else service / capacity
 
 
 class AffinityTable(AgedTable[int]):
@@ -76,6 +85,9 @@ class Affinity:
         self.counts: dict[str, Counter[Placed]] = {}  # per engine id (three at most)
         self.expectedHits = 0  # requests the index expected cached, confirmed by the engine
         self.expectedMisses = 0  # ... and refuted (a confirmed miss)
+        # (node, index stamp) of placements not yet committed: their engine may not have
+        # read the prompt, so a miss against what they recorded confirms nothing.
+        self.unread: OrderedDict[tuple[str, int], None] = OrderedDict()
         # Whether requests with different keys share prefixes (the fleet file's
         # ``share_prefixes``; read at each admission, so a reload switches it).
         self.sharesPrefixes: Callable[[], bool] = _never
@@ -95,6 +107,7 @@ class Affinity:
             nodeId = node.id
             free = None if ledger is None else ledger.free(nodeId)
             room = value <= least + MAX_IMBALANCE if free is None else free > 0
+            wait = None if room or ledger is None else _expectedWait(ledger, nodeId)
             loaded = prefill = None
             if states is not None:
                 loaded = None if model is None else states.modelLoaded(nodeId, model)
@@ -102,7 +115,7 @@ class Affinity:
             held = matches.get(nodeId, 0)
             records.append(
                 Owner(node, value, room, free is not None, loaded, held, nodeId == home,
-                      roots(nodeId), prefill)
+                      roots(nodeId), prefill, wait)
             )  # fmt: skip
         return records
 
@@ -132,20 +145,27 @@ class Affinity:
         index = self.index
         if choice.matched:
             stamp = index.stampOf(nodeId, key.blocks[choice.matched - 1])
-            if stamp is not None:
+            if stamp is not None and (nodeId, stamp) not in self.unread:
                 key.expect = (nodeId, key.ends[choice.matched - 1], stamp)
         if key.blocks:
             # Held from now on (the engine holds the prompt once it has read it): the next
             # request of this family, even one arriving before this one commits, finds it.
             key.root = familyRoot(key.ends, fleetRate(owners))
-            index.record(nodeId, key.blocks, key.ends, key.root)
+            key.stamp = index.record(nodeId, key.blocks, key.ends, key.root)
             key.placed = nodeId
+            unread = self.unread
+            unread[nodeId, key.stamp] = None
+            if len(unread) > MAX_UNREAD:
+                unread.popitem(last=False)
         toFront(ordered, choice.position)
         return choice
 
     def served(self, key: AffinityKey, nodeId: str) -> None:
         """``nodeId`` committed this request: it is the conversation's home now, and holds
-        the request's blocks (recorded when placed, again here after a failover)."""
+        the request's blocks (recorded when placed, again here after a failover); its
+        engine has read the prompt."""
+        if key.placed is not None:
+            self.unread.pop((key.placed, key.stamp), None)
         for digest in key.records:
             self.table.record(digest, nodeId)
         if key.expect is not None and key.expect[0] != nodeId:

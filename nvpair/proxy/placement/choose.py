@@ -20,14 +20,17 @@ node).
    matched, is home) is chosen if it has room, or if no owner has room.  Otherwise the
    best owner with room (by not unloaded, matched, least load, rendezvous) is chosen
    instead (*overridden*) when it is not unloaded while the best is loaded and recomputing
-   what it lacks of the best's prefix costs at most ``RECOMPUTE_SECONDS`` there (or the
-   hold was spent).  Otherwise, where the best's room is known and the proxy can hold the
-   request (``Hold.ALLOWED``), the choice is to *hold* it in the proxy for the best's next
-   free slot, at most as long as recomputing the difference would take on the owner with
-   room (``holdBudget``); let out because the best has room (``Hold.ROOMY``) it goes there.
-   Waiting at most as long as recomputing costs keeps its time to first token within twice
-   the better of the two choices (the ski-rental bound).  With no hold in the proxy
-   (``Hold.NONE``) the request waits for the best inside its engine.
+   what it lacks of the best's prefix costs at most ``RECOMPUTE_SECONDS`` there, unless
+   the proxy can hold the request and the best's expected wait for a slot (*wait*: the
+   time ours hold a slot there over its capacity, from the room ledger) is shorter than
+   that recompute (or the hold was spent).  Otherwise, where the best's room is known and
+   the proxy can hold the request (``Hold.ALLOWED``), the choice is to *hold* it in the
+   proxy for the best's next free slot, at most as long as recomputing the difference
+   would take on the owner with room (``holdBudget``); let out because the best has room
+   (``Hold.ROOMY``) it goes there.  Waiting at most as long as recomputing costs keeps its
+   time to first token within twice the better of the two choices (the ski-rental bound).
+   With no hold in the proxy (``Hold.NONE``) the request waits for the best inside its
+   engine.
 2. No owner holds a prefix (a new prompt family: a new tenant's system prompt, a new
    conversation): among the owners not unloaded, those holding the fewest prompt families
    that have room; failing that, those holding at most ``ROOT_SLACK`` more that have room;
@@ -103,6 +106,7 @@ class Owner:
     home: bool = False
     families: int = 0
     prefillMs: float | None = None
+    wait: float | None = None  # expected seconds until one of its slots frees (None: unknown)
 
     @property
     def ready(self) -> int:
@@ -198,9 +202,12 @@ def _prefixChoice(
     extra = _chars(key.ends, matched[best]) - _chars(key.ends, matched[alt])
     if other.ready >= holder.ready:
         rate = other.prefillMs if other.prefillMs is not None else holder.prefillMs
-        if hold is Hold.SPENT or recomputeSeconds(extra, rate) <= RECOMPUTE_SECONDS:
+        cost = recomputeSeconds(extra, rate)
+        holdable = hold is Hold.ALLOWED and holder.known
+        soon = holdable and holder.wait is not None and holder.wait < cost
+        if hold is Hold.SPENT or (cost <= RECOMPUTE_SECONDS and not soon):
             return Choice(alt, other.node, Placed.OVERRIDDEN, matched[alt])
-        if hold is Hold.ALLOWED and holder.known:
+        if holdable:
             return Choice(best, holder.node, Placed.HIT, matched[best], holdBudget(extra, rate))
     return Choice(best, holder.node, Placed.HIT, matched[best])
 

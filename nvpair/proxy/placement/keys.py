@@ -64,12 +64,13 @@ class AffinityKey:
     prompt's chained block digests with where each block ends (characters) for the prefix
     index, what placement expected of the node it chose (node, matched blocks, index
     stamp) until the engine confirms a hit or a miss, where its blocks were recorded when
-    placed, which of them names its prompt family (None: none), and whether the engine's
-    cached count may confirm anything (not when the client asked for no cache reuse)."""
+    placed (and their stamp), which of them names its prompt family (None: none), and
+    whether the engine's cached count may confirm anything (not when the client asked for
+    no cache reuse)."""
 
     __slots__ = (
         *("lookups", "records", "spread", "blocks", "ends"),
-        *("expect", "placed", "root", "confirms"),
+        *("expect", "placed", "stamp", "root", "confirms"),
     )
 
     def __init__(
@@ -86,6 +87,7 @@ class AffinityKey:
         self.ends = ends
         self.expect: tuple[str, int, int] | None = None
         self.placed: str | None = None  # the node its blocks were recorded on when placed
+        self.stamp = 0  # the index stamp of that record
         self.root: int | None = None
         self.confirms = True
 
