@@ -27,7 +27,7 @@ def ps(*models: str) -> EngineReport:
 class LoadsCase(LoopCase):
     """Owners A, B and C of ``m1``, Ollama-like (no slots reported), standalone's features."""
 
-    nodes = ("A", "B", "C")
+    nodes: tuple[str, ...] = ("A", "B", "C")
     settings: dict[str, Any] = {"queueMax": 64, "queueTimeout": 30.0}
 
     def setUp(self) -> None:
@@ -133,3 +133,40 @@ class FeedTests(LoadsCase):
         response.end()
         self.assertEqual(self.residency.costs.known(loader, "m1:latest"), 2.5)
         self.assertEqual(self.features.ledger.serviceTime(loader), 0.5)
+
+
+class PaidTests(LoadsCase):
+    """What the queue waited while a further copy loaded is that copy's to pay."""
+
+    nodes = ("A", "B")
+
+    def waited(self) -> float:
+        return self.features.queueing.backlog(self.facade, "m1").waited
+
+    def test_waitDuringALoadIsPaid(self) -> None:
+        """A copy loads on B while A (warm, one slot) is full: a request that waited for A
+        meanwhile adds nothing to what counts towards yet another copy; once B is loaded,
+        a request's wait counts again."""
+        self.hold(A=("m1",), B=())
+        self.features.ledger.configure("A", 1)
+        self.features.ledger.configure("B", 1)
+        self.residency.loadStarted("B", "m1")
+        self.start()
+        first = self.commit(0)
+        self.start()
+        self.assertEqual(self.depth(), 1)
+        self.clock.advance(11.0)
+        first.end()
+        self.assertEqual([call.nodeId for call in self.upstream.calls], ["A", "A"])
+        self.assertEqual(self.waited(), 0.0)
+        self.residency.loadDone("B", "m1")
+        self.assertIs(self.residency.state("B", "m1"), ModelState.LOADED)
+        self.start()
+        self.assertEqual(self.upstream.calls[2].nodeId, "B")
+        self.commit(2)
+        self.start()
+        self.assertEqual(self.depth(), 1)
+        self.clock.advance(3.0)
+        self.commit(1).end()
+        self.assertEqual(self.upstream.calls[3].nodeId, "A")
+        self.assertEqual(self.waited(), 3.0)

@@ -116,10 +116,10 @@ class Queueing:
         """A request for ``model`` goes to start a load: what its queue waited is paid."""
         line = self.lines.get((facade.engine.id, model))
         if line is not None:
-            line.waited.clear()
+            line.loadStarted(self.clock.seconds())
 
     def _backlog(self, line: Line) -> Backlog:
-        return Backlog(len(line.queue), line.waited.now(self.clock.seconds()))
+        return line.backlog(self.clock.seconds(), self.loads)
 
     def _line(self, facade: IFleetView, model: str) -> Line | None:
         key = (facade.engine.id, model)
@@ -324,8 +324,7 @@ class Queueing:
             waiter = ticket.payload
             if waiter.timer is not None and waiter.timer.active():
                 waiter.timer.cancel()
-            line.waits.observe(now - ticket.since)
-            line.waited.add(now - ticket.since, now)
+            line.left(ticket.since, now, self.loads)
             waiter.deferred.callback(None)
 
     def _armBusyTimer(self) -> None:

@@ -13,7 +13,12 @@ from twisted.internet.interfaces import IDelayedCall
 from nvpair.proxy.flow.clients import Client
 from nvpair.proxy.flow.fairqueue import FairQueue
 from nvpair.proxy.flow.waits import WaitHistogram
-from nvpair.proxy.placement.interfaces import IFleetView, IPlacementExchange
+from nvpair.proxy.placement.interfaces import (
+    Backlog,
+    IFleetView,
+    ILoadPlanner,
+    IPlacementExchange,
+)
 
 if TYPE_CHECKING:
     from nvpair.proxy.routing.nodes import Node
@@ -60,7 +65,7 @@ class Waiter:
 class Line:
     """One facade and model's queue, with what it needs to find the model's owners."""
 
-    __slots__ = ("facade", "model", "queue", "waits", "waited")
+    __slots__ = ("facade", "model", "queue", "waits", "waited", "paidAt")
 
     def __init__(
         self,
@@ -74,6 +79,30 @@ class Line:
         self.queue: FairQueue[Waiter] = FairQueue(maxDepth, charged)
         self.waits = WaitHistogram()
         self.waited = Accrued()  # seconds its requests waited lately (decayed)
+        self.paidAt = -math.inf  # the last moment a load of the model was seen paying
+
+    def loadStarted(self, now: float) -> None:
+        """A request goes to start a load of the model: what the queue waited is paid."""
+        self.waited.clear()
+        self.paidAt = now
+
+    def backlog(self, now: float, loads: ILoadPlanner | None) -> Backlog:
+        """How many wait, and what they waited lately that no load pays (``paid``)."""
+        self.paid(now, loads)
+        return Backlog(len(self.queue), self.waited.now(now))
+
+    def left(self, since: float, now: float, loads: ILoadPlanner | None) -> None:
+        """A request queued at ``since`` leaves the queue at ``now``: what counts towards
+        a further copy is only what it waited after a load of the model was last seen in
+        progress (while a copy loads, the wait is that copy's to pay)."""
+        self.paid(now, loads)
+        self.waits.observe(now - since)
+        self.waited.add(now - max(since, self.paidAt), now)
+
+    def paid(self, now: float, loads: ILoadPlanner | None) -> None:
+        """Note ``now`` as paid when a copy of the model is loading on an owner."""
+        if loads is not None and any(loads.loading(n.id, self.model) for n in self.owners()):
+            self.paidAt = now
 
     def owners(self) -> tuple[Node, ...]:
         facade = self.facade
