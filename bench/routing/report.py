@@ -33,6 +33,7 @@ def summarize(records: list[Record], stats: list[dict[str, Any]], tenants: int) 
     return {
         "requests": len(records),
         "errors": sum(1 for r in records if r.error),
+        "errorKinds": dict(Counter(r.error for r in records if r.error)),
         "ttft": {f"p{q}": percentile(ttfts, q / 100) for q in (50, 90, 99)},
         "hitRatio": cached / prompt if prompt else 0.0,
         "perEngine": [int(s["completed"]) for s in stats],
