@@ -181,6 +181,24 @@ class ProbeRaceTests(SynchronousTestCase):
         self.ledger.probed(A, 3, 4, 1.0)  # at least two foreign now
         self.assertEqual(self.ledger.status(A)["slotsForeign"], 2)
 
+    def test_foreignFreesOnTwoReports(self) -> None:
+        """A direct client's slot read free once (a probe between its back-to-back
+        requests) stays taken; a second report in a row frees it; after a stale gap the
+        first report is believed."""
+        self.f.probe(A, busy=1, total=2)
+        self.assertEqual(self.ledger.free(A), 1)
+        self.f.clock.advance(1.0)
+        self.f.probe(A, busy=0, total=2)
+        self.assertEqual((self.ledger.free(A), self.ledger.status(A)["slotsForeign"]), (1, 1))
+        self.f.clock.advance(1.0)
+        self.f.probe(A, busy=0, total=2)
+        self.assertEqual(self.ledger.free(A), 2)
+        self.f.probe(A, busy=1, total=2)
+        self.assertEqual(self.ledger.free(A), 1, "a rise is believed at once")
+        self.f.clock.advance(2.5)
+        self.f.probe(A, busy=0, total=2)
+        self.assertEqual(self.ledger.free(A), 2)
+
     @given(
         foreign=st.integers(0, 4),
         before=st.integers(0, 4),

@@ -27,6 +27,13 @@ while the foreign load did not change), or with no previous estimate the upper b
 count a slot free that may be taken); and the node is marked for an immediate probe.  So a
 request sent just before a probe is answered is neither counted twice nor missed.
 
+**A foreign slot frees on two reports.**  A direct client that sends its requests back to
+back leaves its slot idle for an instant between them, and a probe landing there reads it
+free.  So foreign load only falls when two fresh reports in a row say so: the estimate is
+never below what the previous fresh report proved busy (``seen``: exact when settled, the
+race's lower bound otherwise).  A slot a direct client really gave up is used one probe
+interval later.
+
 **Busy answers** (``isBusyAnswer``): a 429, or a 503 while other requests of ours ran there
 and it served one of ours within ``SERVED_RECENTLY`` seconds (Ollama's server-busy; a node
 that only refuses is failing, not busy).  The number of ours running there then is learnt
@@ -81,7 +88,7 @@ class _Room:
     """One node's record (see the module docstring)."""
 
     __slots__ = (
-        *("total", "foreign", "readAt", "interval"),
+        *("total", "foreign", "seen", "readAt", "interval"),
         *("sending", "atSend", "startedInFlight", "endedInFlight", "unsettled"),
         *("configured", "learnt", "growAt", "servedAt", "service", "finished", "busySince"),
     )
@@ -89,6 +96,7 @@ class _Room:
     def __init__(self) -> None:
         self.total: int | None = None  # reported slots
         self.foreign: int | None = None  # reported busy slots that are not ours
+        self.seen: int | None = None  # the foreign slots the last report proves busy
         self.readAt = 0.0
         self.interval = 0.0
         self.sending = False  # a probe is in flight
@@ -149,20 +157,24 @@ class RoomLedger:
         room = self.rooms.touch(nodeId)
         started, ended = (room.startedInFlight, room.endedInFlight) if room.sending else (0, 0)
         atSend = room.atSend if room.sending else self.ours.get(nodeId, 0)
+        now = self.clock.seconds()
+        fresh = now - room.readAt <= 2 * room.interval
+        previous = room.seen if fresh else None
         room.sending = False
         room.total = total
-        room.readAt = self.clock.seconds()
+        room.readAt = now
         room.interval = interval
         if busy is None:
-            room.foreign = None
+            room.foreign = room.seen = None
         elif not started and not ended:
-            room.foreign = max(0, busy - atSend)
+            room.seen = max(0, busy - atSend)
+            room.foreign = room.seen if previous is None else max(room.seen, previous)
             room.unsettled = False
         else:
-            low = max(0, busy - atSend - started)
+            room.seen = max(0, busy - atSend - started)
             high = max(0, busy - atSend + ended)
-            previous = room.foreign
-            room.foreign = high if previous is None else min(max(previous, low), high)
+            estimate = high if previous is None else min(max(previous, room.seen), high)
+            room.foreign = estimate if previous is None else max(estimate, previous)
             room.unsettled = True
         self._roomMayHaveAppeared(nodeId)
 
@@ -170,7 +182,7 @@ class RoomLedger:
         """The probe of ``nodeId`` failed: its reported slots are unknown from now on."""
         room = self.rooms.touch(nodeId)
         room.sending = room.unsettled = False
-        room.total = room.foreign = None
+        room.total = room.foreign = room.seen = None
 
     def configure(self, nodeId: str, limit: int | None) -> None:
         """``nodeId``'s ``max_concurrency`` (None: none)."""
