@@ -87,8 +87,10 @@ class Line:
         self.paidAt = now
 
     def backlog(self, now: float, loads: ILoadPlanner | None) -> Backlog:
-        """How many wait, and what they waited lately that no load pays (``paid``)."""
-        self.paid(now, loads)
+        """How many wait, and what they waited lately that no load pays (``paid``: only
+        while some wait, since the mark matters only to requests queued before it)."""
+        if self.queue:
+            self.paid(now, loads)
         return Backlog(len(self.queue), self.waited.now(now))
 
     def left(self, since: float, now: float, loads: ILoadPlanner | None) -> None:
