@@ -7,6 +7,7 @@ object; ``SimEngine`` owns it and adds the listening socket and the connections.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import attrs
 from twisted.internet.interfaces import IReactorTime
@@ -19,6 +20,7 @@ from nvpair.proxy.testing.simengine.cache import PrefixCache
 from nvpair.proxy.testing.simengine.config import Failure, SimConfig
 from nvpair.proxy.testing.simengine.residency.model import Residency
 from nvpair.proxy.testing.simengine.slots import Slots
+from nvpair.proxy.testing.simengine.tokens import MAX_WORDS
 
 
 @attrs.define
@@ -116,6 +118,33 @@ class Core:
     def document(self, connection: EngineConnection, status: int, body: bytes) -> None:
         """Answer with one JSON document."""
         self.responder.sendDocument(connection, status, None, body, JSON)
+
+    def turnedAway(
+        self,
+        connection: EngineConnection,
+        words: int,
+        refuse: Callable[[int, str, str], None],
+        error: Callable[[int, str, str], bytes],
+    ) -> bool:
+        """What every inference route checks before serving a prompt of ``words`` words:
+        over the context it is refused (400); a simulated failure (``/sim/fail``) answers
+        its status, as ``error`` shapes it, after its delay.  True when answered so."""
+        if words > MAX_WORDS or words >= self.config.nCtx:
+            message = "the request exceeds the available context size"
+            refuse(400, message, "exceed_context_size_error")
+            return True
+        failure = self.failure
+        if failure is None:
+            return False
+        self.stats.failed += 1
+        extra = None if failure.retryAfter is None else {"Retry-After": str(failure.retryAfter)}
+        body = error(failure.status, "simulated failure", "unavailable_error")
+
+        def fail() -> None:
+            self.responder.sendDocument(connection, failure.status, extra, body, JSON)
+
+        connection.later(failure.delayMs / 1000.0, fail)
+        return True
 
     def statsDocument(self) -> bytes:
         """``GET /sim/stats``."""

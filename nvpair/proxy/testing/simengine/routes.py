@@ -19,7 +19,7 @@ from nvpair.proxy.testing.simengine import state
 from nvpair.proxy.testing.simengine.core import Core
 from nvpair.proxy.testing.simengine.replies import Reply, dumps, errorBody
 from nvpair.proxy.testing.simengine.run import Run
-from nvpair.proxy.testing.simengine.tokens import MAX_WORDS, promptWords
+from nvpair.proxy.testing.simengine.tokens import promptWords
 
 _OPENAI = {b"/v1/chat/completions": Route.CHAT, b"/v1/completions": Route.COMPLETION}
 
@@ -154,21 +154,11 @@ def inference(core: Core, connection: EngineConnection, route: Route, body: byte
     if words is None:
         refuse(400, "no prompt (messages or prompt)", "invalid_request_error")
         return
-    if len(words) > MAX_WORDS or len(words) >= config.nCtx:
-        refuse(400, "the request exceeds the available context size", "exceed_context_size_error")
-        return
-    failure = core.failure
-    if failure is not None:
-        core.stats.failed += 1
-        extra = None if failure.retryAfter is None else {"Retry-After": str(failure.retryAfter)}
-        error = errorBody(dialect, native, failure.status, "simulated failure", "unavailable_error")
 
-        def fail() -> None:
-            core.responder.sendDocument(
-                connection, failure.status, extra, error, b"application/json"
-            )
+    def error(status: int, message: str, kind: str) -> bytes:
+        return errorBody(dialect, native, status, message, kind)
 
-        connection.later(failure.delayMs / 1000.0, fail)
+    if core.turnedAway(connection, len(words), refuse, error):
         return
     stream = doc.get("stream")
     options = doc.get("stream_options")

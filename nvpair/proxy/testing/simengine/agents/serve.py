@@ -22,7 +22,6 @@ from nvpair.proxy.testing.simengine.agents.responses import ResponsesReply
 from nvpair.proxy.testing.simengine.core import Core
 from nvpair.proxy.testing.simengine.replies import Replier, dumps, errorBody
 from nvpair.proxy.testing.simengine.run import Run
-from nvpair.proxy.testing.simengine.tokens import MAX_WORDS
 
 
 class Agent(enum.Enum):
@@ -158,21 +157,11 @@ def _run(
     config = core.config
     dialect = config.dialect
     core.stats.requests += 1
-    if len(words) > MAX_WORDS or len(words) >= config.nCtx:
-        refuse(400, "the request exceeds the available context size", "exceed_context_size_error")
-        return
-    failure = core.failure
-    if failure is not None:
-        core.stats.failed += 1
-        extra = None if failure.retryAfter is None else {"Retry-After": str(failure.retryAfter)}
-        error = _errorBody(dialect, agent, failure.status, "simulated failure", "unavailable_error")
 
-        def fail() -> None:
-            core.responder.sendDocument(
-                connection, failure.status, extra, error, b"application/json"
-            )
+    def error(status: int, message: str, kind: str) -> bytes:
+        return _errorBody(dialect, agent, status, message, kind)
 
-        connection.later(failure.delayMs / 1000.0, fail)
+    if core.turnedAway(connection, len(words), refuse, error):
         return
     n = core.stats.requests
     reply: Replier
