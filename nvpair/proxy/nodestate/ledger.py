@@ -22,9 +22,10 @@ applies:
 send and its answer, so our requests that started or ended meanwhile may or may not be in
 its count.  With none started or ended while the probe was in flight, ``foreign = busy -
 ours`` exactly.  Otherwise foreign lies in ``[busy - ours_at_send - started, busy -
-ours_at_send + ended]``: the previous estimate is kept, clamped into that interval (exact
-while the foreign load did not change), or with no previous estimate the upper bound (never
-count a slot free that may be taken); and the node is marked for an immediate probe.  So a
+ours_at_send + ended]``: what the previous fresh report proved busy is kept, raised to the
+interval's lower bound (exact while the foreign load did not change; a fall waits for a
+second report, below), or with no previous report the upper bound (never count a slot free
+that may be taken); and the node is marked for an immediate probe.  So a
 request sent just before a probe is answered is neither counted twice nor missed.
 
 **A foreign slot frees on two reports.**  A direct client that sends its requests back to
@@ -173,8 +174,7 @@ class RoomLedger:
         else:
             room.seen = max(0, busy - atSend - started)
             high = max(0, busy - atSend + ended)
-            estimate = high if previous is None else min(max(previous, room.seen), high)
-            room.foreign = estimate if previous is None else max(estimate, previous)
+            room.foreign = high if previous is None else max(previous, room.seen)
             room.unsettled = True
         self._roomMayHaveAppeared(nodeId)
 
