@@ -192,6 +192,24 @@ class FullQueueTests(SynchronousTestCase):
         self.assertEqual(left.payload if left else None, "g9")
         self.assertEqual(sorted(t.payload for t in queue), ["g0", "g1", "g2", "h0"])
 
+    def test_servedKeyOutranksMintedOnes(self) -> None:
+        """An honest app served often comes back with the largest tag of the one-request
+        FIFOs; a minted key arriving at the full queue still takes a minted key's place,
+        and so does the queue's shedding: a key never served gives way first."""
+        queue: FairQueue[str] = FairQueue(3)
+        honest = Client("honest")
+        for _ in range(6):
+            queue.charge(honest)  # dispatched at once, nothing waiting
+        queue.push(Ticket(Client("m1"), 1.0, "m1"))
+        queue.push(Ticket(Client("m2"), 2.0, "m2"))
+        queue.charge(honest)  # served once more while the minted keys wait
+        queue.push(Ticket(honest, 3.0, "h0"))
+        left = queue.push(Ticket(Client("m3"), 4.0, "m3"))
+        self.assertEqual(left.payload if left else None, "m2")
+        shed = queue.shed()
+        self.assertEqual(shed.payload if shed else None, "m3")
+        self.assertEqual(sorted(t.payload for t in queue), ["h0", "m1"])
+
     def test_unverifiedGivesWayToDeclared(self) -> None:
         """On equal lengths an unverified key gives way before a declared client."""
         queue: FairQueue[str] = FairQueue(2)

@@ -14,7 +14,8 @@ first is served last once everybody waits.
 A full queue refuses the client with the most waiting, never one with nothing waiting:
 an arriving request whose client has fewer waiting than the longest FIFO takes the place
 of that FIFO's newest request (as fq_codel and DRR drop from the fattest flow); ties go
-against an unverified key before a declared client, then against the most served.
+against an unverified key before a declared client, then against a key never served before
+(a key minted per request has nothing but its one request), then against the most served.
 
 Everything is bounded: ``maxDepth`` waiting requests, ``MAX_CLIENT_TAGS`` idle tags per
 level (the oldest forgotten first), and the drain-rate window ``DRAIN_SAMPLES``.
@@ -168,12 +169,14 @@ class FairQueue(Generic[T]):
         self.depth += 1
         return left
 
-    def _rank(self, client: Client, waiting: int) -> tuple[int, int, float]:
+    def _rank(self, client: Client, waiting: int) -> tuple[int, int, int, float]:
         """Who is refused first: the most waiting; then an unverified key before a declared
-        client; then the most served (the largest tag)."""
+        client; then a key never served before (one minted per request) before one that
+        was; then the most served (the largest tag)."""
         if client.share is None:
-            return waiting, 1, self._group.tag(client.key)
-        return waiting, 0, self._top.tag(client.key)
+            group = self._group
+            return waiting, 1, client.key in group.fresh, group.tag(client.key)
+        return waiting, 0, 0, self._top.tag(client.key)
 
     def _victim(self, arriving: Client) -> Ticket[T] | None:
         """The newest request of the FIFO that gives way to ``arriving``'s, or None when
@@ -181,7 +184,7 @@ class FairQueue(Generic[T]):
         nothing waiting: then the first-ranked other FIFO gives way)."""
         own = self._fifos.get(arriving.key)
         # A client with nothing waiting always gets a place: any other waiting FIFO gives way.
-        best = self._rank(arriving, len(own) + 1) if own else (0, 0, -math.inf)
+        best = self._rank(arriving, len(own) + 1) if own else (0, 0, 0, -math.inf)
         victim: deque[Ticket[T]] | None = None
         for key, fifo in self._fifos.items():
             if key == arriving.key:
@@ -195,7 +198,7 @@ class FairQueue(Generic[T]):
         """Give up one waiting request to shrink the queue: the newest of the FIFO that
         ranks first (``_rank``), taken out; None when nothing waits."""
         victim: deque[Ticket[T]] | None = None
-        best: tuple[int, int, float] | None = None
+        best: tuple[int, int, int, float] | None = None
         for fifo in self._fifos.values():
             rank = self._rank(fifo[0].client, len(fifo))
             if best is None or rank > best:

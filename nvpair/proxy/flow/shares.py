@@ -35,6 +35,7 @@ class Shares:
         self.maxIdle = maxIdle
         self.virtual = 0.0
         self.active: dict[str, float] = {}  # waiting shares' start tags
+        self.fresh: set[str] = set()  # waiting shares never served nor idle before (⊆ active)
         self._idle: OrderedDict[str, float] = OrderedDict()  # idle shares, oldest first
 
     def __len__(self) -> int:
@@ -60,11 +61,13 @@ class Shares:
         """``share`` has requests waiting now (idempotent)."""
         if share not in self.active:
             self.active[share] = self.tag(share)
-            self._idle.pop(share, None)
+            if self._idle.pop(share, None) is None:
+                self.fresh.add(share)
 
     def idle(self, share: str) -> None:
         """Nothing of ``share`` waits any more: its tag is kept, bounded."""
         tag = self.active.pop(share, None)
+        self.fresh.discard(share)
         if tag is not None:
             self._keep(share, tag)
 
@@ -73,6 +76,7 @@ class Shares:
         the start tag it used, and the virtual time moves to that start tag."""
         start = self.tag(share)
         self.virtual = max(self.virtual, start)
+        self.fresh.discard(share)
         tag = start + 1.0 / weight
         if share in self.active:
             self.active[share] = tag

@@ -2,7 +2,9 @@
 
 Idle connections are kept per key (scheme, host, port), at most ``maxPersistentPerHost``
 per key, and closed after ``idleTimeout`` seconds unused by one sweep timer for the whole
-pool.  A request takes the most recently used idle connection or dials a new one.  The pool
+pool.  A request takes the most recently used idle connection or dials a new one; if the
+reused connection is lost before any byte of an answer (the server closed it, idle, as we
+sent), the request is sent once more on a new connection.  The pool
 counts the answers that had bytes after them (``answersOverrun``, read by ``/metrics``).
 """
 
@@ -23,6 +25,7 @@ from twisted.internet.interfaces import (
 )
 from twisted.internet.protocol import ClientFactory, Factory
 from twisted.python.failure import Failure
+from twisted.web.client import ResponseNeverReceived
 from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
@@ -131,16 +134,31 @@ class ConnectionPool:
     ) -> defer.Deferred[IResponse]:
         """Send ``data`` over an idle connection for ``key`` or a new one from ``endpoint()``."""
         idle = self._connections.get(key)
-        if idle:
-            conn = idle.pop()
-            if not idle:
-                del self._connections[key]
-            d: defer.Deferred[IResponse] = defer.Deferred(_cancelSent(conn))
-            if connected is not None:
-                connected()
-            conn.send(data, method, d)
-            return d
-        return self._dial(key, endpoint(), data, method, connected)
+        if not idle:
+            return self._dial(key, endpoint(), data, method, connected)
+        conn = idle.pop()
+        if not idle:
+            del self._connections[key]
+        if connected is not None:
+            connected()
+        sent: defer.Deferred[IResponse] = defer.Deferred(_cancelSent(conn))
+        current = [sent]
+        d: defer.Deferred[IResponse] = defer.Deferred(lambda _: current[-1].cancel())
+
+        def failed(failure: Failure) -> None:
+            # The server closed the idle connection as we reused it (its keep-alive timeout
+            # met our send): nothing of an answer came, so it never read the request.  Sent
+            # once more, on a new connection.
+            if failure.check(ResponseNeverReceived) and not conn.answered and not d.called:
+                again = self._dial(key, endpoint(), data, method, None)
+                current.append(again)
+                again.addCallbacks(d.callback, d.errback)
+            elif not d.called:
+                d.errback(failure)
+
+        sent.addCallbacks(d.callback, failed)
+        conn.send(data, method, sent)
+        return d
 
     def _dial(
         self,
