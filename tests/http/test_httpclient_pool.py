@@ -124,6 +124,15 @@ class ClientTests(ClientCase):
         again.dataReceived(b"HTTP/1.1 204 No Content\r\n\r\n")
         self.assertEqual(self.successResultOf(d).code, 204)
 
+    def test_cancelWhileSentAgain(self) -> None:
+        """Cancelled while the second connection is dialled: the dial is cancelled."""
+        d, conn = self.reuse()
+        conn.connectionLost(Failure(ConnectionDone()))
+        _, dial = self.endpoint.dials[1]
+        d.cancel()
+        self.failureResultOf(d, defer.CancelledError)
+        self.assertTrue(dial.called)
+
     def test_startedAnswerNotSentAgain(self) -> None:
         """Lost after some of the answer came: the request fails, nothing is sent again;
         nor when it is lost on a new connection."""

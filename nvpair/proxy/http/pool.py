@@ -141,23 +141,18 @@ class ConnectionPool:
             del self._connections[key]
         if connected is not None:
             connected()
-        sent: defer.Deferred[IResponse] = defer.Deferred(_cancelSent(conn))
-        current = [sent]
-        d: defer.Deferred[IResponse] = defer.Deferred(lambda _: current[-1].cancel())
+        d: defer.Deferred[IResponse] = defer.Deferred(_cancelSent(conn))
 
-        def failed(failure: Failure) -> None:
+        def stale(failure: Failure) -> Failure | defer.Deferred[IResponse]:
             # The server closed the idle connection as we reused it (its keep-alive timeout
             # met our send): nothing of an answer came, so it never read the request.  Sent
-            # once more, on a new connection.
-            if failure.check(ResponseNeverReceived) and not conn.answered and not d.called:
-                again = self._dial(key, endpoint(), data, method, None)
-                current.append(again)
-                again.addCallbacks(d.callback, d.errback)
-            elif not d.called:
-                d.errback(failure)
+            # once more, on a new connection (cancelling ``d`` then cancels that one).
+            if failure.check(ResponseNeverReceived) and not conn.answered:
+                return self._dial(key, endpoint(), data, method, None)
+            return failure
 
-        sent.addCallbacks(d.callback, failed)
-        conn.send(data, method, sent)
+        d.addErrback(stale)
+        conn.send(data, method, d)
         return d
 
     def _dial(
