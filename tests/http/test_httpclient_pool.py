@@ -16,9 +16,8 @@ from twisted.internet.error import (
 from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
-from twisted.web.client import ResponseDone, ResponseFailed, ResponseNeverReceived
+from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IResponse
 
 from nvpair.proxy.http.client import HTTPClientConnection
 from nvpair.proxy.http.framing import serializeRequest
@@ -103,57 +102,6 @@ class ClientTests(ClientCase):
         conn.dataReceived(b"HTTP/1.1 200")
         conn.connectionLost(Failure(ConnectionDone()))
         self.failureResultOf(d)
-
-    def reuse(self) -> tuple[defer.Deferred[IResponse], HTTPClientConnection]:
-        """A second request sent over the connection the first one left in the pool."""
-        _, _, transport = self.respond(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-        return self.send(), self.connectionOf(transport)
-
-    def test_staleReuseSentAgain(self) -> None:
-        """The pooled connection is lost before any byte of the second answer (the server
-        closed it, idle, as we sent): the request goes once more, whole, on a new one."""
-        d, conn = self.reuse()
-        conn.connectionLost(Failure(ConnectionDone()))
-        self.assertNoResult(d)
-        self.assertEqual(len(self.endpoint.dials), 2)
-        again, transport = self.endpoint.complete(1)
-        self.assertEqual(
-            transport.value(),
-            b"POST /v1/x HTTP/1.1\r\nHost: e:1\r\nX-A: 1\r\nContent-Length: 2\r\n\r\n{}",
-        )
-        again.dataReceived(b"HTTP/1.1 204 No Content\r\n\r\n")
-        self.assertEqual(self.successResultOf(d).code, 204)
-
-    def test_cancelWhileSentAgain(self) -> None:
-        """Cancelled while the second connection is dialled: the dial is cancelled."""
-        d, conn = self.reuse()
-        conn.connectionLost(Failure(ConnectionDone()))
-        _, dial = self.endpoint.dials[1]
-        d.cancel()
-        self.failureResultOf(d, defer.CancelledError)
-        self.assertTrue(dial.called)
-
-    def test_startedAnswerNotSentAgain(self) -> None:
-        """Lost after some of the answer came: the request fails, nothing is sent again;
-        nor when it is lost on a new connection."""
-        d, conn = self.reuse()
-        conn.dataReceived(b"HTTP/1.1 200")
-        conn.connectionLost(Failure(ConnectionDone()))
-        self.failureResultOf(d, ResponseNeverReceived)
-        self.assertEqual(len(self.endpoint.dials), 1)
-        d, conn = self.send(), self.endpoint.complete(1)[0]
-        conn.connectionLost(Failure(ConnectionDone()))
-        self.failureResultOf(d, ResponseNeverReceived)
-        self.assertEqual(len(self.endpoint.dials), 2)
-
-    def test_cancelReusedNotSentAgain(self) -> None:
-        """Cancelling a request sent over a pooled connection aborts it; nothing is sent
-        again."""
-        d, conn = self.reuse()
-        d.cancel()
-        self.failureResultOf(d, defer.CancelledError)
-        conn.connectionLost(Failure(ConnectionDone()))
-        self.assertEqual(len(self.endpoint.dials), 1)
 
     def test_connectionClose(self) -> None:
         """A response with Connection: close is not pooled."""

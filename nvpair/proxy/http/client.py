@@ -141,11 +141,6 @@ class HTTPClientConnection(Protocol):
         assert transport is not None  # requests are sent once the connection is made
         sendNow(transport, data)
 
-    @property
-    def answered(self) -> bool:
-        """Whether any byte of an answer came since the last request was sent."""
-        return self._headBytes > 0
-
     def abort(self) -> None:
         """Drop the connection at once (a cancelled request)."""
         self._d = None

@@ -75,7 +75,6 @@ class IPooledConnection(Interface):
     state: ConnectionState = Attribute("Where the connection is (``ConnectionState``).")
     idleSince: float = Attribute("When it was last put back in the pool (reactor seconds).")
     transport: IStreamTransport | None = Attribute("Its transport, once connected.")
-    answered: bool = Attribute("Whether any byte of an answer came since the last send.")
 
     def send(data: bytes, method: bytes, d: Deferred[IResponse]) -> None:
         """Write one serialized request; ``d`` fires with its response (or fails)."""

@@ -2,9 +2,7 @@
 
 Idle connections are kept per key (scheme, host, port), at most ``maxPersistentPerHost``
 per key, and closed after ``idleTimeout`` seconds unused by one sweep timer for the whole
-pool.  A request takes the most recently used idle connection or dials a new one; if the
-reused connection is lost before any byte of an answer (the server closed it, idle, as we
-sent), the request is sent once more on a new connection.  The pool
+pool.  A request takes the most recently used idle connection or dials a new one.  The pool
 counts the answers that had bytes after them (``answersOverrun``, read by ``/metrics``).
 """
 
@@ -25,7 +23,6 @@ from twisted.internet.interfaces import (
 )
 from twisted.internet.protocol import ClientFactory, Factory
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseNeverReceived
 from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
@@ -134,26 +131,16 @@ class ConnectionPool:
     ) -> defer.Deferred[IResponse]:
         """Send ``data`` over an idle connection for ``key`` or a new one from ``endpoint()``."""
         idle = self._connections.get(key)
-        if not idle:
-            return self._dial(key, endpoint(), data, method, connected)
-        conn = idle.pop()
-        if not idle:
-            del self._connections[key]
-        if connected is not None:
-            connected()
-        d: defer.Deferred[IResponse] = defer.Deferred(_cancelSent(conn))
-
-        def stale(failure: Failure) -> Failure | defer.Deferred[IResponse]:
-            # The server closed the idle connection as we reused it (its keep-alive timeout
-            # met our send): nothing of an answer came, so it never read the request.  Sent
-            # once more, on a new connection (cancelling ``d`` then cancels that one).
-            if failure.check(ResponseNeverReceived) and not conn.answered:
-                return self._dial(key, endpoint(), data, method, None)
-            return failure
-
-        d.addErrback(stale)
-        conn.send(data, method, d)
-        return d
+        if idle:
+            conn = idle.pop()
+            if not idle:
+                del self._connections[key]
+            d: defer.Deferred[IResponse] = defer.Deferred(_cancelSent(conn))
+            if connected is not None:
+                connected()
+            conn.send(data, method, d)
+            return d
+        return self._dial(key, endpoint(), data, method, connected)
 
     def _dial(
         self,
