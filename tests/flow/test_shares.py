@@ -195,11 +195,13 @@ class FullQueueTests(SynchronousTestCase):
     def test_servedKeyOutranksMintedOnes(self) -> None:
         """An honest app served often comes back with the largest tag of the one-request
         FIFOs; a minted key arriving at the full queue still takes a minted key's place,
-        and so does the queue's shedding: a key never served gives way first."""
+        and so does the queue's shedding: a key charged at most one dispatch (even one that
+        bounced and came back to wait) gives way first."""
         queue: FairQueue[str] = FairQueue(3)
         honest = Client("honest")
         for _ in range(6):
             queue.charge(honest)  # dispatched at once, nothing waiting
+        queue.charge(Client("m1"))  # dispatched once, bounced off the busy engine
         queue.push(Ticket(Client("m1"), 1.0, "m1"))
         queue.push(Ticket(Client("m2"), 2.0, "m2"))
         queue.charge(honest)  # served once more while the minted keys wait

@@ -14,8 +14,9 @@ first is served last once everybody waits.
 A full queue refuses the client with the most waiting, never one with nothing waiting:
 an arriving request whose client has fewer waiting than the longest FIFO takes the place
 of that FIFO's newest request (as fq_codel and DRR drop from the fattest flow); ties go
-against an unverified key before a declared client, then against a key never served before
-(a key minted per request has nothing but its one request), then against the most served.
+against an unverified key before a declared client, then against a key charged at most one
+dispatch lately (a key minted per request has its one request's, even when it bounced off a
+busy engine and came back), then against the most served.
 
 Everything is bounded: ``maxDepth`` waiting requests, ``MAX_CLIENT_TAGS`` idle tags per
 level (the oldest forgotten first), and the drain-rate window ``DRAIN_SAMPLES``.
@@ -171,11 +172,11 @@ class FairQueue(Generic[T]):
 
     def _rank(self, client: Client, waiting: int) -> tuple[int, int, int, float]:
         """Who is refused first: the most waiting; then an unverified key before a declared
-        client; then a key never served before (one minted per request) before one that
-        was; then the most served (the largest tag)."""
+        client; then a key charged at most one dispatch lately (one minted per request)
+        before one charged more; then the most served (the largest tag)."""
         if client.share is None:
             group = self._group
-            return waiting, 1, client.key in group.fresh, group.tag(client.key)
+            return waiting, 1, not group.regular(client.key), group.tag(client.key)
         return waiting, 0, 0, self._top.tag(client.key)
 
     def _victim(self, arriving: Client) -> Ticket[T] | None:

@@ -35,7 +35,7 @@ class Shares:
         self.maxIdle = maxIdle
         self.virtual = 0.0
         self.active: dict[str, float] = {}  # waiting shares' start tags
-        self.fresh: set[str] = set()  # waiting shares never served nor idle before (⊆ active)
+        self._charged: OrderedDict[str, int] = OrderedDict()  # dispatches, capped at 2
         self._idle: OrderedDict[str, float] = OrderedDict()  # idle shares, oldest first
 
     def __len__(self) -> int:
@@ -46,6 +46,11 @@ class Shares:
         if self.newBehind and self.active:
             return max(self.virtual, max(self.active.values()) + 1.0)
         return self.virtual
+
+    def regular(self, share: str) -> bool:
+        """Whether ``share`` was charged more than one dispatch lately (a key minted per
+        request has at most its one request's, even when it bounced off a busy engine)."""
+        return self._charged.get(share, 0) > 1
 
     def tag(self, share: str) -> float:
         """The tag ``share``'s next request would start at."""
@@ -61,13 +66,11 @@ class Shares:
         """``share`` has requests waiting now (idempotent)."""
         if share not in self.active:
             self.active[share] = self.tag(share)
-            if self._idle.pop(share, None) is None:
-                self.fresh.add(share)
+            self._idle.pop(share, None)
 
     def idle(self, share: str) -> None:
         """Nothing of ``share`` waits any more: its tag is kept, bounded."""
         tag = self.active.pop(share, None)
-        self.fresh.discard(share)
         if tag is not None:
             self._keep(share, tag)
 
@@ -76,7 +79,10 @@ class Shares:
         the start tag it used, and the virtual time moves to that start tag."""
         start = self.tag(share)
         self.virtual = max(self.virtual, start)
-        self.fresh.discard(share)
+        charged = self._charged
+        charged[share] = min(2, charged.pop(share, 0) + 1)
+        if len(charged) > self.maxIdle:
+            charged.popitem(last=False)
         tag = start + 1.0 / weight
         if share in self.active:
             self.active[share] = tag
