@@ -255,6 +255,66 @@ class PredictedEvictionTests(ResidencyCase):
         self.probe(ps("a", "x", "c"), node="m", advance=EVICTION_SETTLE)
         self.assertIs(self.view.state("m", "a"), ModelState.LOADED)
 
+    def test_busyCopyDrains(self) -> None:
+        """Every resident model busy: the likely victim is the busy copy of a model resident
+        elsewhere with the least fleet demand per copy, not the least recently used only
+        copy; a load of ours makes it ``cold`` there at once (it drains: no request of ours
+        goes to it, and it is never unloaded while busy), a probe still listing it keeps
+        the mark while one of ours runs on it, and ``EVICTION_SETTLE`` s after the last
+        ended says the engine had room after all."""
+        actions = self.view.actions = RecordedActions()
+        self.probe(ps("a", "b"))
+        self.probe(ps("a", "x"))
+        self.probe(ps("a", "b"))
+        self.probe(ps("b"), node="m")
+        self.view.began("n", "a")  # a: used longest ago, the only copy
+        self.clock.advance(1)
+        self.view.began("n", "b")  # b: resident on m too
+        eviction = self.view.likelyEviction("n", "c")
+        self.assertEqual((eviction.model, eviction.idle, eviction.copies), ("b", False, 2))  # type: ignore[union-attr]
+        self.view.loadStarted("n", "c")
+        self.assertIs(self.view.state("n", "b"), ModelState.COLD)
+        self.assertEqual(self.view.holders("b"), ("m",))
+        self.assertEqual(actions.unloads, [], "a busy model is never unloaded")
+        self.probe(ps("a", "b"), advance=EVICTION_SETTLE * 4)
+        self.assertIs(self.view.state("n", "b"), ModelState.COLD, "ours still runs on it")
+        self.view.ended("n", "b")
+        self.probe(ps("a", "b"), advance=EVICTION_SETTLE / 2)
+        self.assertIs(self.view.state("n", "b"), ModelState.COLD, "just drained")
+        self.probe(ps("a", "b"), advance=EVICTION_SETTLE)
+        self.assertIs(self.view.state("n", "b"), ModelState.LOADED, "the engine had room")
+
+    def test_busyOnlyCopyMovesToRoom(self) -> None:
+        """A busy only copy drains too when another node has room for it (fewer models
+        than it can hold, or than another was seen holding): its next request loads it
+        there."""
+        self.probe(ps("a", "b"))
+        self.probe(ps("a", "x"))
+        self.probe(ps("a", "b"))
+        self.probe(ps("y"), node="m")
+        self.view.began("n", "a")
+        self.clock.advance(1)
+        self.view.began("n", "b")
+        self.assertTrue(self.view.roomElsewhere("n"))
+        self.assertFalse(self.view.roomElsewhere("m"))
+        self.view.loadStarted("n", "c")
+        self.assertIs(self.view.state("n", "a"), ModelState.COLD)
+        self.assertIs(self.view.state("n", "b"), ModelState.LOADED)
+
+    def test_onlyCopiesBusy(self) -> None:
+        """Every resident model busy and each the only copy, no room elsewhere: the least
+        recently used one (the load waits), and no mark: its requests still go there."""
+        self.probe(ps("a", "b"))
+        self.probe(ps("a", "x"))
+        self.probe(ps("a", "b"))
+        self.view.began("n", "a")
+        self.clock.advance(1)
+        self.view.began("n", "b")
+        eviction = self.view.likelyEviction("n", "c")
+        self.assertEqual((eviction.model, eviction.idle, eviction.copies), ("a", False, 1))  # type: ignore[union-attr]
+        self.view.loadStarted("n", "c")
+        self.assertIs(self.view.state("n", "a"), ModelState.LOADED)
+
 
 class ParallelTests(ResidencyCase):
     """How many requests a node runs at once, for engines that report no slots."""

@@ -16,7 +16,7 @@ from nvpair.proxy.nodestate.probes import EngineReport, ResidentModel
 from nvpair.proxy.nodestate.residency import Residency
 from nvpair.proxy.nodestate.states import EngineStates
 from nvpair.proxy.placement.interfaces import Backlog, ILoadPlanner, LoadPlan
-from nvpair.proxy.placement.loads import LoadPlanner, Tier
+from nvpair.proxy.placement.loads import ROOM_WAIT, LoadPlanner, Tier
 from nvpair.proxy.routing.nodes import Node
 
 NOW = 1_800_000_000.0
@@ -154,6 +154,36 @@ class ColdTests(PlanCase):
         self.residency.ended("B", "y")
         self.assertEqual(self.plan(owners=(A, B)).load, B)
 
+    def use(self, node: str, model: str, count: int) -> None:
+        """``count`` of ours for ``model`` on ``node``, each ended."""
+        for _ in range(count):
+            self.residency.began(node, model)
+            self.residency.ended(node, model)
+
+    def test_firstCopyBesideThePopular(self) -> None:
+        """Room on both, one model each: a model's first copy goes beside the one with the
+        most demand per copy (the room left stays beside the less popular one, where a
+        further copy of the popular one can go); a further copy goes the other way."""
+        self.learnCapacity("A", ("x", "y"))
+        self.learnCapacity("B", ("x", "y"))
+        self.hold(A=("x",), B=("y",))
+        self.use("A", "x", 5)
+        self.use("B", "y", 1)
+        self.assertEqual(self.planner.cheapest((A, B), "m").tier, Tier.ROOM)
+        self.assertEqual(self.plan(owners=(A, B)).load, A)
+        self.assertEqual(self.planner.cheapest((A, B), "m", further=True).node, B)
+        self.use("B", "y", 9)
+        self.assertEqual(self.plan(owners=(A, B)).load, B)
+        self.assertEqual(self.planner.cheapest((A, B), "m", further=True).node, A)
+
+    def test_fewestModelsBeforeDemand(self) -> None:
+        """Models are spread first: a node holding fewer goes first, whatever they hold."""
+        self.learnCapacity("A", ("x", "y", "z"))
+        self.learnCapacity("B", ("x", "y", "z"))
+        self.hold(A=("x",), B=("y", "z"))
+        self.use("B", "y", 5)
+        self.assertEqual(self.plan(owners=(A, B)).load, A)
+
     @settings(max_examples=50, deadline=None)
     @given(st.permutations(NODES))
     def test_sameNodeWhateverTheOrder(self, owners: list[Node]) -> None:
@@ -198,12 +228,33 @@ class SpillTests(PlanCase):
         self.assertEqual(self.plan(ahead=40), LoadPlan((C,), C))
 
     def test_waitedLongerThanALoad(self) -> None:
-        """What the model's requests waited lately past a load's seconds times the copies:
-        a further copy, however short the queue now; not while a copy loads."""
-        self.assertEqual(self.plan(waited=9.5), LoadPlan((A,)))
-        self.assertEqual(self.plan(waited=10.5), LoadPlan((B,), B))
+        """What the model's requests waited lately past a load's seconds times the copies
+        (``ROOM_WAIT`` of it where the copy goes into free room: it evicts nothing): a
+        further copy, however short the queue now; not while a copy loads."""
+        self.assertEqual(self.plan(waited=ROOM_WAIT * 10 - 0.1), LoadPlan((A,)))
+        self.assertEqual(self.plan(waited=ROOM_WAIT * 10 + 0.1), LoadPlan((B,), B))
         self.residency.loadStarted("B", "m")
         self.assertEqual(self.plan(waited=1000.0), LoadPlan((A, B)))
+
+    def test_roomForTheNeediest(self) -> None:
+        """Free room goes to the model bin-packing would give it: not to this one while a
+        resident model's demand per copy with one more exceeds this one's by
+        ``SHARE_MARGIN`` (x: 10 a minute, 5 with one more copy; m: 2, 1 with one more)."""
+        for _ in range(10):
+            self.residency.began("B", "x")
+            self.residency.ended("B", "x")
+        self.assertEqual(self.residency.neediest(), 5.0)
+        self.assertEqual(self.plan(ahead=1000, waited=1000.0), LoadPlan((A,)))
+        self.start("A", "m", 6)  # m: 8 a minute, 4 per copy with one more
+        self.assertEqual(self.plan(waited=1000.0), LoadPlan((B,), B))
+
+    def test_evictingWaitsAWholeLoad(self) -> None:
+        """Where the copy would evict (an idle copy of x, resident on A too), what was
+        waited must pass a whole load's seconds."""
+        self.learnCapacity("C", ("x",))
+        self.hold(A=("m", "x"), C=("x",))
+        self.assertEqual(self.plan(waited=9.5, owners=(A, C)), LoadPlan((A,)))
+        self.assertEqual(self.plan(waited=10.5, owners=(A, C)), LoadPlan((C,), C))
 
     def test_unknownRateStaysWarm(self) -> None:
         """A warm copy whose service time is not known yet: no spill for the queue's length,
@@ -215,17 +266,21 @@ class SpillTests(PlanCase):
 
     def test_notKnownFull(self) -> None:
         """A node never seen evicting takes a further copy only while it holds fewer models
-        than another owner was seen holding (B, full, was seen holding two)."""
+        than another owner was seen holding (B, full, was seen holding two); holding as
+        many, a load there is taken to evict (an idle copy of x or y, resident on the other
+        too, not used lately: a whole load waited)."""
         self.hold(B=("x", "y"), C=("x",))
         self.assertEqual(self.planner.cheapest((B, C), "m").tier, Tier.UNKNOWN)
         self.assertEqual(self.plan(waited=11.0), LoadPlan((C,), C))
         self.hold(C=("x", "y"))
-        self.assertEqual(self.planner.cheapest((B, C), "m").tier, Tier.UNKNOWN)
-        self.assertEqual(self.plan(waited=11.0), LoadPlan((A,)))
+        self.assertEqual(self.planner.cheapest((B, C), "m").tier, Tier.COPY)
+        self.assertEqual(self.plan(waited=9.0), LoadPlan((A,)))
+        self.assertIn(self.plan(waited=11.0).load, (B, C))
 
     def test_neverEvictAnOnlyCopy(self) -> None:
-        """A further copy never pushes out the only copy of a model, used lately or not,
-        nor a busy one."""
+        """With no room on any other node, a further copy never pushes out the only copy of
+        a model, used lately or not, idle or busy."""
+        self.hold(A=("m", "z"), B=("x", "z"))
         self.learnCapacity("C", ("y",))
         self.hold(C=("y",))
         self.assertEqual(self.plan(ahead=1000, owners=(A, C)), LoadPlan((A,)))
@@ -250,6 +305,34 @@ class SpillTests(PlanCase):
         for _ in range(3):  # x: 4 a minute over 2 copies
             self.residency.began("C", "x")
             self.residency.ended("C", "x")
+        self.assertEqual(self.plan(ahead=50, owners=(A, C)), LoadPlan((A,)))
+
+    def test_onlyCopyMovesToRoom(self) -> None:
+        """With room on another node (B holds one of two), the only copy of a model whose
+        demand is under 1 / ``SHARE_MARGIN`` of this one's per copy with one more gives way
+        (its next request loads it there): the popular model's second copy is not left
+        without a place because the room was beside its first; a popular one stays."""
+        self.learnCapacity("C", ("y",))
+        self.hold(C=("y",))
+        for _ in range(4):  # m: 6 a minute, 3 per copy with one more
+            self.residency.began("A", "m")
+            self.residency.ended("A", "m")
+        self.start("C", "y", 1)  # y: 1 a minute, one copy
+        self.assertTrue(self.residency.roomElsewhere("C"))
+        self.assertEqual(self.plan(ahead=1000, owners=(A, C)), LoadPlan((C,), C))
+        self.start("C", "y", 2)  # y: 3 a minute
+        self.assertEqual(self.plan(ahead=1000, owners=(A, C)), LoadPlan((A,)))
+
+    def test_busyCopyGivesWayByDemandPerCopy(self) -> None:
+        """A busy copy of a model resident elsewhere gives way by the same rule (it drains
+        first): the most popular model's second copy takes the place of a less popular
+        one's, never the other way round."""
+        self.learnCapacity("C", ("x",))
+        self.hold(A=("m", "x"), C=("x",))
+        self.start("C", "x", 1)  # x: 1 a minute over 2 copies; m: 2 over 2
+        self.assertEqual(self.planner.cheapest((C,), "m").tier, Tier.DISPLACE)
+        self.assertEqual(self.plan(ahead=50, owners=(A, C)), LoadPlan((C,), C))
+        self.start("C", "x", 3)  # x: 4 a minute over 2 copies
         self.assertEqual(self.plan(ahead=50, owners=(A, C)), LoadPlan((A,)))
 
 

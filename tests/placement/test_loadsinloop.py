@@ -170,3 +170,26 @@ class PaidTests(LoadsCase):
         self.commit(1).end()
         self.assertEqual(self.upstream.calls[3].nodeId, "A")
         self.assertEqual(self.waited(), 3.0)
+
+    def test_loadBesideACopyIsPaid(self) -> None:
+        """Another model loading on A, where m1's only copy is: a request for m1 that
+        waited meanwhile adds nothing towards a further copy (the load held A's slots);
+        once that load is done, a request's wait counts again."""
+        self.hold(A=("m1",), B=())
+        self.features.ledger.configure("A", 1)
+        self.residency.loadStarted("A", "m2")
+        self.assertTrue(self.residency.loadingOn("A"))
+        self.start()
+        first = self.commit(0)
+        self.start()
+        self.assertEqual(self.depth(), 1)
+        self.clock.advance(5.0)
+        first.end()
+        self.assertEqual(self.waited(), 0.0)
+        self.residency.loadDone("A", "m2")
+        self.assertFalse(self.residency.loadingOn("A"))
+        self.start()
+        self.assertEqual(self.depth(), 1)
+        self.clock.advance(3.0)
+        self.commit(1).end()
+        self.assertEqual(self.waited(), 3.0)

@@ -102,8 +102,10 @@ class Line:
         self.waited.add(now - max(since, self.paidAt), now)
 
     def paid(self, now: float, loads: ILoadPlanner | None) -> None:
-        """Note ``now`` as paid when a copy of the model is loading on an owner."""
-        if loads is not None and any(loads.loading(n.id, self.model) for n in self.owners()):
+        """Note ``now`` as paid when a load on an owner pays what the model's requests
+        wait (``ILoadPlanner.paying``: a copy loading, or another model loading beside a
+        copy)."""
+        if loads is not None and any(loads.paying(n.id, self.model) for n in self.owners()):
             self.paidAt = now
 
     def owners(self) -> tuple[Node, ...]:

@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Mapping
 
 from nvpair.proxy.nodestate.demand import Demand
-from nvpair.proxy.nodestate.probes import ResidentModel
+from nvpair.proxy.nodestate.probes import LOADED, LOADING, EngineReport, ResidentModel
 
 __all__ = ["ASKED_WINDOW", "EVICTION_SETTLE", "MAX_EVENTS", "MAX_MODELS", "NodeHoldings",
            "epoch", "residentBytes"]  # fmt: skip
@@ -52,6 +52,45 @@ class NodeHoldings:
         self.counts[count] += 1
         self.events.append((now, what, model))
 
+    def listed(self, report: EngineReport, now: float) -> list[tuple[str, float]]:
+        """A fresh probe listing what the node holds (``report.resident``): diff it with
+        the previous one (loads and evictions seen, loads seen done, what it can hold);
+        the loads seen going from loading to loaded, with their seconds."""
+        if report.installed is not None:
+            self.installed = len(report.installed)
+        new = {r.name: r for r in (report.resident or ())[:MAX_MODELS]}
+        measured = []
+        for name, model in new.items():
+            self.done.pop(name, None)
+            old = self.resident.get(name)
+            if old is None:
+                self.since[name] = now
+                if self.seen:
+                    self.event(now, "loads", name, "load")
+            if model.state == LOADING:
+                self.loadingSince.setdefault(name, self.expected.get(name, now))
+            elif name in self.loadingSince:
+                started = self.loadingSince.pop(name)
+                if model.state == LOADED and old is not None and old.state == LOADING:
+                    measured.append((name, now - started))
+                    self.expected.pop(name, None)
+            if report.router and model.state == LOADED:
+                self.expected.pop(name, None)  # a router says when a load is done
+        for name, old in self.resident.items():
+            if name not in new:
+                self.since.pop(name, None)
+                self.loadingSince.pop(name, None)
+                self.gone(now, name, old)
+        self.settle(new, now)
+        self.resident = new
+        self.seen = True
+        self.listedAt = now
+        self.capacity = max(self.capacity, len(new))
+        sizes = [residentBytes(m) for m in new.values()]
+        if sizes and all(s is not None for s in sizes):
+            self.memory = max(self.memory, sum(s for s in sizes if s is not None))
+        return measured
+
     def gone(self, now: float, name: str, old: ResidentModel) -> None:
         """``name`` is no longer listed: unloaded (we asked within ``ASKED_WINDOW`` s),
         expired (its ``expires_at`` passed) or evicted."""
@@ -68,9 +107,14 @@ class NodeHoldings:
     def settle(self, listed: Mapping[str, object], now: float) -> None:
         """A probe listed ``listed``: a model a load of ours was to evict is gone (it is not
         listed), or was not evicted (still listed ``EVICTION_SETTLE`` s after the load
-        started: the engine had room)."""
+        started, or after our last request on it ended: the engine had room).  One of our
+        requests still running on it (a busy copy draining) keeps the mark."""
         for name, since in list(self.evicting.items()):
-            if name not in listed or now - since >= EVICTION_SETTLE:
+            if name not in listed:
+                del self.evicting[name]
+            elif self.running.get(name):
+                self.evicting[name] = now
+            elif now - since >= EVICTION_SETTLE:
                 del self.evicting[name]
 
 

@@ -115,6 +115,22 @@ class IResidency(Interface):
     def holders(model: str) -> tuple[str, ...]:
         """The nodes where ``model`` is loaded or loading."""
 
+    def loadingOn(nodeId: str) -> bool:
+        """Whether some model is loading on ``nodeId`` (its engine says, or ours started)."""
+
+    def roomElsewhere(nodeId: str) -> bool:
+        """Whether a node other than ``nodeId`` (its state fresh) has room for one more
+        model: fewer than it can hold, or, never seen evicting, fewer than another node was
+        seen holding (loads expected counted)."""
+
+    def neediest() -> float:
+        """The most fleet demand per copy, one more copy counted, among the models
+        resident anywhere (0 when none): what a further copy in free room must come near."""
+
+    def residentDemand(nodeId: str) -> float:
+        """The most fleet demand per copy (requests per minute over its holders) among the
+        models resident on ``nodeId`` (0 when none)."""
+
     def parallel(nodeId: str, model: str) -> int | None:
         """How many requests for ``model`` ``nodeId`` runs at once, for an engine that
         reports no slots: the fleet file's ``max_concurrency``, else the engine's own figure

@@ -22,10 +22,13 @@ unloads it asks, the engines' load figures and first bytes.
 * **What a node can hold**: the most models it was seen holding at once, and (where the
   engine reports sizes) the most bytes; a load fits when either says so.  Before a node was
   seen holding anything, unknown; before it was seen evicting a model, a lower bound only
-  (``room`` says it, but no load is predicted to evict).
+  (``room`` says it, but no load is predicted to evict while it holds one model, or fewer
+  than some node was seen holding).
 * **What a load would evict**: the least recently used resident model (by the proxy's own
   use, else the engine's ``expires_at`` order, else when it appeared) with no request of
-  ours running; when all are busy, the least recently used one (the load waits).
+  ours running; when all are busy, the busy copy of a model resident elsewhere with the
+  least fleet demand per copy (a load there drains it), else the least recently used one
+  (the load waits).
 * **Demand**: requests per minute per (node, model) and per model (``Demand``).
 
 Bounded: ``MAX_NODES`` nodes, ``MAX_MODELS`` models per node in each table,
@@ -45,7 +48,8 @@ from nvpair.proxy.nodestate.holdings import MAX_MODELS, NodeHoldings, residentBy
 from nvpair.proxy.nodestate.interfaces import Eviction, IModelActions, IResidency, ModelState
 from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.nodestate.loadcost import DEFAULT_LOAD_SECONDS, LoadCosts, LoadEvidence
-from nvpair.proxy.nodestate.probes import LOADED, LOADING, EngineReport
+from nvpair.proxy.nodestate.probes import LOADING, EngineReport
+from nvpair.proxy.nodestate.residencystatus import nodeStatus
 from nvpair.proxy.nodestate.states import EngineStates
 
 __all__ = ["Residency"]
@@ -53,7 +57,6 @@ __all__ = ["Residency"]
 MAX_NODES = 256
 MAX_DEMAND_MODELS = 1024
 EXPECT_FACTOR = 3.0
-SHOWN_EVENTS = 8
 DONE_GRACE = 5.0
 LISTING_TRUSTED = 10.0
 
@@ -98,41 +101,12 @@ class Residency:
         if node is None:
             return
         now = self.clock.seconds()
-        if report.installed is not None:
-            node.installed = len(report.installed)
-        new = {r.name: r for r in report.resident[:MAX_MODELS]}
-        for name, model in new.items():
-            node.done.pop(name, None)
-            old = node.resident.get(name)
-            if old is None:
-                node.since[name] = now
-                if node.seen:
-                    node.event(now, "loads", name, "load")
-            if model.state == LOADING:
-                node.loadingSince.setdefault(name, node.expected.get(name, now))
-            elif name in node.loadingSince:
-                started = node.loadingSince.pop(name)
-                if model.state == LOADED and old is not None and old.state == LOADING:
-                    self.costs.observe(nodeId, name, now - started, LoadEvidence.TRANSITION)
-                    node.expected.pop(name, None)
-            if report.router and model.state == LOADED:
-                node.expected.pop(name, None)  # a router says when a load is done
+        for name, seconds in node.listed(report, now):
+            self.costs.observe(nodeId, name, seconds, LoadEvidence.TRANSITION)
+        for name, model in node.resident.items():
             size = residentBytes(model)
-            if size is not None and len(self._sizes) < MAX_DEMAND_MODELS:
+            if size is not None and (name in self._sizes or len(self._sizes) < MAX_DEMAND_MODELS):
                 self._sizes[name] = size
-        for name, old in node.resident.items():
-            if name not in new:
-                node.since.pop(name, None)
-                node.loadingSince.pop(name, None)
-                node.gone(now, name, old)
-        node.settle(new, now)
-        node.resident = new
-        node.seen = True
-        node.listedAt = now
-        node.capacity = max(node.capacity, len(new))
-        sizes = [residentBytes(m) for m in new.values()]
-        if sizes and all(s is not None for s in sizes):
-            node.memory = max(node.memory, sum(s for s in sizes if s is not None))
 
     def setInventory(self, nodeId: str, models: int | None) -> None:
         """How many models ``nodeId`` has installed (its inventory poll; None: unknown)."""
@@ -170,7 +144,10 @@ class Residency:
             node.running[model] = left
         else:
             node.running.pop(model, None)
-        self._use(node, model, self.clock.seconds())
+        now = self.clock.seconds()
+        if left <= 0 and model in node.evicting:
+            node.evicting[model] = now  # drained: the engine evicts it now, a probe says
+        self._use(node, model, now)
 
     def _use(self, node: NodeHoldings, model: str, now: float) -> None:
         if model in node.used or len(node.used) < MAX_MODELS:
@@ -178,17 +155,23 @@ class Residency:
 
     def loadStarted(self, nodeId: str, model: str) -> None:
         """The proxy started a load of ``model`` on ``nodeId`` (it is ``loading`` now); the
-        idle model it will likely evict there is taken as gone until a probe says, and
-        unloaded through the engine's API first where the fleet file says ``unload_idle``."""
+        model it will likely evict there is taken as gone until a probe says: an idle one
+        (unloaded through the engine's API first where the fleet file says
+        ``unload_idle``), or a busy one resident elsewhere too or with room elsewhere to
+        move to, which drains (no request of ours goes to it there, so the engine can
+        evict it)."""
         eviction = self.likelyEviction(nodeId, model)
         node = self._node(nodeId)
         if node is not None and (model in node.expected or len(node.expected) < MAX_MODELS):
             node.expected[model] = self.clock.seconds()
-        if node is not None and eviction is not None and eviction.idle:
-            node.evicting[eviction.model] = self.clock.seconds()
-            actions = self.actions  # ``unload_idle``: make the room through its API first
-            if actions is not None and actions.allowsUnload(nodeId):
-                actions.unload(nodeId, eviction.model)
+        if node is None or eviction is None:
+            return
+        if not (eviction.idle or eviction.copies > 1 or self.roomElsewhere(nodeId)):
+            return  # a busy only copy with nowhere else to go: the load waits for it
+        node.evicting[eviction.model] = self.clock.seconds()  # a busy one drains first
+        actions = self.actions  # ``unload_idle``: make the room through its API first
+        if eviction.idle and actions is not None and actions.allowsUnload(nodeId):
+            actions.unload(nodeId, eviction.model)
 
     def loadAbandoned(self, nodeId: str, model: str) -> None:
         """The request that was to load ``model`` on ``nodeId`` failed there: no load of
@@ -317,8 +300,10 @@ class Residency:
         node = self._nodes.get(nodeId)
         if node is None or state in (ModelState.LOADED, ModelState.LOADING, ModelState.SLEEPING):
             return None
-        if state is ModelState.UNKNOWN or not node.full or self._fits(nodeId, node, model):
+        if state is ModelState.UNKNOWN or self._fits(nodeId, node, model):
             return None
+        if not node.full and self._count(nodeId, node) < max(2, self._mostSeen()):
+            return None  # a lower bound: it may well have room
         order = sorted(
             (m for m in node.resident if m != model),
             key=lambda m: (node.used.get(m, -math.inf), node.resident[m].until or "",
@@ -327,11 +312,15 @@ class Residency:
         if not order:
             return None
         idle = [m for m in order if not node.running.get(m)]
-        victim = (idle or order)[0]
-        return Eviction(
-            victim, bool(idle), self.demand(victim, nodeId), self.demand(victim),
-            len(self.holders(victim)),
-        )  # fmt: skip
+        if idle:
+            return self._eviction(nodeId, idle[0], True)
+        busy = [self._eviction(nodeId, m, False) for m in order]
+        copied = [e for e in busy if e.copies > 1]
+        return min(copied, key=_perCopy) if copied else busy[0]
+
+    def _eviction(self, nodeId: str, victim: str, idle: bool) -> Eviction:
+        copies = len(self.holders(victim))
+        return Eviction(victim, idle, self.demand(victim, nodeId), self.demand(victim), copies)
 
     def demand(self, model: str, nodeId: str | None = None) -> float:
         now = self.clock.seconds()
@@ -343,6 +332,39 @@ class Residency:
     def holders(self, model: str) -> tuple[str, ...]:
         held = (ModelState.LOADED, ModelState.LOADING)
         return tuple(n for n in self._nodes if self.state(n, model) in held)
+
+    def loadingOn(self, nodeId: str) -> bool:
+        node = self._nodes.get(nodeId)
+        if node is None:
+            return False
+        now = self.clock.seconds()
+        if any(self._expecting(nodeId, node, m, now) for m in list(node.expected)):
+            return True
+        return any(m.state == LOADING for m in node.resident.values())
+
+    def _mostSeen(self) -> int:
+        return max((node.capacity for node in self._nodes.values()), default=0)
+
+    def roomElsewhere(self, nodeId: str) -> bool:
+        most = self._mostSeen()
+        for other, node in self._nodes.items():
+            if other == nodeId or self.states.fresh(other) is None:
+                continue
+            count = self._count(other, node)
+            if count < node.capacity or (not node.full and count < most):
+                return True
+        return False
+
+    def neediest(self) -> float:
+        models = {m for node in self._nodes.values() for m in node.resident}
+        return max((self.demand(m) / (len(self.holders(m)) + 1) for m in models), default=0.0)
+
+    def residentDemand(self, nodeId: str) -> float:
+        node = self._nodes.get(nodeId)
+        if node is None:
+            return 0.0
+        perCopy = (self.demand(m) / max(1, len(self.holders(m))) for m in node.resident)
+        return max(perCopy, default=0.0)
 
     def parallel(self, nodeId: str, model: str) -> int | None:
         limit = self.ledger.configured(nodeId)
@@ -366,34 +388,8 @@ class Residency:
     def nodeStatus(self, nodeId: str) -> dict[str, object]:
         """One node's residency for ``/status`` (each facade node's ``residency``)."""
         node = self._nodes.get(nodeId)
-        if node is None:
-            return {}
-        now = self.clock.seconds()
-        names = sorted(set(node.resident) | {m for m in node.expected if m not in node.resident})
-        models = []
-        for name in names[:MAX_MODELS]:
-            resident = node.resident.get(name)
-            models.append(
-                {
-                    "model": name,
-                    "state": self.state(nodeId, name).value,
-                    "sinceSeconds": round(now - node.since.get(name, now), 1),
-                    "running": node.running.get(name, 0),
-                    "demandPerMinute": round(self.demand(name, nodeId), 2),
-                    "loadSeconds": round(self.costs.estimate(nodeId, name), 2),
-                    "sizeBytes": None if resident is None else residentBytes(resident),
-                }
-            )
-        return {
-            "fresh": self.states.fresh(nodeId) is not None and node.seen,
-            "capacity": node.capacity or None,
-            "memoryBytes": node.memory or None,
-            "installed": node.installed,
-            "parallel": self.concurrency.learnt(nodeId),
-            **node.counts,
-            "models": models,
-            "events": [
-                {"at": int(at * 1000), "event": what, "model": model}
-                for at, what, model in list(node.events)[-SHOWN_EVENTS:]
-            ],
-        }
+        return {} if node is None else nodeStatus(self, nodeId, node)
+
+
+def _perCopy(eviction: Eviction) -> float:
+    return eviction.fleetDemand / eviction.copies

@@ -76,6 +76,11 @@ class ILoadPlanner(Interface):
     def loading(nodeId: str, model: str) -> bool:
         """Whether ``model`` is loading on ``nodeId`` (no room for it there until loaded)."""
 
+    def paying(nodeId: str, model: str) -> bool:
+        """Whether a load on ``nodeId`` pays what requests for ``model`` wait now: the model
+        is loading there, or another model is while this one is resident there (the load
+        holds the node's slots)."""
+
     def plan(owners: Sequence[Node], model: str, backlog: Backlog) -> LoadPlan:
         """The owners a request for ``model`` may use now (``backlog``: the requests for it
         waiting in the proxy before it, and what they waited lately), and the one where it

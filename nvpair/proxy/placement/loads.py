@@ -11,27 +11,39 @@ router's sleeping child).  ``LoadPlanner.plan`` answers the owners a request may
 1. **Warm with room**: the warm owners only.
 2. **Warm, every one full**: wait for them (in the fair queue: a loading owner counts as
    full until its load is done), unless the copies' queue stays longer than a load
-   elsewhere: then the best cold owner alone, where the request starts *a further copy*.
+   elsewhere: then the cheapest cold owner where a further copy may go (below) alone,
+   where the request starts *a further copy*.
    The queue stays longer than a load when what the model's requests waited in the proxy
    since its last load started (``Backlog.waited``, decayed over a minute) exceeds a
-   load's seconds times the copies there are, no copy loading; or when the wait predicted
+   load's seconds times the copies there are (``ROOM_WAIT`` of that where the copy would
+   go into free room: it evicts nothing), no copy loading; or when the wait predicted
    for this request does: ``(ahead + 1)`` over the sum of the copies' ``capacity /
    service time`` (a loading copy at the warm copies' mean rate; unknown while a warm
    copy's capacity or service time is, and then nothing spills on it: stay warm when
    uncertain).  A further copy goes only where there is room: room known, or a node not
-   known to be full that holds fewer models than another owner was seen holding, or in
-   place of an idle copy of a model resident elsewhere, one not used there lately (under
-   ``IDLE_DEMAND`` requests a minute) or whose demand per copy is under ``1 /
-   SHARE_MARGIN`` of this model's per copy with one more (the order bin-packing by
-   popularity gives); never a busy model, never the only copy of one.
+   known to be full that holds fewer models than another owner was seen holding (either
+   only while no resident model's demand per copy with one more, ``neediest``, exceeds
+   this model's by ``SHARE_MARGIN``: the room is for the model most in need), or in
+   place of a copy of a model resident elsewhere: an idle one not used there lately
+   (under ``IDLE_DEMAND`` requests a minute), or an idle or busy one whose demand per
+   copy is under ``1 / SHARE_MARGIN`` of this model's per copy with one more (the order
+   bin-packing by popularity gives; a busy copy drains first); the only copy of a model
+   by the same rule only while another node has room for it (it moves there: its next
+   request loads it), else never.
 3. **No warm owner, one loading**: the loading owners: the request waits in the proxy for
    the load to finish (no further copy: no copy's rate is known yet).
 4. **Cold everywhere**: exactly one owner, the cheapest to load on: room known for one
    more model first, then not known to be full (never seen evicting), then evicting an
    idle model resident elsewhere, then the only copy of an idle model (least fleet demand
-   first), then a busy one (the load waits); within a tier a node with a free slot first,
-   then the one holding fewest models, the least victim demand, the fastest load, then
-   rendezvous hashing on the model, so a burst for one model picks one node.
+   first), then draining a busy copy of a model resident elsewhere, then a busy one (the
+   load waits); within an evicting tier a node with a free slot first, then the one
+   holding fewest models, the least victim demand; within a tier with room the one
+   holding fewest models, then the one whose resident models have the most fleet demand
+   per copy (``IResidency.residentDemand``: the room left stays beside less popular
+   models, where a further copy of a popular one belongs), then a free slot; then the
+   fastest load, then rendezvous hashing on the model, so a burst for one model picks one
+   node.  A further copy (rule 2) with room takes the opposite order of demand: beside
+   the least popular models, as bin-packing by popularity pairs them.
 
 A request sent to its ``load`` node marks the model loading there at once
 (``IResidency.loadStarted``), so the next requests wait for that load instead of starting
@@ -51,10 +63,11 @@ from nvpair.proxy.placement.choose import mix
 from nvpair.proxy.placement.interfaces import Backlog, ILoadPlanner, LoadPlan
 from nvpair.proxy.routing.nodes import Node
 
-__all__ = ["IDLE_DEMAND", "SHARE_MARGIN", "LoadPlanner", "Tier"]
+__all__ = ["IDLE_DEMAND", "ROOM_WAIT", "SHARE_MARGIN", "LoadPlanner", "Tier"]
 
 IDLE_DEMAND = 0.1  # requests a minute: below it a model is not used lately
 SHARE_MARGIN = 1.5  # a copy gives way to a model with this much more demand per copy
+ROOM_WAIT = 0.25  # of a load's seconds per copy waited: enough for a copy in free room
 
 _WARM = (ModelState.LOADED, ModelState.UNKNOWN)
 
@@ -66,7 +79,8 @@ class Tier(IntEnum):
     UNKNOWN = 1  # not known to be full (never seen evicting), nor to have room
     COPY = 2  # it evicts an idle model resident elsewhere too
     ONLY = 3  # it evicts the only copy of an idle model
-    BUSY = 4  # every resident model is busy: the load waits for one to go idle
+    DISPLACE = 4  # it drains and evicts a busy copy of a model resident elsewhere
+    BUSY = 5  # every resident model is busy, each the only copy: the load waits
 
 
 @attrs.frozen
@@ -90,6 +104,12 @@ class LoadPlanner:
     def loading(self, nodeId: str, model: str) -> bool:
         """Whether ``model`` is loading on ``nodeId`` (no room for it there until loaded)."""
         return self.residency.state(nodeId, model) is ModelState.LOADING
+
+    def paying(self, nodeId: str, model: str) -> bool:
+        found = self.residency.state(nodeId, model)
+        if found is ModelState.LOADING:
+            return True
+        return found is ModelState.LOADED and self.residency.loadingOn(nodeId)
 
     def plan(self, owners: Sequence[Node], model: str, backlog: Backlog) -> LoadPlan:
         """The owners a request for ``model`` may use now (``backlog``: its queue in the
@@ -117,20 +137,27 @@ class LoadPlanner:
             return LoadPlan((spill,), spill)
         return LoadPlan(copies)
 
-    def cheapest(self, cold: Sequence[Node], model: str) -> _Cold:
-        """The cold owner where loading ``model`` costs least (rule 4)."""
-        return min((self._cold(node, model) for node in cold), key=lambda c: c.key)
+    def cheapest(self, cold: Sequence[Node], model: str, further: bool = False) -> _Cold:
+        """The cold owner where loading ``model`` costs least (rule 4; ``further``: a
+        further copy, rule 2)."""
+        return min((self._cold(node, model, further) for node in cold), key=lambda c: c.key)
 
-    def _cold(self, node: Node, model: str) -> _Cold:
+    def _cold(self, node: Node, model: str, further: bool) -> _Cold:
         residency = self.residency
         nodeId = node.id
         seconds = residency.loadSeconds(nodeId, model)
         eviction = residency.likelyEviction(nodeId, model)
         tier = _tier(eviction, residency.room(nodeId))
-        demand = 0.0 if eviction is None else eviction.fleetDemand
         rendezvous = float(mix(hash((model, nodeId))))
         full = float(self.ledger.knownFull(nodeId))  # the load would wait for a slot
-        key = (tier, full, residency.held(nodeId), round(demand, 1), seconds, rendezvous)
+        held = float(residency.held(nodeId))
+        key: tuple[float, ...]
+        if eviction is None:  # room: pair by popularity (the module docstring says how)
+            pull = round(residency.residentDemand(nodeId), 1)
+            key = (tier, held, pull if further else -pull, full, seconds, rendezvous)
+        else:
+            demand = round(eviction.fleetDemand, 1)
+            key = (tier, full, held, demand, seconds, rendezvous)
         return _Cold(node, tier, seconds, key)
 
     def _spill(
@@ -141,14 +168,18 @@ class LoadPlanner:
         model: str,
         backlog: Backlog,
     ) -> Node | None:
-        """The cold owner to load a further copy on (rule 2), or None."""
+        """The cold owner to load a further copy on (rule 2): the cheapest where one may
+        go, or None."""
         if not cold or not warm:
             return None  # no copy serves yet: its rate is not known
-        best = self.cheapest(cold, model)
         copies = len(warm) + len(loading)
-        if not self._spillable(best, model, (*warm, *loading, *cold), copies):
+        owners = (*warm, *loading, *cold)
+        ranked = sorted((self._cold(node, model, True) for node in cold), key=lambda c: c.key)
+        best = next((c for c in ranked if self._spillable(c, model, owners, copies)), None)
+        if best is None:
             return None
-        if not loading and backlog.waited > best.seconds * copies:
+        share = ROOM_WAIT if best.tier <= Tier.UNKNOWN else 1.0  # room evicts nothing
+        if not loading and backlog.waited > best.seconds * copies * share:
             return best.node  # the copies' queue stayed longer than a load
         rates = [self._rate(node.id) for node in warm]
         known = [rate for rate in rates if rate is not None]
@@ -160,22 +191,29 @@ class LoadPlanner:
     def _spillable(self, best: _Cold, model: str, owners: Sequence[Node], copies: int) -> bool:
         """Whether a further copy may go where ``best`` says: where there is room, or a
         node not known to be full that holds fewer models than another owner was seen
-        holding, or in place of an idle copy of a model resident elsewhere that was not
-        used there lately or whose demand per copy is under ``1 / SHARE_MARGIN`` of what
-        this model's would be with one more (as bin-packing by popularity would place
-        them); never evicting a busy model or the only copy of one."""
-        if best.tier is Tier.ROOM:
-            return True
-        if best.tier is Tier.UNKNOWN:
-            residency = self.residency
+        holding, when no resident model's demand per copy with one more exceeds this
+        one's by ``SHARE_MARGIN`` (the room goes to the model bin-packing would give it
+        to), or in place of a copy of a model resident elsewhere: an idle one not used
+        there lately, or one (idle or busy: it drains) whose demand per copy is under ``1 /
+        SHARE_MARGIN`` of what this model's would be with one more (as bin-packing by
+        popularity would place them); the only copy of a model by the same rule only while
+        another node has room for it."""
+        residency = self.residency
+        if best.tier <= Tier.UNKNOWN:
+            ours = residency.demand(model) / (copies + 1)
+            if ours * SHARE_MARGIN < residency.neediest():
+                return False  # the room is for a model more in need of a copy
+            if best.tier is Tier.ROOM:
+                return True
             most = max(residency.mostHeld(node.id) for node in owners)
             return residency.held(best.node.id) < most
-        if best.tier is not Tier.COPY:
-            return False
-        residency = self.residency
         eviction = residency.likelyEviction(best.node.id, model)
-        if eviction is None or eviction.demand < IDLE_DEMAND:
-            return eviction is not None
+        if eviction is None:
+            return False
+        if eviction.copies <= 1 and not residency.roomElsewhere(best.node.id):
+            return False  # the only copy of a model, with nowhere else to go
+        if eviction.idle and eviction.copies > 1 and eviction.demand < IDLE_DEMAND:
+            return True
         theirs = eviction.fleetDemand / max(1, eviction.copies)
         return theirs * SHARE_MARGIN < residency.demand(model) / (copies + 1)
 
@@ -192,5 +230,5 @@ def _tier(eviction: Eviction | None, room: int | None) -> Tier:
     if eviction is None:  # room for one more, or not known to be full
         return Tier.ROOM if room is not None and room > 0 else Tier.UNKNOWN
     if not eviction.idle:
-        return Tier.BUSY
+        return Tier.DISPLACE if eviction.copies > 1 else Tier.BUSY
     return Tier.COPY if eviction.copies > 1 else Tier.ONLY
