@@ -4,7 +4,7 @@ requests, what they waited, and how to find the model's owners (spec §11 "The q
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from twisted.internet import defer
@@ -23,7 +23,7 @@ from nvpair.proxy.placement.interfaces import (
 if TYPE_CHECKING:
     from nvpair.proxy.routing.nodes import Node
 
-__all__ = ["WAITED_TAU", "Accrued", "Line", "Waiter"]
+__all__ = ["WAITED_TAU", "Accrued", "Line", "Waiter", "anyWaiting"]
 
 WAITED_TAU = 60.0  # seconds: the time constant of what a queue's requests waited lately
 
@@ -109,3 +109,11 @@ class Line:
     def owners(self) -> tuple[Node, ...]:
         facade = self.facade
         return facade.snapshot.owners(self.model, facade.hasLocalBackend)
+
+
+def anyWaiting(lines: Iterable[Line]) -> bool:
+    """Whether a request waits in any of ``lines``."""
+    for line in lines:
+        if line.queue.depth:
+            return True
+    return False
