@@ -14,6 +14,7 @@ from nvpair.proxy.flow.clients import Client
 from nvpair.proxy.flow.fairqueue import FairQueue
 from nvpair.proxy.flow.waits import WaitHistogram
 from nvpair.proxy.placement.interfaces import (
+    NO_BACKLOG,
     Backlog,
     IFleetView,
     ILoadPlanner,
@@ -89,8 +90,9 @@ class Line:
     def backlog(self, now: float, loads: ILoadPlanner | None) -> Backlog:
         """How many wait, and what they waited lately that no load pays (``paid``: only
         while some wait, since the mark matters only to requests queued before it)."""
-        if self.queue:
-            self.paid(now, loads)
+        if not self.queue.depth:
+            return NO_BACKLOG if not self.waited.value else Backlog(0, self.waited.now(now))
+        self.paid(now, loads)
         return Backlog(len(self.queue), self.waited.now(now))
 
     def left(self, since: float, now: float, loads: ILoadPlanner | None) -> None:
