@@ -62,7 +62,9 @@ class TraceObserver(RequestObserver):
 
 class ObservedContext:
     """The hooks of ``interfaces.IRequestContext``, fanned out to ``observers`` in the
-    order they were added; a raising observer is reported through ``hookFailed``."""
+    order they were added; a raising observer is reported through ``hookFailed``.  Each
+    hook loops only over the observers that define it (one that keeps
+    ``RequestObserver``'s do-nothing method never hears it: it would do nothing)."""
 
     log = Logger()
 
@@ -70,12 +72,16 @@ class ObservedContext:
         self.observers: list[IRequestObserver] = []
         self.hookFailed = hookFailed
         self._logged: set[tuple[str, str]] = set()  # (observer class, hook) logged once
+        self._hearing: dict[str, list[IRequestObserver]] = {hook: [] for hook in HOOKS}
 
     def observe(self, observer: IRequestObserver) -> None:
         """Add ``observer``; it hears every later event."""
         if len(self.observers) >= MAX_OBSERVERS:
             raise ValueError("too many request observers")
         self.observers.append(observer)
+        for hook, hearing in self._hearing.items():
+            if _defines(observer, hook):
+                hearing.append(observer)
 
     def _failed(self, observer: IRequestObserver, hook: str) -> None:
         self.hookFailed(hook)
@@ -84,26 +90,42 @@ class ObservedContext:
             self._logged.add(key)
             self.log.failure("hook-failed", observer=key[0], hook=hook)
 
-    def _each(self, hook: str, call: Callable[[IRequestObserver], None]) -> None:
-        for observer in self.observers:
-            try:
-                call(observer)
-            except Exception:
-                self._failed(observer, hook)
-
     def attemptFailed(self, exchange: IExchangeReport, outcome: IAttemptReport) -> None:
         """An attempt ended uncommitted."""
-        self._each("attemptFailed", lambda observer: observer.attemptFailed(exchange, outcome))
+        for observer in self._hearing["attemptFailed"]:
+            try:
+                observer.attemptFailed(exchange, outcome)
+            except Exception:
+                self._failed(observer, "attemptFailed")
 
     def committed(self, exchange: IExchangeReport, nodeId: str) -> None:
         """A response committed on ``nodeId``."""
         firstByte = exchange.context.clock.seconds() - exchange.createdAt
-        self._each("committed", lambda observer: observer.committed(exchange, nodeId, firstByte))
+        for observer in self._hearing["committed"]:
+            try:
+                observer.committed(exchange, nodeId, firstByte)
+            except Exception:
+                self._failed(observer, "committed")
 
     def requestEnded(self, exchange: IExchangeReport) -> None:
         """An exchange ended (its terminal bookkeeping has run)."""
-        self._each("requestEnded", lambda observer: observer.requestEnded(exchange))
+        for observer in self._hearing["requestEnded"]:
+            try:
+                observer.requestEnded(exchange)
+            except Exception:
+                self._failed(observer, "requestEnded")
 
     def streamStalled(self, engineId: str) -> None:
         """A committed stream was cut by its stall watch."""
-        self._each("streamStalled", lambda observer: observer.streamStalled(engineId))
+        for observer in self._hearing["streamStalled"]:
+            try:
+                observer.streamStalled(engineId)
+            except Exception:
+                self._failed(observer, "streamStalled")
+
+
+def _defines(observer: IRequestObserver, hook: str) -> bool:
+    """Whether ``observer``'s ``hook`` does something: anything but ``RequestObserver``'s
+    own do-nothing method."""
+    method = getattr(observer, hook)
+    return getattr(method, "__func__", None) is not getattr(RequestObserver, hook)

@@ -3,6 +3,7 @@ an owner) and the driver that runs the policy through its waits."""
 
 from __future__ import annotations
 
+from nvpair.proxy.features import useStandalone
 from nvpair.proxy.testing.fakecontext import FakeContext
 from nvpair.proxy.testing.upstreamspy import UpstreamCall
 from tests.support.exchangecase import LoopCase
@@ -187,3 +188,19 @@ class DriverTests(LoopCase):
         self.assertEqual(self.terminal()["state"], "failed")
         self.assertEqual(self.upstream.calls, [])
         self.assertReleased()
+
+
+class OrderingCacheTests(LoopCase):
+    """A round orders the snapshot's own owner tuple while no owner is known full, so the
+    ordering cached on it serves every request (standalone's queue and breakers on)."""
+
+    def test_ownerOrderingReused(self) -> None:
+        """Two requests in turn: both rounds order through the one cached plan."""
+        useStandalone(self.context, affinity=False)
+        owners = self.facade.snapshot.owners("m1", self.facade.hasLocalBackend)
+        self.start()
+        plan = owners.plan  # type: ignore[attr-defined]
+        self.assertIsNotNone(plan)
+        self.start()
+        self.assertIs(owners.plan, plan)  # type: ignore[attr-defined]
+        self.assertEqual(self.upstream.nodesCalled(), ["A", "B"])

@@ -46,7 +46,7 @@ def keptCopy(text: str, limit: int = KEPT_CHARS) -> str:
 
 
 def _kept(text: str | None) -> str | None:
-    return None if text is None else keptCopy(text)
+    return text if text is None or len(text) <= KEPT_CHARS else keptCopy(text)
 
 
 def _string(value: object) -> str:
@@ -261,11 +261,12 @@ class Workload:
         self._emit("workload:completed" if state == COMPLETED else "workload:errored")
         reporter.live -= 1
         reporter.terminals[state] = reporter.terminals.get(state, 0) + 1
+        model = keptCopy(self.model)
         reporter.recent.append(
             {
                 "id": self.id,
                 "engine": self.engine,
-                "model": keptCopy(self.model),
+                "model": model,
                 "state": state,
                 "node": _kept(self.scheduledOn),
                 "attempts": self.attempts,
@@ -280,5 +281,5 @@ class Workload:
                 self.engine, self.scheduledOn, self.startedAt is not None, state, error, stats
             )
         # Its last event is out: from now on it keeps only a bounded copy of its model.
-        self.model, self._head, self._mid = keptCopy(self.model), "", ""
+        self.model, self._head, self._mid = model, "", ""
         return True

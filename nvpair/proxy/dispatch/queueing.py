@@ -3,14 +3,13 @@ proxy while every owner is known full, and the per-node breakers.
 
 ``Queueing`` composes the pure pieces (``flow.fairqueue``, ``flow.breaker``) and the room
 ledger (``nodestate.ledger``, which says whether a node is known full) with the clock: a
-waiting request is a Deferred the placement loop yields, holding no attempt, reservation
-or engine connection; it fires when an owner has room (the ledger says room may have
-appeared: an engine probe, one of our requests on an owner ending; or a busy mark lapses),
-and is cancelled (the request leaves the queue at once) when its client goes.  Over
-``--queue-max`` the client with the most waiting is answered 503 ``queue_full`` at once
-(the arriving request, or the newest of a longer FIFO whose place it takes), past
-``--queue-timeout``
-(or its job deadline) 503 ``queue_timeout`` (or ``deadline_exceeded``), both with a
+waiting request is a Deferred the placement loop yields, holding no attempt, reservation or
+engine connection; it fires when an owner has room (the ledger says room may have appeared:
+an engine probe, one of our requests on an owner ending; or a busy mark lapses), and is
+cancelled (the request leaves the queue at once) when its client goes.  Over ``--queue-max``
+the client with the most waiting is answered 503 ``queue_full`` at once (the arriving
+request, or the newest of a longer FIFO whose place it takes), past ``--queue-timeout`` (or
+its job deadline) 503 ``queue_timeout`` (or ``deadline_exceeded``), both with a
 ``Retry-After`` from the drain rate observed.  Under a broker there is none of this.
 """
 
@@ -26,7 +25,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from zope.interface import implementer
 
 from nvpair.proxy.dispatch.holds import Holds
-from nvpair.proxy.dispatch.queueline import Line, Waiter
+from nvpair.proxy.dispatch.queueline import Line, Waiter, anyWaiting
 from nvpair.proxy.flow.breaker import Breakers
 from nvpair.proxy.flow.clientbook import ClientBook
 from nvpair.proxy.flow.clients import Client
@@ -97,7 +96,10 @@ class Queueing:
     def knownFull(self, owners: Sequence[Node], model: str | None = None) -> bool:
         """Whether every one of ``owners`` is known full now (for ``model``: a node where
         it is loading counts as full until the load is done)."""
-        return bool(owners) and not any(self._hasRoom(node.id, model) for node in owners)
+        for node in owners:
+            if self._hasRoom(node.id, model):
+                return False
+        return bool(owners)
 
     def usable(self, line: Line) -> tuple[Node, ...]:
         """The owners ``line``'s requests may use now (``ILoadPlanner.plan``)."""
@@ -352,8 +354,8 @@ class Queueing:
     # -- events -------------------------------------------------------------------------
 
     def roomMayHaveAppeared(self, nodeId: str) -> None:
-        """The ledger says ``nodeId`` may have room now (a probe, one of ours ending)."""
-        if self.lines or self.holds:
+        """The ledger says ``nodeId`` may have room now: drain, unless that would do nothing."""
+        if self.holds or self._busyTimer is not None or anyWaiting(self.lines.values()):
             self.drain()
 
     def busyAnswer(self, nodeId: str, status: int | None, retryAfter: float | None) -> bool:
@@ -380,7 +382,7 @@ class Queueing:
         owner has room; for ``model``, as ``knownFull`` says), then those whose breaker is
         open, each in their order."""
         preferred, demoted = self.breakers.order(owners, self.clock.seconds())
-        full = tuple(node for node in preferred if not self._hasRoom(node.id, model))
+        full = tuple([node for node in preferred if not self._hasRoom(node.id, model)])
         if not full or len(full) == len(preferred):
             return preferred, (), demoted
         # Owners with room first (a request let out of the queue goes where the room is).

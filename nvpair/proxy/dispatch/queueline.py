@@ -4,7 +4,7 @@ requests, what they waited, and how to find the model's owners (spec §11 "The q
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from twisted.internet import defer
@@ -14,6 +14,7 @@ from nvpair.proxy.flow.clients import Client
 from nvpair.proxy.flow.fairqueue import FairQueue
 from nvpair.proxy.flow.waits import WaitHistogram
 from nvpair.proxy.placement.interfaces import (
+    NO_BACKLOG,
     Backlog,
     IFleetView,
     ILoadPlanner,
@@ -23,7 +24,7 @@ from nvpair.proxy.placement.interfaces import (
 if TYPE_CHECKING:
     from nvpair.proxy.routing.nodes import Node
 
-__all__ = ["WAITED_TAU", "Accrued", "Line", "Waiter"]
+__all__ = ["WAITED_TAU", "Accrued", "Line", "Waiter", "anyWaiting"]
 
 WAITED_TAU = 60.0  # seconds: the time constant of what a queue's requests waited lately
 
@@ -89,8 +90,9 @@ class Line:
     def backlog(self, now: float, loads: ILoadPlanner | None) -> Backlog:
         """How many wait, and what they waited lately that no load pays (``paid``: only
         while some wait, since the mark matters only to requests queued before it)."""
-        if self.queue:
-            self.paid(now, loads)
+        if not self.queue.depth:
+            return NO_BACKLOG if not self.waited.value else Backlog(0, self.waited.now(now))
+        self.paid(now, loads)
         return Backlog(len(self.queue), self.waited.now(now))
 
     def left(self, since: float, now: float, loads: ILoadPlanner | None) -> None:
@@ -111,3 +113,11 @@ class Line:
     def owners(self) -> tuple[Node, ...]:
         facade = self.facade
         return facade.snapshot.owners(self.model, facade.hasLocalBackend)
+
+
+def anyWaiting(lines: Iterable[Line]) -> bool:
+    """Whether a request waits in any of ``lines``."""
+    for line in lines:
+        if line.queue.depth:
+            return True
+    return False

@@ -89,6 +89,7 @@ class Roster:
 
 
 NO_CLIENTS = Roster()
+_LOCAL_CLIENT = Client(LOCAL)  # frozen: every request that names nobody shares it
 
 
 def _digest(kind: bytes, value: bytes) -> str:
@@ -124,4 +125,4 @@ def clientKey(
             return Client(prefix + _digest(kind, _text(value)))
     if peerId is not None:
         return Client("p:" + peerId)
-    return Client(LOCAL)
+    return _LOCAL_CLIENT

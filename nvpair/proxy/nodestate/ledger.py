@@ -125,7 +125,7 @@ class RoomLedger:
         self.clock = clock
         self.ours = ours
         self.rooms: BoundedTable[str, _Room] = BoundedTable(_Room, maxNodes)
-        self._listeners: list[Callable[[str], None]] = []
+        self._listeners: tuple[Callable[[str], None], ...] = ()
         # What an engine reporting no slots serves at once, learnt from its waits (standalone
         # sets it to the residency view's estimator); None where nothing is learnt.
         self.parallel: Callable[[str], int | None] = _nothingLearnt
@@ -234,11 +234,13 @@ class RoomLedger:
         was learnt; returns the unsubscriber."""
         if len(self._listeners) >= MAX_LISTENERS:
             raise ValueError("too many room listeners")
-        self._listeners.append(listener)
+        self._listeners = (*self._listeners, listener)
 
         def unsubscribe() -> None:
             if listener in self._listeners:
-                self._listeners.remove(listener)
+                listeners = list(self._listeners)
+                listeners.remove(listener)
+                self._listeners = tuple(listeners)
 
         return unsubscribe
 
@@ -248,7 +250,7 @@ class RoomLedger:
         self._roomMayHaveAppeared(nodeId)
 
     def _roomMayHaveAppeared(self, nodeId: str) -> None:
-        for listener in list(self._listeners):
+        for listener in self._listeners:  # a tuple: one that unsubscribes still hears this
             listener(nodeId)
 
     # -- reads ----------------------------------------------------------------------------
@@ -260,9 +262,11 @@ class RoomLedger:
         reported = None
         limits: list[int | None] = []
         if room is not None:
-            now = self.clock.seconds()
-            reported = self._reported(room, now)
-            limits += [room.configured, self._learnt(room, ours, now), reported]
+            limits.append(room.configured)
+            if room.total is not None or room.learnt is not None:  # else both are None
+                now = self.clock.seconds()
+                reported = self._reported(room, now)
+                limits += [self._learnt(room, ours, now), reported]
         if reported is None:  # an engine that reports its slots is not second-guessed
             limits.append(self.parallel(nodeId))
         known = [limit for limit in limits if limit is not None]

@@ -238,8 +238,8 @@ class Residency:
 
     def state(self, nodeId: str, model: str) -> ModelState:
         node = self._nodes.get(nodeId)
-        if node is None:
-            return ModelState.UNKNOWN
+        if node is None or not (node.seen or model in node.expected or model in node.done):
+            return ModelState.UNKNOWN  # nothing listed, no load of ours: as the rules below say
         now = self.clock.seconds()
         if self._expecting(nodeId, node, model, now):
             return ModelState.LOADING

@@ -130,12 +130,11 @@ class _Round:
         # Taken at admission, and only in a fleet of several nodes: one has no choice to make.
         self.key = ex.prefixKey if affinity is not None else None
         # Known-full owners go after those with room, open breakers last; placement by cache
-        # weighs the full ones itself (the ledger says they have no room).
+        # weighs the full ones itself (the ledger says they have no room).  With none full,
+        # ``preferred`` stays the snapshot's owner tuple, whose ordering is cached.
         preferred, full, demoted = ex.seat.demote(owners)
         key = self.key
-        if key is None or affinity is None:
-            preferred, demoted = (*preferred, *full), demoted
-        elif full:
+        if full:
             preferred = (*preferred, *full)
         ordered, pinApplied = orderCandidates(preferred, facade.pin, reservations.rank)
         choice = None

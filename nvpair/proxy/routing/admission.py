@@ -120,13 +120,13 @@ def _flag(value: object) -> bool | None:
 def factsOf(fields: dict[str, object]) -> RequestFacts:
     """The fields of a body (parsed or scanned) that routing acts on, bounded."""
     metadata = fields.get("metadata")
-    identity = Identity(
+    said = (
         _text(metadata.get("user_id")) if type(metadata) is dict else None,
         _text(fields.get("safety_identifier")),
         _text(fields.get("user")),
     )
     return RequestFacts(
-        NO_IDENTITY if identity == NO_IDENTITY else identity,
+        NO_IDENTITY if said == (None, None, None) else Identity(*said),
         _text(fields.get("previous_response_id")),
         _text(fields.get("prompt_cache_key")),
         _flag(fields.get("cache_prompt")),
