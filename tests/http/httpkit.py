@@ -168,6 +168,7 @@ class FakeEndpoint:
 
     def __init__(self) -> None:
         self.dials: list[tuple[IProtocolFactory, defer.Deferred[IProtocol]]] = []
+        self.transportType: type[StringTransport] = TCPStringTransport
         self.transports: list[StringTransport] = []
         self.conns: list[HTTPClientConnection] = []
 
@@ -183,7 +184,7 @@ class FakeEndpoint:
         factory, d = self.dials[index]
         conn = factory.buildProtocol(PEER)
         assert isinstance(conn, HTTPClientConnection)
-        transport = TCPStringTransport()
+        transport = self.transportType()
         conn.makeConnection(transport)
         self.transports.append(transport)
         self.conns.append(conn)

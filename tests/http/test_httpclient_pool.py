@@ -13,17 +13,101 @@ from twisted.internet.error import (
     ConnectionRefusedError,
     TimeoutError,
 )
+from twisted.internet.interfaces import ISystemHandle
 from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http_headers import Headers
+from zope.interface import implementer
 
 from nvpair.proxy.http.client import HTTPClientConnection
 from nvpair.proxy.http.framing import serializeRequest
-from nvpair.proxy.http.pool import ConnectionPool, DirectTCP
+from nvpair.proxy.http.pool import ConnectionPool, DirectTCP, peerClosed
 from nvpair.proxy.testing.wire import TCPStringTransport
 from tests.http.httpkit import KEY, PEER, Body, ClientCase
+
+
+class Socket:
+    """What a socket's ``recv(1, MSG_PEEK | MSG_DONTWAIT)`` finds: ``waiting`` bytes (b""
+    once the peer closed), or ``error`` raised."""
+
+    def __init__(self) -> None:
+        self.waiting = b""
+        self.error: OSError | None = BlockingIOError()
+        self.peeks: list[int] = []
+
+    def recv(self, size: int, flags: int) -> bytes:
+        self.peeks.append(flags)
+        if self.error is not None:
+            raise self.error
+        return self.waiting[:size]
+
+
+@implementer(ISystemHandle)
+class SocketTransport(TCPStringTransport):
+    """A test transport with a socket to peek at."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.socket = Socket()
+
+    def getHandle(self) -> Socket:
+        return self.socket
+
+
+class PeerClosedTests(ClientCase):
+    """An idle connection the engine already closed (its end not read yet) is dropped, not
+    used: llama-server closes after a streamed answer though it says keep-alive, and a
+    request sent in that instant was lost (502 upstream_unreachable)."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.endpoint.transportType = SocketTransport
+
+    def pooled(self) -> SocketTransport:
+        _, _, transport = self.respond(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        assert isinstance(transport, SocketTransport)
+        return transport
+
+    def test_aliveReused(self) -> None:
+        """Nothing waiting on its socket: reused, no new dial."""
+        transport = self.pooled()
+        self.send()
+        self.assertEqual(len(self.endpoint.dials), 1)
+        self.assertFalse(transport.disconnecting)
+        self.assertEqual(len(transport.socket.peeks), 1)
+
+    def dropped(self, error: OSError | None) -> None:
+        transport = self.pooled()
+        transport.socket.error = error
+        d = self.send()
+        self.assertTrue(transport.disconnecting)
+        conn, fresh = self.endpoint.complete()
+        self.assertIn(b"POST /v1/x", fresh.value())
+        conn.dataReceived(b"HTTP/1.1 204 No Content\r\n\r\n")
+        self.assertEqual(self.successResultOf(d).code, 204)
+
+    def test_closedDropped(self) -> None:
+        """Its end waiting (a peek reads nothing but the close): dropped, and the request
+        dials a new connection."""
+        self.dropped(None)
+
+    def test_resetDropped(self) -> None:
+        """Reset: the same."""
+        self.dropped(ConnectionResetError())
+
+    def test_bytesWaitingNotClosed(self) -> None:
+        """Bytes waiting are no close (the connection's reader deals with them)."""
+        transport = self.pooled()
+        transport.socket.error = None
+        transport.socket.waiting = b"x"
+        self.assertFalse(peerClosed(transport))
+
+    def test_noSocket(self) -> None:
+        """A transport with no socket to ask is taken as open."""
+        self.assertFalse(peerClosed(TCPStringTransport()))
+        self.assertFalse(peerClosed(None))
 
 
 class ClientTests(ClientCase):

@@ -2,15 +2,18 @@
 
 Idle connections are kept per key (scheme, host, port), at most ``maxPersistentPerHost``
 per key, and closed after ``idleTimeout`` seconds unused by one sweep timer for the whole
-pool.  A request takes the most recently used idle connection or dials a new one.  The pool
+pool.  A request takes the most recently used idle connection the engine has not closed
+(``peerClosed``) or dials a new one.  The pool
 counts the answers that had bytes after them (``answersOverrun``, read by ``/metrics``).
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Hashable
 from typing import cast
 
+from OpenSSL import SSL
 from twisted.internet import defer
 from twisted.internet.error import NotConnectingError
 from twisted.internet.interfaces import (
@@ -20,6 +23,7 @@ from twisted.internet.interfaces import (
     IReactorTCP,
     IReactorTime,
     IStreamClientEndpoint,
+    ISystemHandle,
 )
 from twisted.internet.protocol import ClientFactory, Factory
 from twisted.python.failure import Failure
@@ -31,6 +35,26 @@ from nvpair.proxy.http.interfaces import ConnectionState, IConnectionPool, IPool
 
 IDLE = ConnectionState.IDLE
 DEAD = ConnectionState.DEAD
+_PEEK = socket.MSG_PEEK | socket.MSG_DONTWAIT
+
+
+def peerClosed(transport: object) -> bool:
+    """Whether the peer of ``transport`` closed or reset it, its end not read yet: one
+    byte peeked from its socket (``ISystemHandle``) without taking it.  False when
+    nothing waits, bytes wait (the connection's reader deals with those), or the
+    transport has no socket to ask (TLS, test transports)."""
+    handle = ISystemHandle(transport, None)
+    sock = None if handle is None else handle.getHandle()
+    recv = getattr(sock, "recv", None)
+    if recv is None or isinstance(sock, SSL.Connection):
+        return False
+    try:
+        waiting: bytes = recv(1, _PEEK)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True  # reset
+    return waiting == b""
 
 
 class _ConnectionFactory(Factory):
@@ -129,12 +153,20 @@ class ConnectionPool:
         method: bytes,
         connected: Callable[[], None] | None = None,
     ) -> defer.Deferred[IResponse]:
-        """Send ``data`` over an idle connection for ``key`` or a new one from ``endpoint()``."""
+        """Send ``data`` over an idle connection for ``key`` or a new one from ``endpoint()``.
+
+        An idle connection whose engine already closed it (its end waiting in the socket,
+        not read yet: llama-server closes after a streamed answer though it says
+        keep-alive) is dropped, not used: a request sent on it would be lost."""
         idle = self._connections.get(key)
-        if idle:
+        while idle:
             conn = idle.pop()
             if not idle:
                 del self._connections[key]
+            if peerClosed(conn.transport):
+                conn.abort()
+                idle = self._connections.get(key)
+                continue
             d: defer.Deferred[IResponse] = defer.Deferred(_cancelSent(conn))
             if connected is not None:
                 connected()
