@@ -27,10 +27,12 @@ GREEDY_IN_FLIGHT = 8
 
 @attrs.define
 class Tally:
-    """What one app got: answers and refusals by reason."""
+    """What one app got: answers, and refusals by reason once it had an answer (before it,
+    ``early``: a key never served is, to the proxy, one more minted key)."""
 
     served: int = 0
     refused: dict[str, int] = attrs.Factory(dict)
+    early: int = 0
 
 
 async def contest(
@@ -64,7 +66,10 @@ async def contest(
                 tally.served += 1
                 continue
             reason = str(answer["error"]["code"])
-            tally.refused[reason] = tally.refused.get(reason, 0) + 1
+            if tally.served:
+                tally.refused[reason] = tally.refused.get(reason, 0) + 1
+            else:
+                tally.early += 1
             await task.deferLater(reactor, 0.02, lambda: None)  # a refused app backs off
 
     apps = [app(honest, lambda: HONEST)] + [app(greedy, greedyKey) for _ in range(inFlight)]
@@ -121,6 +126,8 @@ class FairnessProcessTests(TestCase):
         proxy = await self.proxy(engine, clients, "--queue-timeout", "60s", *extra)
         honest, greedy = await contest(proxy, engine, greedyKey, GREEDY_IN_FLIGHT)
         self.assertEqual(honest.refused, {})
+        if clients:
+            self.assertEqual(honest.early, 0, "a declared client is known from the start")
         self.assertGreater(greedy.served, 0)
         for secret in ("honest-app-secret", "greedy-app-secret", "sk-minted"):
             self.assertNotIn(secret, repr(proxy.logs))
@@ -154,8 +161,10 @@ class FairnessProcessTests(TestCase):
 
     def test_queueBoundNotTaken(self) -> defer.Deferred[None]:
         """A greedy app keeping more than ``--queue-max`` requests waiting (one key, then a
-        new key each time): the honest app still gets answers and never ``queue_full``;
-        the greedy app's own requests are the ones refused."""
+        new key each time): the honest app still gets answers and, once it has had one,
+        never ``queue_full`` (before, its key is one more never-served key among the
+        minted ones: spec §11, "The queue"); the greedy app's own requests are the ones
+        refused."""
 
         async def check() -> None:
             for key in (lambda: GREEDY, minted()):
