@@ -209,6 +209,7 @@ def proxyResidency(ops: int) -> dict[str, Any]:
     return {
         "loadsSeen": sum(n.get("loads", 0) for n in nodes.values()),
         "evictionsSeen": sum(n.get("evictions", 0) for n in nodes.values()),
+        "parallel": [n.get("parallel") for n in nodes.values()],
         "events": sorted(
             (e["at"], node, e["event"], e["model"])
             for node, n in nodes.items()
