@@ -11,7 +11,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from nvpair.proxy.nodestate.interfaces import ModelState
 from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.nodestate.probes import EngineReport, ResidentModel
-from nvpair.proxy.nodestate.residency import LISTING_TRUSTED, Residency
+from nvpair.proxy.nodestate.residency import Residency
 from nvpair.proxy.nodestate.states import EngineStates
 
 NODES = ("n", "m")
@@ -23,21 +23,7 @@ class _FullRules(Residency):
 
     def state(self, nodeId: str, model: str) -> ModelState:
         node = self._nodes.get(nodeId)
-        if node is None:
-            return ModelState.UNKNOWN
-        now = self.clock.seconds()
-        if self._expecting(nodeId, node, model, now):
-            return ModelState.LOADING
-        if self._done(node, model, now):
-            return ModelState.LOADED
-        if not node.seen or (
-            now - node.listedAt > LISTING_TRUSTED and not self.states.fresh(nodeId)
-        ):
-            return ModelState.UNKNOWN
-        resident = node.resident.get(model)
-        if resident is None or model in node.evicting:
-            return ModelState.COLD
-        return ModelState(resident.state)
+        return ModelState.UNKNOWN if node is None else self.rules(nodeId, node, model)
 
 
 _node = st.sampled_from(NODES)

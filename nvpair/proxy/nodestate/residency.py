@@ -239,7 +239,12 @@ class Residency:
     def state(self, nodeId: str, model: str) -> ModelState:
         node = self._nodes.get(nodeId)
         if node is None or not (node.seen or model in node.expected or model in node.done):
-            return ModelState.UNKNOWN  # nothing listed, no load of ours: as the rules below say
+            return ModelState.UNKNOWN  # nothing listed, no load of ours: as the rules say
+        return self.rules(nodeId, node, model)
+
+    def rules(self, nodeId: str, node: NodeHoldings, model: str) -> ModelState:
+        """``model``'s state on ``nodeId`` (``node``) by every rule in order (``state``
+        answers early where they can only say unknown)."""
         now = self.clock.seconds()
         if self._expecting(nodeId, node, model, now):
             return ModelState.LOADING
