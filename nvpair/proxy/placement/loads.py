@@ -11,8 +11,8 @@ router's sleeping child).  ``LoadPlanner.plan`` answers the owners a request may
 1. **Warm with room**: the warm owners only.
 2. **Warm, every one full**: wait for them (in the fair queue: a loading owner counts as
    full until its load is done), unless the copies' queue stays longer than a load
-   elsewhere: then the cheapest cold owner where a further copy may go (below) alone,
-   where the request starts *a further copy*.
+   elsewhere: then the cheapest cold owner where it does and a further copy may go
+   (below) alone, where the request starts *a further copy*.
    The queue stays longer than a load when what the model's requests waited in the proxy
    since its last load started (``Backlog.waited``, decayed over a minute) exceeds a
    load's seconds times the copies there are (``ROOM_WAIT`` of that where the copy would
@@ -168,25 +168,32 @@ class LoadPlanner:
         model: str,
         backlog: Backlog,
     ) -> Node | None:
-        """The cold owner to load a further copy on (rule 2): the cheapest where one may
-        go, or None."""
+        """The cold owner to load a further copy on (rule 2): the cheapest where the
+        copies' queue outlasted a load and one may go (checked in that order: the first
+        is cheap), or None."""
         if not cold or not warm:
             return None  # no copy serves yet: its rate is not known
         copies = len(warm) + len(loading)
         owners = (*warm, *loading, *cold)
-        ranked = sorted((self._cold(node, model, True) for node in cold), key=lambda c: c.key)
-        best = next((c for c in ranked if self._spillable(c, model, owners, copies)), None)
-        if best is None:
-            return None
-        share = ROOM_WAIT if best.tier <= Tier.UNKNOWN else 1.0  # room evicts nothing
-        if not loading and backlog.waited > best.seconds * copies * share:
-            return best.node  # the copies' queue stayed longer than a load
+        predicted = self._predicted(warm, copies, backlog)
+        for best in sorted((self._cold(node, model, True) for node in cold), key=lambda c: c.key):
+            share = ROOM_WAIT if best.tier <= Tier.UNKNOWN else 1.0  # room evicts nothing
+            waited = not loading and backlog.waited > best.seconds * copies * share
+            if (waited or predicted > best.seconds) and self._spillable(
+                best, model, owners, copies
+            ):
+                return best.node
+        return None
+
+    def _predicted(self, warm: Sequence[Node], copies: int, backlog: Backlog) -> float:
+        """The wait predicted for the next request: ``(ahead + 1)`` over the copies' rate
+        (a loading copy at the warm copies' mean); 0 while a warm copy's rate is unknown
+        (stay warm when uncertain)."""
         rates = [self._rate(node.id) for node in warm]
         known = [rate for rate in rates if rate is not None]
         if len(known) < len(rates) or sum(known) <= 0:
-            return None  # stay warm when uncertain
-        total = sum(known) * copies / len(known)
-        return best.node if (backlog.ahead + 1) / total > best.seconds else None
+            return 0.0
+        return (backlog.ahead + 1) / (sum(known) * copies / len(known))
 
     def _spillable(self, best: _Cold, model: str, owners: Sequence[Node], copies: int) -> bool:
         """Whether a further copy may go where ``best`` says: where there is room, or a
