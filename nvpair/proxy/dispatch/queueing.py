@@ -60,8 +60,7 @@ MAX_QUEUES = 256
 
 @implementer(IQueueing)
 class Queueing:
-    """The queues of every facade and model, the holds and the breakers, over the room
-    ledger."""
+    """Every facade and model's queue, the holds and the breakers, over the room ledger."""
 
     def __init__(
         self,
@@ -305,7 +304,8 @@ class Queueing:
             while again:
                 self._again = False
                 self.holds.release()  # held for one node: they were placed before the queue
-                for line in list(self.lines.values()):
+                now = self.clock.seconds()  # a freed slot: the longest wait, of any model
+                for line in sorted(self.lines.values(), key=lambda x: -x.queue.oldestWait(now)):
                     self._drainLine(line)
                 again = self._again
         finally:
