@@ -25,7 +25,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from zope.interface import implementer
 
 from nvpair.proxy.dispatch.holds import Holds
-from nvpair.proxy.dispatch.queueline import Line, Waiter, anyWaiting
+from nvpair.proxy.dispatch.queueline import Line, Waiter, anyWaiting, oldestFirst
 from nvpair.proxy.flow.breaker import Breakers
 from nvpair.proxy.flow.clientbook import ClientBook
 from nvpair.proxy.flow.clients import Client
@@ -304,8 +304,7 @@ class Queueing:
             while again:
                 self._again = False
                 self.holds.release()  # held for one node: they were placed before the queue
-                now = self.clock.seconds()  # a freed slot: the longest wait, of any model
-                for line in sorted(self.lines.values(), key=lambda x: -x.queue.oldestWait(now)):
+                for line in oldestFirst(self.lines.values(), self.clock.seconds()):
                     self._drainLine(line)
                 again = self._again
         finally:

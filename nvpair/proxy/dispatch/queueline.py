@@ -115,6 +115,14 @@ class Line:
         return facade.snapshot.owners(self.model, facade.hasLocalBackend)
 
 
+def oldestFirst(lines: Iterable[Line], now: float) -> list[Line]:
+    """The lines where requests wait, the one whose request has waited longest first (a
+    slot freed on a node serving several models goes to the oldest wait, of any model)."""
+    waiting = [line for line in lines if line.queue.depth]
+    waiting.sort(key=lambda line: -line.queue.oldestWait(now))
+    return waiting
+
+
 def anyWaiting(lines: Iterable[Line]) -> bool:
     """Whether a request waits in any of ``lines``."""
     for line in lines:
