@@ -10,20 +10,11 @@ from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 
 from nvpair.proxy.testing.fakeengine import FakeEngine, Status
+from tests.support.conversations import turn
 from tests.support.harness import freePort, startEngine
 from tests.support.standaloneharness import StandaloneProxy, backendUp
 
 CHAT = "/v1/chat/completions"
-
-
-def turn(n: int, topic: str) -> list[dict[str, str]]:
-    """The message list of the n-th turn of a conversation about ``topic``."""
-    messages = [{"role": "system", "content": "be brief"}]
-    for i in range(n):
-        messages.append({"role": "user", "content": f"{topic}: question {i}"})
-        if i + 1 < n:
-            messages.append({"role": "assistant", "content": f"{topic}: answer {i}"})
-    return messages
 
 
 class AffinityTests(TestCase):

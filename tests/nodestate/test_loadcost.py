@@ -117,3 +117,22 @@ class ConcurrencyTests(SynchronousTestCase):
         estimator.observe("o", 1, 1.0)
         estimator.observe("p", 1, 1.0)
         self.assertEqual(estimator.snapshot("p")["levels"], {}, "one node at most")
+
+    def test_shortAnswersRiseLess(self) -> None:
+        """On an engine whose answers take a third of a second, a queued request waits about
+        a tenth of a second (the rest of a running answer): a rise there, where the same
+        wait on an engine of unknown service time is jitter."""
+        services = {"o": 0.32}
+        fast = ConcurrencyEstimator(Clock(), service=services.get)
+        unknown = ConcurrencyEstimator(Clock())
+        for estimator in (fast, unknown):
+            for level in (1, 2):
+                self.feed(estimator, level, 0.02)
+            self.feed(estimator, 3, 0.1)
+        self.assertEqual(fast.learnt("o"), 2)
+        self.assertIsNone(unknown.learnt("o"))
+        services["o"] = 5.0  # long answers: the slack is ``RISE_SLACK`` again
+        slow = ConcurrencyEstimator(Clock(), service=services.get)
+        for level, wait in ((1, 0.02), (2, 0.02), (3, 0.1)):
+            self.feed(slow, level, wait)
+        self.assertIsNone(slow.learnt("o"))

@@ -21,21 +21,12 @@ from nvpair.proxy.routing.candidates import Snapshot, orderCandidates
 from nvpair.proxy.routing.reservations import ReservationMap
 from nvpair.proxy.testing.fakecontext import FakeContext
 from tests.support.cases.optionparse import assertExitsNaming, parse
+from tests.support.conversations import turn
 from tests.support.fakerequest import FakeRequest
 from tests.support.fakes.standalone import FakeService
 from tests.support.fakeupstream import makeFacade, node, startExchange
 
 CHAT = b"/v1/chat/completions"
-
-
-def turn(n: int, topic: str = "weather") -> list[dict[str, str]]:
-    """The message list of the n-th turn (1-based) of a conversation about ``topic``."""
-    messages = [{"role": "system", "content": "be brief"}]
-    for i in range(n):
-        messages.append({"role": "user", "content": f"{topic} question {i}"})
-        if i + 1 < n:
-            messages.append({"role": "assistant", "content": f"{topic} answer {i}"})
-    return messages
 
 
 def chatKey(messages: list[Any], model: str = "m1") -> AffinityKey:
@@ -229,7 +220,23 @@ class PlaceTests(SynchronousTestCase):
         self.load("A", 1)
         self.load("B", 1)
         for i in range(20):
-            self.assertEqual(self.place(chatKey(turn(1, f"topic {i}"))), "C")
+            self.assertEqual(self.place(chatKey(turn(1, f"topic {i}", ""))), "C")
+
+    def test_shortPromptHasNoHome(self) -> None:
+        """A short prompt sent again (cheaper to recompute than ``MIN_MATCH_SECONDS``) goes
+        to the least-loaded owner, not back to the node that served it (its home would fill
+        a slot another model's request needs); a client-named group keeps its home."""
+        short = turn(1, "hi", "")
+        self.affinity.served(chatKey(short), "C")
+        self.load("C", 1)
+        self.assertNotEqual(self.place(chatKey(short)), "C")
+        grouped = keyFor(
+            "llamacpp", "m1", CHAT, {"model": "m1", "messages": short, "prompt_cache_key": "g"}
+        )
+        assert grouped is not None
+        self.affinity.served(grouped, "C")
+        self.assertEqual(self.place(grouped), "C")
+        self.assertEqual(self.affinity.countsOf("llamacpp"), {"hit": 1, "miss": 1, "overridden": 0})
 
     def test_countedOnce(self) -> None:
         """A later round of the same request (``engineId`` None) is not counted again."""

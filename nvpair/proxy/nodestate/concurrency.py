@@ -13,10 +13,13 @@ it spent working (prompt evaluation and load, when reported: Ollama's
 ``prompt_eval_duration`` and ``load_duration``; 0 when not).  Its *wait* is the rest.  Per
 level *k* (1 to ``MAX_LEVEL``) the waits' moving average (weight ``WEIGHT``); the
 *baseline* is the lowest level average with ``MIN_SAMPLES`` samples; a level has *risen*
-when its average exceeds ``RISE_FACTOR`` × baseline + ``RISE_SLACK`` seconds (a queued
-request waits a whole answer: far beyond jitter).  The estimate is one below the lowest
-risen level with ``MIN_SAMPLES`` samples (at least 1); with none risen, None (no limit
-seen yet).  A level not sampled for ``FORGET_AFTER`` seconds is forgotten, so a limit
+when its average exceeds ``RISE_FACTOR`` × baseline + a slack: ``RISE_SLACK`` seconds, or
+``RISE_SHARE`` of the node's service time (how long ours hold a slot there, as the room
+ledger measures it) where that is less (a queued request waits until one of the running
+answers ends: about that answer's remaining time, far beyond jitter, and on an engine whose
+answers take a fraction of a second, a fraction of ``RISE_SLACK``).  The estimate is one
+below the lowest risen level with ``MIN_SAMPLES`` samples (at least 1); with none risen,
+None (no limit seen yet).  A level not sampled for ``FORGET_AFTER`` seconds is forgotten, so a limit
 lapses unless traffic confirms it (and the engine may have been restarted with another
 setting).  The estimate is read on every room check: it is reckoned again after a sample,
 else at most every ``REUSE`` seconds.  Pure, on a clock, at most ``maxNodes`` nodes of
@@ -26,6 +29,7 @@ else at most every ``REUSE`` seconds.  Pure, on a clock, at most ``maxNodes`` no
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from twisted.internet.interfaces import IReactorTime
 
@@ -36,9 +40,14 @@ MIN_SAMPLES = 3
 WEIGHT = 0.25
 RISE_FACTOR = 2.0
 RISE_SLACK = 0.1
+RISE_SHARE = 0.125  # of the node's service time: the slack where that is less than RISE_SLACK
 FORGET_AFTER = 600.0
 MAX_NODES = 1024
 REUSE = 1.0  # seconds an estimate is reused while no sample comes
+
+
+def _unknown(nodeId: str) -> float | None:
+    return None
 
 
 class _Level:
@@ -53,9 +62,15 @@ class _Level:
 class ConcurrencyEstimator:
     """Learnt parallel slots per node (the module docstring says the rule)."""
 
-    def __init__(self, clock: IReactorTime, maxNodes: int = MAX_NODES) -> None:
+    def __init__(
+        self,
+        clock: IReactorTime,
+        maxNodes: int = MAX_NODES,
+        service: Callable[[str], float | None] | None = None,
+    ) -> None:
         self.clock = clock
         self.maxNodes = maxNodes
+        self.service = service or _unknown  # a node's service time (``IRoomLedger.serviceTime``)
         self._nodes: dict[str, dict[int, _Level]] = {}
         self._learnt: dict[str, tuple[int | None, float]] = {}  # (estimate, when), per node
 
@@ -89,11 +104,13 @@ class ConcurrencyEstimator:
         cached = self._learnt.get(nodeId)
         if cached is not None and now - cached[1] < REUSE:
             return cached[0]  # read on every room check: reckoned at most once a second
-        learnt = self._reckon(levels, now)
+        service = self.service(nodeId)
+        slack = RISE_SLACK if service is None else min(RISE_SLACK, RISE_SHARE * service)
+        learnt = self._reckon(levels, now, slack)
         self._learnt[nodeId] = (learnt, now)
         return learnt
 
-    def _reckon(self, levels: dict[int, _Level], now: float) -> int | None:
+    def _reckon(self, levels: dict[int, _Level], now: float, slack: float) -> int | None:
         for k in [k for k, level in levels.items() if now - level.at > FORGET_AFTER]:
             del levels[k]
         known = sorted((k, lv) for k, lv in levels.items() if lv.samples >= MIN_SAMPLES)
@@ -101,7 +118,7 @@ class ConcurrencyEstimator:
             return None
         baseline = min(level.average for _, level in known)
         for k, level in known:
-            if level.average > RISE_FACTOR * baseline + RISE_SLACK:
+            if level.average > RISE_FACTOR * baseline + slack:
                 return max(1, k - 1)
         return None
 

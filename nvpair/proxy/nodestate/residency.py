@@ -77,7 +77,7 @@ class Residency:
         self.ledger = ledger  # the fleet file's ``max_concurrency`` per node
         self.maxNodes = maxNodes
         self.costs = LoadCosts()
-        self.concurrency = ConcurrencyEstimator(clock)
+        self.concurrency = ConcurrencyEstimator(clock, service=ledger.serviceTime)
         self._nodes: dict[str, NodeHoldings] = {}
         self._demand = Demand(MAX_DEMAND_MODELS)
         self._sizes: dict[str, int] = {}  # model -> bytes, as last reported anywhere

@@ -2,7 +2,9 @@
 cached prefix weighed against room and loaded models, in time.
 
 ``choose`` reads one ``Owner`` record per owner: *matched*, its longest cached prefix of the
-request (prefix index blocks); *home*, whether it served the conversation's previous turn;
+request (prefix index blocks); *home*, whether it served the conversation's previous turn
+(it counts only where the whole prompt is worth ``MIN_MATCH_SECONDS`` of recomputing there,
+or the client named its group: a short repeated prompt is spread by load like a new one);
 *room*, whether it can take the request now (the room ledger's *free now*; where that is
 unknown, a load within ``MAX_IMBALANCE`` of the least-loaded owner's) and whether that is
 *known*; *loaded* (False only when the engine says the model is not loaded); its load, its
@@ -165,11 +167,15 @@ def choose(owners: Sequence[Owner], key: AffinityKey, hold: Hold) -> Choice:
         else 0
         for o in owners
     ]
+    whole = ends[-1] if ends and not key.hinted else None
     best = -1
     bestScore = (0, 0, False)
     for position, owner in enumerate(owners):
-        if matched[position] or owner.home:
-            score = (owner.ready, matched[position], owner.home)
+        home = owner.home and (
+            whole is None or recomputeSeconds(whole, owner.prefillMs) >= MIN_MATCH_SECONDS
+        )
+        if matched[position] or home:
+            score = (owner.ready, matched[position], home)
             if best < 0 or score > bestScore:
                 best, bestScore = position, score
     if best >= 0:

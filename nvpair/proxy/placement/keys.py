@@ -64,13 +64,14 @@ class AffinityKey:
     prompt's chained block digests with where each block ends (characters) for the prefix
     index, what placement expected of the node it chose (node, matched blocks, index
     stamp) until the engine confirms a hit or a miss, where its blocks were recorded when
-    placed (and their stamp), which of them names its prompt family (None: none), and
+    placed (and their stamp), which of them names its prompt family (None: none),
     whether the engine's cached count may confirm anything (not when the client asked for
-    no cache reuse)."""
+    no cache reuse), and whether the client named its group (``prompt_cache_key``, a
+    session header: its home then counts however short its prompt)."""
 
     __slots__ = (
         *("lookups", "records", "spread", "blocks", "ends"),
-        *("expect", "placed", "stamp", "root", "confirms"),
+        *("expect", "placed", "stamp", "root", "confirms", "hinted"),
     )
 
     def __init__(
@@ -90,6 +91,7 @@ class AffinityKey:
         self.stamp = 0  # the index stamp of that record
         self.root: int | None = None
         self.confirms = True
+        self.hinted = False
 
     @property
     def chars(self) -> int:
@@ -188,10 +190,12 @@ def keyFor(
             key.lookups = (grouped, *key.lookups)
             key.records = (grouped, *key.records)
             key.spread = grouped
+        key.hinted = True
     if key is not None and session is not None and 0 < len(session) <= MAX_HINT:
         together = hash((seed, "session", session))
         key.lookups = (*key.lookups, together)
         key.records = (*key.records, together)
+        key.hinted = True
     if key is not None and doc.get("cache_prompt") is False:
         key.confirms = False
     return key
