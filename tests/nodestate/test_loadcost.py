@@ -136,3 +136,10 @@ class ConcurrencyTests(SynchronousTestCase):
         for level, wait in ((1, 0.02), (2, 0.02), (3, 0.1)):
             self.feed(slow, level, wait)
         self.assertIsNone(slow.learnt("o"))
+        services["o"] = 0.004  # answers in milliseconds: jitter under load is no limit
+        instant = ConcurrencyEstimator(Clock(), service=services.get)
+        for level, wait in ((1, 0.002), (2, 0.002), (3, 0.03)):
+            self.feed(instant, level, wait)
+        self.assertIsNone(instant.learnt("o"))
+        self.feed(instant, 4, 0.2)
+        self.assertEqual(instant.learnt("o"), 3)

@@ -10,20 +10,21 @@ the level where the wait rises, they queued.
 ``observe(node, running, firstByte, work)``: a request started while ``running`` of ours
 ran there got its first byte after ``firstByte`` seconds, of which ``work`` the engine says
 it spent working (prompt evaluation and load, when reported: Ollama's
-``prompt_eval_duration`` and ``load_duration``; 0 when not).  Its *wait* is the rest.  Per
+``prompt_eval_duration`` and ``load_duration``; 0 when not). Its *wait* is the rest. Per
 level *k* (1 to ``MAX_LEVEL``) the waits' moving average (weight ``WEIGHT``); the
 *baseline* is the lowest level average with ``MIN_SAMPLES`` samples; a level has *risen*
 when its average exceeds ``RISE_FACTOR`` × baseline + a slack: ``RISE_SLACK`` seconds, or
 ``RISE_SHARE`` of the node's service time (how long ours hold a slot there, as the room
-ledger measures it) where that is less (a queued request waits until one of the running
-answers ends: about that answer's remaining time, far beyond jitter, and on an engine whose
-answers take a fraction of a second, a fraction of ``RISE_SLACK``).  The estimate is one
-below the lowest risen level with ``MIN_SAMPLES`` samples (at least 1); with none risen,
-None (no limit seen yet).  A level not sampled for ``FORGET_AFTER`` seconds is forgotten, so a limit
-lapses unless traffic confirms it (and the engine may have been restarted with another
-setting).  The estimate is read on every room check: it is reckoned again after a sample,
-else at most every ``REUSE`` seconds.  Pure, on a clock, at most ``maxNodes`` nodes of
-``MAX_LEVEL`` levels.
+ledger measures it) where that is less, but at least ``RISE_FLOOR`` (a queued request waits
+until one of the running answers ends: about that answer's remaining time, far beyond
+jitter; on an engine whose answers take a fraction of a second, a fraction of
+``RISE_SLACK``; on one answering in milliseconds, jitter under load is more than that). The
+estimate is one below the lowest risen level with ``MIN_SAMPLES`` samples (at least 1);
+with none risen, None (no limit seen yet). A level not sampled for ``FORGET_AFTER`` seconds
+is forgotten, so a limit lapses unless traffic confirms it (and the engine may have been
+restarted with another setting). The estimate is read on every room check: it is reckoned
+again after a sample, else at most every ``REUSE`` seconds. Pure, on a clock, at most
+``maxNodes`` nodes of ``MAX_LEVEL`` levels.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ WEIGHT = 0.25
 RISE_FACTOR = 2.0
 RISE_SLACK = 0.1
 RISE_SHARE = 0.125  # of the node's service time: the slack where that is less than RISE_SLACK
+RISE_FLOOR = 0.04  # seconds: the least slack, however fast the engine (jitter under load)
 FORGET_AFTER = 600.0
 MAX_NODES = 1024
 REUSE = 1.0  # seconds an estimate is reused while no sample comes
@@ -105,7 +107,9 @@ class ConcurrencyEstimator:
         if cached is not None and now - cached[1] < REUSE:
             return cached[0]  # read on every room check: reckoned at most once a second
         service = self.service(nodeId)
-        slack = RISE_SLACK if service is None else min(RISE_SLACK, RISE_SHARE * service)
+        slack = RISE_SLACK
+        if service is not None:
+            slack = min(RISE_SLACK, max(RISE_FLOOR, RISE_SHARE * service))
         learnt = self._reckon(levels, now, slack)
         self._learnt[nodeId] = (learnt, now)
         return learnt
