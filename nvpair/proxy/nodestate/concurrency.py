@@ -113,22 +113,22 @@ class ConcurrencyEstimator:
         return learnt
 
     def _reckon(self, levels: dict[int, _Level], now: float, slack: float) -> int | None:
-        # Reckoned after every sample: one pass, no sort (the lowest risen level is a min).
-        stale: list[int] = []
-        known: list[tuple[int, float]] = []
-        baseline = math.inf
-        for k, level in levels.items():
-            if now - level.at > FORGET_AFTER:
-                stale.append(k)
-            elif level.samples >= MIN_SAMPLES:
-                known.append((k, level.average))
-                if level.average < baseline:
-                    baseline = level.average
+        # Reckoned after every sample: plain loops, nothing sorted or built (the lowest
+        # risen level is a min; with no level known, nothing rises above infinity).
+        stale = [k for k, level in levels.items() if now - level.at > FORGET_AFTER]
         for k in stale:
             del levels[k]
+        baseline = math.inf
+        for level in levels.values():
+            if level.samples >= MIN_SAMPLES and level.average < baseline:
+                baseline = level.average
         limit = RISE_FACTOR * baseline + slack
-        risen = [k for k, average in known if average > limit]
-        return max(1, min(risen) - 1) if risen else None
+        risen: int | None = None
+        for k, level in levels.items():
+            if level.samples >= MIN_SAMPLES and level.average > limit:
+                if risen is None or k < risen:
+                    risen = k
+        return None if risen is None else max(1, risen - 1)
 
     def forget(self, nodeId: str) -> None:
         """``nodeId`` left the fleet."""
