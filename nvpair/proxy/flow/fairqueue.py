@@ -274,7 +274,10 @@ class FairQueue(Generic[T]):
         else:
             self._top.idle(client.key)
 
+    def oldestSince(self) -> float:
+        """When the longest-waiting request started waiting (infinity when none waits)."""
+        return min((fifo[0].since for fifo in self._fifos.values()), default=math.inf)
+
     def oldestWait(self, now: float) -> float:
         """Seconds the longest-waiting request has waited (0 when none waits)."""
-        oldest = min((fifo[0].since for fifo in self._fifos.values()), default=now)
-        return max(0.0, now - oldest)
+        return max(0.0, now - self.oldestSince())
