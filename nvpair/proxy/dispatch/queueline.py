@@ -142,7 +142,8 @@ def oldestFirst(lines: Iterable[Line], now: float) -> list[Line]:
     """The lines where requests wait, the one whose request has waited longest first (a
     slot freed on a node serving several models goes to the oldest wait, of any model)."""
     waiting = [line for line in lines if line.queue.depth]
-    waiting.sort(key=lambda line: -line.queue.oldestWait(now))
+    if len(waiting) > 1:  # one line (one model waiting, the usual case) has no order to find
+        waiting.sort(key=lambda line: -line.queue.oldestWait(now))
     return waiting
 
 
