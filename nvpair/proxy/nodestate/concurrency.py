@@ -115,13 +115,15 @@ class ConcurrencyEstimator:
     def _reckon(self, levels: dict[int, _Level], now: float, slack: float) -> int | None:
         # Reckoned after every sample: plain loops, nothing sorted or built (the lowest
         # risen level is a min; with no level known, nothing rises above infinity).
-        stale = [k for k, level in levels.items() if now - level.at > FORGET_AFTER]
+        stale: list[int] = []
+        baseline = math.inf
+        for k, level in levels.items():
+            if now - level.at > FORGET_AFTER:
+                stale.append(k)
+            elif level.samples >= MIN_SAMPLES and level.average < baseline:
+                baseline = level.average
         for k in stale:
             del levels[k]
-        baseline = math.inf
-        for level in levels.values():
-            if level.samples >= MIN_SAMPLES and level.average < baseline:
-                baseline = level.average
         limit = RISE_FACTOR * baseline + slack
         risen: int | None = None
         for k, level in levels.items():
