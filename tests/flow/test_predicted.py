@@ -9,6 +9,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from nvpair.proxy.flow.predicted import (
     MIN_RUNNING,
     SERVICE_SAMPLES,
+    allKept,
     bound,
     ceilingRate,
     keptInTime,
@@ -63,3 +64,22 @@ class PredictedTests(SynchronousTestCase):
             self.assertLess(now + position / rate, ordered[position - 1] + timeout)
         if keep < len(since):
             self.assertGreaterEqual(now + (keep + 1) / rate, ordered[keep] + timeout)
+
+    @given(
+        st.lists(st.floats(0.0, 100.0), min_size=1, max_size=50),
+        st.floats(100.0, 200.0),
+        st.floats(0.01, 50.0),
+        st.floats(1.0, 120.0),
+    )
+    def test_allKeptNeverWrong(
+        self, since: list[float], now: float, rate: float, timeout: float
+    ) -> None:
+        """Where the cheap test says every request is kept, ``keptInTime`` keeps them all."""
+        if allKept(min(since), len(since), now, rate, timeout):
+            self.assertEqual(keptInTime(since, now, rate, timeout), len(since))
+
+    def test_allKept(self) -> None:
+        """The last in line starting in time, even with the oldest's start, keeps all."""
+        self.assertTrue(allKept(100.0, 10, 110.0, 1.0, 30.0))  # 120 < 130
+        self.assertFalse(allKept(100.0, 20, 110.0, 1.0, 30.0))  # 130 is not < 130
+        self.assertTrue(allKept(float("inf"), 0, 110.0, 1.0, 30.0))  # nothing waits

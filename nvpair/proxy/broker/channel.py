@@ -72,20 +72,27 @@ class NullSink:
 class SinkSwitch:
     """The sink every producer of notifications holds: it forwards to whichever sink the
     process uses now (nothing until it starts, the broker channel once it has one, the
-    ``NullSink`` in standalone mode), so producers are built once, before that is known."""
+    ``NullSink`` in standalone mode), so producers are built once, before that is known.
+    ``listening`` is the target's, taken when it is set (read several times per request; a
+    sink's own never changes)."""
 
-    __slots__ = ("target",)
+    __slots__ = ("_target", "listening")
 
     def __init__(self, target: IBrokerSink) -> None:
         self.target = target
 
     @property
-    def listening(self) -> bool:
-        """Whether anything receives notifications now (not in standalone mode)."""
-        return self.target.listening
+    def target(self) -> IBrokerSink:
+        """The sink notifications go to now."""
+        return self._target
+
+    @target.setter
+    def target(self, target: IBrokerSink) -> None:
+        self._target = target
+        self.listening: bool = target.listening
 
     def notify(self, method: str, params: dict[str, object]) -> None:
-        self.target.notify(method, params)
+        self._target.notify(method, params)
 
 
 # Notification bytes written while the broker is not keeping up with stdout, past the

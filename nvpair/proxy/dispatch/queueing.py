@@ -33,6 +33,7 @@ from nvpair.proxy.flow.fairqueue import MAX_RETRY_AFTER, Ticket
 from nvpair.proxy.flow.interfaces import IQueueing, QueueRefusal
 from nvpair.proxy.flow.predicted import (
     OBSERVED_SAMPLES,
+    allKept,
     bound,
     ceilingRate,
     keptInTime,
@@ -101,11 +102,8 @@ class Queueing:
         return bool(owners)
 
     def usable(self, line: Line) -> tuple[Node, ...]:
-        """The owners ``line``'s requests may use now (``ILoadPlanner.plan``)."""
-        owners = line.owners()
-        if self.loads is None:
-            return owners
-        return self.loads.plan(owners, line.model, self._backlog(line)).usable
+        """The owners ``line``'s requests may use now (``Line.usable``)."""
+        return line.usable(self.clock.seconds(), self.loads)
 
     def backlog(self, facade: IFleetView, model: str) -> Backlog:
         """How many requests for ``model`` wait in ``facade``'s queue, and what its requests
@@ -225,13 +223,15 @@ class Queueing:
         """Refuse at once, once the drain rate is known, the waiting requests of ``line``
         that could not start before their ``--queue-timeout`` ran out (every owner full:
         ``keptInTime``), those a full queue gives up first (``FairQueue.shed``)."""
-        queue = line.queue
-        queue.maxDepth = self._bound(line)
-        rate = self.drainRate(line)
+        queue, settings = line.queue, self.settings
+        rate = self.drainRate(line)  # once: what bounds the queue is what sheds it
+        queue.maxDepth = bound(rate, settings.queueTimeout, settings.queueMax)
         if rate is None:
             return
-        since = (t.since for t in queue)
-        keep = keptInTime(since, self.clock.seconds(), rate, self.settings.queueTimeout)
+        now, timeout = self.clock.seconds(), settings.queueTimeout
+        if allKept(queue.oldestSince(), len(queue), now, rate, timeout):
+            return  # each starts in time: their waits are not sorted on every drain
+        keep = keptInTime((t.since for t in queue), now, rate, timeout)
         if len(queue) <= keep:
             return
         limit, queue.maxDepth = queue.maxDepth, max(1, keep)  # their Retry-After: what stays

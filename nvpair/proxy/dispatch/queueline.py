@@ -90,10 +90,16 @@ class Line:
     def backlog(self, now: float, loads: ILoadPlanner | None) -> Backlog:
         """How many wait, and what they waited lately that no load pays (``paid``: only
         while some wait, since the mark matters only to requests queued before it)."""
-        if not self.queue.depth:
+        if self.queue.depth:
+            self.paid(now, loads)
+        return self.waiting(now)
+
+    def waiting(self, now: float) -> Backlog:
+        """What ``backlog`` answers, without noting anything paid."""
+        depth = self.queue.depth
+        if not depth:
             return NO_BACKLOG if not self.waited.value else Backlog(0, self.waited.now(now))
-        self.paid(now, loads)
-        return Backlog(len(self.queue), self.waited.now(now))
+        return Backlog(depth, self.waited.now(now))
 
     def left(self, since: float, now: float, loads: ILoadPlanner | None) -> None:
         """A request queued at ``since`` leaves the queue at ``now``: what counts towards
@@ -103,12 +109,29 @@ class Line:
         self.waits.observe(now - since)
         self.waited.add(now - max(since, self.paidAt), now)
 
-    def paid(self, now: float, loads: ILoadPlanner | None) -> None:
-        """Note ``now`` as paid when a load on an owner pays what the model's requests
-        wait (``ILoadPlanner.paying``: a copy loading, or another model loading beside a
-        copy)."""
-        if loads is not None and any(loads.paying(n.id, self.model) for n in self.owners()):
-            self.paidAt = now
+    def paid(
+        self, now: float, loads: ILoadPlanner | None, owners: tuple[Node, ...] | None = None
+    ) -> None:
+        """Note ``now`` as paid when a load on an owner (``owners``: as ``owners()`` says
+        now) pays what the model's requests wait (``ILoadPlanner.paying``: a copy loading,
+        or another model loading beside a copy)."""
+        if loads is None:
+            return
+        for node in self.owners() if owners is None else owners:
+            if loads.paying(node.id, self.model):
+                self.paidAt = now
+                return
+
+    def usable(self, now: float, loads: ILoadPlanner | None) -> tuple[Node, ...]:
+        """The owners this line's requests may use now (``ILoadPlanner.plan``)."""
+        owners = self.owners()
+        if loads is None:
+            return owners
+        if self.queue.depth:
+            self.paid(now, loads, owners)  # as ``backlog`` notes it, before the plan reads
+        if loads.warm(owners, self.model):
+            return owners  # what the plan would answer: every owner (no backlog built)
+        return loads.plan(owners, self.model, self.waiting(now)).usable
 
     def owners(self) -> tuple[Node, ...]:
         facade = self.facade
@@ -119,7 +142,8 @@ def oldestFirst(lines: Iterable[Line], now: float) -> list[Line]:
     """The lines where requests wait, the one whose request has waited longest first (a
     slot freed on a node serving several models goes to the oldest wait, of any model)."""
     waiting = [line for line in lines if line.queue.depth]
-    waiting.sort(key=lambda line: -line.queue.oldestWait(now))
+    if len(waiting) > 1:  # one line (one model waiting, the usual case) has no order to find
+        waiting.sort(key=lambda line: -line.queue.oldestWait(now))
     return waiting
 
 

@@ -80,9 +80,10 @@ class DrainRate:
         times = self._times
         while times and now - times[0] > DRAIN_WINDOW:
             times.popleft()
-        if len(times) < max(2, least):
+        if len(times) < (least if least > 2 else 2):  # as max(2, least): read per drain
             return None
-        span = max(now, times[-1]) - times[0]
+        last = times[-1]
+        span = (last if last > now else now) - times[0]
         if span <= 0:
             return None
         return (len(times) - 1) / span
@@ -274,7 +275,10 @@ class FairQueue(Generic[T]):
         else:
             self._top.idle(client.key)
 
+    def oldestSince(self) -> float:
+        """When the longest-waiting request started waiting (infinity when none waits)."""
+        return min((fifo[0].since for fifo in self._fifos.values()), default=math.inf)
+
     def oldestWait(self, now: float) -> float:
         """Seconds the longest-waiting request has waited (0 when none waits)."""
-        oldest = min((fifo[0].since for fifo in self._fifos.values()), default=now)
-        return max(0.0, now - oldest)
+        return max(0.0, now - self.oldestSince())

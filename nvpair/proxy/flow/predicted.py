@@ -20,6 +20,7 @@ __all__ = [
     "MIN_RUNNING",
     "OBSERVED_SAMPLES",
     "SERVICE_SAMPLES",
+    "allKept",
     "bound",
     "ceilingRate",
     "keptInTime",
@@ -62,6 +63,13 @@ def bound(rate: float | None, timeout: float, queueMax: int) -> int:
     if rate is None:
         return queueMax
     return max(1, min(queueMax, math.ceil(rate * timeout) - 1))
+
+
+def allKept(oldest: float, count: int, now: float, rate: float, timeout: float) -> bool:
+    """Whether ``keptInTime`` keeps all ``count`` requests, the oldest waiting since
+    ``oldest``, told without sorting: the last starts in time even with the oldest's start
+    (each comparison is monotonic, so every earlier one does too)."""
+    return now + count / rate < oldest + timeout
 
 
 def keptInTime(since: Iterable[float], now: float, rate: float, timeout: float) -> int:

@@ -60,7 +60,8 @@ class Shares:
         idle = self._idle.get(share)
         if idle is None:
             return self._fresh()
-        return max(idle, self.virtual - IDLE_CREDIT)
+        floor = self.virtual - IDLE_CREDIT
+        return floor if floor > idle else idle
 
     def waiting(self, share: str) -> None:
         """``share`` has requests waiting now (idempotent)."""
@@ -78,9 +79,10 @@ class Shares:
         """``share`` was dispatched one request: its tag advances by ``1 / weight`` from
         the start tag it used, and the virtual time moves to that start tag."""
         start = self.tag(share)
-        self.virtual = max(self.virtual, start)
+        if start > self.virtual:
+            self.virtual = start
         charged = self._charged
-        charged[share] = min(2, charged.pop(share, 0) + 1)
+        charged[share] = 2 if charged.pop(share, 0) else 1  # capped at 2
         if len(charged) > self.maxIdle:
             charged.popitem(last=False)
         tag = start + 1.0 / weight

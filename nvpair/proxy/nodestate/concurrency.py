@@ -81,7 +81,9 @@ class ConcurrencyEstimator:
         its first byte after ``firstByte`` s, ``work`` s of it the engine's own work."""
         if not (1 <= running <= MAX_LEVEL) or not math.isfinite(firstByte - work):
             return
-        wait = max(0.0, firstByte - max(0.0, work))
+        wait = firstByte - work if work > 0.0 else firstByte
+        if not wait > 0.0:
+            wait = 0.0  # as ``max(0.0, wait)``, without the call
         levels = self._nodes.get(nodeId)
         if levels is None:
             if len(self._nodes) >= self.maxNodes:
@@ -115,16 +117,24 @@ class ConcurrencyEstimator:
         return learnt
 
     def _reckon(self, levels: dict[int, _Level], now: float, slack: float) -> int | None:
-        for k in [k for k, level in levels.items() if now - level.at > FORGET_AFTER]:
+        # Reckoned after every sample: plain loops, nothing sorted or built (the lowest
+        # risen level is a min; with no level known, nothing rises above infinity).
+        stale: list[int] = []
+        baseline = math.inf
+        for k, level in levels.items():
+            if now - level.at > FORGET_AFTER:
+                stale.append(k)
+            elif level.samples >= MIN_SAMPLES and level.average < baseline:
+                baseline = level.average
+        for k in stale:
             del levels[k]
-        known = sorted((k, lv) for k, lv in levels.items() if lv.samples >= MIN_SAMPLES)
-        if not known:
-            return None
-        baseline = min(level.average for _, level in known)
-        for k, level in known:
-            if level.average > RISE_FACTOR * baseline + slack:
-                return max(1, k - 1)
-        return None
+        limit = RISE_FACTOR * baseline + slack
+        risen: int | None = None
+        for k, level in levels.items():
+            if level.samples >= MIN_SAMPLES and level.average > limit:
+                if risen is None or k < risen:
+                    risen = k
+        return None if risen is None else max(1, risen - 1)
 
     def forget(self, nodeId: str) -> None:
         """``nodeId`` left the fleet."""

@@ -42,7 +42,10 @@ class Demand:
             if len(self._table) >= self.bound:
                 del self._table[min(self._table, key=lambda m: self._table[m].now(now))]
             decay = self._table[model] = _Decay(now)
-        decay.value = decay.now(now) + 1.0
+        elapsed = now - decay.at  # ``decay.now(now)`` written out: each request bumps two
+        if elapsed > 0.0:
+            decay.value *= math.exp(-elapsed / DEMAND_TAU)
+        decay.value += 1.0
         decay.at = now
 
     def perMinute(self, model: str, now: float) -> float:

@@ -221,7 +221,8 @@ class RoomLedger:
         room = self.rooms.touch(nodeId)
         last = room.service
         room.service = seconds if last is None else last + SERVICE_WEIGHT * (seconds - last)
-        room.finished = min(room.finished + 1, 1 << 30)
+        if room.finished < 1 << 30:
+            room.finished += 1
         self._roomMayHaveAppeared(nodeId)  # how fast it drains is known better now
 
     def forget(self, nodeId: str) -> None:
@@ -259,18 +260,20 @@ class RoomLedger:
         """Free slots on ``nodeId`` now (at most 0 when full), or None when unknown."""
         room = self.rooms.get(nodeId)
         ours = self.ours.get(nodeId, 0)
-        reported = None
-        limits: list[int | None] = []
+        reported = least = None  # the least known limit (no list built: read per round)
         if room is not None:
-            limits.append(room.configured)
+            least = room.configured
             if room.total is not None or room.learnt is not None:  # else both are None
                 now = self.clock.seconds()
                 reported = self._reported(room, now)
-                limits += [self._learnt(room, ours, now), reported]
+                for limit in (self._learnt(room, ours, now), reported):
+                    if limit is not None and (least is None or limit < least):
+                        least = limit
         if reported is None:  # an engine that reports its slots is not second-guessed
-            limits.append(self.parallel(nodeId))
-        known = [limit for limit in limits if limit is not None]
-        return min(known) - ours if known else None
+            parallel = self.parallel(nodeId)
+            if parallel is not None and (least is None or parallel < least):
+                least = parallel
+        return None if least is None else least - ours
 
     def knownFull(self, nodeId: str) -> bool:
         """Whether ``nodeId`` is known to have no room now."""

@@ -81,6 +81,10 @@ class ILoadPlanner(Interface):
         is loading there, or another model is while this one is resident there (the load
         holds the node's slots)."""
 
+    def warm(owners: Sequence[Node], model: str) -> bool:
+        """Whether every one of ``owners`` is warm for ``model`` (``plan`` then answers them
+        all, and no load)."""
+
     def plan(owners: Sequence[Node], model: str, backlog: Backlog) -> LoadPlan:
         """The owners a request for ``model`` may use now (``backlog``: the requests for it
         waiting in the proxy before it, and what they waited lately), and the one where it

@@ -111,6 +111,13 @@ class LoadPlanner:
             return True
         return found is ModelState.LOADED and self.residency.loadingOn(nodeId)
 
+    def warm(self, owners: Sequence[Node], model: str) -> bool:
+        state = self.residency.state
+        for node in owners:
+            if state(node.id, model) not in _WARM:
+                return False
+        return True
+
     def plan(self, owners: Sequence[Node], model: str, backlog: Backlog) -> LoadPlan:
         """The owners a request for ``model`` may use now (``backlog``: its queue in the
         proxy), and where it would start a load."""

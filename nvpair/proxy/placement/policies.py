@@ -94,10 +94,12 @@ class _Round:
         self.load = None
         if loads is None:
             return owners
-        backlog = ex.seat.backlog()
+        backlog = ex.seat.backlog()  # read first: it notes a load paying for the queue
+        if loads.warm(owners, self.model):
+            return owners  # nothing to narrow: no model state says otherwise
         plan = loads.plan(owners, self.model, backlog)
         if plan.load is None and len(plan.usable) == len(owners):
-            return owners  # nothing to narrow: no model state says otherwise
+            return owners
         broken = ex.seat.demote(owners)[2]
         if broken and len(broken) < len(owners):
             healthy = tuple(node for node in owners if node not in broken)

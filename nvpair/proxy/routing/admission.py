@@ -46,6 +46,10 @@ FIELDS = frozenset(
     )
 )
 
+# Those ``factsOf`` reads (a body naming none of them has ``NO_FACTS``), and who it says.
+_FACT_FIELDS = FIELDS - {"model"}
+_IDENTITY_FIELDS = frozenset(("metadata", "safety_identifier", "user"))
+
 K = TypeVar("K")
 
 
@@ -85,6 +89,11 @@ def bodyDocument(body: bytes) -> dict[str, object] | None:
     stripped = body.lstrip()
     if not stripped.startswith(b"{"):
         return None
+    return _document(stripped)
+
+
+def _document(stripped: bytes) -> dict[str, object] | None:
+    """``bodyDocument`` of a body already stripped, known to start with ``{``."""
     try:
         if stripped[1:2] != b"\x00":
             # What ``json.loads`` does with these bytes: no BOM and no NUL in the second
@@ -105,7 +114,7 @@ def readBody(body: bytes) -> tuple[dict[str, object] | None, bool]:
         if not stripped.startswith(b"{"):
             return None, True
         if stripped.count(b",") + stripped.count(b"[") + stripped.count(b"{") <= MAX_VALUES:
-            return bodyDocument(stripped), True
+            return _document(stripped), True
     return scanMembers(body, FIELDS), False
 
 
@@ -119,14 +128,21 @@ def _flag(value: object) -> bool | None:
 
 def factsOf(fields: dict[str, object]) -> RequestFacts:
     """The fields of a body (parsed or scanned) that routing acts on, bounded."""
-    metadata = fields.get("metadata")
-    said = (
-        _text(metadata.get("user_id")) if type(metadata) is dict else None,
-        _text(fields.get("safety_identifier")),
-        _text(fields.get("user")),
-    )
+    names = fields.keys()
+    if names.isdisjoint(_FACT_FIELDS):
+        return NO_FACTS  # the common body: nothing to read, nothing to build
+    identity = NO_IDENTITY
+    if not names.isdisjoint(_IDENTITY_FIELDS):
+        metadata = fields.get("metadata")
+        said = (
+            _text(metadata.get("user_id")) if type(metadata) is dict else None,
+            _text(fields.get("safety_identifier")),
+            _text(fields.get("user")),
+        )
+        if said != (None, None, None):
+            identity = Identity(*said)
     return RequestFacts(
-        NO_IDENTITY if said == (None, None, None) else Identity(*said),
+        identity,
         _text(fields.get("previous_response_id")),
         _text(fields.get("prompt_cache_key")),
         _flag(fields.get("cache_prompt")),

@@ -185,7 +185,7 @@ def lastUsage(tail: bytes, keys: tuple[str, ...]) -> dict[str, object] | None:
     while (at := tail.rfind(USAGE_KEY, 0, end)) >= 0:
         end = at
         usage = valueAfter(tail, at, USAGE_KEY)
-        if type(usage) is dict and any(k in usage for k in keys):
+        if type(usage) is dict and not usage.keys().isdisjoint(keys):
             return usage
     return None
 
@@ -216,9 +216,10 @@ def openaiUsage(tail: bytes, cachedIsCounted: bool = True) -> Usage:
     if cachedIsCounted:
         details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
         cached = count(details.get("cached_tokens")) if type(details) is dict else None
-        if cached is None:
+        if cached is None and timings:
             cached = count(timings.get("cache_n"))
-    return Usage(prompt, completion, cached, milliseconds(timings.get("prompt_ms")))
+    promptMs = milliseconds(timings.get("prompt_ms")) if timings else None  # not llama.cpp
+    return Usage(prompt, completion, cached, promptMs)
 
 
 def lastTimings(tail: bytes) -> dict[str, object]:
