@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
@@ -15,6 +17,16 @@ from nvpair.proxy.flow.predicted import (
     keptInTime,
     serviceRate,
 )
+
+
+def waiting(least: int) -> tuple[st.SearchStrategy[Any], ...]:
+    """Since when each of at least ``least`` requests waits, now, a drain rate, a timeout."""
+    return (
+        st.lists(st.floats(0.0, 100.0), min_size=least, max_size=50),
+        st.floats(100.0, 200.0),
+        st.floats(0.01, 50.0),
+        st.floats(1.0, 120.0),
+    )
 
 
 class PredictedTests(SynchronousTestCase):
@@ -47,12 +59,7 @@ class PredictedTests(SynchronousTestCase):
         self.assertEqual(bound(100.0, 30.0, 256), 256)
         self.assertEqual(bound(0.001, 30.0, 256), 1)
 
-    @given(
-        st.lists(st.floats(0.0, 100.0), max_size=50),
-        st.floats(100.0, 200.0),
-        st.floats(0.01, 50.0),
-        st.floats(1.0, 120.0),
-    )
+    @given(*waiting(0))
     def test_keptStartInTime(
         self, since: list[float], now: float, rate: float, timeout: float
     ) -> None:
@@ -65,12 +72,7 @@ class PredictedTests(SynchronousTestCase):
         if keep < len(since):
             self.assertGreaterEqual(now + (keep + 1) / rate, ordered[keep] + timeout)
 
-    @given(
-        st.lists(st.floats(0.0, 100.0), min_size=1, max_size=50),
-        st.floats(100.0, 200.0),
-        st.floats(0.01, 50.0),
-        st.floats(1.0, 120.0),
-    )
+    @given(*waiting(1))
     def test_allKeptNeverWrong(
         self, since: list[float], now: float, rate: float, timeout: float
     ) -> None:
