@@ -178,7 +178,7 @@ class Queueing:
         waiter = Waiter(ex)
         ticket = Ticket(client, now, waiter)
         if line is not None:
-            line.queue.maxDepth = self._bound(line)
+            line.queue.maxDepth = self._bound(self.drainRate(line))
         left = ticket if line is None else line.queue.push(ticket)
         if line is None or left is ticket:
             self._refuse(ex, line, QueueRefusal.FULL, client)
@@ -215,20 +215,20 @@ class Queueing:
             for n in owners
         ) or ceilingRate((ledger.capacity(n.id), ledger.serviceAtLeast(n.id)) for n in owners)
 
-    def _bound(self, line: Line) -> int:
+    def _bound(self, rate: float | None) -> int:
         settings = self.settings
-        return bound(self.drainRate(line), settings.queueTimeout, settings.queueMax)
+        return bound(rate, settings.queueTimeout, settings.queueMax)
 
     def _shed(self, line: Line) -> None:
         """Refuse at once, once the drain rate is known, the waiting requests of ``line``
         that could not start before their ``--queue-timeout`` ran out (every owner full:
         ``keptInTime``), those a full queue gives up first (``FairQueue.shed``)."""
-        queue, settings = line.queue, self.settings
+        queue = line.queue
         rate = self.drainRate(line)  # once: what bounds the queue is what sheds it
-        queue.maxDepth = bound(rate, settings.queueTimeout, settings.queueMax)
+        queue.maxDepth = self._bound(rate)
         if rate is None:
             return
-        now, timeout = self.clock.seconds(), settings.queueTimeout
+        now, timeout = self.clock.seconds(), self.settings.queueTimeout
         if allKept(queue.oldestSince(), len(queue), now, rate, timeout):
             return  # each starts in time: their waits are not sorted on every drain
         keep = keptInTime((t.since for t in queue), now, rate, timeout)
