@@ -135,6 +135,36 @@ class ClientTests(ClientCase):
         self.assertEqual(transport.value(), b"GET / HTTP/1.1\r\nHost: e:1\r\n\r\n")
         self.assertNoResult(d)
 
+    def pooledAfter(self, head: bytes, body: bytes) -> bool:
+        """Whether the connection that carried an answer with ``head`` and ``body`` is
+        pooled (a second request goes over it) rather than closed at the answer's end."""
+        _, ended, transport = self.respond(b"HTTP/1.1 200 OK\r\n" + head + b"\r\n" + body)
+        assert ended.reason is not None
+        self.assertIsInstance(ended.reason.value, ResponseDone)
+        self.assertEqual(b"".join(ended.data), b"ok")
+        pooled = not transport.disconnecting
+        self.assertEqual(self.pool.connectionCounts(), (1, 1) if pooled else (0, 0))
+        self.send()
+        self.assertEqual(len(self.endpoint.dials), 1 if pooled else 2)
+        return pooled
+
+    def test_llamaCppClosesAfterChunked(self) -> None:
+        """llama.cpp's server closes after every chunked (streamed) answer though it says
+        keep-alive, a moment later: such a connection is closed at the answer's end, never
+        pooled (a request sent on it in that moment was lost)."""
+        chunked = b"Transfer-Encoding: chunked\r\n"
+        llama = b"Server: llama.cpp\r\nKeep-Alive: timeout=5, max=100\r\n"
+        self.assertFalse(self.pooledAfter(llama + chunked, b"2\r\nok\r\n0\r\n\r\n"))
+
+    def test_llamaCppKeptAfterLength(self) -> None:
+        """Its answers with a length are pooled as any."""
+        self.assertTrue(self.pooledAfter(b"Server: llama.cpp\r\nContent-Length: 2\r\n", b"ok"))
+
+    def test_otherKeptAfterChunked(self) -> None:
+        """Another engine's chunked answer is pooled."""
+        head = b"Server: Node\r\nTransfer-Encoding: chunked\r\n"
+        self.assertTrue(self.pooledAfter(head, b"2\r\nok\r\n0\r\n\r\n"))
+
     def test_poolCap(self) -> None:
         """At most maxPersistentPerHost idle connections are kept per key; extra ones close."""
         ds = [self.send() for _ in range(3)]

@@ -20,7 +20,8 @@ stands as framed, its connection is closed, never pooled, and counted
 
 Ends: ``ResponseDone`` for a body that ended as framed, ``PotentialDataLoss`` for a
 close-delimited body ended by a clean close, ``ResponseFailed`` (``BadResponse`` inside when
-the engine broke HTTP/1.1) for the rest.  Only a ``DONE`` answer, not to HEAD, is pooled;
+the engine broke HTTP/1.1) for the rest.  Only a ``DONE`` answer, not to HEAD, is pooled
+(but a chunked one from an engine known to close after it: ``framing.closesAfterChunked``);
 any parse error aborts.  Left to us by llhttp: interims are skipped, a HEAD answer ends at its
 head, a close-delimited body at the close, ``101`` and codings but ``chunked`` are errors,
 the head and framing bytes between payload bytes are bounded (``framing``).
@@ -53,7 +54,13 @@ from nvpair.proxy.http.answer import (
     Answer,
 )
 from nvpair.proxy.http.fastwrite import sendNow
-from nvpair.proxy.http.framing import MAX_BODY_OVERHEAD, MAX_HEAD, BadResponse, responseHead
+from nvpair.proxy.http.framing import (
+    MAX_BODY_OVERHEAD,
+    MAX_HEAD,
+    BadResponse,
+    closesAfterChunked,
+    responseHead,
+)
 from nvpair.proxy.http.interfaces import (
     ConnectionState,
     IBodyConnection,
@@ -100,6 +107,7 @@ class HTTPClientConnection(Protocol):
         self._headCode = 0  # the final status once its head is complete, else 0
         self._parts: list[bytes] = []
         self._closeDelimited = False
+        self._closesAfter = False  # the engine closes after this answer though it says keep-alive
         self._headBytes = 0
         self._overhead = 0  # bytes read since the last payload byte
         self._pausedByBody = False  # flow control: two requests, what the transport was told
@@ -135,7 +143,7 @@ class HTTPClientConnection(Protocol):
         self._fields = []
         self._headCode = 0
         self.answer = HEAD
-        self._closeDelimited = False
+        self._closeDelimited = self._closesAfter = False
         self._headBytes = self._overhead = 0
         transport = self.transport
         assert transport is not None  # requests are sent once the connection is made
@@ -276,6 +284,7 @@ class HTTPClientConnection(Protocol):
             if head.transferEncoding != b"chunked":
                 self._protocolError("unsupported transfer coding")
                 return False
+            self._closesAfter = closesAfterChunked(head.headers)
         elif head.contentLength is not None:
             length = head.contentLength
         else:
@@ -290,7 +299,7 @@ class HTTPClientConnection(Protocol):
     def _finish(self) -> None:
         """The body ended as framed: back to the pool (or closed), then tell the response."""
         response, self._response = self._response, None
-        if self.answer is DONE and not self._isHead:
+        if self.answer is DONE and not self._isHead and not self._closesAfter:
             self.state = IDLE
             self._pausedByBody = self._held = False
             if self._readPaused:

@@ -90,6 +90,15 @@ class ResponseHead:
         self.transferEncoding = transferEncoding  # lower case, comma-joined, or None
 
 
+def closesAfterChunked(headers: Headers) -> bool:
+    """Whether the engine that sent a chunked answer with ``headers`` closes the connection
+    after it although it says keep-alive: llama.cpp's server (``Server: llama.cpp``) does
+    after every chunked (streamed) answer, its close a moment later (under load, after the
+    next request was already sent on it: that request was lost)."""
+    server = headers.getRawHeaders(b"server")
+    return server is not None and server[-1].startswith(b"llama.cpp")
+
+
 def responseHead(code: int, phrase: bytes, fields: list[tuple[bytes, bytes]]) -> ResponseHead:
     """The head of ``fields`` (as llhttp reported them: names are tokens, values have no
     CR, LF or NUL and no leading whitespace); connection-control fields removed.
