@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import time
 import urllib.error
@@ -134,10 +135,21 @@ def proxyPlacement(server: procs.Server) -> dict[str, Any] | None:
     with urllib.request.urlopen(f"http://127.0.0.1:{ops}/status", timeout=10) as r:
         status = json.loads(r.read())
     queueing = status.get("queueing") or {}
+    with urllib.request.urlopen(f"http://127.0.0.1:{ops}/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    attempts: dict[str, float] = {}  # dispatch attempts by how they ended
+    for line in metrics.splitlines():
+        found = ATTEMPTS.match(line)
+        if found is not None:
+            attempts[found[1]] = attempts.get(found[1], 0.0) + float(found[2])
     return {
         "placements": (status.get("affinity") or {}).get("counts", {}).get("llamacpp"),
         "held": queueing.get("held"),
+        "attempts": attempts,
     }
+
+
+ATTEMPTS = re.compile(r'nvpair_proxy_dispatch_attempts_total\{.*reason="([^"]*)".*\} (\S+)$')
 
 
 def startRustRouter(name: str, urls: list[str]) -> procs.Server:
