@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import subprocess
 import time
 import urllib.error
@@ -24,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import attrs
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench import procs
 
@@ -138,18 +138,17 @@ def proxyPlacement(server: procs.Server) -> dict[str, Any] | None:
     with urllib.request.urlopen(f"http://127.0.0.1:{ops}/metrics", timeout=10) as r:
         metrics = r.read().decode()
     attempts: dict[str, float] = {}  # dispatch attempts by how they ended
-    for line in metrics.splitlines():
-        found = ATTEMPTS.match(line)
-        if found is not None:
-            attempts[found[1]] = attempts.get(found[1], 0.0) + float(found[2])
+    for family in text_string_to_metric_families(metrics):
+        if family.name == "nvpair_proxy_dispatch_attempts":
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    reason = sample.labels["reason"]
+                    attempts[reason] = attempts.get(reason, 0.0) + sample.value
     return {
         "placements": (status.get("affinity") or {}).get("counts", {}).get("llamacpp"),
         "held": queueing.get("held"),
         "attempts": attempts,
     }
-
-
-ATTEMPTS = re.compile(r'nvpair_proxy_dispatch_attempts_total\{.*reason="([^"]*)".*\} (\S+)$')
 
 
 def startRustRouter(name: str, urls: list[str]) -> procs.Server:
