@@ -23,7 +23,8 @@ from zope.interface import implementer
 
 from nvpair.proxy.http.client import HTTPClientConnection
 from nvpair.proxy.http.framing import serializeRequest
-from nvpair.proxy.http.pool import ConnectionPool, DirectTCP, peerClosed
+from nvpair.proxy.http.peek import peerClosed, socketRecv
+from nvpair.proxy.http.pool import ConnectionPool, DirectTCP
 from nvpair.proxy.testing.wire import TCPStringTransport
 from tests.http.httpkit import KEY, PEER, Body, ClientCase
 
@@ -102,11 +103,12 @@ class PeerClosedTests(ClientCase):
         transport = self.pooled()
         transport.socket.error = None
         transport.socket.waiting = b"x"
-        self.assertFalse(peerClosed(transport))
+        self.assertFalse(peerClosed(socketRecv(transport)))
 
     def test_noSocket(self) -> None:
         """A transport with no socket to ask is taken as open."""
-        self.assertFalse(peerClosed(TCPStringTransport()))
+        self.assertFalse(peerClosed(socketRecv(TCPStringTransport())))
+        self.assertIsNone(socketRecv(None))
         self.assertFalse(peerClosed(None))
 
 

@@ -75,6 +75,10 @@ class IPooledConnection(Interface):
     state: ConnectionState = Attribute("Where the connection is (``ConnectionState``).")
     idleSince: float = Attribute("When it was last put back in the pool (reactor seconds).")
     transport: IStreamTransport | None = Attribute("Its transport, once connected.")
+    socketRecv: Callable[[int, int], bytes] | None = Attribute(
+        "Its socket's ``recv``, for the pool's peek before reuse (``pool.peerClosed``); "
+        "None where there is no socket to ask (TLS, test transports)."
+    )
 
     def send(data: bytes, method: bytes, d: Deferred[IResponse]) -> None:
         """Write one serialized request; ``d`` fires with its response (or fails)."""

@@ -9,11 +9,9 @@ counts the answers that had bytes after them (``answersOverrun``, read by ``/met
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable, Hashable
 from typing import cast
 
-from OpenSSL import SSL
 from twisted.internet import defer
 from twisted.internet.error import NotConnectingError
 from twisted.internet.interfaces import (
@@ -23,7 +21,6 @@ from twisted.internet.interfaces import (
     IReactorTCP,
     IReactorTime,
     IStreamClientEndpoint,
-    ISystemHandle,
 )
 from twisted.internet.protocol import ClientFactory, Factory
 from twisted.python.failure import Failure
@@ -32,29 +29,10 @@ from zope.interface import implementer
 
 from nvpair.proxy.http.client import HTTPClientConnection
 from nvpair.proxy.http.interfaces import ConnectionState, IConnectionPool, IPooledConnection
+from nvpair.proxy.http.peek import peerClosed
 
 IDLE = ConnectionState.IDLE
 DEAD = ConnectionState.DEAD
-_PEEK = socket.MSG_PEEK | socket.MSG_DONTWAIT
-
-
-def peerClosed(transport: object) -> bool:
-    """Whether the peer of ``transport`` closed or reset it, its end not read yet: one
-    byte peeked from its socket (``ISystemHandle``) without taking it.  False when
-    nothing waits, bytes wait (the connection's reader deals with those), or the
-    transport has no socket to ask (TLS, test transports)."""
-    handle = ISystemHandle(transport, None)
-    sock = None if handle is None else handle.getHandle()
-    recv = getattr(sock, "recv", None)
-    if recv is None or isinstance(sock, SSL.Connection):
-        return False
-    try:
-        waiting: bytes = recv(1, _PEEK)
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True  # reset
-    return waiting == b""
 
 
 class _ConnectionFactory(Factory):
@@ -163,7 +141,7 @@ class ConnectionPool:
             conn = idle.pop()
             if not idle:
                 del self._connections[key]
-            if peerClosed(conn.transport):
+            if peerClosed(conn.socketRecv):
                 conn.abort()
                 idle = self._connections.get(key)
                 continue

@@ -126,6 +126,12 @@ class EngineConnection(Protocol):
         return self._state
 
     def connectionMade(self) -> None:
+        # As real engines do (Go's net package, Ollama's, sets TCP_NODELAY by default):
+        # each write goes out at once, never held by Nagle's rule until the peer ACKs the
+        # last (on a pooled connection that ACK is delayed, up to 40 ms on Linux).
+        tcp = ITCPTransport(self.transport, None)
+        if tcp is not None:
+            tcp.setTcpNoDelay(True)
         self._handler.connectionOpened(self)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
