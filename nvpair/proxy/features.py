@@ -71,20 +71,12 @@ class ResidencyObserver(RequestObserver):
     byte on a node where the model was loading ends that load (``coldFirstByte``) and lets
     the requests waiting for it go (``RoomLedger.changed``); a warm one, with the number of
     ours on the node when it was dispatched, teaches what an engine reporting no slots
-    serves at once (``firstByte``, once the end says how much of it was a load), and what
-    it waited there beyond the usual counts as its model's queue while that engine's slots
-    are not known (``engineWaited``: the queue is inside the engine); an engine's reported
-    load time (Ollama's ``load_duration``) is what the load cost."""
+    serves at once (``firstByte``, once the end says how much of it was a load); an
+    engine's reported load time (Ollama's ``load_duration``) is what the load cost."""
 
-    def __init__(
-        self,
-        residency: Residency,
-        ledger: RoomLedger,
-        engineWaited: Callable[[str, str, float, float], None] = lambda *_: None,
-    ) -> None:
+    def __init__(self, residency: Residency, ledger: RoomLedger) -> None:
         self.residency = residency
         self.ledger = ledger
-        self.engineWaited = engineWaited  # ``Queueing.engineWaited``
         self.firstBytes: dict[IExchangeReport, tuple[int, float]] = {}
 
     def committed(self, exchange: IExchangeReport, nodeId: str, firstByte: float) -> None:
@@ -109,12 +101,9 @@ class ResidencyObserver(RequestObserver):
             self.residency.loadDuration(nodeId, model, int(load * 1e9))
         if measured is not None:
             running, seconds = measured
-            work = load + _reportedSeconds(exchange, "promptMs")
-            if self.ledger.capacity(nodeId) is None:  # its queue is in the engine: count it
-                queued = self.residency.concurrency.queued(nodeId, seconds, work)
-                if queued > 0.0 and exchange.dispatchedAt is not None:
-                    self.engineWaited(exchange.engine.id, model, queued, exchange.dispatchedAt)
-            self.residency.firstByte(nodeId, running, seconds, work)
+            self.residency.firstByte(
+                nodeId, running, seconds, load + _reportedSeconds(exchange, "promptMs")
+            )
 
 
 class StandaloneContext(Protocol):
@@ -172,7 +161,7 @@ def useStandalone(context: StandaloneContext, affinity: bool | None = None) -> S
     context.affinity, context.queueing = placing, queueing
     context.residency, context.loads = residency, loads
     context.observe(ServedObserver(ledger, states, placing))
-    context.observe(ResidencyObserver(residency, ledger, queueing.engineWaited))
+    context.observe(ResidencyObserver(residency, ledger))
     return Standalone(ledger, states, residency, placing, queueing)
 
 

@@ -347,28 +347,3 @@ class SlotLimitsFollowerTests(SynchronousTestCase):
         self.assertIsNone(f.ledger.capacity("http://b:1"))
         limits.setBackends([Backend("ollama", A)])
         self.assertIsNone(f.ledger.capacity(A))
-
-
-class LedgerParallelTests(SynchronousTestCase):
-    """What an engine reporting no slots serves at once, learnt, bounds its room."""
-
-    def test_parallelSource(self) -> None:
-        """The learnt parallel slots less ours, while no fresh report says the slots: the
-        least of the sources, as the others."""
-        ours = {"n": 1}
-        ledger = RoomLedger(Clock(), ours)
-        self.assertIsNone(ledger.free("n"))
-        ledger.parallel = {"n": 2}.get
-        self.assertEqual(ledger.free("n"), 1)
-        ours["n"] = 2
-        self.assertTrue(ledger.knownFull("n"))
-        ledger.configure("n", 1)
-        self.assertEqual(ledger.free("n"), -1)
-        self.assertEqual(ledger.status("n")["learntParallel"], 2)
-
-    def test_reportedSlotsWin(self) -> None:
-        """An engine that reports its slots is not second-guessed by waits learnt there."""
-        ledger = RoomLedger(Clock(), {"n": 1})
-        ledger.parallel = {"n": 1}.get
-        ledger.probed("n", busy=1, total=4, interval=1.0)
-        self.assertEqual(ledger.free("n"), 3)

@@ -143,17 +143,3 @@ class ConcurrencyTests(SynchronousTestCase):
         self.assertIsNone(instant.learnt("o"))
         self.feed(instant, 4, 0.2)
         self.assertEqual(instant.learnt("o"), 3)
-
-    def test_queuedInTheEngine(self) -> None:
-        """What a request waited in the engine's own queue: its wait less the baseline, once
-        that wait has risen above ``RISE_FACTOR`` × baseline + slack (queued, not jitter);
-        nothing before a baseline is known."""
-        estimator = ConcurrencyEstimator(Clock())
-        self.assertEqual(estimator.queued("o", 1.0), 0.0, "nothing seen: no baseline")
-        self.feed(estimator, 1, 0.02, n=2)
-        self.assertEqual(estimator.queued("o", 1.3, work=0.3), 0.0, "two samples: none yet")
-        self.feed(estimator, 1, 0.02, n=1)
-        self.assertAlmostEqual(estimator.queued("o", 1.3, work=0.3), 0.98)
-        self.assertEqual(estimator.queued("o", 0.35, work=0.3), 0.0, "jitter is no queue")
-        self.assertEqual(estimator.queued("o", 0.13), 0.0, "under 2 × 0.02 + 0.1 s of slack")
-        self.assertAlmostEqual(estimator.queued("o", 0.2), 0.18)

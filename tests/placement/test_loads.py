@@ -336,35 +336,6 @@ class SpillTests(PlanCase):
         self.assertEqual(self.plan(ahead=50, owners=(A, C)), LoadPlan((A,)))
 
 
-class BlindTests(PlanCase):
-    """A warm copy of unknown capacity (no slots reported, no limit learnt) is never known
-    full: its queue is in the engine, and what was waited there beyond the usual
-    (``Backlog.inEngine``) takes rule 2's test for a further copy."""
-
-    def setUp(self) -> None:
-        super().setUp()
-        self.learnCapacity("B", ("x", "y"))
-        self.hold(A=("m",), B=("x",), C=())
-        self.start("A", "m", 6)
-
-    def blind(self, inEngine: float, waited: float | None = None) -> LoadPlan:
-        return self.planner.plan(NODES, "m", Backlog(0, waited or inEngine, inEngine))
-
-    def test_engineWaitSpills(self) -> None:
-        self.assertIsNone(self.ledger.capacity("A"))
-        self.assertEqual(self.blind(ROOM_WAIT * 10 - 0.1), LoadPlan((A,)))
-        self.assertEqual(self.blind(ROOM_WAIT * 10 + 0.1), LoadPlan((B,), B))
-
-    def test_proxyWaitsAlone(self) -> None:
-        """Waits in the proxy (for the copy's own load, say) are no engine queue."""
-        self.assertEqual(self.blind(0.0, waited=1000.0), LoadPlan((A,)))
-
-    def test_knownCapacity(self) -> None:
-        """Capacity known: the queue is the proxy's; a copy with room takes the request."""
-        self.ledger.configure("A", 8)
-        self.assertEqual(self.blind(1000.0), LoadPlan((A,)))
-
-
 class LoadingTests(PlanCase):
     """Loading somewhere, warm nowhere: wait for that load."""
 
@@ -375,3 +346,28 @@ class LoadingTests(PlanCase):
         self.assertEqual(self.plan(ahead=500), LoadPlan((C,)))
         self.assertTrue(self.planner.loading("C", "m"))
         self.assertFalse(self.planner.loading("A", "m"))
+
+
+class LedgerParallelTests(SynchronousTestCase):
+    """What an engine reporting no slots serves at once, learnt, bounds its room."""
+
+    def test_parallelSource(self) -> None:
+        """The learnt parallel slots less ours, while no fresh report says the slots: the
+        least of the sources, as the others."""
+        ours = {"n": 1}
+        ledger = RoomLedger(Clock(), ours)
+        self.assertIsNone(ledger.free("n"))
+        ledger.parallel = {"n": 2}.get
+        self.assertEqual(ledger.free("n"), 1)
+        ours["n"] = 2
+        self.assertTrue(ledger.knownFull("n"))
+        ledger.configure("n", 1)
+        self.assertEqual(ledger.free("n"), -1)
+        self.assertEqual(ledger.status("n")["learntParallel"], 2)
+
+    def test_reportedSlotsWin(self) -> None:
+        """An engine that reports its slots is not second-guessed by waits learnt there."""
+        ledger = RoomLedger(Clock(), {"n": 1})
+        ledger.parallel = {"n": 1}.get
+        ledger.probed("n", busy=1, total=4, interval=1.0)
+        self.assertEqual(ledger.free("n"), 3)

@@ -5,10 +5,8 @@ request failed is no longer expected."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from nvpair.proxy.dispatch.queueline import WAITED_TAU
 from nvpair.proxy.features import useStandalone
 from nvpair.proxy.nodestate.interfaces import ModelState
 from nvpair.proxy.nodestate.probes import EngineReport, ResidentModel
@@ -121,26 +119,6 @@ class FeedTests(LoadsCase):
         for running, wait in ((1, 0.25), (1, 0.25), (2, 3.0), (2, 3.0), (2, 3.0)):
             self.residency.firstByte("A", running, wait)
         self.assertEqual(self.features.ledger.free("A"), 1)
-
-    def test_engineQueueCounts(self) -> None:
-        """On a node whose slots are not known, what a request waited before its first byte
-        beyond the node's usual wait is its model's queue (``Backlog.inEngine``, which can
-        start a further copy); once the slots are known, the queue is the proxy's own."""
-        self.hold(A=("m1",), B=(), C=())
-        for _ in range(3):
-            self.residency.firstByte("A", 1, 0.02)
-        self.start()
-        self.clock.advance(0.5)
-        self.commit(0).end()
-        backlog = self.features.queueing.backlog(self.facade, "m1")
-        self.assertAlmostEqual(backlog.inEngine, 0.48)
-        self.assertAlmostEqual(backlog.waited, 0.48)
-        self.features.ledger.configure("A", 4)
-        self.start()
-        self.clock.advance(0.5)
-        self.commit(1).end()
-        later = self.features.queueing.backlog(self.facade, "m1").inEngine
-        self.assertAlmostEqual(later, 0.48 * math.exp(-0.5 / WAITED_TAU))  # decayed, no more
 
     def test_reportedLoadTime(self) -> None:
         """An Ollama answer that waited for a load (``load_duration``) tells what the load

@@ -109,17 +109,16 @@ class Queueing:
         """How many requests for ``model`` wait in ``facade``'s queue, and what its requests
         waited lately."""
         line = self.lines.get((facade.engine.id, model))
-        return NO_BACKLOG if line is None else line.backlog(self.clock.seconds(), self.loads)
+        return NO_BACKLOG if line is None else self._backlog(line)
 
     def loadStarted(self, facade: IFleetView, model: str) -> None:
         """A request for ``model`` goes to start a load: what its queue waited is paid."""
-        if (line := self.lines.get((facade.engine.id, model))) is not None:
+        line = self.lines.get((facade.engine.id, model))
+        if line is not None:
             line.loadStarted(self.clock.seconds())
 
-    def engineWaited(self, engineId: str, model: str, seconds: float, since: float) -> None:
-        """A request waited ``seconds`` in its engine's own queue (``Line.engineWaited``)."""
-        if (line := self.lines.get((engineId, model))) is not None:
-            line.engineWaited(seconds, since, self.clock.seconds())
+    def _backlog(self, line: Line) -> Backlog:
+        return line.backlog(self.clock.seconds(), self.loads)
 
     def _line(self, facade: IFleetView, model: str) -> Line | None:
         key = (facade.engine.id, model)

@@ -66,7 +66,7 @@ class Waiter:
 class Line:
     """One facade and model's queue, with what it needs to find the model's owners."""
 
-    __slots__ = ("facade", "model", "queue", "waits", "waited", "inEngine", "paidAt")
+    __slots__ = ("facade", "model", "queue", "waits", "waited", "paidAt")
 
     def __init__(
         self,
@@ -80,22 +80,12 @@ class Line:
         self.queue: FairQueue[Waiter] = FairQueue(maxDepth, charged)
         self.waits = WaitHistogram()
         self.waited = Accrued()  # seconds its requests waited lately (decayed)
-        self.inEngine = Accrued()  # the part of it in engines whose slots are not known
         self.paidAt = -math.inf  # the last moment a load of the model was seen paying
 
     def loadStarted(self, now: float) -> None:
         """A request goes to start a load of the model: what the queue waited is paid."""
         self.waited.clear()
-        self.inEngine.clear()
         self.paidAt = now
-
-    def engineWaited(self, seconds: float, since: float, now: float) -> None:
-        """A request dispatched at ``since`` waited ``seconds`` inside an engine whose slots
-        are not known (its queue is there, not here): counted as this queue's wait, unless
-        a load of the model started since (that load pays it)."""
-        if since >= self.paidAt:
-            self.waited.add(seconds, now)
-            self.inEngine.add(seconds, now)
 
     def backlog(self, now: float, loads: ILoadPlanner | None) -> Backlog:
         """How many wait, and what they waited lately that no load pays (``paid``: only
@@ -107,9 +97,9 @@ class Line:
     def waiting(self, now: float) -> Backlog:
         """What ``backlog`` answers, without noting anything paid."""
         depth = self.queue.depth
-        if not depth and not self.waited.value:
-            return NO_BACKLOG
-        return Backlog(depth, self.waited.now(now), self.inEngine.now(now))
+        if not depth:
+            return NO_BACKLOG if not self.waited.value else Backlog(0, self.waited.now(now))
+        return Backlog(depth, self.waited.now(now))
 
     def left(self, since: float, now: float, loads: ILoadPlanner | None) -> None:
         """A request queued at ``since`` leaves the queue at ``now``: what counts towards

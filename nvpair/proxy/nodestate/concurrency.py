@@ -23,11 +23,8 @@ estimate is one below the lowest risen level with ``MIN_SAMPLES`` samples (at le
 with none risen, None (no limit seen yet). A level not sampled for ``FORGET_AFTER`` seconds
 is forgotten, so a limit lapses unless traffic confirms it (and the engine may have been
 restarted with another setting). The estimate is read on every room check: it is reckoned
-again after a sample, else at most every ``REUSE`` seconds. ``queued`` reads one wait
-against the same rule: beyond the rise limit, what exceeds the baseline is time spent in
-the engine's own queue (the model's queue while the engine's slots are not known:
-``features.ResidencyObserver``). Pure, on a clock, at most ``maxNodes`` nodes of
-``MAX_LEVEL`` levels.
+again after a sample, else at most every ``REUSE`` seconds. Pure, on a clock, at most
+``maxNodes`` nodes of ``MAX_LEVEL`` levels.
 """
 
 from __future__ import annotations
@@ -102,28 +99,6 @@ class ConcurrencyEstimator:
         level.samples += 1
         level.at = now
 
-    def queued(self, nodeId: str, firstByte: float, work: float = 0.0) -> float:
-        """The seconds a request to ``nodeId`` waited inside its engine for a slot: its wait
-        (``observe``'s) less the baseline, when the wait has risen above the rise limit
-        (a queued request, not jitter); 0 while no baseline is known."""
-        levels = self._nodes.get(nodeId)
-        if not levels:
-            return 0.0
-        baseline = math.inf
-        for level in levels.values():
-            if level.samples >= MIN_SAMPLES and level.average < baseline:
-                baseline = level.average
-        wait = firstByte - work if work > 0.0 else firstByte
-        if not wait > RISE_FACTOR * baseline + self._slack(nodeId):  # False for no baseline
-            return 0.0
-        return wait - baseline
-
-    def _slack(self, nodeId: str) -> float:
-        service = self.service(nodeId)
-        if service is None:
-            return RISE_SLACK
-        return min(RISE_SLACK, max(RISE_FLOOR, RISE_SHARE * service))
-
     def learnt(self, nodeId: str) -> int | None:
         """How many requests ``nodeId`` serves at once, or None while no rise was seen."""
         levels = self._nodes.get(nodeId)
@@ -133,7 +108,11 @@ class ConcurrencyEstimator:
         cached = self._learnt.get(nodeId)
         if cached is not None and now - cached[1] < REUSE:
             return cached[0]  # read on every room check: reckoned at most once a second
-        learnt = self._reckon(levels, now, self._slack(nodeId))
+        service = self.service(nodeId)
+        slack = RISE_SLACK
+        if service is not None:
+            slack = min(RISE_SLACK, max(RISE_FLOOR, RISE_SHARE * service))
+        learnt = self._reckon(levels, now, slack)
         self._learnt[nodeId] = (learnt, now)
         return learnt
 

@@ -40,12 +40,10 @@ class LoadPlan:
 @attrs.frozen
 class Backlog:
     """A model's queue in the proxy: how many wait, and the seconds its requests waited
-    lately (decayed over about a minute); ``inEngine``, the part of that they waited in
-    the queue of an engine whose slots are not known (beyond its usual wait there)."""
+    lately (decayed over about a minute)."""
 
     ahead: int = 0
     waited: float = 0.0
-    inEngine: float = 0.0
 
 
 NO_BACKLOG = Backlog()

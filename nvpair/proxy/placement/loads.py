@@ -8,10 +8,7 @@ so, or the proxy started a load there that is not done), or *cold* (not resident
 router's sleeping child).  ``LoadPlanner.plan`` answers the owners a request may go to
 (``usable``) and, when it is to start a load, where (``load``):
 
-1. **Warm with room**: the warm owners only; but where no warm copy's capacity is known
-   (an engine that reports no slots, before its parallel limit is learnt: its queue is
-   inside the engine, and it is never known full), a further copy by rule 2's test on
-   what the model's requests waited there beyond the usual (``Backlog.inEngine``).
+1. **Warm with room**: the warm owners only.
 2. **Warm, every one full**: wait for them (in the fair queue: a loading owner counts as
    full until its load is done), unless the copies' queue stays longer than a load
    elsewhere: then the cheapest cold owner where it does and a further copy may go
@@ -70,7 +67,7 @@ __all__ = ["IDLE_DEMAND", "ROOM_WAIT", "SHARE_MARGIN", "LoadPlanner", "Tier"]
 
 IDLE_DEMAND = 0.1  # requests a minute: below it a model is not used lately
 SHARE_MARGIN = 1.5  # a copy gives way to a model with this much more demand per copy
-ROOM_WAIT = 0.1  # of a load's seconds per copy waited: enough for a copy in free room
+ROOM_WAIT = 0.25  # of a load's seconds per copy waited: enough for a copy in free room
 
 _WARM = (ModelState.LOADED, ModelState.UNKNOWN)
 
@@ -137,15 +134,12 @@ class LoadPlanner:
             return LoadPlan(tuple(owners))
         full = self.ledger.knownFull
         if any(not full(node.id) for node in warm):
-            spill = None
-            if backlog.inEngine and self._blind(warm):
-                spill = self._spill(warm, loading, cold, model, backlog.inEngine)
-            return LoadPlan(tuple(warm)) if spill is None else LoadPlan((spill,), spill)
+            return LoadPlan(tuple(warm))
         copies = (*warm, *loading)
         if not copies:
             best = self.cheapest(cold, model)
             return LoadPlan((best.node,), best.node)
-        spill = self._spill(warm, loading, cold, model, backlog.waited, backlog.ahead)
+        spill = self._spill(warm, loading, cold, model, backlog)
         if spill is not None:
             return LoadPlan((spill,), spill)
         return LoadPlan(copies)
@@ -179,27 +173,26 @@ class LoadPlanner:
         loading: Sequence[Node],
         cold: Sequence[Node],
         model: str,
-        waited: float,
-        ahead: int = 0,
+        backlog: Backlog,
     ) -> Node | None:
         """The cold owner to load a further copy on (rule 2): the cheapest where the
-        copies' queue (``waited`` lately, ``ahead`` now) outlasted a load and one may go
-        (checked in that order: the first is cheap), or None."""
+        copies' queue outlasted a load and one may go (checked in that order: the first
+        is cheap), or None."""
         if not cold or not warm:
             return None  # no copy serves yet: its rate is not known
         copies = len(warm) + len(loading)
         owners = (*warm, *loading, *cold)
-        predicted = self._predicted(warm, copies, ahead)
+        predicted = self._predicted(warm, copies, backlog)
         for best in sorted((self._cold(node, model, True) for node in cold), key=lambda c: c.key):
             share = ROOM_WAIT if best.tier <= Tier.UNKNOWN else 1.0  # room evicts nothing
-            outlasted = not loading and waited > best.seconds * copies * share
-            if (outlasted or predicted > best.seconds) and self._spillable(
+            waited = not loading and backlog.waited > best.seconds * copies * share
+            if (waited or predicted > best.seconds) and self._spillable(
                 best, model, owners, copies
             ):
                 return best.node
         return None
 
-    def _predicted(self, warm: Sequence[Node], copies: int, ahead: int) -> float:
+    def _predicted(self, warm: Sequence[Node], copies: int, backlog: Backlog) -> float:
         """The wait predicted for the next request: ``(ahead + 1)`` over the copies' rate
         (a loading copy at the warm copies' mean); 0 while a warm copy's rate is unknown
         (stay warm when uncertain)."""
@@ -207,7 +200,7 @@ class LoadPlanner:
         known = [rate for rate in rates if rate is not None]
         if len(known) < len(rates) or sum(known) <= 0:
             return 0.0
-        return (ahead + 1) / (sum(known) * copies / len(known))
+        return (backlog.ahead + 1) / (sum(known) * copies / len(known))
 
     def _spillable(self, best: _Cold, model: str, owners: Sequence[Node], copies: int) -> bool:
         """Whether a further copy may go where ``best`` says: where there is room, or a
@@ -237,16 +230,6 @@ class LoadPlanner:
             return True
         theirs = eviction.fleetDemand / max(1, eviction.copies)
         return theirs * SHARE_MARGIN < residency.demand(model) / (copies + 1)
-
-    def _blind(self, warm: Sequence[Node]) -> bool:
-        """Whether no warm copy's capacity is known (no slots reported, none given or
-        learnt): their queue is inside the engines, counted in ``Backlog.waited`` as the
-        waits beyond the usual there, and never known full."""
-        capacity = self.ledger.capacity
-        for node in warm:
-            if capacity(node.id) is not None:
-                return False
-        return True
 
     def _rate(self, nodeId: str) -> float | None:
         """Requests a second ``nodeId`` serves (capacity / service time), if known."""
