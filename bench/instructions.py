@@ -95,7 +95,7 @@ def count(tree: str, requests: int, enginePort: int) -> int:
                 raise RuntimeError(f"answer {answer.status} through the proxy")
         conn.close()
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)  # SIGINT is ignored in a background job
         proc.wait(300)
     return total(out)
 
