@@ -28,7 +28,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 from bench import load, procs
@@ -46,28 +45,14 @@ def total(path: str) -> int:
 def count(tree: str, requests: int, enginePort: int) -> int:
     """Instructions the proxy (sources from ``tree``) executed serving ``requests``
     chat completions after one that proves the route, start to exit."""
-    state = tempfile.mkdtemp(prefix="nvpair-instructions-")
-    port = procs.freePort()
-    with open(os.path.join(state, "llamacpp-proxy-port.json"), "w") as f:
-        json.dump({"port": port}, f)
+    state, port = procs.standaloneState()
     out = os.path.join(state, "callgrind.out")
+    backend = f"http://127.0.0.1:{enginePort}"
     argv = [
         "valgrind",
         "--tool=callgrind",
         f"--callgrind-out-file={out}",
-        *procs.twistdCommand(),
-        "--reactor=nvpair",
-        "-n",
-        "--pidfile=",
-        "nvpair-proxy",
-        "--standalone",
-        "--engines",
-        "llamacpp",
-        f"--backend=llamacpp=http://127.0.0.1:{enginePort}",
-        "--state-dir",
-        state,
-        "--ops-port",
-        "0",
+        *procs.standaloneArgv([backend], state),
     ]
     env = dict(os.environ, PYTHONPATH=tree)
     proc = subprocess.Popen(

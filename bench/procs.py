@@ -274,17 +274,21 @@ def twistdCommand() -> list[str]:
     return [PYTHON, os.path.join(ROOT, ".venv", "bin", "twistd")]
 
 
-def spawnStandalone(
-    backends: list[str], *options: str, opsPort: int = 0, engine: str = "llamacpp"
-) -> Server:
-    """The proxy in ``--standalone`` mode (its ``engine`` facade, llama.cpp by default) over
-    ``backends`` (URLs), with ``options`` added, a persisted facade port in a temp state
-    dir, the operations listener on ``opsPort`` (0: any); returned once the facade listens."""
+def standaloneState(engine: str = "llamacpp") -> tuple[str, int]:
+    """A temp state dir holding a persisted facade port for ``engine``: (dir, port)."""
     state = tempfile.mkdtemp(prefix="nvpair-bench-state-")
     port = freePort()
     with open(os.path.join(state, ENGINES[engine].portFile), "w") as f:
         json.dump({"port": port}, f)
-    argv = [
+    return state, port
+
+
+def standaloneArgv(
+    backends: list[str], state: str, *options: str, opsPort: int = 0, engine: str = "llamacpp"
+) -> list[str]:
+    """The argv of ``twistd`` running the proxy in ``--standalone`` mode (its ``engine``
+    facade) over ``backends`` (URLs), its state in ``state``, ``options`` added."""
+    return [
         *twistdCommand(),
         "--reactor=nvpair",
         "-n",
@@ -300,6 +304,16 @@ def spawnStandalone(
         str(opsPort),
         *options,
     ]
+
+
+def spawnStandalone(
+    backends: list[str], *options: str, opsPort: int = 0, engine: str = "llamacpp"
+) -> Server:
+    """The proxy in ``--standalone`` mode (its ``engine`` facade, llama.cpp by default) over
+    ``backends`` (URLs), with ``options`` added, a persisted facade port in a temp state
+    dir, the operations listener on ``opsPort`` (0: any); returned once the facade listens."""
+    state, port = standaloneState(engine)
+    argv = standaloneArgv(backends, state, *options, opsPort=opsPort, engine=engine)
     proc = spawn(
         argv,
         stdin=subprocess.DEVNULL,
