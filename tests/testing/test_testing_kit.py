@@ -12,7 +12,6 @@ import json
 import os
 import sys
 
-from twisted.internet.address import IPv4Address
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
@@ -66,11 +65,8 @@ class InMemoryEngineTests(SynchronousTestCase):
         """A connection on a TCP transport turns Nagle's rule off, as Ollama (Go's default)
         and llama-server do: a token is never held for the peer's delayed ACK (about 20 ms
         more to the first token on a pooled connection, the proxy's)."""
-        factory = self.reactor.tcpServers[0][1]
-        connection = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5555))
-        assert isinstance(connection, EngineConnection)
         transport = TCPStringTransport()
-        connection.makeConnection(transport)
+        memoryConnection(self.reactor, transport)
         self.assertTrue(transport.noDelay)
         self.assertEqual(self.engine.openConnections, 1)
 

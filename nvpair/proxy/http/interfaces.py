@@ -76,7 +76,7 @@ class IPooledConnection(Interface):
     idleSince: float = Attribute("When it was last put back in the pool (reactor seconds).")
     transport: IStreamTransport | None = Attribute("Its transport, once connected.")
     socketRecv: Callable[[int, int], bytes] | None = Attribute(
-        "Its socket's ``recv``, for the pool's peek before reuse (``pool.peerClosed``); "
+        "Its socket's ``recv``, for the pool's peek before reuse (``peek.peerClosed``); "
         "None where there is no socket to ask (TLS, test transports)."
     )
 

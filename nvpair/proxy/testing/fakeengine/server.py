@@ -84,12 +84,15 @@ class EngineServer:
                 d.callback(None)
 
 
-def memoryConnection(reactor: MemoryReactor) -> tuple[EngineConnection, StringTransport]:
-    """A new client connection, on a ``StringTransport``, to the engine that listened first
-    on ``reactor`` (a ``MemoryReactor``: nothing is dialled)."""
+def memoryConnection(
+    reactor: MemoryReactor, transport: StringTransport | None = None
+) -> tuple[EngineConnection, StringTransport]:
+    """A new client connection, on ``transport`` (a new ``StringTransport`` by default),
+    to the engine that listened first on ``reactor`` (a ``MemoryReactor``: nothing is
+    dialled)."""
     factory = reactor.tcpServers[0][1]
     connection = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 5555))
     assert isinstance(connection, EngineConnection)
-    transport = StringTransport()
+    transport = StringTransport() if transport is None else transport
     connection.makeConnection(transport)
     return connection, transport
