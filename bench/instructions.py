@@ -28,7 +28,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 from bench import load, procs
 
@@ -44,7 +43,7 @@ def total(path: str) -> int:
 
 def count(tree: str, requests: int, enginePort: int) -> int:
     """Instructions the proxy (sources from ``tree``) executed serving ``requests``
-    chat completions after one that proves the route, start to exit."""
+    chat completions once its route is known, start to exit."""
     state, port = procs.standaloneState()
     out = os.path.join(state, "callgrind.out")
     backend = f"http://127.0.0.1:{enginePort}"
@@ -60,18 +59,9 @@ def count(tree: str, requests: int, enginePort: int) -> int:
     )
     try:
         procs.waitForPort(port, "proxy under valgrind", proc, timeout=300)
+        procs.waitForRoute(port, timeout=120)  # discovery's first probe has answered
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
         headers = {"Content-Type": "application/json"}
-        deadline = time.monotonic() + 120
-        while True:  # until the route is known (discovery's first probe)
-            conn.request("POST", "/v1/chat/completions", load.CHAT_BODY.encode(), headers)
-            answer = conn.getresponse()
-            answer.read()
-            if answer.status == 200:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no route through the proxy: {answer.status}")
-            time.sleep(0.2)
         for _ in range(requests):
             conn.request("POST", "/v1/chat/completions", load.CHAT_BODY.encode(), headers)
             answer = conn.getresponse()
