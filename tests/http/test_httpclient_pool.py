@@ -6,6 +6,9 @@ flow control, closing the pool, and ``DirectTCP`` dials. How answers are read is
 
 from __future__ import annotations
 
+import select
+import socket
+
 from twisted.internet import defer
 from twisted.internet.error import (
     ConnectError,
@@ -21,9 +24,10 @@ from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
+from nvpair.proxy.http import peek
 from nvpair.proxy.http.client import HTTPClientConnection
 from nvpair.proxy.http.framing import serializeRequest
-from nvpair.proxy.http.peek import peerClosed, socketRecv
+from nvpair.proxy.http.peek import SocketPeek, socketPeek
 from nvpair.proxy.http.pool import ConnectionPool, DirectTCP
 from nvpair.proxy.testing.wire import TCPStringTransport
 from tests.http.httpkit import KEY, PEER, Body, ClientCase
@@ -31,18 +35,45 @@ from tests.http.httpkit import KEY, PEER, Body, ClientCase
 
 class Socket:
     """What a socket's ``recv(1, MSG_PEEK | MSG_DONTWAIT)`` finds: ``waiting`` bytes (b""
-    once the peer closed), or ``error`` raised."""
+    once the peer closed), or ``error`` raised; what its poll set finds follows (nothing
+    to read while ``recv`` would raise ``BlockingIOError``)."""
 
     def __init__(self) -> None:
         self.waiting = b""
         self.error: OSError | None = BlockingIOError()
         self.peeks: list[int] = []
+        self.polls = 0
+
+    def fileno(self) -> int:
+        return 7
 
     def recv(self, size: int, flags: int) -> bytes:
         self.peeks.append(flags)
         if self.error is not None:
             raise self.error
         return self.waiting[:size]
+
+
+class FakePoll:
+    """``select.poll`` over the ``Socket`` fakes (each registered by its fd)."""
+
+    sockets: dict[int, Socket] = {}
+
+    def __init__(self) -> None:
+        self.registered: list[tuple[int, int]] = []
+
+    def register(self, fd: int, eventmask: int = 0, /) -> None:
+        self.registered.append((fd, eventmask))
+
+    def poll(self, timeout: float | None = None, /) -> list[tuple[int, int]]:
+        assert timeout == 0, "the pool never waits"
+        ready = []
+        for fd, mask in self.registered:
+            sock = self.sockets[fd]
+            sock.polls += 1
+            if not isinstance(sock.error, BlockingIOError):
+                ready.append((fd, mask))
+        return ready
 
 
 @implementer(ISystemHandle)
@@ -52,6 +83,7 @@ class SocketTransport(TCPStringTransport):
     def __init__(self) -> None:
         super().__init__()
         self.socket = Socket()
+        FakePoll.sockets[self.socket.fileno()] = self.socket
 
     def getHandle(self) -> Socket:
         return self.socket
@@ -65,6 +97,8 @@ class PeerClosedTests(ClientCase):
     def setUp(self) -> None:
         super().setUp()
         self.endpoint.transportType = SocketTransport
+        self.patch(peek, "POLL", FakePoll)
+        self.addCleanup(FakePoll.sockets.clear)
 
     def pooled(self) -> SocketTransport:
         _, _, transport = self.respond(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
@@ -72,18 +106,21 @@ class PeerClosedTests(ClientCase):
         return transport
 
     def test_aliveReused(self) -> None:
-        """Nothing waiting on its socket: reused, no new dial."""
+        """Nothing waiting on its socket: reused, no new dial, and no ``recv`` (the poll
+        alone says so)."""
         transport = self.pooled()
         self.send()
         self.assertEqual(len(self.endpoint.dials), 1)
         self.assertFalse(transport.disconnecting)
-        self.assertEqual(len(transport.socket.peeks), 1)
+        self.assertEqual(transport.socket.polls, 1)
+        self.assertEqual(transport.socket.peeks, [])
 
     def dropped(self, error: OSError | None) -> None:
         transport = self.pooled()
         transport.socket.error = error
         d = self.send()
         self.assertTrue(transport.disconnecting)
+        self.assertEqual(transport.socket.peeks, [socket.MSG_PEEK | socket.MSG_DONTWAIT])
         conn, fresh = self.endpoint.complete()
         self.assertIn(b"POST /v1/x", fresh.value())
         conn.dataReceived(b"HTTP/1.1 204 No Content\r\n\r\n")
@@ -103,13 +140,35 @@ class PeerClosedTests(ClientCase):
         transport = self.pooled()
         transport.socket.error = None
         transport.socket.waiting = b"x"
-        self.assertFalse(peerClosed(socketRecv(transport)))
+        found = socketPeek(transport)
+        assert found is not None
+        self.assertFalse(found.closed())
+
+    def test_readableButNothingThere(self) -> None:
+        """A poll that says readable while ``recv`` finds nothing yet: open."""
+        sock = Socket()
+        self.assertFalse(SocketPeek(lambda timeout: [(7, 1)], sock.recv).closed())
 
     def test_noSocket(self) -> None:
-        """A transport with no socket to ask is taken as open."""
-        self.assertFalse(peerClosed(socketRecv(TCPStringTransport())))
-        self.assertIsNone(socketRecv(None))
-        self.assertFalse(peerClosed(None))
+        """A transport with no socket to ask is taken as open (no peek at all)."""
+        self.assertIsNone(socketPeek(TCPStringTransport()))
+        self.assertIsNone(socketPeek(None))
+
+    def test_pollRegistersTheSocket(self) -> None:
+        """The poll set made for a connection holds its socket's fd, for reading."""
+        made: list[FakePoll] = []
+
+        def poll() -> FakePoll:
+            made.append(FakePoll())
+            return made[-1]
+
+        self.patch(peek, "POLL", poll)
+        transport = SocketTransport()
+        found = socketPeek(transport)
+        assert found is not None
+        self.assertEqual([p.registered for p in made], [[(7, select.POLLIN)]])
+        self.assertFalse(found.closed())
+        self.assertEqual(transport.socket.polls, 1)
 
 
 class ClientTests(ClientCase):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from json.encoder import encode_basestring
-from typing import cast
 
 from zope.interface import implementer
 
@@ -15,11 +14,12 @@ from nvpair.proxy.interfaces import IActivity, IBrokerSink
 class _Change(Prepared):
     """The params ``{"nodeId": <str>, "inFlight": <int>}`` of one change, from a template."""
 
-    __slots__ = ()
+    __slots__ = ("_nodeId",)
+
+    _nodeId: str  # ``self["nodeId"]``, typed
 
     def paramsJSON(self) -> str:
-        nodeId = cast(str, self["nodeId"])  # set by ``change`` only
-        return f'{{"nodeId":{encode_basestring(nodeId)},"inFlight":{self["inFlight"]}}}'
+        return f'{{"nodeId":{encode_basestring(self._nodeId)},"inFlight":{self["inFlight"]}}}'
 
 
 @implementer(IActivity)
@@ -48,7 +48,7 @@ class Activity:
             return  # nobody receives notifications (standalone)
         if type(nodeId) is str and type(count) is int:
             params = _Change()
-            params["nodeId"] = nodeId
+            params["nodeId"] = params._nodeId = nodeId
             params["inFlight"] = count
             self._sink.notify("discovery:node-activity", params)
         else:

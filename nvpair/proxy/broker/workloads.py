@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 from collections import deque
 from json.encoder import encode_basestring
-from typing import cast
 
 from twisted.internet.interfaces import IReactorTime
 from zope.interface import Interface, implementer
@@ -111,14 +110,15 @@ class _Event(Prepared):
     ``originatedFrom`` is ``""`` and ``requesterId`` ``None``.
     """
 
-    __slots__ = ("_head", "_mid")
+    __slots__ = ("_head", "_mid", "_info", "_state")
 
     _head: str
     _mid: str
+    _info: dict[str, object]  # ``self["workloadInfo"]``, typed
+    _state: str  # its ``state``
 
     def paramsJSON(self) -> str:
-        info = cast("dict[str, object]", self["workloadInfo"])  # filled by ``_emit`` only
-        state = cast(str, info["state"])
+        info, state = self._info, self._state
         error = info["error"]
         text = (
             f"{self._head}{_STATES.get(state) or _string(state)}{self._mid}"
@@ -224,7 +224,8 @@ class Workload:
         info = self.info()
         reporter.seq = info["seq"] = reporter.seq + 1
         params = _Event()
-        params["workloadInfo"] = info
+        params["workloadInfo"] = params._info = info
+        params._state = self.state
         params._head = self._head or self._writeHead()
         params._mid = self._mid
         reporter.sink.notify(method, params)

@@ -29,7 +29,7 @@ the head and framing bytes between payload bytes are bounded (``framing``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 from twisted.internet import defer
@@ -68,7 +68,7 @@ from nvpair.proxy.http.interfaces import (
     IPooledConnection,
     IStreamTransport,
 )
-from nvpair.proxy.http.peek import socketRecv
+from nvpair.proxy.http.peek import SocketPeek, socketPeek
 from nvpair.proxy.http.response import Response
 
 _DONE = Failure(ResponseDone())
@@ -115,7 +115,7 @@ class HTTPClientConnection(Protocol):
         self._held = False
         self._readPaused = False
         self._closed: list[defer.Deferred[None]] | None = []  # None once closed
-        self.socketRecv: Callable[[int, int], bytes] | None = None  # set once connected
+        self.peek: SocketPeek | None = None  # set once connected
         # A direct dial (``pool.DirectTCP``) fires this with the connection once made.
         self.whenMade: defer.Deferred[HTTPClientConnection] | None = None
 
@@ -125,7 +125,7 @@ class HTTPClientConnection(Protocol):
             self.transport.setTcpNoDelay(True)
         except OSError:
             pass
-        self.socketRecv = socketRecv(self.transport)
+        self.peek = socketPeek(self.transport)
         made, self.whenMade = self.whenMade, None
         if made is not None and not made.called:
             made.callback(self)

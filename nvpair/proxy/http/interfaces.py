@@ -32,6 +32,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 from zope.interface import Attribute, Interface
 
+from nvpair.proxy.http.peek import SocketPeek
 from nvpair.proxy.http.refusal import Refusal
 
 
@@ -75,9 +76,9 @@ class IPooledConnection(Interface):
     state: ConnectionState = Attribute("Where the connection is (``ConnectionState``).")
     idleSince: float = Attribute("When it was last put back in the pool (reactor seconds).")
     transport: IStreamTransport | None = Attribute("Its transport, once connected.")
-    socketRecv: Callable[[int, int], bytes] | None = Attribute(
-        "Its socket's ``recv``, for the pool's peek before reuse (``peek.peerClosed``); "
-        "None where there is no socket to ask (TLS, test transports)."
+    peek: SocketPeek | None = Attribute(
+        "Its socket's look before reuse (``peek.SocketPeek``); None where there is no "
+        "socket to ask (TLS, test transports)."
     )
 
     def send(data: bytes, method: bytes, d: Deferred[IResponse]) -> None:

@@ -3,7 +3,7 @@
 Idle connections are kept per key (scheme, host, port), at most ``maxPersistentPerHost``
 per key, and closed after ``idleTimeout`` seconds unused by one sweep timer for the whole
 pool.  A request takes the most recently used idle connection the engine has not closed
-(``peerClosed``) or dials a new one.  The pool
+(``peek.SocketPeek``) or dials a new one.  The pool
 counts the answers that had bytes after them (``answersOverrun``, read by ``/metrics``).
 """
 
@@ -29,7 +29,6 @@ from zope.interface import implementer
 
 from nvpair.proxy.http.client import HTTPClientConnection
 from nvpair.proxy.http.interfaces import ConnectionState, IConnectionPool, IPooledConnection
-from nvpair.proxy.http.peek import peerClosed
 
 IDLE = ConnectionState.IDLE
 DEAD = ConnectionState.DEAD
@@ -141,7 +140,8 @@ class ConnectionPool:
             conn = idle.pop()
             if not idle:
                 del self._connections[key]
-            if peerClosed(conn.socketRecv):
+            peek = conn.peek
+            if peek is not None and peek.closed():
                 conn.abort()
                 idle = self._connections.get(key)
                 continue
