@@ -24,7 +24,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import react
 
 from bench import procs
-from bench.residency.client import Clients, Router
+from bench.residency.client import Clients, Record, Router
 from bench.residency.report import markdown, summarize, writeSection
 from bench.residency.routers import (
     ROUTERS,
@@ -60,6 +60,9 @@ def parseArgs(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--routers", default=",".join(ROUTERS))
     p.add_argument("--no-write", action="store_true", help="leave bench/RESULTS.md alone")
+    p.add_argument(
+        "--records", metavar="DIR", help="write each router's requests (JSON lines) in DIR"
+    )
     args = p.parse_args(argv)
     unknown = set(args.routers.split(",")) - set(ROUTERS)
     if unknown:
@@ -68,7 +71,12 @@ def parseArgs(argv: list[str]) -> argparse.Namespace:
 
 
 async def _one(
-    reactor: Any, name: str, workload: Workload, settings: EngineSettings, nodes: int
+    reactor: Any,
+    name: str,
+    workload: Workload,
+    settings: EngineSettings,
+    nodes: int,
+    recordsDir: str | None = None,
 ) -> dict[str, Any]:
     if name == "swapper":
         settings = attrs.evolve(settings, maxLoaded=1)
@@ -94,6 +102,8 @@ async def _one(
             resetEngine(engine)
         started = time.monotonic()
         records = await Clients(reactor, router, workload).run()
+        if recordsDir is not None:
+            writeRecords(os.path.join(recordsDir, f"{name}.jsonl"), records)
         summary = summarize(records, [engineStats(e) for e in engines])
         summary["seconds"] = round(time.monotonic() - started, 1)
         if proxy is not None:
@@ -106,6 +116,19 @@ async def _one(
             proxy.close()
         for engine in engines:
             engine.close()
+
+
+def writeRecords(path: str, records: list[Record]) -> None:
+    """Each request as one JSON line: its client, model, when it was sent (seconds from
+    the first request), time to first token, the engine that served it and the load it
+    waited for."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    start = min((r.sent for r in records), default=0.0)
+    with open(path, "w") as f:
+        for r in records:
+            line = {"client": r.client, "model": r.model, "sent": round(r.sent - start, 3)}
+            line.update(ttft=r.ttft, engine=r.engine, load=r.loadSeconds, status=r.status)
+            f.write(json.dumps(line) + "\n")
 
 
 async def run(reactor: Any, args: argparse.Namespace) -> None:
@@ -130,7 +153,7 @@ async def run(reactor: Any, args: argparse.Namespace) -> None:
     }
     for name in args.routers.split(","):
         sys.stderr.write(f"residency: {name} ...\n")
-        summary = await _one(reactor, name, workload, settings, args.nodes)
+        summary = await _one(reactor, name, workload, settings, args.nodes, args.records)
         results["routers"][name] = summary
         sys.stderr.write(f"residency: {name}: {json.dumps(summary)}\n")
     os.makedirs(os.path.join(procs.ROOT, "bench", "out"), exist_ok=True)

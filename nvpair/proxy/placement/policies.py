@@ -56,8 +56,9 @@ class _Round:
         self.load: str | None = None  # the node where this round would start a load
 
     def owners(self) -> Generator[Deferred[None], IOutcome | None, tuple[Node, ...] | None]:
-        """The model's owners now; with none, 502 ``no_owner`` before any dispatch, else a
-        wait for discovery within the deadline (None once answered)."""
+        """The model's owners, once there are some: with none, 502 ``no_owner`` before any
+        dispatch, else a wait for discovery within the deadline (None once answered).
+        ``placeInference`` reads them itself first: no generator in the usual case."""
         ex = self.ex
         facade = ex.facade
         while not (owners := facade.snapshot.owners(self.model, facade.hasLocalBackend)):
@@ -75,7 +76,7 @@ class _Round:
         know the id; a predecessor the proxy never saw served is placed as usual."""
         ex = self.ex
         previous = ex.facts.previousResponseId
-        if previous is None:
+        if previous is None:  # (``placeInference`` asks first)
             return owners
         found = followUp(ex.context.responses, previous, {node.id for node in owners})
         if found.predecessor is Predecessor.GONE:
@@ -194,11 +195,12 @@ class _Round:
                 node = live
             self.tried += 1
             final = self.tried == maxAttempts
-            loading = self.startLoad(node)
+            loading = None if self.load is None else self.startLoad(node)
             outcome = yield ex.attemptOn(node, final, gated=True)
             assert outcome is not None  # an attempt fires with its outcome
             if outcome.committed:
-                self.served(node)
+                if self.key is not None:
+                    self.served(node)
                 return True
             if loading is not None:
                 loading.loadAbandoned(node.id, self.model)
@@ -237,11 +239,15 @@ def placeInference(ex: IPlacementExchange) -> Policy:
         ex.answerError(502, "no_owner")
         return None
     placing = _Round(ex, ex.model)
+    facade, follows = ex.facade, ex.facts.previousResponseId is not None
     while True:
-        owners = yield from placing.owners()
-        if owners is None or (owners := placing.follow(owners)) is None:
+        owners = facade.snapshot.owners(placing.model, facade.hasLocalBackend) or (
+            yield from placing.owners()
+        )
+        if owners is None or (follows and (owners := placing.follow(owners)) is None):
             return None
-        owners = placing.usable(owners)
+        if ex.context.loads is not None:  # standalone
+            owners = placing.usable(owners)
         wait = ex.seat.waitForRoom(owners)  # standalone: the fair queue while all are full
         if wait is not None:
             yield wait
