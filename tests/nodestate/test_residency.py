@@ -208,13 +208,18 @@ class EvictionTests(ResidencyCase):
         self.assertEqual(self.view.likelyEviction("n", "big").model, "mid")  # type: ignore[union-attr]
 
     def test_demand(self) -> None:
-        """Requests per minute per node and fleet-wide, decaying."""
+        """Requests per minute per node (as they start there) and fleet-wide (as they
+        arrive, waiting or not), decaying."""
         self.probe(ps("a"))
         for _ in range(6):
+            self.view.requested("a")
             self.view.began("n", "a")
+        self.view.requested("a")
         self.view.began("m", "a")
+        self.view.requested("a")  # waits (for a load, in the queue): started nowhere yet
         self.assertAlmostEqual(self.view.demand("a", "n"), 6.0)
-        self.assertAlmostEqual(self.view.demand("a"), 7.0)
+        self.assertAlmostEqual(self.view.demand("a", "m"), 1.0)
+        self.assertAlmostEqual(self.view.demand("a"), 8.0)
         self.clock.advance(600)
         self.assertLess(self.view.demand("a"), 0.01)
         self.assertEqual(self.view.demand("zz", "nowhere"), 0.0)

@@ -57,11 +57,16 @@ class PlanCase(SynchronousTestCase):
         self.ledger.configure(node, slots)
         self.ledger.finished(node, seconds)
 
+    def begin(self, node: str, model: str) -> None:
+        """A request for ``model`` arrives and starts on ``node``."""
+        self.residency.requested(model)
+        self.residency.began(node, model)
+
     def start(self, node: str, model: str, count: int) -> None:
         """``count`` of ours for ``model`` start on ``node``."""
         for _ in range(count):
             self.ours[node] = self.ours.get(node, 0) + 1
-            self.residency.began(node, model)
+            self.begin(node, model)
 
     def plan(
         self, ahead: int = 0, owners: tuple[Node, ...] = NODES, waited: float = 0.0
@@ -148,16 +153,16 @@ class ColdTests(PlanCase):
         self.learnCapacity("B", ("y",))
         self.hold(A=("x",), B=("y",))
         for _ in range(5):
-            self.residency.began("A", "x")
+            self.begin("A", "x")
             self.residency.ended("A", "x")
-        self.residency.began("B", "y")
+        self.begin("B", "y")
         self.residency.ended("B", "y")
         self.assertEqual(self.plan(owners=(A, B)).load, B)
 
     def use(self, node: str, model: str, count: int) -> None:
         """``count`` of ours for ``model`` on ``node``, each ended."""
         for _ in range(count):
-            self.residency.began(node, model)
+            self.begin(node, model)
             self.residency.ended(node, model)
 
     def test_firstCopyBesideThePopular(self) -> None:
@@ -175,6 +180,20 @@ class ColdTests(PlanCase):
         self.use("B", "y", 9)
         self.assertEqual(self.plan(owners=(A, B)).load, B)
         self.assertEqual(self.planner.cheapest((A, B), "m", further=True).node, A)
+
+    def test_firstCopyBesideALoadingPopular(self) -> None:
+        """A model still loading counts as held for that: while x's requests wait for its
+        load on A (nothing listed there yet), a model's first copy goes beside x, not
+        beside the less popular y."""
+        self.learnCapacity("A", ("x", "y"))
+        self.learnCapacity("B", ("x", "y"))
+        self.hold(A=(), B=("y",))
+        self.residency.loadStarted("A", "x")
+        for _ in range(5):
+            self.residency.requested("x")  # waiting for the load: no request started yet
+        self.use("B", "y", 1)
+        self.assertEqual(self.residency.residentDemand("A"), 5.0)
+        self.assertEqual(self.plan(owners=(A, B)).load, A)
 
     def test_fewestModelsBeforeDemand(self) -> None:
         """Models are spread first: a node holding fewer goes first, whatever they hold."""
@@ -241,7 +260,7 @@ class SpillTests(PlanCase):
         resident model's demand per copy with one more exceeds this one's by
         ``SHARE_MARGIN`` (x: 10 a minute, 5 with one more copy; m: 2, 1 with one more)."""
         for _ in range(10):
-            self.residency.began("B", "x")
+            self.begin("B", "x")
             self.residency.ended("B", "x")
         self.assertEqual(self.residency.neediest(), 5.0)
         self.assertEqual(self.plan(ahead=1000, waited=1000.0), LoadPlan((A,)))
@@ -284,7 +303,7 @@ class SpillTests(PlanCase):
         self.learnCapacity("C", ("y",))
         self.hold(C=("y",))
         self.assertEqual(self.plan(ahead=1000, owners=(A, C)), LoadPlan((A,)))
-        self.residency.began("C", "y")
+        self.begin("C", "y")
         self.residency.ended("C", "y")
         self.assertEqual(self.plan(ahead=1000, owners=(A, C)), LoadPlan((A,)))
         self.start("C", "y", 1)
@@ -299,11 +318,11 @@ class SpillTests(PlanCase):
         self.hold(A=("m", "x"), C=("x",))
         self.assertEqual(self.planner.cheapest((C,), "m").tier, Tier.COPY)
         self.assertEqual(self.plan(ahead=50, owners=(A, C)), LoadPlan((C,), C))
-        self.residency.began("C", "x")  # x: 1 a minute over 2 copies; m: 2 over 2
+        self.begin("C", "x")  # x: 1 a minute over 2 copies; m: 2 over 2
         self.residency.ended("C", "x")
         self.assertEqual(self.plan(ahead=50, owners=(A, C)), LoadPlan((C,), C))
         for _ in range(3):  # x: 4 a minute over 2 copies
-            self.residency.began("C", "x")
+            self.begin("C", "x")
             self.residency.ended("C", "x")
         self.assertEqual(self.plan(ahead=50, owners=(A, C)), LoadPlan((A,)))
 
@@ -315,7 +334,7 @@ class SpillTests(PlanCase):
         self.learnCapacity("C", ("y",))
         self.hold(C=("y",))
         for _ in range(4):  # m: 6 a minute, 3 per copy with one more
-            self.residency.began("A", "m")
+            self.begin("A", "m")
             self.residency.ended("A", "m")
         self.start("C", "y", 1)  # y: 1 a minute, one copy
         self.assertTrue(self.residency.roomElsewhere("C"))

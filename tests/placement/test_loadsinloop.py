@@ -65,6 +65,10 @@ class ColdTests(LoadsCase):
         loader = self.upstream.calls[0].nodeId
         self.assertIs(self.residency.state(loader, "m1"), ModelState.LOADING)
         self.assertEqual(self.depth(), 19)
+        # The fleet's demand counts every request as it arrives, the nineteen waiting too;
+        # the loading node's own demand, the one request started there.
+        self.assertAlmostEqual(self.residency.demand("m1"), 20.0)
+        self.assertAlmostEqual(self.residency.demand("m1", loader), 1.0)
         self.clock.advance(0.5)
         self.commit(0)
         self.assertIs(self.residency.state(loader, "m1"), ModelState.LOADED)
@@ -72,6 +76,15 @@ class ColdTests(LoadsCase):
         self.assertEqual({call.nodeId for call in self.upstream.calls}, {loader})
         self.assertEqual(self.depth(), 0)
         self.assertEqual(self.residency.costs.known(loader, "m1"), 0.5)
+
+    def test_demandCountedOncePerRequest(self) -> None:
+        """A request placed again (its attempt failed) counts once in the fleet's demand."""
+        self.hold(A=(), B=(), C=())
+        self.start()
+        self.upstream.calls[0].refuse()
+        self.clock.advance(self.context.settings.backoffBase)
+        self.assertEqual(len(self.upstream.calls), 2)
+        self.assertAlmostEqual(self.residency.demand("m1"), 1.0, places=2)
 
     def test_failedLoadIsNotExpected(self) -> None:
         """The request that was to load fails there: no load is expected on that node any

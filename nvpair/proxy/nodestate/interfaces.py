@@ -124,12 +124,17 @@ class IResidency(Interface):
         seen holding (loads expected counted)."""
 
     def neediest() -> float:
-        """The most fleet demand per copy, one more copy counted, among the models
-        resident anywhere (0 when none): what a further copy in free room must come near."""
+        """The most fleet demand per copy, one more copy counted, among the models held
+        anywhere, loading ones too (0 when none): what a further copy in free room must
+        come near."""
 
     def residentDemand(nodeId: str) -> float:
         """The most fleet demand per copy (requests per minute over its holders) among the
-        models resident on ``nodeId`` (0 when none)."""
+        models ``nodeId`` holds, loading ones included (0 when none)."""
+
+    def requested(model: str) -> None:
+        """A request for ``model`` arrived: it counts in the fleet's demand for it (once
+        per request, whether it waits for a load, in the queue or for nothing)."""
 
     def parallel(nodeId: str, model: str) -> int | None:
         """How many requests for ``model`` ``nodeId`` runs at once, for an engine that

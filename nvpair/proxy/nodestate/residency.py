@@ -29,7 +29,8 @@ unloads it asks, the engines' load figures and first bytes.
   ours running; when all are busy, the busy copy of a model resident elsewhere with the
   least fleet demand per copy (a load there drains it), else the least recently used one
   (the load waits).
-* **Demand**: requests per minute per (node, model) and per model (``Demand``).
+* **Demand**: requests per minute per (node, model), counted as they start there, and per
+  model over the fleet, counted as they arrive (waiting for a load or not): ``Demand``.
 
 Bounded: ``MAX_NODES`` nodes, ``MAX_MODELS`` models per node in each table,
 ``MAX_DEMAND_MODELS`` fleet-wide demand entries, ``MAX_EVENTS`` events per node.
@@ -122,6 +123,10 @@ class Residency:
 
     # -- fed by the proxy's own work --
 
+    def requested(self, model: str) -> None:
+        """A request for ``model`` arrived: the fleet's demand, waiting requests counted."""
+        self._demand.bump(model, self.clock.seconds())
+
     def began(self, nodeId: str, model: str) -> None:
         """A request of ours for ``model`` started on ``nodeId``."""
         node = self._node(nodeId)
@@ -132,7 +137,6 @@ class Residency:
             node.running[model] = node.running.get(model, 0) + 1
         self._use(node, model, now)
         node.demand.bump(model, now)
-        self._demand.bump(model, now)
 
     def ended(self, nodeId: str, model: str) -> None:
         """A request of ours for ``model`` on ``nodeId`` ended."""
@@ -220,8 +224,7 @@ class Residency:
 
     def instance(self, nodeId: str, model: str) -> str | None:
         """The engine's instance id of ``model`` on ``nodeId`` (LM Studio), if it said."""
-        node = self._nodes.get(nodeId)
-        resident = None if node is None else node.resident.get(model)
+        resident = self._nodes[nodeId].resident.get(model) if nodeId in self._nodes else None
         return None if resident is None else resident.instance
 
     # -- IResidency --
@@ -271,15 +274,18 @@ class Residency:
         del node.done[model]
         return False
 
-    def _count(self, nodeId: str, node: NodeHoldings) -> int:
+    def _holding(self, nodeId: str, node: NodeHoldings) -> set[str]:
+        """The models ``node`` holds: resident, loading by our hand, or loaded and not yet
+        listed."""
         now = self.clock.seconds()
-        pending = [m for m in list(node.expected) if self._expecting(nodeId, node, m, now)]
-        pending += [m for m in list(node.done) if self._done(node, m, now)]
-        return len(node.resident) + len({m for m in pending if m not in node.resident})
+        held = set(node.resident)
+        held.update(m for m in list(node.expected) if self._expecting(nodeId, node, m, now))
+        held.update(m for m in list(node.done) if self._done(node, m, now))
+        return held
 
     def held(self, nodeId: str) -> int:
         node = self._nodes.get(nodeId)
-        return 0 if node is None else self._count(nodeId, node)
+        return 0 if node is None else len(self._holding(nodeId, node))
 
     def mostHeld(self, nodeId: str) -> int:
         node = self._nodes.get(nodeId)
@@ -289,10 +295,10 @@ class Residency:
         node = self._nodes.get(nodeId)
         if node is None or node.capacity == 0 or self.states.fresh(nodeId) is None:
             return None
-        return max(0, node.capacity - self._count(nodeId, node))
+        return max(0, node.capacity - len(self._holding(nodeId, node)))
 
     def _fits(self, nodeId: str, node: NodeHoldings, model: str) -> bool:
-        if self._count(nodeId, node) < node.capacity:
+        if len(self._holding(nodeId, node)) < node.capacity:
             return True
         size = self._sizes.get(model)
         held = [residentBytes(m) for m in node.resident.values()]
@@ -307,7 +313,7 @@ class Residency:
             return None
         if state is ModelState.UNKNOWN or self._fits(nodeId, node, model):
             return None
-        if not node.full and self._count(nodeId, node) < max(2, self._mostSeen()):
+        if not node.full and len(self._holding(nodeId, node)) < max(2, self._mostSeen()):
             return None  # a lower bound: it may well have room
         order = sorted(
             (m for m in node.resident if m != model),
@@ -321,7 +327,7 @@ class Residency:
             return self._eviction(nodeId, idle[0], True)
         busy = [self._eviction(nodeId, m, False) for m in order]
         copied = [e for e in busy if e.copies > 1]
-        return min(copied, key=_perCopy) if copied else busy[0]
+        return min(copied, key=lambda e: e.fleetDemand / e.copies) if copied else busy[0]
 
     def _eviction(self, nodeId: str, victim: str, idle: bool) -> Eviction:
         copies = len(self.holders(victim))
@@ -355,21 +361,21 @@ class Residency:
         for other, node in self._nodes.items():
             if other == nodeId or self.states.fresh(other) is None:
                 continue
-            count = self._count(other, node)
+            count = len(self._holding(other, node))
             if count < node.capacity or (not node.full and count < most):
                 return True
         return False
 
     def neediest(self) -> float:
-        models = {m for node in self._nodes.values() for m in node.resident}
+        models = {m for n, node in self._nodes.items() for m in self._holding(n, node)}
         return max((self.demand(m) / (len(self.holders(m)) + 1) for m in models), default=0.0)
 
     def residentDemand(self, nodeId: str) -> float:
         node = self._nodes.get(nodeId)
         if node is None:
             return 0.0
-        perCopy = (self.demand(m) / max(1, len(self.holders(m))) for m in node.resident)
-        return max(perCopy, default=0.0)
+        held = self._holding(nodeId, node)
+        return max((self.demand(m) / max(1, len(self.holders(m))) for m in held), default=0.0)
 
     def parallel(self, nodeId: str, model: str) -> int | None:
         limit = self.ledger.configured(nodeId)
@@ -385,16 +391,10 @@ class Residency:
 
     def snapshot(self) -> dict[str, object]:
         """``/status`` ``residency``: per node what it holds, loads and evictions seen."""
-        return {
-            "defaultLoadSeconds": DEFAULT_LOAD_SECONDS,
-            "nodes": {nodeId: self.nodeStatus(nodeId) for nodeId in sorted(self._nodes)},
-        }
+        nodes = {nodeId: self.nodeStatus(nodeId) for nodeId in sorted(self._nodes)}
+        return {"defaultLoadSeconds": DEFAULT_LOAD_SECONDS, "nodes": nodes}
 
     def nodeStatus(self, nodeId: str) -> dict[str, object]:
         """One node's residency for ``/status`` (each facade node's ``residency``)."""
         node = self._nodes.get(nodeId)
         return {} if node is None else nodeStatus(self, nodeId, node)
-
-
-def _perCopy(eviction: Eviction) -> float:
-    return eviction.fleetDemand / eviction.copies

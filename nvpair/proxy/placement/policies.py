@@ -239,6 +239,8 @@ def placeInference(ex: IPlacementExchange) -> Policy:
         ex.answerError(502, "no_owner")
         return None
     placing = _Round(ex, ex.model)
+    if ex.context.residency is not None:  # standalone: the fleet's demand for the model
+        ex.context.residency.requested(ex.model)
     facade, follows = ex.facade, ex.facts.previousResponseId is not None
     while True:
         owners = facade.snapshot.owners(placing.model, facade.hasLocalBackend) or (
