@@ -168,7 +168,8 @@ class ColdTests(PlanCase):
     def test_firstCopyBesideThePopular(self) -> None:
         """Room on both, one model each: a model's first copy goes beside the one with the
         most demand per copy (the room left stays beside the less popular one, where a
-        further copy of the popular one can go); a further copy goes the other way."""
+        further copy of the popular one can go); a further copy goes the other way, and so
+        does a first copy of a model in more demand than both."""
         self.learnCapacity("A", ("x", "y"))
         self.learnCapacity("B", ("x", "y"))
         self.hold(A=("x",), B=("y",))
@@ -180,6 +181,9 @@ class ColdTests(PlanCase):
         self.use("B", "y", 9)
         self.assertEqual(self.plan(owners=(A, B)).load, B)
         self.assertEqual(self.planner.cheapest((A, B), "m", further=True).node, A)
+        for _ in range(12):  # m in more demand than x and y: beside the least popular
+            self.residency.requested("m")
+        self.assertEqual(self.plan(owners=(A, B)).load, A)
 
     def test_firstCopyBesideALoadingPopular(self) -> None:
         """A model still loading counts as held for that: while x's requests wait for its

@@ -40,7 +40,8 @@ router's sleeping child).  ``LoadPlanner.plan`` answers the owners a request may
    holding fewest models, the least victim demand; within a tier with room the one
    holding fewest models, then the one whose resident models have the most fleet demand
    per copy (``IResidency.residentDemand``: the room left stays beside less popular
-   models, where a further copy of a popular one belongs), then a free slot; then the
+   models, where a further copy of a popular one belongs; a model in as much demand as
+   any they hold goes the other way, as a further copy), then a free slot; then the
    fastest load, then rendezvous hashing on the model, so a burst for one model picks one
    node.  A further copy (rule 2) with room takes the opposite order of demand: beside
    the least popular models, as bin-packing by popularity pairs them.
@@ -146,7 +147,11 @@ class LoadPlanner:
 
     def cheapest(self, cold: Sequence[Node], model: str, further: bool = False) -> _Cold:
         """The cold owner where loading ``model`` costs least (rule 4; ``further``: a
-        further copy, rule 2)."""
+        further copy, rule 2).  A first copy of a model in as much demand as any model
+        those owners hold goes where a further copy would: beside the least popular."""
+        if not further:
+            pulls = [self.residency.residentDemand(node.id) for node in cold]
+            further = self.residency.demand(model) >= max(pulls, default=0.0)
         return min((self._cold(node, model, further) for node in cold), key=lambda c: c.key)
 
     def _cold(self, node: Node, model: str, further: bool) -> _Cold:
