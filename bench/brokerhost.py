@@ -1,12 +1,14 @@
 """A scripted broker for the benchmark: one proxy process, one facade, one direct-engine node.
 
 Run as ``python -m bench.brokerhost --engine-port N --facade-port P --state-dir D
-[--max-connections C] [--log-level info]``.  It spawns ``twistd -n nvpair-proxy`` through
-``nvpair.supervisor.process.ProxyProcess`` (exactly as the broker does), enables the llama.cpp
-facade on port P, announces one direct-engine node ``E`` at the fake engine, waits for the
-proxy to apply it, and prints one JSON line ``{"port": P, "pid": <proxy pid>}``.  It then
-consumes the proxy's notifications (counting them) until its own stdin closes or it gets
-SIGTERM, when it stops the proxy (close stdin, kill after 10 s) and exits.
+[--max-connections C] [--log-level info] [--twistd PATH] [--request-timeout S]``.  It
+spawns ``twistd -n nvpair-proxy`` (``PATH``: another ``twistd``, such as a wrapper that
+runs it under valgrind) through ``nvpair.supervisor.process.ProxyProcess`` (exactly as the
+broker does), enables the llama.cpp facade on port P, announces one direct-engine node
+``E`` at the fake engine, waits for the proxy to apply it, and prints one JSON line
+``{"port": P, "pid": <proxy pid>}``.  It then consumes the proxy's notifications (counting
+them) until its own stdin closes or it gets SIGTERM, when it stops the proxy (close stdin,
+kill after 10 s) and exits.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ async def _main(args: argparse.Namespace) -> None:
         env,
         path=args.state_dir,
         onLog=lambda record: counts.__setitem__("logs", counts["logs"] + 1),
-        requestTimeout=60.0,
+        requestTimeout=args.request_timeout,
+        executable=args.twistd,
     )
 
     def notified(method: str, params: Any) -> None:
@@ -97,6 +100,8 @@ def main() -> None:
     parser.add_argument("--models", default="bench")
     parser.add_argument("--max-connections", type=int, default=20000)
     parser.add_argument("--log-level", default="info")
+    parser.add_argument("--twistd", help="the twistd to run (a wrapper, for bench.instructions)")
+    parser.add_argument("--request-timeout", type=float, default=60.0)
     args = parser.parse_args()
 
     def failed(f: Any) -> None:

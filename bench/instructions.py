@@ -15,6 +15,10 @@ it), so a worktree of an older commit is compared with main in the same run::
 
     .venv/bin/python -m bench.instructions /path/to/worktree-of-before /work/main
 
+``--proxy-mode broker`` measures the proxy as ``bench/run.sh`` runs it by default: under
+the scripted broker (``bench.brokerhost``, which is given a ``twistd`` wrapper that starts
+the proxy under valgrind); the standalone scheduler's features are off there.
+
 Loopback only; every loop bounded.  Needs ``valgrind`` (Debian's package) and Node.
 """
 
@@ -28,6 +32,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 from bench import load, procs
 
@@ -41,9 +46,22 @@ def total(path: str) -> int:
     raise RuntimeError(f"no total in {path}")
 
 
+def _send(port: int, requests: int) -> None:
+    """``requests`` chat completions one after the other on one keep-alive connection."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    headers = {"Content-Type": "application/json"}
+    for _ in range(requests):
+        conn.request("POST", "/v1/chat/completions", load.CHAT_BODY.encode(), headers)
+        answer = conn.getresponse()
+        answer.read()
+        if answer.status != 200:
+            raise RuntimeError(f"answer {answer.status} through the proxy")
+    conn.close()
+
+
 def count(tree: str, requests: int, enginePort: int) -> int:
-    """Instructions the proxy (sources from ``tree``) executed serving ``requests``
-    chat completions once its route is known, start to exit."""
+    """Instructions the standalone proxy (sources from ``tree``) executed serving
+    ``requests`` chat completions once its route is known, start to exit."""
     state, port = procs.standaloneState()
     out = os.path.join(state, "callgrind.out")
     backend = f"http://127.0.0.1:{enginePort}"
@@ -60,17 +78,37 @@ def count(tree: str, requests: int, enginePort: int) -> int:
     try:
         procs.waitForPort(port, "proxy under valgrind", proc, timeout=300)
         procs.waitForRoute(port, timeout=120)  # discovery's first probe has answered
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-        headers = {"Content-Type": "application/json"}
-        for _ in range(requests):
-            conn.request("POST", "/v1/chat/completions", load.CHAT_BODY.encode(), headers)
-            answer = conn.getresponse()
-            answer.read()
-            if answer.status != 200:
-                raise RuntimeError(f"answer {answer.status} through the proxy")
-        conn.close()
+        _send(port, requests)
     finally:
         proc.send_signal(signal.SIGTERM)  # SIGINT is ignored in a background job
+        proc.wait(300)
+    return total(out)
+
+
+def countBroker(tree: str, requests: int, enginePort: int) -> int:
+    """As ``count``, the proxy under the scripted broker (one facade, one node)."""
+    state = tempfile.mkdtemp(prefix="nvpair-bench-state-")
+    out = os.path.join(state, "callgrind.out")
+    wrapper = os.path.join(state, "twistd")
+    with open(wrapper, "w") as f:
+        twistd = procs.twistdCommand()[-1]
+        f.write(
+            f'#!/bin/sh\nexec valgrind --tool=callgrind --callgrind-out-file={out} {twistd} "$@"\n'
+        )
+    os.chmod(wrapper, 0o755)
+    port = procs.freePort()
+    argv = [procs.PYTHON, "-m", "bench.brokerhost", "--engine-port", str(enginePort)]
+    argv += ["--facade-port", str(port), "--state-dir", state, "--twistd", wrapper]
+    argv += ["--request-timeout", "600"]
+    env = dict(os.environ, PYTHONPATH=tree)
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        procs.readJSONLine(proc, "scripted broker", 600)
+        procs.waitForRoute(port, timeout=120)
+        _send(port, requests)
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()  # the broker stops the proxy, which writes its counts
         proc.wait(300)
     return total(out)
 
@@ -80,16 +118,23 @@ def main() -> None:
     parser.add_argument("trees", nargs="+", help="source trees (the repository's root)")
     parser.add_argument("--few", type=int, default=100)
     parser.add_argument("--many", type=int, default=900)
+    parser.add_argument("--proxy-mode", choices=("standalone", "broker"), default="standalone")
     args = parser.parse_args()
+    measure = countBroker if args.proxy_mode == "broker" else count
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed (apt-get install valgrind)")
     engine = procs.startEngine(1)
     try:
         for tree in args.trees:
-            few = count(os.path.abspath(tree), args.few, engine.port)
-            many = count(os.path.abspath(tree), args.many, engine.port)
+            few = measure(os.path.abspath(tree), args.few, engine.port)
+            many = measure(os.path.abspath(tree), args.many, engine.port)
             perRequest = (many - few) / (args.many - args.few)
-            print(json.dumps({"tree": tree, "instructionsPerRequest": round(perRequest)}))
+            line = {
+                "tree": tree,
+                "mode": args.proxy_mode,
+                "instructionsPerRequest": round(perRequest),
+            }
+            print(json.dumps(line))
     finally:
         engine.close()
 
