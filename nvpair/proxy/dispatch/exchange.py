@@ -238,8 +238,13 @@ class Exchange:
             self.context.activity.change(self.activeNode, -1, self.model)
         self.activeNode = nodeId
         if nodeId is not None:
-            self.context.activity.change(nodeId, +1, self.model)
-            self.dispatchedWith = self.seat.oursThere(nodeId, self.context.activity.inFlight)
+            context = self.context
+            context.activity.change(nodeId, +1, self.model)
+            residency, model = context.residency, self.model
+            if residency is not None and model is not None:  # slots per model (Ollama)
+                self.dispatchedWith = residency.running(nodeId, model)
+            else:
+                self.dispatchedWith = context.activity.inFlight.get(nodeId, 1)
 
     # -- what the policy asks for, besides attempts (``IPlacementExchange``) ---------------
 

@@ -4,7 +4,7 @@ the breakers order its owners; under a broker (no ``IQueueing``) it always goes 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -74,15 +74,6 @@ class QueueSeat:
         wait = queueing.waitForRoom(ex, owners, queueing.clientOf(authorization, identity))
         self.standing = Standing.CHARGED if wait is None else Standing.LET_OUT
         return _traced(wait, ex.trace)
-
-    def oursThere(self, nodeId: str, inFlight: Mapping[str, int]) -> int:
-        """How many of ours run on ``nodeId``, this one included: for its model where the
-        residency view counts them (standalone: engines' slots may be per model), else all
-        (``inFlight``, the process's count per node)."""
-        residency, model = self.exchange.context.residency, self.exchange.model
-        if residency is not None and model is not None:
-            return residency.running(nodeId, model)
-        return inFlight.get(nodeId, 1)
 
     def holdFor(self, node: Node, seconds: float) -> defer.Deferred[None] | None:
         """Hold the request in the proxy for ``node``'s next free slot, at most ``seconds``
