@@ -101,7 +101,7 @@ class Exchange:
         self.activeNode: str | None = None
         self.attempts = 0
         self.dispatchedAt: float | None = None  # when the latest attempt was dispatched
-        self.dispatchedWith = 0  # ours for its model on its node then, itself included
+        self.dispatchedWith = 0  # ours on its node then, itself included
         self.meter: StatsMeter | None = None
         self.flow: ClientFlow | None = None
         self.committedStatus: int | None = None
@@ -238,13 +238,8 @@ class Exchange:
             self.context.activity.change(self.activeNode, -1, self.model)
         self.activeNode = nodeId
         if nodeId is not None:
-            context = self.context
-            context.activity.change(nodeId, +1, self.model)
-            residency, model = context.residency, self.model
-            if residency is not None and model is not None:  # slots per model (Ollama)
-                self.dispatchedWith = residency.running(nodeId, model)
-            else:
-                self.dispatchedWith = context.activity.inFlight.get(nodeId, 1)
+            self.context.activity.change(nodeId, +1, self.model)
+            self.dispatchedWith = self.context.activity.inFlight.get(nodeId, 1)
 
     # -- what the policy asks for, besides attempts (``IPlacementExchange``) ---------------
 
