@@ -27,8 +27,10 @@ DIRECT = True  # False: every write takes the public path (the benchmark's B sid
 def _idle(transport: object) -> TypeGuard[tcp.Connection]:
     """Whether ``transport`` is a plain TCP transport (``_PLAIN``), connected, with nothing
     queued (``False`` when its buffer attributes are not the ones this module knows)."""
+    # ``_PLAIN``'s types are connections: ``isinstance`` is for the type checker (what
+    # follows reads attributes no interface declares).
     if type(transport) not in _PLAIN or not isinstance(transport, tcp.Connection):
-        return False  # (``isinstance`` only narrows the type: it reads what no interface declares)
+        return False
     try:
         return bool(
             not transport.TLS
