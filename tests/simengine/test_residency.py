@@ -119,6 +119,24 @@ class OllamaTests(SynchronousTestCase):
         bad = h.exchange(post(b"/api/generate", {"model": "a", "keep_alive": "soon"}))
         self.assertEqual(bad.status, 400)
 
+    def test_slotsPerModel(self) -> None:
+        """``OLLAMA_NUM_PARALLEL`` is per loaded model: with one slot, a request for one model
+        never waits behind another model's, while a second request for the same model
+        queues behind the first."""
+        h = Harness(dialect="ollama", models=("a:latest", "b:latest"), slots=1,
+                    loaded=("a:latest", "b:latest"), maxLoaded=2, decodeMs=1000.0,
+                    prefillMs=0.0, outputTokens=2)  # fmt: skip
+        _, ta = h.send(generate("a"))
+        _, tb = h.send(generate("b"))
+        _, ta2 = h.send(generate("a"))
+        h.runUntil(lambda: _complete(ta.value()) and _complete(tb.value()), 10)
+        self.assertEqual(h.clock.seconds(), 2.0, "a and b ran side by side")
+        self.assertFalse(_complete(ta2.value()), "the second a waits for a's one slot")
+        h.runUntil(lambda: _complete(ta2.value()), 10)
+        self.assertEqual(h.clock.seconds(), 4.0)
+        queue = h.exchange(get(b"/sim/stats")).json()["queue"]
+        self.assertEqual((queue["wait_ms_total"], queue["wait_ms_max"]), (2000.0, 2000.0))
+
     def test_keepAlive(self) -> None:
         """A request's ``keep_alive`` is its model's from then on: idle that long, it
         expires."""

@@ -107,7 +107,8 @@ def answer(
         core.document(connection, 200, _OK)
     elif path == b"/sim/reset":
         core.stats.reset()
-        core.slots.resetWaits()
+        for slots in (core.slots, *core.modelSlots.values()):
+            slots.resetWaits()
         core.residency.stats.reset()
         core.document(connection, 200, _OK)
     else:

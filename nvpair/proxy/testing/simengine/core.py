@@ -64,7 +64,8 @@ class Core:
         self.slots = Slots(clock, config.slots, config.queueMax)
         self.responder = Responder(config.name)
         self.residency = Residency(clock, config)
-        self.modelSlots: dict[str, Slots] = {}  # router mode: each model's own slots
+        # Ollama and router mode: each model's own slots (one per installed model at most)
+        self.modelSlots: dict[str, Slots] = {}
         self.runs: dict[EngineConnection, IRun] = {}
         self.stored = StoredResponses()
         """The responses this engine produced (a stateful dialect's, LM Studio's)."""
@@ -74,9 +75,10 @@ class Core:
         return self.residency.loadedModels()
 
     def slotsFor(self, model: str) -> Slots:
-        """The slots a request for ``model`` runs in: the engine's, or in router mode that
-        model's own (each model is a child server with ``--slots`` of its own)."""
-        if not self.config.router:
+        """The slots a request for ``model`` runs in: the engine's, or that model's own where
+        each loaded model serves ``--slots`` at once by itself (Ollama, whose
+        ``OLLAMA_NUM_PARALLEL`` is per model; router mode, a child server per model)."""
+        if not (self.config.router or self.config.dialect == "ollama"):
             return self.slots
         slots = self.modelSlots.get(model)
         if slots is None:
@@ -149,6 +151,7 @@ class Core:
     def statsDocument(self) -> bytes:
         """``GET /sim/stats``."""
         s, slots = self.stats, self.slots
+        every = [slots, *self.modelSlots.values()]
         doc = {
             "name": self.config.name,
             "dialect": self.config.dialect,
@@ -162,11 +165,11 @@ class Core:
             "completion_tokens": s.completionTokens,
             "slots": {"total": slots.total, "busy": slots.busy, "held": slots.held},
             "queue": {
-                "depth": slots.queued,
+                "depth": sum(each.queued for each in every),
                 "max": slots.queueMax,
-                "waits": slots.waits,
-                "wait_ms_total": round(slots.waitTotal * 1000.0, 3),
-                "wait_ms_max": round(slots.waitMax * 1000.0, 3),
+                "waits": sum(each.waits for each in every),
+                "wait_ms_total": round(sum(each.waitTotal for each in every) * 1000.0, 3),
+                "wait_ms_max": round(max(each.waitMax for each in every) * 1000.0, 3),
             },
             "cache": {
                 "blocks": len(self.cache),
