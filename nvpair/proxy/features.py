@@ -70,9 +70,10 @@ class ResidencyObserver(RequestObserver):
     """Feeds the residency view from our requests (spec §11, "Model residency").  A first
     byte on a node where the model was loading ends that load (``coldFirstByte``) and lets
     the requests waiting for it go (``RoomLedger.changed``); a warm one, with the number of
-    ours on the node when it was dispatched, teaches what an engine reporting no slots
-    serves at once (``firstByte``, once the end says how much of it was a load); an
-    engine's reported load time (Ollama's ``load_duration``) is what the load cost."""
+    ours for its model on the node when it was dispatched, teaches what an engine reporting
+    no slots serves at once per model (``ConcurrencyEstimator.observe``, once the end says
+    how much of it was a load); an engine's reported load time (Ollama's
+    ``load_duration``) is what the load cost."""
 
     def __init__(self, residency: Residency, ledger: RoomLedger) -> None:
         self.residency = residency
@@ -101,7 +102,7 @@ class ResidencyObserver(RequestObserver):
             self.residency.loadDuration(nodeId, model, int(load * 1e9))
         if measured is not None:
             running, seconds = measured
-            self.residency.firstByte(
+            self.residency.concurrency.observe(
                 nodeId, running, seconds, load + _reportedSeconds(exchange, "promptMs")
             )
 
@@ -150,7 +151,7 @@ def useStandalone(context: StandaloneContext, affinity: bool | None = None) -> S
     ledger = RoomLedger(context.clock, ours)
     states = EngineStates(context.clock, ledger)
     residency = states.residency = Residency(context.clock, states, ledger)
-    ledger.parallel = residency.concurrency.learnt
+    ledger.parallel = residency.nodeParallel
     context.activity.listener = _listener(ledger, residency)
     placing = None
     if settings.affinity == "prefix" if affinity is None else affinity:

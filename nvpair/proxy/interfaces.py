@@ -174,8 +174,9 @@ class IExchangeReport(Interface):
     )
     dispatchedAt: float | None = Attribute("When the latest attempt was dispatched.")
     dispatchedWith: int = Attribute(
-        "How many of ours ran on the latest attempt's node when it was dispatched (itself "
-        "included)."
+        "How many of ours ran on the latest attempt's node when it was dispatched, itself "
+        "included: for its model (standalone, where engines' slots may be per model), else "
+        "for any."
     )
     ending: BodyEnding | None = Attribute("How the committed body ended, once it did.")
     prefixKey: AffinityKey | None = Attribute(

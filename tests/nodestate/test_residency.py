@@ -333,8 +333,24 @@ class ParallelTests(ResidencyCase):
         self.assertIsNone(self.view.parallel("o", "m"))
         for running, wait in ((1, 0.01), (2, 0.02), (3, 4.0)):
             for _ in range(3):
-                self.view.firstByte("o", running, wait)
+                self.view.concurrency.observe("o", running, wait)
         self.assertEqual(self.view.parallel("o", "m"), 2)
+
+    def test_modelFull(self) -> None:
+        """A model's own slots are full when ours for it there reach its instance's figure
+        (LM Studio), else the learnt one; another model on the node is not; nothing known,
+        never full."""
+        self.probe(EngineReport(resident=(ResidentModel("q", parallel=1), ResidentModel("r"))))
+        self.assertFalse(self.view.modelFull("n", "q"))
+        self.view.began("n", "q")
+        self.assertTrue(self.view.modelFull("n", "q"))
+        self.view.began("n", "r")
+        self.assertFalse(self.view.modelFull("n", "r"))  # r: nothing known
+        for running, wait in ((1, 0.01), (2, 4.0)):
+            for _ in range(3):
+                self.view.concurrency.observe("n", running, wait)
+        self.assertTrue(self.view.modelFull("n", "r"))  # learnt: one per model
+        self.assertEqual(self.view.nodeParallel("n"), 2)  # one per model, two held
 
 
 class BoundTests(ResidencyCase):

@@ -130,7 +130,7 @@ class FeedTests(LoadsCase):
         levels = self.residency.concurrency.snapshot("A")["levels"]
         self.assertEqual(levels, {"1": {"waitSeconds": 0.25, "samples": 1}})
         for running, wait in ((1, 0.25), (1, 0.25), (2, 3.0), (2, 3.0), (2, 3.0)):
-            self.residency.firstByte("A", running, wait)
+            self.residency.concurrency.observe("A", running, wait)
         self.assertEqual(self.features.ledger.free("A"), 1)
 
     def test_reportedLoadTime(self) -> None:
@@ -206,3 +206,48 @@ class PaidTests(LoadsCase):
         self.clock.advance(3.0)
         self.commit(1).end()
         self.assertEqual(self.waited(), 3.0)
+
+
+class PerModelSlotsTests(LoadsCase):
+    """Ollama's parallel slots are per model (``OLLAMA_NUM_PARALLEL``): a node holding two
+    models runs that many of each at once."""
+
+    nodes = ("A",)
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.facade = makeFacade(self.clock, [node("A", models=("m1", "m2"))])
+        self.hold(A=("m1", "m2"))
+        for running, wait in ((1, 0.25),) * 3 + ((2, 0.25),) * 3 + ((3, 3.0),) * 3:
+            self.residency.concurrency.observe("A", running, wait)
+
+    def test_fullPerModel(self) -> None:
+        """Two per model learnt: a third request for m1 waits in the proxy while two run,
+        and a request for m2 still goes to the node (the ledger's limit is two per model
+        held: four)."""
+        self.assertEqual(self.residency.concurrency.learnt("A"), 2)
+        self.assertEqual(self.features.ledger.free("A"), 4)
+        self.start(model="m1")
+        self.start(model="m1")
+        self.start(model="m1")
+        self.assertEqual(len(self.upstream.calls), 2)
+        self.assertEqual(self.depth(), 1)
+        self.assertTrue(self.residency.modelFull("A", "m1"))
+        self.assertFalse(self.residency.modelFull("A", "m2"))
+        self.start(model="m2")
+        self.assertEqual(len(self.upstream.calls), 3)
+        self.assertEqual(self.depth(), 1)
+
+    def test_levelsPerModel(self) -> None:
+        """A request's sample is taken at the level of ours for its model on the node when
+        it was dispatched: an m2 request beside two of m1 is a level-1 sample."""
+        self.residency.concurrency.forget("A")
+        self.start(model="m1")
+        self.start(model="m1")
+        self.start(model="m2")
+        self.clock.advance(0.25)
+        for index in (2, 1, 0):
+            self.commit(index).end()
+        levels = self.residency.concurrency.snapshot("A")["levels"]
+        samples = {level: value["samples"] for level, value in levels.items()}  # type: ignore[attr-defined]
+        self.assertEqual(samples, {"1": 2, "2": 1})

@@ -1,6 +1,5 @@
-"""One client request through the fleet (spec §5, §5.1, §5.4): the route class's policy's
-``IPlacementExchange``, the loop that drives it (``driver``), and the one terminal
-bookkeeping step (workload event, reservation release, in-flight count) however it ends."""
+"""One client request through the fleet (spec §5, §5.1, §5.4): its policy's exchange, the loop
+that drives it (``driver``) and the one terminal bookkeeping step however it ends."""
 
 from __future__ import annotations
 
@@ -56,17 +55,16 @@ _NO_HEADERS = Headers()
 @implementer(IPlacementExchange, IPolicyOwner, IAttemptExchange)
 class Exchange:
     """One client request on its way through the fleet, and everything its ending touches
-    (slotted, as it lives as long as its stream: the request and what it was admitted with,
-    its placement and attempts, its answer)."""
+    (slotted: it lives as long as its stream)."""
 
     log = Logger()
     __slots__ = (
-        *("context", "facade", "engine", "settings", "clock", "upstream", "request"),
-        *("method", "uri", "path", "forwardHeaders", "body", "facts", "routeClass"),
-        *("inference", "model", "createdAt", "workload", "dispatchedAt", "dispatchedWith"),
-        *("driver", "seat", "prefixKey", "reservation", "activeNode", "attempts"),
-        *("meter", "flow", "committedStatus", "committed", "expectedLength", "written"),
-        *("client", "stopping", "answered", "serving", "trace"),
+        *("context", "facade", "engine", "settings", "clock", "upstream", "request", "method"),
+        *("uri", "path", "forwardHeaders", "body", "facts", "routeClass", "inference", "model"),
+        *("createdAt", "workload", "dispatchedAt", "dispatchedWith", "driver", "seat", "trace"),
+        *("prefixKey", "reservation", "activeNode", "attempts", "meter", "flow", "written"),
+        *("committedStatus", "committed", "expectedLength", "client", "stopping", "serving"),
+        "answered",
     )
 
     def __init__(
@@ -101,7 +99,7 @@ class Exchange:
         self.activeNode: str | None = None
         self.attempts = 0
         self.dispatchedAt: float | None = None  # when the latest attempt was dispatched
-        self.dispatchedWith = 0  # ours on its node then, itself included
+        self.dispatchedWith = 0  # ours for its model on its node then, itself included
         self.meter: StatsMeter | None = None
         self.flow: ClientFlow | None = None
         self.committedStatus: int | None = None
@@ -151,9 +149,8 @@ class Exchange:
                 self.inference, self.model, self.createdAt,
             )  # fmt: skip
             self.trace = tracer.requestStarted(begin)
-        request = self.request
-        request.whenLost(self._clientLost)
-        if request.disconnected:
+        self.request.whenLost(self._clientLost)
+        if self.request.disconnected:
             self.client = GONE  # gone before we started: ``whenLost`` will never call
             self._terminal()
             return
@@ -238,8 +235,13 @@ class Exchange:
             self.context.activity.change(self.activeNode, -1, self.model)
         self.activeNode = nodeId
         if nodeId is not None:
-            self.context.activity.change(nodeId, +1, self.model)
-            self.dispatchedWith = self.context.activity.inFlight.get(nodeId, 1)
+            context = self.context
+            context.activity.change(nodeId, +1, self.model)
+            residency, model = context.residency, self.model
+            if residency is not None and model is not None:  # slots per model (Ollama)
+                self.dispatchedWith = residency.running(nodeId, model)
+            else:
+                self.dispatchedWith = context.activity.inFlight.get(nodeId, 1)
 
     # -- what the policy asks for, besides attempts (``IPlacementExchange``) ---------------
 
@@ -298,8 +300,7 @@ class Exchange:
         self.context.attemptFailed(self, outcome)
 
     def serve(self, committed: Committed) -> bool:
-        """The response committed: report it running; True while its body still streams
-        (the exchange then ends when the body does, ``bodyEnded``, or is cancelled)."""
+        """The response committed: report it running; True while its body streams on."""
         if self.workload is not None:
             self.workload.started(committed.node.id)
         if committed.ending is not None:

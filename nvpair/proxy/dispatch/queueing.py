@@ -87,11 +87,12 @@ class Queueing:
     # -- what the placement loop asks --------------------------------------------------
 
     def _hasRoom(self, nodeId: str, model: str | None = None) -> bool:
-        """Whether ``nodeId`` has room now (for ``model``: not while it loads there)."""
+        """Whether ``nodeId`` has room now (for ``model``: not while it loads there, nor
+        while its own slots there are all ours)."""
         if self.ledger.knownFull(nodeId):
             return False
         loads = self.loads
-        return model is None or loads is None or not loads.loading(nodeId, model)
+        return model is None or loads is None or not loads.noRoom(nodeId, model)
 
     def knownFull(self, owners: Sequence[Node], model: str | None = None) -> bool:
         """Whether every one of ``owners`` is known full now (for ``model``: a node where

@@ -136,6 +136,15 @@ class IResidency(Interface):
         """A request for ``model`` arrived: it counts in the fleet's demand for it (once
         per request, whether it waits for a load, in the queue or for nothing)."""
 
+    def running(nodeId: str, model: str) -> int:
+        """Requests of ours running for ``model`` on ``nodeId``."""
+
+    def modelFull(nodeId: str, model: str) -> bool:
+        """Whether ``model``'s own parallel slots on ``nodeId`` are all taken by ours, on an
+        engine whose slots are per model and not reported (Ollama's
+        ``OLLAMA_NUM_PARALLEL``, LM Studio's instance ``parallel``): its instance's figure,
+        else the learnt one; False while neither is known."""
+
     def parallel(nodeId: str, model: str) -> int | None:
         """How many requests for ``model`` ``nodeId`` runs at once, for an engine that
         reports no slots: the fleet file's ``max_concurrency``, else the engine's own figure

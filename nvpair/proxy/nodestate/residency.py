@@ -19,18 +19,15 @@ unloads it asks, the engines' load figures and first bytes.
   do not reach it meanwhile, to find it evicted and load it back.
 * **Loads and evictions seen**: a model newly listed is a load; one gone is *unloaded*
   (we asked within ``ASKED_WINDOW`` s), *expired* (its ``expires_at`` passed) or *evicted*.
-* **What a node can hold**: the most models it was seen holding at once, and (where the
-  engine reports sizes) the most bytes; a load fits when either says so.  Before a node was
-  seen holding anything, unknown; before it was seen evicting a model, a lower bound only
-  (``room`` says it, but no load is predicted to evict while it holds one model, or fewer
-  than some node was seen holding).
-* **What a load would evict**: the least recently used resident model (by the proxy's own
-  use, else the engine's ``expires_at`` order, else when it appeared) with no request of
+* **What a node can hold**: the most models (and, where sizes are reported, bytes) it was
+  seen holding at once; a lower bound until it was seen evicting.
+* **What a load would evict**: the least recently used resident model with no request of
   ours running; when all are busy, the busy copy of a model resident elsewhere with the
-  least fleet demand per copy (a load there drains it), else the least recently used one
-  (the load waits).
+  least fleet demand per copy (it drains), else the least recently used one.
 * **Demand**: requests per minute per (node, model), counted as they start there, and per
   model over the fleet, counted as they arrive (waiting for a load or not): ``Demand``.
+* **Parallel slots** per model (``modelFull``, ``nodeParallel``): the instance's figure
+  (LM Studio), else learnt (``ConcurrencyEstimator``, from our requests per model there).
 
 Bounded: ``MAX_NODES`` nodes, ``MAX_MODELS`` models per node in each table,
 ``MAX_DEMAND_MODELS`` fleet-wide demand entries, ``MAX_EVENTS`` events per node.
@@ -178,15 +175,13 @@ class Residency:
             actions.unload(nodeId, eviction.model)
 
     def loadAbandoned(self, nodeId: str, model: str) -> None:
-        """The request that was to load ``model`` on ``nodeId`` failed there: no load of
-        ours is expected any more (the engine's next probe says what it holds)."""
+        """The request that was to load ``model`` on ``nodeId`` failed: no load expected."""
         node = self._nodes.get(nodeId)
         if node is not None:
             node.expected.pop(model, None)
 
     def loadDone(self, nodeId: str, model: str, seconds: float | None = None) -> None:
-        """A load of ``model`` on ``nodeId`` is done (the engine's load call answered),
-        having taken ``seconds`` (as the engine said or as measured; None: not known)."""
+        """A load of ``model`` on ``nodeId`` is done, having taken ``seconds`` (None: not known)."""
         node = self._nodes.get(nodeId)
         if node is not None:
             node.expected.pop(model, None)
@@ -201,15 +196,9 @@ class Residency:
             self.loadDone(nodeId, model)
 
     def coldFirstByte(self, nodeId: str, model: str, seconds: float) -> None:
-        """A request that found ``model`` cold on ``nodeId`` had its first byte after
-        ``seconds``: the load is done, and cost about that."""
+        """A request that found ``model`` cold had its first byte after ``seconds``: loaded."""
         self.costs.observe(nodeId, model, seconds, LoadEvidence.FIRST_BYTE)
         self.loadDone(nodeId, model)
-
-    def firstByte(self, nodeId: str, running: int, seconds: float, work: float = 0.0) -> None:
-        """A warm request started with ``running`` of ours on ``nodeId`` had its first byte
-        after ``seconds`` (``work`` of it the engine's own): ``ConcurrencyEstimator``."""
-        self.concurrency.observe(nodeId, running, seconds, work)
 
     def unloadAsked(self, nodeId: str, model: str) -> None:
         """The proxy asked ``nodeId`` to unload ``model`` (its disappearance is no eviction)."""
@@ -275,8 +264,7 @@ class Residency:
         return False
 
     def _holding(self, nodeId: str, node: NodeHoldings) -> set[str]:
-        """The models ``node`` holds: resident, loading by our hand, or loaded and not yet
-        listed."""
+        """The models ``node`` holds: resident, loading by us, or loaded and not yet listed."""
         now = self.clock.seconds()
         held = set(node.resident)
         held.update(m for m in list(node.expected) if self._expecting(nodeId, node, m, now))
@@ -379,13 +367,25 @@ class Residency:
 
     def parallel(self, nodeId: str, model: str) -> int | None:
         limit = self.ledger.configured(nodeId)
-        if limit is not None:
-            return limit
+        return self._perModel(nodeId, model) if limit is None else limit
+
+    def _perModel(self, nodeId: str, model: str) -> int | None:
         node = self._nodes.get(nodeId)
         resident = None if node is None else node.resident.get(model)
         if resident is not None and resident.parallel is not None:
             return resident.parallel
         return self.concurrency.learnt(nodeId)
+
+    def modelFull(self, nodeId: str, model: str) -> bool:
+        running = self.running(nodeId, model)
+        limit = self._perModel(nodeId, model) if running else None
+        return limit is not None and running >= limit
+
+    def nodeParallel(self, nodeId: str) -> int | None:
+        """The room ledger's limit: the learnt per-model figure × the models held (≥ 1)."""
+        learnt, node = self.concurrency.learnt(nodeId), self._nodes.get(nodeId)
+        held = 1 if learnt is None or node is None else len(self._holding(nodeId, node))
+        return None if learnt is None else learnt * max(1, held)
 
     # -- /status --
 

@@ -76,6 +76,11 @@ class ILoadPlanner(Interface):
     def loading(nodeId: str, model: str) -> bool:
         """Whether ``model`` is loading on ``nodeId`` (no room for it there until loaded)."""
 
+    def noRoom(nodeId: str, model: str) -> bool:
+        """Whether ``nodeId`` has no room for ``model`` whatever the node's own room: it is
+        loading there, or its own parallel slots there are all ours
+        (``IResidency.modelFull``)."""
+
     def paying(nodeId: str, model: str) -> bool:
         """Whether a load on ``nodeId`` pays what requests for ``model`` wait now: the model
         is loading there, or another model is while this one is resident there (the load

@@ -106,6 +106,10 @@ class LoadPlanner:
         """Whether ``model`` is loading on ``nodeId`` (no room for it there until loaded)."""
         return self.residency.state(nodeId, model) is ModelState.LOADING
 
+    def noRoom(self, nodeId: str, model: str) -> bool:
+        residency = self.residency
+        return residency.modelFull(nodeId, model) or self.loading(nodeId, model)
+
     def paying(self, nodeId: str, model: str) -> bool:
         found = self.residency.state(nodeId, model)
         if found is ModelState.LOADING:
@@ -133,8 +137,8 @@ class LoadPlanner:
             )
         if not loading and not cold:
             return LoadPlan(tuple(owners))
-        full = self.ledger.knownFull
-        if any(not full(node.id) for node in warm):
+        full, modelFull = self.ledger.knownFull, self.residency.modelFull
+        if any(not full(node.id) and not modelFull(node.id, model) for node in warm):
             return LoadPlan(tuple(warm))
         copies = (*warm, *loading)
         if not copies:
@@ -187,7 +191,7 @@ class LoadPlanner:
             return None  # no copy serves yet: its rate is not known
         copies = len(warm) + len(loading)
         owners = (*warm, *loading, *cold)
-        predicted = self._predicted(warm, copies, backlog)
+        predicted = self._predicted(warm, model, copies, backlog)
         for best in sorted((self._cold(node, model, True) for node in cold), key=lambda c: c.key):
             share = ROOM_WAIT if best.tier <= Tier.UNKNOWN else 1.0  # room evicts nothing
             waited = not loading and backlog.waited > best.seconds * copies * share
@@ -197,11 +201,11 @@ class LoadPlanner:
                 return best.node
         return None
 
-    def _predicted(self, warm: Sequence[Node], copies: int, backlog: Backlog) -> float:
+    def _predicted(self, warm: Sequence[Node], model: str, copies: int, backlog: Backlog) -> float:
         """The wait predicted for the next request: ``(ahead + 1)`` over the copies' rate
         (a loading copy at the warm copies' mean); 0 while a warm copy's rate is unknown
         (stay warm when uncertain)."""
-        rates = [self._rate(node.id) for node in warm]
+        rates = [self._rate(node.id, model) for node in warm]
         known = [rate for rate in rates if rate is not None]
         if len(known) < len(rates) or sum(known) <= 0:
             return 0.0
@@ -236,9 +240,13 @@ class LoadPlanner:
         theirs = eviction.fleetDemand / max(1, eviction.copies)
         return theirs * SHARE_MARGIN < residency.demand(model) / (copies + 1)
 
-    def _rate(self, nodeId: str) -> float | None:
-        """Requests a second ``nodeId`` serves (capacity / service time), if known."""
+    def _rate(self, nodeId: str, model: str) -> float | None:
+        """Requests for ``model`` a second ``nodeId`` serves (capacity / service time), if
+        known; the capacity is the model's own parallel slots where they are per model."""
         capacity = self.ledger.capacity(nodeId)
+        perModel = self.residency.parallel(nodeId, model)
+        if perModel is not None and (capacity is None or perModel < capacity):
+            capacity = perModel
         service = self.ledger.serviceTime(nodeId)
         if capacity is None or service is None or service <= 0:
             return None
