@@ -45,7 +45,7 @@ def summarize(records: list[Record], stats: list[dict[str, Any]]) -> dict[str, A
 
 
 def _s(value: float | None) -> str:
-    return "–" if value is None else f"{value:.2f} s"
+    return "–" if value is None else f"{value:.3f} s"
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -56,9 +56,10 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         f"`{results['command']}` on {results['machine']}. {e['count']} simulated Ollama "
         f"engines holding {e['maxLoaded']} models each ({e['loadMs'] / 1000:g} s per load, one "
-        f"at a time, least recently used idle model evicted; {e['slots']} slots), starting "
-        f"empty; {w['models']} models, Zipf {w['zipf']:g} popularity, {w['clients']} clients "
-        f"in closed loops (think {w['think']:g} s), {w['duration']:g} s, seed {w['seed']}. "
+        f"at a time, least recently used idle model evicted; {e['slots']} slots per model), "
+        f"starting empty; {w['models']} models, Zipf {w['zipf']:g} popularity, "
+        f"{w['clients']} clients in closed loops (think {w['think']:g} s), "
+        f"{w['duration']:g} s, seed {w['seed']}. "
         "Loads and evictions are the engines' own counts.",
         "",
         "| router | requests | errors | loads | evictions | waited for a load | TTFT p50 | "

@@ -1,10 +1,10 @@
 """The simulated engine's slots and the bounded FIFO behind them.
 
 An engine decodes at most ``n`` requests at once (llama.cpp's ``-np``; Ollama's
-``OLLAMA_NUM_PARALLEL``, per loaded model: ``Core.slotsFor``); the others wait in arrival order, at most ``queueMax`` of them,
-and a request beyond that is refused (Ollama's 503 "server busy"). ``hold(k)`` lets a test
-or a bench take ``k`` slots as clients reaching the engine directly would: they are taken
-as they come free, before the queue.
+``OLLAMA_NUM_PARALLEL``, per loaded model: ``Core.slotsFor``); the others wait in arrival
+order, at most ``queueMax`` of them, and a request beyond that is refused (Ollama's 503
+"server busy"). ``hold(k)`` lets a test or a bench take ``k`` slots as clients reaching the
+engine directly would: they are taken as they come free, before the queue.
 """
 
 from __future__ import annotations
