@@ -72,17 +72,12 @@ class ResidencyObserver(RequestObserver):
     the requests waiting for it go (``RoomLedger.changed``); a warm one, with the number of
     ours for its model on the node when it was dispatched, teaches what an engine reporting
     no slots serves at once per model (``ConcurrencyEstimator.observe``, once the end says
-    how much of it was a load), and what part of it was spent queued inside the engine
-    counts as waited in the model's queue (``Queueing.engineWaited``: a further copy is
-    weighed on it before the proxy knows the slots to hold requests at); an engine's
-    reported load time (Ollama's ``load_duration``) is what the load cost."""
+    how much of it was a load); an engine's reported load time (Ollama's
+    ``load_duration``) is what the load cost."""
 
-    def __init__(
-        self, residency: Residency, ledger: RoomLedger, queueing: Queueing | None = None
-    ) -> None:
+    def __init__(self, residency: Residency, ledger: RoomLedger) -> None:
         self.residency = residency
         self.ledger = ledger
-        self.queueing = queueing  # told what a request waited queued inside its engine
         self.firstBytes: dict[IExchangeReport, tuple[int, float]] = {}
 
     def committed(self, exchange: IExchangeReport, nodeId: str, firstByte: float) -> None:
@@ -107,13 +102,9 @@ class ResidencyObserver(RequestObserver):
             self.residency.loadDuration(nodeId, model, int(load * 1e9))
         if measured is not None:
             running, seconds = measured
-            work = load + _reportedSeconds(exchange, "promptMs")
-            concurrency = self.residency.concurrency
-            concurrency.observe(nodeId, running, seconds, work)
-            queued = concurrency.queued(nodeId, running, seconds - work)
-            since = exchange.dispatchedAt
-            if queued > 0.0 and self.queueing is not None and since is not None:
-                self.queueing.engineWaited(exchange.engine.id, model, since, queued)
+            self.residency.concurrency.observe(
+                nodeId, running, seconds, load + _reportedSeconds(exchange, "promptMs")
+            )
 
 
 class StandaloneContext(Protocol):
@@ -171,7 +162,7 @@ def useStandalone(context: StandaloneContext, affinity: bool | None = None) -> S
     context.affinity, context.queueing = placing, queueing
     context.residency, context.loads = residency, loads
     context.observe(ServedObserver(ledger, states, placing))
-    context.observe(ResidencyObserver(residency, ledger, queueing))
+    context.observe(ResidencyObserver(residency, ledger))
     return Standalone(ledger, states, residency, placing, queueing)
 
 

@@ -107,19 +107,6 @@ class ConcurrencyTests(SynchronousTestCase):
         clock.advance(FORGET_AFTER + 1)
         self.assertIsNone(estimator.learnt("o"))
 
-    def test_queuedPastTheBaseline(self) -> None:
-        """How much of a wait was spent queued inside the engine: nothing while no baseline
-        is known (three samples at a level), for a request that ran alone, or for a wait
-        within the rise limit; past that limit, the wait less the baseline."""
-        estimator = ConcurrencyEstimator(Clock())
-        self.assertEqual(estimator.queued("o", 3, 1.0), 0.0, "nothing known of the node")
-        self.feed(estimator, 1, 0.02, n=2)
-        self.assertEqual(estimator.queued("o", 3, 1.0), 0.0, "no baseline yet")
-        self.feed(estimator, 1, 0.02, n=1)
-        self.assertEqual(estimator.queued("o", 1, 1.0), 0.0, "alone: behind none of ours")
-        self.assertEqual(estimator.queued("o", 2, 0.1), 0.0, "within 2 × 0.02 + 0.1")
-        self.assertAlmostEqual(estimator.queued("o", 2, 0.5), 0.48)
-
     def test_ignoresNonsense(self) -> None:
         """Levels out of range and non-finite times are not samples."""
         estimator = ConcurrencyEstimator(Clock(), maxNodes=1)

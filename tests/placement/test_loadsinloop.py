@@ -50,10 +50,6 @@ class LoadsCase(LoopCase):
     def depth(self) -> int:
         return sum(d for _, _, d, _, _ in self.features.queueing.depths())
 
-    def waited(self) -> float:
-        """What m1's requests waited lately, as a further copy is weighed on."""
-        return self.features.queueing.backlog(self.facade, "m1").waited
-
 
 class ColdTests(LoadsCase):
     """Loaded nowhere."""
@@ -157,6 +153,9 @@ class PaidTests(LoadsCase):
 
     nodes = ("A", "B")
 
+    def waited(self) -> float:
+        return self.features.queueing.backlog(self.facade, "m1").waited
+
     def test_waitDuringALoadIsPaid(self) -> None:
         """A copy loads on B while A (warm, one slot) is full: a request that waited for A
         meanwhile adds nothing to what counts towards yet another copy; once B is loaded,
@@ -207,39 +206,6 @@ class PaidTests(LoadsCase):
         self.clock.advance(3.0)
         self.commit(1).end()
         self.assertEqual(self.waited(), 3.0)
-
-
-class EngineWaitTests(LoadsCase):
-    """Before the proxy knows an Ollama node's parallel slots it holds nothing back, and its
-    requests queue inside the engine: what they waited there counts towards a further copy
-    as a wait in the proxy's queue does."""
-
-    nodes = ("A", "B")
-
-    def test_queuedInTheEngineCounts(self) -> None:
-        """Two requests sent to A at once (its slots unknown): the one whose first byte came
-        3 s after the baseline adds 3 s to what m1's requests waited. Once A's limit is
-        learnt (one), a request finding A full starts a further copy on B."""
-        self.hold(A=("m1",), B=())
-        for _ in range(3):
-            self.residency.concurrency.observe("A", 1, 0.25)
-        self.start()
-        self.start()
-        self.assertEqual([call.nodeId for call in self.upstream.calls], ["A", "A"])
-        self.clock.advance(0.25)
-        self.commit(0).end()
-        self.clock.advance(3.0)
-        self.commit(1).end()
-        self.assertAlmostEqual(self.waited(), 3.0)
-        for _ in range(3):
-            self.residency.concurrency.observe("A", 2, 3.25)
-        self.clock.advance(1.0)  # the estimate is reckoned again
-        self.assertEqual(self.residency.concurrency.learnt("A"), 1)
-        self.start()
-        self.commit(2)
-        self.start()
-        self.assertEqual(self.upstream.calls[3].nodeId, "B")
-        self.assertIs(self.residency.state("B", "m1"), ModelState.LOADING)
 
 
 class PerModelSlotsTests(LoadsCase):

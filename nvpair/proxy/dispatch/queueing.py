@@ -2,14 +2,15 @@
 proxy while every owner is known full, and the per-node breakers.
 
 ``Queueing`` composes the pure pieces (``flow.fairqueue``, ``flow.breaker``) and the room
-ledger (which says whether a node is known full) with the clock: a waiting request is a
-Deferred the placement loop yields, holding no attempt, reservation or engine connection;
-it fires when an owner has room (the ledger says room may have appeared, or a busy mark
-lapses) and is cancelled when its client goes.  Over ``--queue-max`` the client with the
-most waiting is answered 503 ``queue_full`` at once (the arriving request, or the newest of
-a longer FIFO), past ``--queue-timeout`` (or its job deadline) 503 ``queue_timeout`` (or
-``deadline_exceeded``), both with a ``Retry-After`` from the drain rate observed.  Under a
-broker there is none of this.
+ledger (``nodestate.ledger``, which says whether a node is known full) with the clock: a
+waiting request is a Deferred the placement loop yields, holding no attempt, reservation or
+engine connection; it fires when an owner has room (the ledger says room may have appeared:
+an engine probe, one of our requests on an owner ending; or a busy mark lapses), and is
+cancelled (the request leaves the queue at once) when its client goes.  Over ``--queue-max``
+the client with the most waiting is answered 503 ``queue_full`` at once (the arriving
+request, or the newest of a longer FIFO whose place it takes), past ``--queue-timeout`` (or
+its job deadline) 503 ``queue_timeout`` (or ``deadline_exceeded``), both with a
+``Retry-After`` from the drain rate observed.  Under a broker there is none of this.
 """
 
 from __future__ import annotations
@@ -25,12 +26,19 @@ from zope.interface import implementer
 
 from nvpair.proxy.dispatch.holds import Holds
 from nvpair.proxy.dispatch.queueline import Line, Waiter, anyWaiting, oldestFirst
-from nvpair.proxy.flow import predicted
 from nvpair.proxy.flow.breaker import Breakers
 from nvpair.proxy.flow.clientbook import ClientBook
 from nvpair.proxy.flow.clients import Client
 from nvpair.proxy.flow.fairqueue import MAX_RETRY_AFTER, Ticket
 from nvpair.proxy.flow.interfaces import IQueueing, QueueRefusal
+from nvpair.proxy.flow.predicted import (
+    OBSERVED_SAMPLES,
+    allKept,
+    bound,
+    ceilingRate,
+    keptInTime,
+    serviceRate,
+)
 from nvpair.proxy.flow.waits import WaitHistogram
 from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.placement.interfaces import (
@@ -79,7 +87,8 @@ class Queueing:
     # -- what the placement loop asks --------------------------------------------------
 
     def _hasRoom(self, nodeId: str, model: str | None = None) -> bool:
-        """Whether ``nodeId`` has room now (for ``model``: unless ``ILoadPlanner.noRoom``)."""
+        """Whether ``nodeId`` has room now (for ``model``: not while it loads there, nor
+        while its own slots there are all ours)."""
         if self.ledger.knownFull(nodeId):
             return False
         loads = self.loads
@@ -98,17 +107,10 @@ class Queueing:
         return line.usable(self.clock.seconds(), self.loads)
 
     def backlog(self, facade: IFleetView, model: str) -> Backlog:
-        """How many requests for ``model`` wait in ``facade``'s queue (made here, to hold
-        ``engineWaited``), and what its requests waited lately, there or in an engine."""
-        line = self._line(facade, model)
+        """How many requests for ``model`` wait in ``facade``'s queue, and what its requests
+        waited lately."""
+        line = self.lines.get((facade.engine.id, model))
         return NO_BACKLOG if line is None else self._backlog(line)
-
-    def engineWaited(self, engineId: str, model: str, since: float, seconds: float) -> None:
-        """A request for ``model`` through ``engineId``'s facade, dispatched at ``since``, was
-        queued ``seconds`` in its engine: it counts as waited, unless sent before a load."""
-        line = self.lines.get((engineId, model))
-        if line is not None and since >= line.paidAt:
-            line.waited.add(seconds, self.clock.seconds())
 
     def loadStarted(self, facade: IFleetView, model: str) -> None:
         """A request for ``model`` goes to start a load: what its queue waited is paid."""
@@ -205,20 +207,18 @@ class Queueing:
 
     def drainRate(self, line: Line) -> float | None:
         """How fast ``line`` can let requests out, per second (``flow.predicted``), or None."""
-        observed = line.queue.drain.perSecond(self.clock.seconds(), predicted.OBSERVED_SAMPLES)
+        observed = line.queue.drain.perSecond(self.clock.seconds(), OBSERVED_SAMPLES)
         if observed is not None:
             return observed
         ledger, owners = self.ledger, self.usable(line)
-        return predicted.serviceRate(
+        return serviceRate(
             (ledger.capacity(n.id), ledger.serviceTime(n.id), ledger.serviceSamples(n.id))
             for n in owners
-        ) or predicted.ceilingRate(
-            (ledger.capacity(n.id), ledger.serviceAtLeast(n.id)) for n in owners
-        )
+        ) or ceilingRate((ledger.capacity(n.id), ledger.serviceAtLeast(n.id)) for n in owners)
 
     def _bound(self, rate: float | None) -> int:
         settings = self.settings
-        return predicted.bound(rate, settings.queueTimeout, settings.queueMax)
+        return bound(rate, settings.queueTimeout, settings.queueMax)
 
     def _shed(self, line: Line) -> None:
         """Refuse at once, once the drain rate is known, the waiting requests of ``line``
@@ -230,9 +230,9 @@ class Queueing:
         if rate is None:
             return
         now, timeout = self.clock.seconds(), self.settings.queueTimeout
-        if predicted.allKept(queue.oldestSince(), len(queue), now, rate, timeout):
+        if allKept(queue.oldestSince(), len(queue), now, rate, timeout):
             return  # each starts in time: their waits are not sorted on every drain
-        keep = predicted.keptInTime((t.since for t in queue), now, rate, timeout)
+        keep = keptInTime((t.since for t in queue), now, rate, timeout)
         if len(queue) <= keep:
             return
         limit, queue.maxDepth = queue.maxDepth, max(1, keep)  # their Retry-After: what stays

@@ -20,10 +20,7 @@ until one of the running answers ends: about that answer's remaining time, far b
 jitter; on an engine whose answers take a fraction of a second, a fraction of
 ``RISE_SLACK``; on one answering in milliseconds, jitter under load is more than that). The
 estimate is one below the lowest risen level with ``MIN_SAMPLES`` samples (at least 1);
-with none risen, None (no limit seen yet). ``queued`` says how much of a request's wait
-was spent queued inside the engine (past the baseline, where the wait is one a risen level
-shows): until a limit is learnt the proxy holds nothing back, and the model's requests wait
-there instead of in its queue. A level not sampled for ``FORGET_AFTER`` seconds
+with none risen, None (no limit seen yet). A level not sampled for ``FORGET_AFTER`` seconds
 is forgotten, so a limit lapses unless traffic confirms it (and the engine may have been
 restarted with another setting). The estimate is read on every room check: it is reckoned
 again after a sample, else at most every ``REUSE`` seconds. Pure, on a clock, at most
@@ -111,31 +108,13 @@ class ConcurrencyEstimator:
         cached = self._learnt.get(nodeId)
         if cached is not None and now - cached[1] < REUSE:
             return cached[0]  # read on every room check: reckoned at most once a second
-        learnt = self._reckon(levels, now, self._slack(nodeId))
+        service = self.service(nodeId)
+        slack = RISE_SLACK
+        if service is not None:
+            slack = min(RISE_SLACK, max(RISE_FLOOR, RISE_SHARE * service))
+        learnt = self._reckon(levels, now, slack)
         self._learnt[nodeId] = (learnt, now)
         return learnt
-
-    def queued(self, nodeId: str, running: int, wait: float) -> float:
-        """Of a request's ``wait`` before its first byte (started with ``running`` of ours
-        there, itself included), the seconds it spent queued inside the engine: past the
-        baseline, where that is known and the wait is one a risen level shows (more than
-        ``RISE_FACTOR`` × baseline + the slack: it waited for a running answer to end);
-        else 0."""
-        levels = self._nodes.get(nodeId)
-        if running < 2 or not levels:
-            return 0.0
-        baseline = math.inf
-        for level in levels.values():
-            if level.samples >= MIN_SAMPLES and level.average < baseline:
-                baseline = level.average
-        risen = wait > RISE_FACTOR * baseline + self._slack(nodeId)  # False while inf
-        return wait - baseline if risen else 0.0
-
-    def _slack(self, nodeId: str) -> float:
-        service = self.service(nodeId)
-        if service is None:
-            return RISE_SLACK
-        return min(RISE_SLACK, max(RISE_FLOOR, RISE_SHARE * service))
 
     def _reckon(self, levels: dict[int, _Level], now: float, slack: float) -> int | None:
         # Reckoned after every sample: plain loops, nothing sorted or built (the lowest
