@@ -235,6 +235,17 @@ class RouterTests(SynchronousTestCase):
 class LmStudioTests(SynchronousTestCase):
     """LM Studio's v1 REST API (and a server without it)."""
 
+    def test_slotsPerModel(self) -> None:
+        """LM Studio's "Max Concurrent Predictions" is set per loaded model: with one, a
+        chat for one model runs beside another model's."""
+        h = Harness(dialect="lmstudio", models=("a", "b"), slots=1, loaded=("a", "b"),
+                    decodeMs=1000.0, prefillMs=0.0, outputTokens=2)  # fmt: skip
+        chat = {"messages": [{"role": "user", "content": "x"}], "stream": False}
+        _, ta = h.send(post(b"/v1/chat/completions", {"model": "a", **chat}))
+        _, tb = h.send(post(b"/v1/chat/completions", {"model": "b", **chat}))
+        h.runUntil(lambda: _complete(ta.value()) and _complete(tb.value()), 10)
+        self.assertEqual(h.clock.seconds(), 2.0, "a and b ran side by side")
+
     def test_v1(self) -> None:
         """Every model listed with its loaded instances; load answers once loaded, with
         the instance id and load time; unload by instance id."""

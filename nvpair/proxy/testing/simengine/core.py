@@ -52,6 +52,9 @@ class IRun(Interface):
         """The client went away: give up the slot or the place in the FIFO."""
 
 
+_PER_MODEL = ("ollama", "lmstudio")  # dialects whose loaded models each have their own slots
+
+
 class Core:
     """The shared state of one simulated engine, timed on ``clock``."""
 
@@ -64,7 +67,7 @@ class Core:
         self.slots = Slots(clock, config.slots, config.queueMax)
         self.responder = Responder(config.name)
         self.residency = Residency(clock, config)
-        # Ollama and router mode: each model's own slots (one per installed model at most)
+        # Ollama, LM Studio, router mode: each model's own slots (per installed model at most)
         self.modelSlots: dict[str, Slots] = {}
         self.runs: dict[EngineConnection, IRun] = {}
         self.stored = StoredResponses()
@@ -77,8 +80,9 @@ class Core:
     def slotsFor(self, model: str) -> Slots:
         """The slots a request for ``model`` runs in: the engine's, or that model's own where
         each loaded model serves ``--slots`` at once by itself (Ollama, whose
-        ``OLLAMA_NUM_PARALLEL`` is per model; router mode, a child server per model)."""
-        if not (self.config.router or self.config.dialect == "ollama"):
+        ``OLLAMA_NUM_PARALLEL`` is per model; LM Studio, whose "Max Concurrent Predictions"
+        is set per loaded model; router mode, a child server per model)."""
+        if not (self.config.router or self.config.dialect in _PER_MODEL):
             return self.slots
         slots = self.modelSlots.get(model)
         if slots is None:
