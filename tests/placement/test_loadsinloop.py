@@ -238,6 +238,20 @@ class PerModelSlotsTests(LoadsCase):
         self.assertEqual(len(self.upstream.calls), 3)
         self.assertEqual(self.depth(), 1)
 
+    def test_reportedSlotsAreRead(self) -> None:
+        """An engine that reports its slots is read, not second-guessed by what was learnt:
+        two of m1 running fill m1 there until a fresh report says slots are free."""
+        self.start(model="m1")
+        self.start(model="m1")
+        self.assertTrue(self.residency.modelFull("A", "m1"))
+        ledger = self.features.ledger
+        ledger.probeSent("A")
+        ledger.probed("A", busy=2, total=4, interval=1.0)
+        self.assertTrue(ledger.reportsSlots("A"))
+        self.assertFalse(self.residency.modelFull("A", "m1"))
+        self.start(model="m1")
+        self.assertEqual(len(self.upstream.calls), 3)
+
     def test_levelsPerModel(self) -> None:
         """A request's sample is taken at the level of ours for its model on the node when
         it was dispatched: an m2 request beside two of m1 is a level-1 sample."""

@@ -304,6 +304,12 @@ class RoomLedger:
         room = self.rooms.get(nodeId)
         return None if room is None else room.configured
 
+    def reportsSlots(self, nodeId: str) -> bool:
+        """Whether a fresh report of ``nodeId``'s slots is in force (it is read then, and
+        nothing learnt of the engine second-guesses it)."""
+        room = self.rooms.get(nodeId)
+        return room is not None and self._reported(room, self.clock.seconds()) is not None
+
     def serviceSamples(self, nodeId: str) -> int:
         """How many of our requests on ``nodeId`` the service time has seen (capped)."""
         room = self.rooms.get(nodeId)

@@ -79,9 +79,7 @@ class Residency:
         self._nodes: dict[str, NodeHoldings] = {}
         self._demand = Demand(MAX_DEMAND_MODELS)
         self._sizes: dict[str, int] = {}  # model -> bytes, as last reported anywhere
-        # Unloading through the engines' own APIs where the fleet file allows it (standalone
-        # mode's ``model-actions`` service sets it).
-        self.actions: IModelActions | None = None
+        self.actions: IModelActions | None = None  # unloads via engine APIs (``model-actions``)
 
     def _node(self, nodeId: str) -> NodeHoldings | None:
         node = self._nodes.get(nodeId)
@@ -378,8 +376,10 @@ class Residency:
 
     def modelFull(self, nodeId: str, model: str) -> bool:
         running = self.running(nodeId, model)
-        limit = self._perModel(nodeId, model) if running else None
-        return limit is not None and running >= limit
+        if running and not self.ledger.reportsSlots(nodeId):  # else its report is read
+            limit = self._perModel(nodeId, model)
+            return limit is not None and running >= limit
+        return False
 
     def nodeParallel(self, nodeId: str) -> int | None:
         """The room ledger's limit: the learnt per-model figure × the models held (≥ 1)."""

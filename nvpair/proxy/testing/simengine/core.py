@@ -167,7 +167,11 @@ class Core:
             "prompt_tokens": s.promptTokens,
             "cached_tokens": s.cachedTokens,
             "completion_tokens": s.completionTokens,
-            "slots": {"total": slots.total, "busy": slots.busy, "held": slots.held},
+            "slots": {
+                "total": slots.total,
+                "busy": sum(each.busy for each in every),
+                "held": slots.held,
+            },
             "queue": {
                 "depth": sum(each.queued for each in every),
                 "max": slots.queueMax,
