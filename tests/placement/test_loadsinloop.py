@@ -249,6 +249,7 @@ class PerModelSlotsTests(LoadsCase):
         ledger.probed("A", busy=2, total=4, interval=1.0)
         self.assertTrue(ledger.reportsSlots("A"))
         self.assertFalse(self.residency.modelFull("A", "m1"))
+        self.assertIsNone(self.residency.parallel("A", "m1"), "the report is the figure")
         self.start(model="m1")
         self.assertEqual(len(self.upstream.calls), 3)
 

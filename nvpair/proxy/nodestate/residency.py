@@ -368,6 +368,8 @@ class Residency:
         return self._perModel(nodeId, model) if limit is None else limit
 
     def _perModel(self, nodeId: str, model: str) -> int | None:
+        if self.ledger.reportsSlots(nodeId):
+            return None  # an engine reporting its slots is read, not second-guessed
         node = self._nodes.get(nodeId)
         resident = None if node is None else node.resident.get(model)
         if resident is not None and resident.parallel is not None:
@@ -376,10 +378,8 @@ class Residency:
 
     def modelFull(self, nodeId: str, model: str) -> bool:
         running = self.running(nodeId, model)
-        if running and not self.ledger.reportsSlots(nodeId):  # else its report is read
-            limit = self._perModel(nodeId, model)
-            return limit is not None and running >= limit
-        return False
+        limit = self._perModel(nodeId, model) if running else None
+        return limit is not None and running >= limit
 
     def nodeParallel(self, nodeId: str) -> int | None:
         """The room ledger's limit: the learnt per-model figure × the models held (≥ 1)."""
