@@ -47,6 +47,7 @@ from nvpair.proxy.interfaces import IConnectingReactor
 from nvpair.proxy.ops.interfaces import IOpsView
 from nvpair.proxy.ops.metrics import Metrics
 from nvpair.proxy.routing.candidates import Snapshot
+from nvpair.proxy.runtime.eventloop import ITurnEnd
 from nvpair.proxy.runtime.logs import LogControl, TextStream, makeObserver
 from nvpair.proxy.settings import Settings
 from nvpair.proxy.tracing.interfaces import ITracer
@@ -130,7 +131,9 @@ class ProxyService(MultiService):
         else:
             from twisted.internet.stdio import StandardIO
 
-            channel = BrokerChannel(self.handlers, self._brokerGone)
+            channel = BrokerChannel(
+                self.handlers, self._brokerGone, turnEnd=ITurnEnd(self.reactor, None)
+            )
             self.channel = channel
             self.sinks.target = channel
             StandardIO(channel, reactor=self.reactor)

@@ -1,12 +1,15 @@
 """What the broker channel writes: nothing after the stream ends, through a
-``SinkSwitch``, and a bounded backlog of notifications when the broker stops reading."""
+``SinkSwitch``, a bounded backlog of notifications when the broker stops reading, and one
+write per reactor turn given the reactor's turn ends."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from nvpair.proxy.broker.channel import (
@@ -17,6 +20,7 @@ from nvpair.proxy.broker.channel import (
     SinkSwitch,
 )
 from nvpair.proxy.interfaces import IBrokerSink
+from nvpair.proxy.runtime.eventloop import ITurnEnd
 from nvpair.proxy.testing.wire import drainLines, sendLine
 from tests.broker.channelkit import ChannelCase, FakeHandler
 
@@ -129,3 +133,88 @@ class BacklogTests(SynchronousTestCase):
         self.channel.notify("discovery:node-activity", {"nodeId": "A", "inFlight": 1})
         self.stdout().resumeProducing()
         self.assertEqual([m["method"] for m in self.lines()], ["discovery:node-activity"])
+
+
+@implementer(ITurnEnd)
+class Turns:
+    """A reactor's turn ends, run by the test."""
+
+    def __init__(self) -> None:
+        self.asked: list[Callable[[], object]] = []
+
+    def callAtTurnEnd(self, f: Callable[[], object]) -> None:
+        self.asked.append(f)
+
+    def end(self) -> None:
+        asked, self.asked = self.asked, []
+        for f in asked:
+            f()
+
+
+class CountingTransport(StringTransport):
+    """A ``StringTransport`` that counts writes."""
+
+    writes = 0
+
+    def write(self, data: bytes) -> None:
+        self.writes += 1
+        super().write(data)
+
+
+class TurnTests(SynchronousTestCase):
+    """Given the reactor's turn ends, a turn's lines go to stdout in one write, in order."""
+
+    def setUp(self) -> None:
+        self.turns = Turns()
+        self.handler = FakeHandler()
+        self.channel = BrokerChannel(self.handler, lambda: None, turnEnd=self.turns)
+        self.transport = CountingTransport()
+        self.channel.makeConnection(self.transport)
+
+    def test_oneWritePerTurnInOrder(self) -> None:
+        """Notifications and an answer of one turn: nothing written before the turn ends,
+        then one write with every line in the order they came; the end is asked for once."""
+        self.channel.notify("workload:submitted", {"n": 1})
+        sendLine(self.channel, {"jsonrpc": "2.0", "id": 3, "method": "ping"})
+        self.channel.notify("workload:started", {"n": 2})
+        self.assertEqual(self.transport.value(), b"")
+        self.assertEqual(len(self.turns.asked), 1)
+        self.turns.end()
+        self.assertEqual(self.transport.writes, 1)
+        self.assertEqual(
+            drainLines(self.transport)[1],
+            [
+                {"jsonrpc": "2.0", "method": "workload:submitted", "params": {"n": 1}},
+                {"jsonrpc": "2.0", "id": 3, "result": {"ok": True}},
+                {"jsonrpc": "2.0", "method": "workload:started", "params": {"n": 2}},
+            ],
+        )
+        self.channel.notify("workload:completed", {"n": 3})
+        self.assertEqual(len(self.turns.asked), 1, "the next turn asks again")
+        self.turns.end()
+        self.assertEqual(self.transport.writes, 2)
+        self.assertEqual(len(drainLines(self.transport)[1]), 1)
+
+    def test_lostBeforeTheTurnEnds(self) -> None:
+        """Lines of a turn whose stdout is lost before it ends are not written."""
+        self.channel.notify("workload:submitted", {"n": 1})
+        self.channel.connectionLost(None)
+        self.turns.end()
+        self.assertEqual(self.transport.writes, 0)
+        self.channel.notify("workload:started", {"n": 2})
+        self.assertEqual(self.turns.asked, [])
+
+    def test_stalledStillBounded(self) -> None:
+        """A broker not reading stdout: the backlog allowance counts lines as they come,
+        whether or not their turn has ended."""
+        channel = BrokerChannel(FakeHandler(), lambda: None, backlogLimit=1000, turnEnd=self.turns)
+        transport = StringTransport()
+        channel.makeConnection(transport)
+        stdout: Any = transport.producer  # what the stdout transport pauses
+        stdout.pauseProducing()
+        for i in range(100):
+            channel.notify("discovery:node-activity", {"nodeId": "A", "inFlight": i})
+        self.turns.end()
+        raw, written = drainLines(transport)
+        self.assertLessEqual(len(raw), 1000)
+        self.assertEqual([m["params"]["inFlight"] for m in written], list(range(len(written))))

@@ -18,7 +18,7 @@ from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from nvpair.proxy.runtime import eventloop
-from nvpair.proxy.runtime.eventloop import ProxyReactor, dispatchEvents
+from nvpair.proxy.runtime.eventloop import ITurnEnd, ProxyReactor, dispatchEvents
 
 IN, OUT, HUP = select.EPOLLIN, select.EPOLLOUT, select.EPOLLHUP
 
@@ -183,6 +183,7 @@ def pollingReactor(poller: Poller, selectables: dict[int, Descriptor]) -> ProxyR
     reactor = ProxyReactor.__new__(ProxyReactor)
     reactor._poller = poller
     reactor._selectables = selectables
+    reactor.atTurnEnd = []
     return reactor
 
 
@@ -209,6 +210,54 @@ class DoPollTests(SynchronousTestCase):
         """Any other poll failure is a programming error and is raised."""
         reactor = pollingReactor(Poller(error=OSError(errno.EBADF, "EBADF")), {})
         self.assertRaises(OSError, reactor.doPoll, 1.0)
+
+
+class TurnEndTests(SynchronousTestCase):
+    """What is asked for during a turn runs when it ends: after all of a poll's events, and
+    (asked for by a timer) before the next wait."""
+
+    def test_afterThePollsEvents(self) -> None:
+        """Asked for by the first of two ready descriptors, the call runs once, after both
+        were read, and not again on the next turn."""
+        first, second = Descriptor(), Descriptor()
+        seen: list[tuple[int, int]] = []
+        reactor = pollingReactor(Poller([(5, IN), (6, IN)]), {5: first, 6: second})
+        verifyObject(ITurnEnd, reactor)
+        first.onRead = lambda: reactor.callAtTurnEnd(
+            lambda: seen.append((first.reads, second.reads))
+        )
+        reactor.doPoll(0)
+        self.assertEqual(seen, [(1, 1)])
+        first.onRead = None
+        reactor.doPoll(0)
+        self.assertEqual(seen, [(1, 1)])
+
+    def test_timersCallsRunBeforeTheWait(self) -> None:
+        """A call asked for outside a poll (a timer ran) is done before the reactor waits:
+        what it writes is not held for the next event."""
+        poller = Poller()
+        reactor = pollingReactor(poller, {})
+        waitsBefore: list[int] = []
+        reactor.callAtTurnEnd(lambda: waitsBefore.append(len(poller.calls)))
+        reactor.doPoll(5.0)
+        self.assertEqual(waitsBefore, [0])
+        self.assertEqual(poller.calls, [(5.0, 0)])
+
+    def test_failingCallLoggedOthersRun(self) -> None:
+        """A call that raises is logged; the others still run, those it asked for too."""
+        reactor = pollingReactor(Poller(), {})
+        ran: list[str] = []
+
+        def failing() -> None:
+            reactor.callAtTurnEnd(lambda: ran.append("asked by the failing one"))
+            raise ZeroDivisionError()
+
+        reactor.callAtTurnEnd(failing)
+        reactor.callAtTurnEnd(lambda: ran.append("next"))
+        reactor.doPoll(0)
+        self.assertEqual(ran, ["next", "asked by the failing one"])
+        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
+        self.assertEqual(reactor.atTurnEnd, [])
 
 
 @implementer(IReadDescriptor)

@@ -19,6 +19,7 @@ from zope.interface import implementer
 from nvpair.proxy.broker import jsonrpc
 from nvpair.proxy.broker.jsonrpc import resolveAddress
 from nvpair.proxy.interfaces import IBrokerSink, IMessageHandler
+from nvpair.proxy.runtime.eventloop import ITurnEnd
 
 # Names that only make sense addressed to a facade (spec §4).
 FACADE_SCOPED = frozenset(
@@ -150,6 +151,10 @@ class BrokerChannel(jsonrpc.LineFramer):
     buffers them) up to ``BACKLOG_LIMIT`` bytes; beyond that they are dropped and counted
     rather than held without bound, and one ``errors:report`` (kind ``overflow``) says how
     many once the broker has read everything.  Responses to requests are always written.
+
+    Given a ``turnEnd`` (the process's reactor), the lines of one reactor turn, answers and
+    notifications in the order they came, go to stdout in one write at the end of the turn;
+    without one, each line is written at once.
     """
 
     log = Logger()
@@ -160,6 +165,7 @@ class BrokerChannel(jsonrpc.LineFramer):
         handler: IMessageHandler,
         onClosed: Callable[[], None],
         backlogLimit: int = BACKLOG_LIMIT,
+        turnEnd: ITurnEnd | None = None,
     ) -> None:
         super().__init__()
         self._handler = handler
@@ -170,6 +176,8 @@ class BrokerChannel(jsonrpc.LineFramer):
         self._backlog = 0  # bytes written since stdout stalled
         self._dropped = 0
         self.transport: ITransport | None = None
+        self._turnEnd = turnEnd
+        self._turn: list[bytes] = []  # this turn's lines, written when it ends
 
     def connectionMade(self) -> None:
         register = getattr(self.transport, "registerProducer", None)
@@ -178,9 +186,26 @@ class BrokerChannel(jsonrpc.LineFramer):
 
     # -- output -----------------------------------------------------------------------
 
+    def _write(self, line: bytes) -> None:
+        """Write ``line`` now, or (given a ``turnEnd``) with the rest of this turn's."""
+        turn = self._turn
+        if self._turnEnd is None:
+            if self.transport is not None:
+                self.transport.write(line)
+            return
+        if not turn:
+            self._turnEnd.callAtTurnEnd(self._endTurn)
+        turn.append(line)
+
+    def _endTurn(self) -> None:
+        lines = b"".join(self._turn)
+        self._turn.clear()
+        if self.transport is not None and self.state is not _CLOSED:
+            self.transport.write(lines)
+
     def _send(self, message: dict[str, object]) -> None:
         if self.transport is not None and self.state is not _CLOSED:
-            self.transport.write(jsonrpc.encode(message))
+            self._write(jsonrpc.encode(message))
 
     def notify(self, method: str, params: dict[str, object]) -> None:
         """Send one notification to the broker (or drop it, when stdout is backed up)."""
@@ -196,7 +221,7 @@ class BrokerChannel(jsonrpc.LineFramer):
                 self._dropped += 1
                 return
             self._backlog = backlog
-        self.transport.write(line)
+        self._write(line)
 
     def _stalled(self) -> None:
         if self.flow is not _STALLED:

@@ -20,6 +20,12 @@ and the ``nvpair-proxy`` command passes that option; ``twistd -n nvpair-proxy`` 
 runs Twisted's default reactor (epoll on Linux), and nothing in the service maker installs
 one.  ``install`` keeps a reactor that is installed already.  Should a Twisted release
 rename the epoll reactor's parts it relies on, the stock epoll reactor is installed instead.
+
+It also ends each turn with the calls asked for during it (``ITurnEnd``): after a poll's
+events have run, and before the next wait (so that what timers asked for is done too).  The
+broker channel uses it to write a turn's notifications to stdout at once: one transport
+write per turn instead of one per notification (each costs Twisted a dozen calls on the
+pipe writer).  A reactor without it (the stock one) gets each line written at once.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from twisted.internet.interfaces import IReadDescriptor
 from twisted.internet.posixbase import PosixReactorBase
 from twisted.python import log
 from twisted.python.failure import Failure
+from zope.interface import Interface, implementer
 
 _READ = select.EPOLLIN
 
@@ -74,11 +81,45 @@ def dispatchEvents(
             disconnect(selectable, why, True)
 
 
+class ITurnEnd(Interface):
+    """A reactor that runs calls at the end of its current turn."""
+
+    def callAtTurnEnd(f: Callable[[], object]) -> None:
+        """Call ``f`` once, after the events of the current turn have run and before the
+        reactor waits again (called from a timer, before the next wait)."""
+
+
+def endTurn(calls: list[Callable[[], object]]) -> None:
+    """Run and empty ``calls`` (those asked for while they run included), each on its own:
+    one that raises is logged, and the rest still run."""
+    ran = 0
+    while ran < len(calls):
+        f = calls[ran]
+        ran += 1
+        try:
+            f()
+        except BaseException:
+            log.err()
+    calls.clear()
+
+
+@implementer(ITurnEnd)
 class ProxyReactor(EPollReactor):
-    """An epoll reactor whose event dispatch skips the legacy per-event log context."""
+    """An epoll reactor whose event dispatch skips the legacy per-event log context, and
+    whose turns end with the calls asked for during them."""
+
+    def __init__(self) -> None:
+        self.atTurnEnd: list[Callable[[], object]] = []
+        super().__init__()
+
+    def callAtTurnEnd(self, f: Callable[[], object]) -> None:
+        self.atTurnEnd.append(f)
 
     def doPoll(self, timeout: float | None) -> None:
-        """Wait for ready descriptors (at most ``timeout`` seconds) and run their events."""
+        """Finish what the timers asked for, wait for ready descriptors (at most ``timeout``
+        seconds), run their events, and end the turn."""
+        if self.atTurnEnd:
+            endTurn(self.atTurnEnd)
         try:
             events = self._poller.poll(-1 if timeout is None else timeout, len(self._selectables))
         except OSError as err:
@@ -86,6 +127,8 @@ class ProxyReactor(EPollReactor):
                 return
             raise
         dispatchEvents(events, self._selectables, self._doReadOrWrite, self._disconnectSelectable)
+        if self.atTurnEnd:
+            endTurn(self.atTurnEnd)
 
     doIteration = doPoll
 
