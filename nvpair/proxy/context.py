@@ -19,6 +19,7 @@ from nvpair.proxy.dispatch.queueing import Queueing
 from nvpair.proxy.dispatch.relay import forwardHeaders
 from nvpair.proxy.dispatch.stallwatch import StallWatches
 from nvpair.proxy.engines import Engine
+from nvpair.proxy.flow.interfaces import IEngineQueues
 from nvpair.proxy.hooks import ObservedContext, RequestObserver, TraceObserver
 from nvpair.proxy.http.interfaces import IServerRequest
 from nvpair.proxy.http.site import sendError
@@ -113,6 +114,7 @@ class RequestContext(ObservedContext):
         self.stalls = StallWatches(clock, settings.streamIdleTimeout)
         # Standalone sets these (``features.useStandalone``): the room ledger, the engines'
         # own state, placement by cache (with ``--affinity prefix``), the queue and breakers.
+        self.engineQueues: IEngineQueues | None = None  # standalone's
         self.ledger: RoomLedger | None = None
         self.engineStates: EngineStates | None = None
         self.affinity: Affinity | None = None

@@ -19,6 +19,7 @@ class FailureKind(StrEnum):
     STATUS = "status"  # a retryable status on a non-final attempt
     NO_CONTENT = "no_content"  # headers arrived, the first body byte did not (first-content cap)
     LEFT = "left"  # the target left discovery before commit
+    MOVED = "moved"  # it waited in its engine's queue while another owner had room
 
 
 class BodyEnding(Enum):

@@ -13,7 +13,8 @@ import attrs
 from twisted.internet.interfaces import IReactorTime
 
 from nvpair.proxy.dispatch.queueing import Queueing
-from nvpair.proxy.flow.interfaces import IQueueing
+from nvpair.proxy.flow.enginequeues import EngineQueues
+from nvpair.proxy.flow.interfaces import IEngineQueues, IQueueing
 from nvpair.proxy.hooks import RequestObserver
 from nvpair.proxy.interfaces import IActivity, IExchangeReport, IRequestObserver
 from nvpair.proxy.nodestate.interfaces import IEngineStates, IResidency, IRoomLedger, ModelState
@@ -126,6 +127,7 @@ class StandaloneContext(Protocol):
     queueing: IQueueing | None
     residency: IResidency | None
     loads: ILoadPlanner | None
+    engineQueues: IEngineQueues | None
 
     def observe(self, observer: IRequestObserver) -> None: ...
 
@@ -139,13 +141,15 @@ class Standalone:
     residency: Residency
     affinity: Affinity | None
     queueing: Queueing
+    engineQueues: EngineQueues
 
 
 def useStandalone(context: StandaloneContext, affinity: bool | None = None) -> Standalone:
     """Give ``context`` standalone's features: one room record per node (our requests
     there, its engine's slots, what it refused), the engines' state and which models each
     node holds, placement by cache
-    (``affinity``: default ``--affinity prefix``), the fair queue and the breakers."""
+    (``affinity``: default ``--affinity prefix``), the fair queue and the breakers, and
+    the watch that moves a request waiting in an engine's queue while another has room."""
     settings = context.settings
     ours = context.activity.inFlight
     ledger = RoomLedger(context.clock, ours)
@@ -161,9 +165,10 @@ def useStandalone(context: StandaloneContext, affinity: bool | None = None) -> S
     context.ledger, context.engineStates = ledger, states
     context.affinity, context.queueing = placing, queueing
     context.residency, context.loads = residency, loads
+    engineQueues = context.engineQueues = EngineQueues(context.clock, ledger, states, residency)
     context.observe(ServedObserver(ledger, states, placing))
     context.observe(ResidencyObserver(residency, ledger))
-    return Standalone(ledger, states, residency, placing, queueing)
+    return Standalone(ledger, states, residency, placing, queueing, engineQueues)
 
 
 def _listener(ledger: RoomLedger, residency: Residency) -> Callable[[str, int, str | None], None]:

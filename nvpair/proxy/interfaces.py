@@ -28,7 +28,7 @@ from zope.interface import Attribute, Interface
 
 from nvpair.proxy.endings import BodyEnding, FailureKind
 from nvpair.proxy.engines import Engine
-from nvpair.proxy.flow.interfaces import IQueueing
+from nvpair.proxy.flow.interfaces import IEngineQueues, IQueueing
 from nvpair.proxy.http.interfaces import IServerRequest
 from nvpair.proxy.logswitch import ILogControl
 from nvpair.proxy.nodestate.interfaces import IEngineStates, IRoomLedger
@@ -253,6 +253,9 @@ class IRequestContext(IPlacementContext):
         "The cluster trust, or None without a cluster directory."
     )
     stalls: IStallWatches = Attribute("The stream stall watches.")
+    engineQueues: IEngineQueues | None = Attribute(
+        "The watch over first attempts waiting in an engine's queue (standalone), or None."
+    )
     ledger: IRoomLedger | None = Attribute(
         "The room ledger (``nodestate.ledger.RoomLedger``) in standalone mode, else None."
     )

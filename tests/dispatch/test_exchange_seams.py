@@ -135,5 +135,5 @@ class NamedStateTests(SynchronousTestCase):
         """Failure kinds are the strings metrics and history report."""
         self.assertEqual(
             sorted(FailureKind),
-            ["header_timeout", "left", "no_content", "status", "transport"],
+            ["header_timeout", "left", "moved", "no_content", "status", "transport"],
         )

@@ -3,11 +3,12 @@ over simulated engines (``nvpair.proxy.testing.simengine``) on loopback."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import treq
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, gatherResults
 from twisted.trial.unittest import TestCase
 
 from nvpair.proxy.testing.simengine import SimConfig, SimEngine
@@ -91,13 +92,19 @@ class PlacementTests(TestCase):
         document: dict[str, Any] = await response.json()
         return document
 
-    async def waitForState(self, url: str, busy: int) -> dict[str, Any]:
+    async def waitForState(
+        self, url: str, busy: int, available: int | None = None
+    ) -> dict[str, Any]:
         """Poll /status (bounded) until the engine at ``url`` is read fresh with ``busy``
-        slots busy."""
+        slots busy (and the ledger's ``available`` free, when given)."""
         deadline = reactor.seconds() + DEADLINE
         while True:
             entry = (await self.status()).get("engineStates", {}).get(url, {})
-            if entry.get("state") == "fresh" and entry.get("slotsBusy") == busy:
+            if (
+                entry.get("state") == "fresh"
+                and entry.get("slotsBusy") == busy
+                and (available is None or entry.get("slotsAvailable") == available)
+            ):
                 return dict(entry)
             if reactor.seconds() > deadline:
                 self.fail(f"engine state of {url} never showed {busy} busy: {entry}")
@@ -188,3 +195,59 @@ class PlacementTests(TestCase):
         self.assertEqual(usage["queueMs"], 0.0)
         held = (await self.status())["queueing"]["held"]
         self.assertEqual(held, {"now": 0, "endedWithRoom": 0, "endedWithBudget": 1})
+
+    async def streamed(self, user: str) -> tuple[str, float, float]:
+        """One streamed request through the proxy, read to its end: the serving node, the
+        seconds until its answer ended, and its engine's FIFO wait (ms)."""
+        began = time.monotonic()
+        response = await treq.post(
+            self.proxy.url("llamacpp") + CHAT,
+            json={
+                "model": "m1",
+                "stream": True,
+                "max_tokens": 2,
+                "messages": [{"role": "user", "content": user}],
+            },
+            persistent=False,
+        )
+        body = await response.content()
+        self.assertEqual(response.code, 200, body)
+        self.assertIn(b"data: [DONE]", body)
+        [nodeId] = response.headers.getRawHeaders("x-nvpair-node")
+        [queued] = response.headers.getRawHeaders("x-sim-queue-ms")
+        return nodeId, time.monotonic() - began, float(queued)
+
+    async def test_movedOffAQueueItsReportDidNotShow(self) -> None:
+        """One-slot engines; a direct client took one engine's slot after its last report
+        (its /slots still shows it idle). Of two streamed requests sent together, the
+        proxy places one there, where it waits in the engine's queue: past its first-token
+        budget, with the other engine free again, it is moved there and served, within a
+        second. /metrics counts the move."""
+        await self.start(slots=1)
+        for hidden in self.urls:
+            await self.hideHold(hidden)
+            free = next(url for url in self.urls if url != hidden)
+            results = await gatherResults(
+                [Deferred.fromCoroutine(self.streamed(f"question {i}")) for i in range(2)]
+            )
+            self.assertEqual([node for node, _, _ in results], [free, free])
+            self.assertLess(max(seconds for _, seconds, _ in results), 1.0)
+            await self.release(hidden)
+        metrics = (await self.ops("/metrics")).decode()
+        self.assertIn(
+            'nvpair_proxy_dispatch_attempts_total{engine="llamacpp",reason="moved"} 2.0', metrics
+        )
+
+    async def hideHold(self, url: str) -> None:
+        """A direct client takes the slot of the engine at ``url``, unreported; the proxy
+        has read every engine fresh, idle and free since."""
+        response = await treq.post(
+            url + "/sim/hold", json={"slots": 1, "reported": False}, persistent=False
+        )
+        self.assertEqual(response.code, 200, await response.text())
+        for each in self.urls:
+            await self.waitForState(each, 0, available=1)
+
+    async def release(self, url: str) -> None:
+        response = await treq.post(url + "/sim/hold", json={"slots": 0}, persistent=False)
+        self.assertEqual(response.code, 200, await response.text())

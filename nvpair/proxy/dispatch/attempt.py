@@ -15,8 +15,7 @@ from typing import Final
 
 from twisted.internet import defer
 from twisted.internet.error import ConnectError
-from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
-from twisted.internet.protocol import Protocol
+from twisted.internet.interfaces import IDelayedCall, IPushProducer
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
@@ -25,11 +24,12 @@ from zope.interface import implementer
 
 from nvpair.proxy.dispatch.interfaces import IAttemptExchange, IBodyGate, IDiscoveryWatcher
 from nvpair.proxy.dispatch.outcome import Committed, Failed, ICommittedBody
-from nvpair.proxy.dispatch.relay import Relay, stopReceiving
+from nvpair.proxy.dispatch.relay import Relay, discard, stopReceiving
 from nvpair.proxy.dispatch.upstream import addressesFor
 from nvpair.proxy.endings import FailureKind
 from nvpair.proxy.engines import RouteClass
 from nvpair.proxy.flow.breaker import retryAfterSeconds
+from nvpair.proxy.flow.interfaces import IMovable
 from nvpair.proxy.interfaces import IStallWatch
 from nvpair.proxy.placement.interfaces import IOutcome
 from nvpair.proxy.routing.nodes import Node
@@ -62,37 +62,7 @@ _CLEAN_ENDS = (ResponseDone, PotentialDataLoss)
 _DONE = Failure(ResponseDone())
 
 
-class _Discard(Protocol):
-    """Reads and drops a body we will not forward; stops it if it is large or endless."""
-
-    def __init__(self, limit: int, clock: IReactorTime) -> None:
-        self._left = limit
-        self._timer: IDelayedCall | None = None
-        self._clock = clock
-
-    def connectionMade(self) -> None:
-        if self._left <= 0:
-            stopReceiving(self)
-            return
-        self._timer = self._clock.callLater(10.0, stopReceiving, self)
-
-    def dataReceived(self, data: bytes) -> None:
-        self._left -= len(data)
-        if self._left < 0:
-            stopReceiving(self)
-
-    def connectionLost(self, reason: Failure = _DONE) -> None:
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
-
-
-def discard(response: IResponse, clock: IReactorTime, limit: int = 1 << 20) -> None:
-    """Drain an unwanted response so its connection can be reused, within bounds."""
-    response.deliverBody(_Discard(limit, clock))
-
-
-@implementer(IBodyGate, ICommittedBody, IDiscoveryWatcher)
+@implementer(IBodyGate, ICommittedBody, IDiscoveryWatcher, IMovable)
 class Attempt:
     """One try of one node."""
 
@@ -141,7 +111,20 @@ class Attempt:
         self._addresses = addressesFor(node, facade.localBackend, facade.confirmed.get(node.id))
 
     def start(self) -> defer.Deferred[IOutcome]:
-        """Begin the attempt; the Deferred fires with ``Committed`` or ``Failed``."""
+        """Begin the attempt; the Deferred fires with ``Committed`` or ``Failed``.  The first
+        attempt of a streamed inference request, not its last, is watched for waiting in
+        its engine's queue (standalone: ``flow.enginequeues``)."""
+        ex = self.exchange
+        queues, model = ex.context.engineQueues, ex.model
+        if queues is not None and self.gated and not self.final and ex.attempts == 1:
+            if model is not None and ex.facts.stream:
+                facade = ex.facade
+                queues.watch(
+                    self,
+                    model,
+                    lambda: facade.snapshot.owners(model, facade.hasLocalBackend),
+                    len(ex.body),
+                )
         self._dial(0)
         return self._result
 
@@ -361,18 +344,31 @@ class Attempt:
         self._result.callback(outcome)
 
     def _unwatch(self) -> None:
-        self.exchange.facade.unwatch(self.node.id, self)
+        ex = self.exchange
+        ex.facade.unwatch(self.node.id, self)
+        queues = ex.context.engineQueues
+        if queues is not None:
+            queues.discard(self)
 
     def left(self) -> None:
         """The target left discovery: abandon unless already committed."""
+        self._giveUp(FailureKind.LEFT)
+
+    def move(self) -> bool:
+        """It waits in its engine's queue while another owner has room: give it up,
+        uncommitted (the request is placed again); False when it is over already."""
+        return self._giveUp(FailureKind.MOVED)
+
+    def _giveUp(self, kind: FailureKind) -> bool:
         if self.state is not PENDING:
-            return
+            return False
         self.state = ABANDONED
         self._abort()
         self._stopTimer()
         self._unwatch()
         if not self._result.called:
-            self._failed(Failed(FailureKind.LEFT, self.node))
+            self._failed(Failed(kind, self.node))
+        return True
 
     def _abort(self) -> None:
         if self._pending is not None:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from nvpair.proxy.endings import BodyEnding
     from nvpair.proxy.engines import Engine, RouteClass
     from nvpair.proxy.interfaces import IRequestContext, IUpstream, IWorkload
+    from nvpair.proxy.routing.facts import RequestFacts
     from nvpair.proxy.settings import Settings
     from nvpair.proxy.tracing.interfaces import IRequestTrace
 
@@ -64,6 +65,7 @@ class IAttemptExchange(IExchangeReport):
     uri: bytes = Attribute("The request target (path and query).")
     forwardHeaders: Headers = Attribute("The request headers to send upstream.")
     body: bytes = Attribute("The request body.")
+    facts: RequestFacts = Attribute("What the body says that routing acts on (``stream``).")
     routeClass: RouteClass = Attribute(
         "The request's route class (404 is retried unless it is verbatim)."
     )

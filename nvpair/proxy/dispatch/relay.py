@@ -15,6 +15,7 @@ from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 from twisted.web.http_headers import Headers
+from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
 from nvpair.proxy.dispatch.interfaces import IBodyGate
@@ -229,3 +230,33 @@ def truncateClient(request: IServerRequest, clock: IReactorTime, grace: float) -
 def _abortIfOpen(transport: IStreamTransport) -> None:
     if not getattr(transport, "disconnected", False):
         transport.abortConnection()
+
+
+class _Discard(Protocol):
+    """Reads and drops a body we will not forward; stops it if it is large or endless."""
+
+    def __init__(self, limit: int, clock: IReactorTime) -> None:
+        self._left = limit
+        self._timer: IDelayedCall | None = None
+        self._clock = clock
+
+    def connectionMade(self) -> None:
+        if self._left <= 0:
+            stopReceiving(self)
+            return
+        self._timer = self._clock.callLater(10.0, stopReceiving, self)
+
+    def dataReceived(self, data: bytes) -> None:
+        self._left -= len(data)
+        if self._left < 0:
+            stopReceiving(self)
+
+    def connectionLost(self, reason: Failure = _DONE) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
+
+def discard(response: IResponse, clock: IReactorTime, limit: int = 1 << 20) -> None:
+    """Drain an unwanted response so its connection can be reused, within bounds."""
+    response.deliverBody(_Discard(limit, clock))

@@ -4,11 +4,11 @@ the dispatch layer."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from zope.interface import Interface
+from zope.interface import Attribute, Interface
 
 if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
@@ -71,3 +71,30 @@ class IQueueing(Interface):
     def committed(nodeId: str, status: int | None) -> None:
         """A response committed on ``nodeId`` with ``status`` (whose fault a 5xx is has been
         decided: the caller does not report one that was the request's)."""
+
+
+class IMovable(Interface):
+    """An attempt that can be given up before any content for its request to be placed
+    again (``dispatch.attempt.Attempt``)."""
+
+    node: Node = Attribute("The node the attempt went to.")
+
+    def move() -> bool:
+        """Give up the attempt, uncommitted, as moved; False when it is over already."""
+
+
+class IEngineQueues(Interface):
+    """Standalone mode's watch over first attempts that may wait in an engine's own queue
+    (``flow.enginequeues.EngineQueues``, spec §11 "Moved before its first token")."""
+
+    def watch(
+        attempt: IMovable,
+        model: str,
+        owners: Callable[[], tuple[Node, ...]],
+        bodyBytes: int,
+    ) -> None:
+        """Watch ``attempt`` (sent now, a body of ``bodyBytes`` for ``model``) until it
+        commits or ends; ``owners`` gives the model's owners when it is checked."""
+
+    def discard(attempt: IMovable) -> None:
+        """Stop watching ``attempt`` (it committed or ended)."""

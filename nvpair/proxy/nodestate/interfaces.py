@@ -45,6 +45,13 @@ class IRoomLedger(Interface):
     def serviceTime(nodeId: str) -> float | None:
         """Seconds our requests on ``nodeId`` hold their slot, if seen."""
 
+    def reportsSlots(nodeId: str) -> bool:
+        """Whether a fresh report of ``nodeId``'s slots is in force."""
+
+    def slotTaken(nodeId: str) -> None:
+        """One of ours waits in ``nodeId``'s own queue: a slot the report left free there
+        is taken by a client the proxy does not see."""
+
     def status(nodeId: str) -> dict[str, object]:
         """What ``/status`` shows of ``nodeId``'s room (``slotsAvailable``, ``slotsLimit``,
         ``slotsForeign``, ``learntLimit``, ``serviceSeconds`` where known)."""

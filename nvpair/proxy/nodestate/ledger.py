@@ -184,6 +184,15 @@ class RoomLedger:
         room.sending = room.unsettled = False
         room.total = room.foreign = room.seen = None
 
+    def slotTaken(self, nodeId: str) -> None:
+        """One of ours waits in ``nodeId``'s own queue (``flow.enginequeues``): a slot the
+        report left free is taken by a client we do not see.  Its foreign load rises by one
+        (at most the reported total), as proven busy: it falls on two reports, as any."""
+        room = self.rooms.get(nodeId)
+        if room is None or room.total is None or room.foreign is None:
+            return
+        room.foreign = room.seen = min(room.total, room.foreign + 1)
+
     def configure(self, nodeId: str, limit: int | None) -> None:
         """``nodeId``'s ``max_concurrency`` (None: none)."""
         room = self.rooms.get(nodeId) if limit is None else self.rooms.touch(nodeId)

@@ -32,6 +32,7 @@ REASONS = {
     "attempt status": "attempt answered a retryable status",
     "attempt header_timeout": "attempt got no headers in time",
     "attempt no_content": "attempt got no first token in time",
+    "attempt moved": "attempt moved off a busy engine's queue",
     "other": "other reasons",
     "unknown": "unknown reason",
 }

@@ -59,7 +59,7 @@ TTFT_BOUNDS_MS = (
 )
 _BINS = len(TTFT_BOUNDS_MS) + 1
 # Outcomes of an attempt that say nothing about the node's health.
-_UNINFORMATIVE = frozenset({"left"})
+_UNINFORMATIVE = frozenset({"left", "moved"})
 
 
 def median(counts: list[int]) -> float | None:

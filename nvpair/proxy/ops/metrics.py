@@ -27,7 +27,7 @@ _Count = Callable[[float], None]
 
 ROUTES = {True: "inference", False: "verbatim"}
 OUTCOMES = ("2xx", "3xx", "4xx", "5xx", "error", "cancelled")
-ATTEMPT_REASONS = ("committed", "transport", "status", "no_content", "left")
+ATTEMPT_REASONS = ("committed", "transport", "status", "no_content", "left", "moved")
 TTFT_BUCKETS = (
     0.005,
     0.01,

@@ -19,6 +19,7 @@ from collections.abc import Callable, Generator, Iterable
 from itertools import chain
 from typing import TYPE_CHECKING
 
+from nvpair.proxy.endings import FailureKind
 from nvpair.proxy.engines import RouteClass
 from nvpair.proxy.placement.choose import Choice, Hold
 from nvpair.proxy.placement.interfaces import IOutcome, IPlacementExchange
@@ -42,7 +43,10 @@ class _Round:
     budget (attempts tried, the job deadline, the next backoff), its prompt digests, and
     whether it may still be held for a prefix holder."""
 
-    __slots__ = ("ex", "model", "deadline", "backoff", "tried", "key", "counted", "hold", "load")
+    __slots__ = (
+        *("ex", "model", "deadline", "backoff", "tried", "key", "counted", "hold", "load"),
+        "moved",
+    )
 
     def __init__(self, ex: IPlacementExchange, model: str) -> None:
         self.ex = ex
@@ -54,6 +58,7 @@ class _Round:
         self.counted: str | None = ex.facade.engine.id  # placements count once per request
         self.hold = Hold.ALLOWED  # held in the proxy for its prefix holder at most once
         self.load: str | None = None  # the node where this round would start a load
+        self.moved = False  # the last round's attempt was moved off an engine's queue
 
     def owners(self) -> Generator[Deferred[None], IOutcome | None, tuple[Node, ...] | None]:
         """The model's owners, once there are some: with none, 502 ``no_owner`` before any
@@ -208,6 +213,9 @@ class _Round:
                 ex.answerFinal(outcome)
                 return True
             ex.retrying()
+            if outcome.kind is FailureKind.MOVED:
+                self.moved = True
+                break  # placed again at once, where the ledger now sees room
             if ex.seat.knownFull(owners):
                 break  # every owner is busy now: wait in the queue rather than try them
         ex.releaseReservation()
@@ -260,8 +268,9 @@ def placeInference(ex: IPlacementExchange) -> Policy:
             continue
         if (yield from placing.attempts(candidates, owners)):
             return None
-        if ex.seat.knownFull(owners):
-            continue  # every owner is busy: wait in the queue rather than back off
+        moved, placing.moved = placing.moved, False
+        if moved or ex.seat.knownFull(owners):
+            continue  # moved, or every owner is busy: place again, or wait in the queue
         if not (yield from placing.backOff("deadline_exceeded", False)):
             return None
 

@@ -25,7 +25,7 @@ from nvpair.proxy.dispatch.relay import forwardHeaders
 from nvpair.proxy.dispatch.stallwatch import StallWatches
 from nvpair.proxy.endings import BodyEnding
 from nvpair.proxy.engines import Engine
-from nvpair.proxy.flow.interfaces import IQueueing
+from nvpair.proxy.flow.interfaces import IEngineQueues, IQueueing
 from nvpair.proxy.hooks import ObservedContext, RequestObserver, TraceObserver
 from nvpair.proxy.http.interfaces import IServerRequest
 from nvpair.proxy.http.site import sendError
@@ -180,6 +180,7 @@ class FakeContext(ObservedContext, Generic[UpstreamT]):
         self.logControl = LogControl(self.settings.logLevel)
         self.stalls = StallWatches(self.clock, self.settings.streamIdleTimeout)
         # Standalone's features (``features.useStandalone``), None as under a broker.
+        self.engineQueues: IEngineQueues | None = None  # standalone's
         self.ledger: IRoomLedger | None = None
         self.affinity: Affinity | None = None
         self.engineStates: IEngineStates | None = None

@@ -3,8 +3,9 @@
 * ``POST /sim/fail`` ``{"status": 503, "delay_ms": 20, "retry_after": 2}``: from now on every
   inference request fails with ``status`` after ``delay_ms`` (``Retry-After`` when given);
 * ``POST /sim/heal``: back to normal;
-* ``POST /sim/hold`` ``{"slots": k}``: ``k`` slots are taken as by clients reaching the
-  engine directly (0 gives them back);
+* ``POST /sim/hold`` ``{"slots": k, "reported": true}``: ``k`` slots are taken as by
+  clients reaching the engine directly (0 gives them back); with ``"reported": false``,
+  ``/slots`` and ``/metrics`` do not show them (a client that came after the last probe);
 * ``POST /sim/unload`` ``{"model": "m"}``: unload a model (the next request loads it);
 * ``POST /sim/flush``: empty the prefix cache;
 * ``POST /sim/reset``: zero the counters (not the cache);
@@ -93,7 +94,11 @@ def answer(
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             core.document(connection, 400, _bad("slots must be a non-negative integer"))
             return
-        core.slots.hold(k)
+        reported = doc.get("reported", True)
+        if not isinstance(reported, bool):
+            core.document(connection, 400, _bad("reported must be a boolean"))
+            return
+        core.slots.hold(k, reported)
         core.document(connection, 200, _OK)
     elif path == b"/sim/unload":
         model = doc.get("model")

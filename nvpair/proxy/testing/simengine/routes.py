@@ -77,7 +77,7 @@ def answerGet(core: Core, connection: EngineConnection, path: bytes, query: byte
         if not config.slotsEndpoint:
             core.document(connection, 501, _notSupported("slots", "--slots"))
             return
-        busy = [slots.isBusy(i) for i in range(slots.total)]
+        busy = [slots.shownBusy(i) for i in range(slots.total)]
         if all(busy) and any(
             p.startswith(b"fail_on_no_slot=") and p != b"fail_on_no_slot="
             for p in query.split(b"&")
@@ -98,7 +98,7 @@ def answerGet(core: Core, connection: EngineConnection, path: bytes, query: byte
             s.completionTokens,
             s.predictedSeconds,
             s.decodes,
-            slots.busy,
+            sum(slots.shownBusy(i) for i in range(slots.total)),
             slots.queued,
         )
         core.responder.sendDocument(

@@ -4,7 +4,9 @@ An engine decodes at most ``n`` requests at once (llama.cpp's ``-np``; Ollama's
 ``OLLAMA_NUM_PARALLEL``, per loaded model: ``Core.slotsFor``); the others wait in arrival
 order, at most ``queueMax`` of them, and a request beyond that is refused (Ollama's 503
 "server busy"). ``hold(k)`` lets a test or a bench take ``k`` slots as clients reaching the
-engine directly would: they are taken as they come free, before the queue.
+engine directly would: they are taken as they come free, before the queue; held with
+``reported=False``, the engine's state endpoints do not show them (a direct client that
+arrived after the last probe, frozen there).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class Slots:
         self._owners: list[Job | str | None] = [None] * n
         self._queue: deque[Job] = deque()
         self._holdWanted = 0
+        self.holdsReported = True  # whether /slots and /metrics show held slots busy
         self.waits = 0
         self.waitTotal = 0.0
         self.waitMax = 0.0
@@ -76,6 +79,12 @@ class Slots:
     def isBusy(self, slotId: int) -> bool:
         """Whether slot ``slotId`` is processing or held."""
         return self._owners[slotId] is not None
+
+    def shownBusy(self, slotId: int) -> bool:
+        """Whether the engine's state endpoints show slot ``slotId`` busy (a held slot is
+        hidden while holds are not reported)."""
+        owner = self._owners[slotId]
+        return owner is not None and (owner != _HELD or self.holdsReported)
 
     def jobAt(self, slotId: int) -> Job | None:
         """The job processing in slot ``slotId``, if any."""
@@ -111,8 +120,10 @@ class Slots:
             self._owners[job.slot] = None
         self._fill()
 
-    def hold(self, k: int) -> None:
-        """Hold ``k`` slots (taken as they come free, before the queue); 0 gives them back."""
+    def hold(self, k: int, reported: bool = True) -> None:
+        """Hold ``k`` slots (taken as they come free, before the queue); 0 gives them back.
+        Not ``reported``, the state endpoints do not show them."""
+        self.holdsReported = reported
         self._holdWanted = max(0, min(k, self.total))
         excess = self.held - self._holdWanted
         for i, owner in enumerate(self._owners):
