@@ -26,10 +26,48 @@ CANARY = "CANARY-7f3a9e-SECRET"
 
 
 def freePort() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago."""
+    """A TCP port that was free on 127.0.0.1 a moment ago (anything may take it since:
+    a child that must listen on it is better given a ``PortReservation``)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+class PortReservation:
+    """A TCP port held for a child process to listen on, until ``release``.
+
+    The port is bound on every address (``::`` dual-stack, or ``0.0.0.0`` without IPv6)
+    with ``SO_REUSEADDR`` and never listened on.  Meanwhile no other socket's bind to
+    port 0 (a concurrent test's engine, another fixture's reservation) and no outgoing
+    connection is given it, yet a listener that sets ``SO_REUSEADDR`` (every Twisted
+    ``listenTCP``, the proxy's facades among them) can bind it: Linux lets two such sockets
+    share a port when the one already there does not listen.  A connection to the port
+    before the child listens is refused.  Release it once the child listens.
+    """
+
+    def __init__(self) -> None:
+        try:
+            sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        except OSError:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if sock.family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                sock.bind(("::", 0))
+            else:
+                sock.bind(("0.0.0.0", 0))
+        except BaseException:
+            sock.close()
+            raise
+        self._socket: socket.socket | None = sock
+        self.port = int(sock.getsockname()[1])
+
+    def release(self) -> None:
+        """Give the port up (once)."""
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
 
 
 def startEngine(

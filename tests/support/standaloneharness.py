@@ -3,13 +3,18 @@
 Standalone mode has no broker, so there is no JSON-RPC handshake to wait for: the fixture
 gives each enabled facade a free port through a persisted port file (protocol §7 applies
 in standalone mode too), reads the JSON log lines on stderr, and is ready once every
-facade has logged ``facade-enabled``.  It stops the process with SIGTERM in cleanup.
+facade has logged ``facade-enabled`` on that port.  Each port is held for the process
+(``PortReservation``) until then: a port merely free a moment ago can be taken by a
+concurrent test before the process binds it, and the proxy then listens on its engine's
+default port instead (spec §3.2), leaving the test talking to whatever holds the port.
+It stops the process with SIGTERM in cleanup.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -24,7 +29,7 @@ from twisted.trial.unittest import TestCase
 from zope.interface import implementer
 
 from nvpair.proxy.engines import ENGINES
-from tests.support.harness import freePort
+from tests.support.harness import PortReservation
 
 
 class _Protocol(ProcessProtocol):
@@ -110,6 +115,27 @@ def facadeEnabled(engineId: str) -> Callable[[dict[str, Any]], bool]:
     )
 
 
+def facadeReported(engineId: str) -> Callable[[dict[str, Any]], bool]:
+    """Matches the log record that settles ``engineId``'s facade at start: enabled (on
+    some port) or ``bind-failed`` (JSON, or text as in ``facadeEnabled``)."""
+    enabled = facadeEnabled(engineId)
+    text = f" bind-failed engine={engineId} "
+    return lambda r: (
+        enabled(r)
+        or (r.get("event") == "bind-failed" and r.get("engine") == engineId)
+        or (r.get("event") == "unparsed" and text in r["text"])
+    )
+
+
+def listeningPort(record: dict[str, Any]) -> int | None:
+    """The port a ``facade-enabled`` record (JSON or text) says the facade listens on."""
+    if record.get("event") == "facade-enabled":
+        port = record.get("port")
+        return port if isinstance(port, int) else None
+    found = re.search(r" facade-enabled engine=\S+ port=(\d+) ", record.get("text", ""))
+    return int(found.group(1)) if found else None
+
+
 def backendUp(url: str) -> Callable[[dict[str, Any]], bool]:
     """Matches the log record of the backend at ``url`` answering its first inventory poll."""
     return lambda r: r.get("event") == "backend-up" and r["url"] == url
@@ -133,9 +159,12 @@ class StandaloneProxy:
         self.engines = tuple(engines)
         self.stateDir = tempfile.mkdtemp(prefix="nvpair-standalone-")
         self.ports: dict[str, int] = {}
+        self._held: list[PortReservation] = []
+        test.addCleanup(self._releasePorts)  # when the process never got to listen
         for engineId in self.engines:
-            port = freePort()
-            self.ports[engineId] = port
+            held = PortReservation()
+            self._held.append(held)
+            port = self.ports[engineId] = held.port
             with open(os.path.join(self.stateDir, ENGINES[engineId].portFile), "w") as f:
                 json.dump({"port": port}, f)
         argv = [
@@ -198,7 +227,8 @@ class StandaloneProxy:
         return [r for r in self.logs if r.get("event") == name]
 
     async def start(self) -> None:
-        """Spawn the process and wait until every facade is listening."""
+        """Spawn the process and wait until every facade is listening on its port (a
+        facade that is not fails the test, with what the process said of it)."""
         self.proto = _Protocol(self)
         readEnd, writeEnd = os.pipe()
         os.set_blocking(readEnd, False)
@@ -217,8 +247,21 @@ class StandaloneProxy:
         finally:
             os.close(writeEnd)  # the child holds its copy: EOF comes when the child exits
         self.reactor.addReader(self.stderr)
-        for engineId in self.engines:
-            await self.waitForLog(facadeEnabled(engineId))
+        try:
+            for engineId in self.engines:
+                record = await self.waitForLog(facadeReported(engineId))
+                if listeningPort(record) != self.ports[engineId]:
+                    said = [r for r in self.logs if "facade-problem" in repr(r)] + [record]
+                    raise self.test.failureException(
+                        f"the {engineId} facade is not listening on port "
+                        f"{self.ports[engineId]}, its persisted port: {said!r}"
+                    )
+        finally:
+            self._releasePorts()  # listening on them now (or never will)
+
+    def _releasePorts(self) -> None:
+        for held in self._held:
+            held.release()
 
     def stop(self) -> defer.Deferred[Any]:
         """SIGTERM, then SIGKILL after 10 s; fires with the exit code."""
