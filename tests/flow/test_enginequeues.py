@@ -4,6 +4,8 @@ Clock through the standalone placement loop."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
@@ -175,6 +177,43 @@ class WatchedWhereTests(SynchronousTestCase):
         queues.watch(Attempted("A"), "m1", lambda: (), len(CHAT))
         queues.watch(Attempted("B"), "m1", lambda: (), len(CHAT))
         self.assertEqual(len(queues), 0)
+
+
+@implementer(IMovable)
+class Moving:
+    """An attempt on ``nodeId`` whose move lets another request's first attempt start
+    (``then``), as a move's new round may."""
+
+    def __init__(self, nodeId: str, then: Callable[[], None]) -> None:
+        self.node = node(nodeId)
+        self.then = then
+
+    def move(self) -> bool:
+        self.then()
+        return True
+
+
+class OneTimerTests(SynchronousTestCase):
+    """The watch keeps one timer, whatever a move starts."""
+
+    def test_watchDuringAMove(self) -> None:
+        clock = Clock()
+        ledger = RoomLedger(clock, {"A": 1})
+        for nodeId, busy in (("A", 1), ("B", 0)):
+            ledger.probeSent(nodeId)
+            ledger.probed(nodeId, busy, 2, FRESH)
+        queues = EngineQueues(clock, ledger, EngineStates(clock, ledger), None)
+        owners = (node("A"), node("B"))
+        later = Attempted("A")
+        queues.watch(
+            Moving("A", lambda: queues.watch(later, "m1", lambda: owners, 0)),
+            "m1",
+            lambda: owners,
+            0,
+        )
+        clock.advance(FLOOR + STEP)
+        self.assertEqual(len(queues), 1, "the one the move started")
+        self.assertEqual(len(clock.getDelayedCalls()), 1)
 
 
 class SlotTakenTests(SynchronousTestCase):

@@ -138,7 +138,7 @@ class EngineQueues:
         for entry in [e for e in self._entries.values() if e.due <= now]:
             if self._entries.get(entry.attempt) is entry and self._freeElsewhere(entry):
                 self._move(entry, now)
-        if self._entries:
+        if self._entries and self._timer is None:  # a move may have started one (watch)
             self._timer = self.clock.callLater(STEP, self._tick)
 
     def _freeElsewhere(self, entry: _Entry) -> bool:
