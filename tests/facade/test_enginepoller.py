@@ -87,6 +87,21 @@ class PollerTests(SynchronousTestCase):
         self.assertEqual(self.ledger.free("http://a"), 1)
         self.assertEqual(self.reports[-1], ("http://a", EngineReport(1, 2, 2048)))
 
+    def test_lateTicksStillProbeEverySecond(self) -> None:
+        """The reactor runs each tick a little late, by a varying amount: a backend is
+        still probed at every tick while traffic flows, so its report never lapses
+        (before, a tick earlier than the last one's lateness skipped it: a probe every two
+        seconds, the report stale for a moment before each)."""
+        self.up.script["http://a/slots"] = slots(1)
+        self.traffic = True
+        self.poller("http://a")
+        asked = len(self.up.calls)
+        for late in (0.004, 0.001, 0.006, 0.002, 0.0, 0.005, 0.001, 0.003):
+            tick = float(int(self.clock.seconds()) + 1)
+            self.clock.advance(tick + late - self.clock.seconds())
+            self.assertIsNotNone(self.ledger.free("http://a"), f"fresh at {self.clock.seconds()}")
+        self.assertEqual(len(self.up.calls) - asked, 8)
+
     def test_staleAndFailuresAreUnknown(self) -> None:
         """A failing, hung, malformed or non-2xx probe leaves the state unknown (never
         idle); each problem is logged once, its end once."""

@@ -50,6 +50,7 @@ from nvpair.proxy.routing.nodes import Node
 
 FAST = 1.0
 SLOW = 5.0
+DUE_SLACK = FAST / 4  # a tick this close before a backend is due probes it (timer jitter)
 ACTIVE_WINDOW = 10.0
 PROBE_TIMEOUT = 2.0
 MAX_CHILDREN = 16  # a router's loaded models whose slots are read per probe
@@ -158,7 +159,7 @@ class EnginePoller(Service):
                 backend.due = min(backend.due, now)
             if backend.asking is not None:
                 continue
-            if now < backend.due and not self.ledger.unsettled(backend.url):
+            if now < backend.due - DUE_SLACK and not self.ledger.unsettled(backend.url):
                 continue  # not due, and its last report did not race with our requests
             # The interval recorded with a probe is the time to the next one (its state is
             # fresh for two of them); idle, each next interval doubles up to ``SLOW``.
