@@ -34,6 +34,7 @@ from nvpair.proxy.nodestate.interfaces import (
     IRoomLedger,
     ModelState,
 )
+from nvpair.proxy.placement.choose import CHARS_PER_TOKEN, DEFAULT_MS_PER_TOKEN
 from nvpair.proxy.routing.nodes import Node
 
 __all__ = ["FLOOR", "PREFILL_FACTOR", "STEP", "EngineQueues", "firstTokenBudget"]
@@ -44,10 +45,6 @@ PREFILL_FACTOR = 3.0
 """How many times the prompt's estimated prefill a first token is given on top."""
 STEP = 0.1
 """Seconds between two checks while any attempt is watched."""
-CHARS_PER_TOKEN = 4
-"""Body bytes per prompt token, for the estimate (the body's JSON makes it an upper one)."""
-DEFAULT_MS_PER_TOKEN = 1.0
-"""Prefill time per token before the node's engine reported its own."""
 MAX_WATCHED = 65536
 
 _WARM = (ModelState.LOADED, ModelState.UNKNOWN)
@@ -55,8 +52,9 @@ _WARM = (ModelState.LOADED, ModelState.UNKNOWN)
 
 def firstTokenBudget(bodyBytes: int, msPerToken: float | None) -> float:
     """Seconds a streamed request's first token may take before it is taken as waiting in
-    its engine's queue: ``FLOOR`` plus ``PREFILL_FACTOR`` times the prompt's prefill at
-    ``msPerToken`` (``DEFAULT_MS_PER_TOKEN`` when unknown)."""
+    its engine's queue: ``FLOOR`` plus ``PREFILL_FACTOR`` times the prompt's prefill
+    (``bodyBytes`` over placement's characters per token: the body's JSON makes it an upper
+    estimate) at ``msPerToken`` (placement's default when unknown)."""
     rate = DEFAULT_MS_PER_TOKEN if msPerToken is None else msPerToken
     return FLOOR + PREFILL_FACTOR * bodyBytes / CHARS_PER_TOKEN * rate / 1000
 
