@@ -11,6 +11,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 
 from nvpair.proxy.features import useStandalone
+from nvpair.proxy.flow import enginequeues
 from nvpair.proxy.flow.enginequeues import (
     FLOOR,
     PREFILL_FACTOR,
@@ -169,6 +170,15 @@ class WatchedWhereTests(SynchronousTestCase):
         queues = self.queues(ours=1, busy=1)
         queues.watch(Attempted("A"), "m1", lambda: (), len(CHAT))
         self.assertEqual(len(queues), 1)
+
+    def test_boundedWatch(self) -> None:
+        """Past ``MAX_WATCHED`` entries a further attempt is not watched (it waits where it
+        was sent, as before the watch)."""
+        self.patch(enginequeues, "MAX_WATCHED", 3)
+        queues = self.queues(ours=0, busy=0)
+        for _ in range(5):
+            queues.watch(Attempted("A"), "m1", lambda: (), len(CHAT))
+        self.assertEqual(len(queues), 3)
 
     def test_sentToAFullNodeNotWatched(self) -> None:
         """Sent where the report had no room (to wait there on purpose, for its cached
