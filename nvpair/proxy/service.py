@@ -28,7 +28,7 @@ from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.components import Componentized
 from zope.interface import implementer
 
-from nvpair.proxy.broker.channel import BrokerChannel, NullSink, SinkSwitch
+from nvpair.proxy.broker.channel import BrokerChannel, NullSink, SinkSwitch, writeSome
 from nvpair.proxy.cluster.membership import ClusterTrust
 from nvpair.proxy.cluster.peer import PeerDoor
 from nvpair.proxy.context import RequestContext
@@ -53,6 +53,7 @@ from nvpair.proxy.settings import Settings
 from nvpair.proxy.tracing.interfaces import ITracer
 
 SHUTDOWN_GRACE = 3.0
+STDOUT = 1  # the broker reads JSON-RPC here (protocol §2); StandardIO's own default
 TRACE_FLUSH = 2.0  # seconds the trace export may take at stop (within the grace)
 
 
@@ -131,8 +132,12 @@ class ProxyService(MultiService):
         else:
             from twisted.internet.stdio import StandardIO
 
+            # StandardIO makes stdout non-blocking before the channel's first turn ends.
             channel = BrokerChannel(
-                self.handlers, self._brokerGone, turnEnd=ITurnEnd(self.reactor, None)
+                self.handlers,
+                self._brokerGone,
+                turnEnd=ITurnEnd(self.reactor, None),
+                output=partial(writeSome, STDOUT),
             )
             self.channel = channel
             self.sinks.target = channel
