@@ -16,7 +16,7 @@ from nvpair.proxy.nodestate.probes import EngineReport, ResidentModel
 from nvpair.proxy.nodestate.residency import Residency
 from nvpair.proxy.nodestate.states import EngineStates
 from nvpair.proxy.placement.interfaces import Backlog, ILoadPlanner, LoadPlan
-from nvpair.proxy.placement.loads import ROOM_WAIT, LoadPlanner, Tier
+from nvpair.proxy.placement.loads import LEAD, LEAD_WAIT, ROOM_WAIT, LoadPlanner, Tier
 from nvpair.proxy.routing.nodes import Node
 
 NOW = 1_800_000_000.0
@@ -234,6 +234,13 @@ class SpillTests(PlanCase):
         self.serve("A", 2, 1.0)  # two slots, a second each: two requests a second
         self.start("A", "m", 2)
 
+    def rival(self) -> None:
+        """x, resident on B, in as much demand as m (m does not lead: ``ROOM_WAIT``
+        decides its second copy in free room, not ``LEAD_WAIT``)."""
+        for _ in range(2):
+            self.begin("B", "x")
+            self.residency.ended("B", "x")
+
     def test_waitShorterThanALoad(self) -> None:
         """Predicted wait ((ahead + 1) / 2 per second) under the 10 s default load: the warm
         owners only (the request waits for them in the proxy)."""
@@ -254,6 +261,7 @@ class SpillTests(PlanCase):
         """What the model's requests waited lately past a load's seconds times the copies
         (``ROOM_WAIT`` of it where the copy goes into free room: it evicts nothing): a
         further copy, however short the queue now; not while a copy loads."""
+        self.rival()
         self.assertEqual(self.plan(waited=ROOM_WAIT * 10 - 0.1), LoadPlan((A,)))
         self.assertEqual(self.plan(waited=ROOM_WAIT * 10 + 0.1), LoadPlan((B,), B))
         self.residency.loadStarted("B", "m")
@@ -270,6 +278,37 @@ class SpillTests(PlanCase):
         self.assertEqual(self.plan(ahead=1000, waited=1000.0), LoadPlan((A,)))
         self.start("A", "m", 6)  # m: 8 a minute, 4 per copy with one more
         self.assertEqual(self.plan(waited=1000.0), LoadPlan((B,), B))
+
+    def test_leaderTakesRoomSooner(self) -> None:
+        """A model with one copy whose demand per copy with one more leads every other
+        model's by ``LEAD`` takes free room once its queue waited ``LEAD_WAIT`` of a load
+        (bin-packing gives the most popular model its second copy first); one that does not
+        lead waits ``ROOM_WAIT`` of a load, and the leader waits while a copy loads."""
+        soon = LEAD_WAIT * 10 + 0.1  # the default load: 10 s
+        self.assertEqual(self.plan(waited=soon - 0.2), LoadPlan((A,)))
+        self.assertEqual(self.plan(waited=soon), LoadPlan((B,), B))
+        self.rival()  # x: 2 a minute, 1 per copy with one more; m: 1 per copy with one more
+        self.assertEqual(self.plan(waited=soon), LoadPlan((A,)))
+        self.start("A", "m", 1)  # m: 3 a minute, 1.5 per copy with one more: 1.5 × x's
+        self.assertGreater(self.residency.demand("m") / 2, LEAD * self.residency.neediest("m"))
+        self.assertEqual(self.plan(waited=soon), LoadPlan((B,), B))
+        self.residency.loadStarted("B", "m")
+        self.assertEqual(self.plan(waited=soon), LoadPlan((A, B)))
+
+    def test_leaderNeverEvicts(self) -> None:
+        """Leading counts in free room only: where a copy would evict, a whole load."""
+        self.learnCapacity("C", ("x",))
+        self.hold(A=("m", "x"), C=("x",))
+        self.assertEqual(self.plan(waited=9.5, owners=(A, C)), LoadPlan((A,)))
+
+    def test_leaderThirdCopyWaits(self) -> None:
+        """Leading counts for a second copy only: with two, a third into free room waits
+        ``ROOM_WAIT`` of a load per copy (demand above one node's capacity makes exactly
+        one more copy)."""
+        self.hold(C=("m",))
+        self.serve("C", 2, 1.0)
+        self.start("C", "m", 2)
+        self.assertEqual(self.plan(waited=ROOM_WAIT * 10), LoadPlan((A, C)))
 
     def test_evictingWaitsAWholeLoad(self) -> None:
         """Where the copy would evict (an idle copy of x, resident on A too), what was
