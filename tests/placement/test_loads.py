@@ -12,66 +12,10 @@ from zope.interface.verify import verifyObject
 
 from nvpair.proxy.nodestate.interfaces import ModelState
 from nvpair.proxy.nodestate.ledger import RoomLedger
-from nvpair.proxy.nodestate.probes import EngineReport, ResidentModel
-from nvpair.proxy.nodestate.residency import Residency
-from nvpair.proxy.nodestate.states import EngineStates
-from nvpair.proxy.placement.interfaces import Backlog, ILoadPlanner, LoadPlan
-from nvpair.proxy.placement.loads import LEAD, LEAD_WAIT, ROOM_WAIT, LoadPlanner, Tier
+from nvpair.proxy.placement.interfaces import ILoadPlanner, LoadPlan
+from nvpair.proxy.placement.loads import ROOM_WAIT, Tier
 from nvpair.proxy.routing.nodes import Node
-
-NOW = 1_800_000_000.0
-FUTURE = "2030-01-01T00:00:00Z"
-NODES = tuple(Node(n, False, (n,), frozenset({"m", "x", "y"})) for n in ("A", "B", "C"))
-A, B, C = NODES
-
-
-def ps(*models: str) -> EngineReport:
-    """An Ollama ``/api/ps`` report holding ``models``."""
-    resident = tuple(ResidentModel(m, until=FUTURE) for m in models)
-    return EngineReport(loaded=frozenset(models), resident=resident)
-
-
-class PlanCase(SynchronousTestCase):
-    def setUp(self) -> None:
-        self.clock = Clock()
-        self.clock.advance(NOW)
-        self.ours: dict[str, int] = {}
-        self.ledger = RoomLedger(self.clock, self.ours)
-        self.states = EngineStates(self.clock, self.ledger)
-        self.residency = Residency(self.clock, self.states, self.ledger)
-        self.planner = LoadPlanner(self.residency, self.ledger)
-
-    def hold(self, **held: tuple[str, ...]) -> None:
-        """Every node's fresh probe: ``A=("m",)`` holds m; a node not named says nothing."""
-        for node, models in held.items():
-            self.states.record(node, ps(*models), 1.0, "/api/ps")
-            self.residency.observe(node, ps(*models))
-
-    def learnCapacity(self, node: str, models: tuple[str, ...]) -> None:
-        """``node`` is seen holding ``models`` at once (what it can hold), then nothing."""
-        self.hold(**{node: models})
-        self.hold(**{node: ()})
-
-    def serve(self, node: str, slots: int, seconds: float) -> None:
-        """``node`` runs ``slots`` of ours at most (``max_concurrency``), each ``seconds``."""
-        self.ledger.configure(node, slots)
-        self.ledger.finished(node, seconds)
-
-    def begin(self, node: str, model: str) -> None:
-        """A request for ``model`` arrives and starts on ``node``."""
-        self.residency.requested(model)
-        self.residency.began(node, model)
-
-    def start(self, node: str, model: str, count: int) -> None:
-        """``count`` of ours for ``model`` start on ``node``."""
-        for _ in range(count):
-            self.ours[node] = self.ours.get(node, 0) + 1
-            self.begin(node, model)
-
-    def plan(
-        self, ahead: int = 0, owners: tuple[Node, ...] = NODES, waited: float = 0.0
-    ) -> LoadPlan:
-        return self.planner.plan(owners, "m", Backlog(ahead, waited))
+from tests.placement.loadskit import NODES, A, B, C, PlanCase, SpillCase
 
 
 class NoLoadTests(PlanCase):
@@ -224,22 +168,8 @@ class ColdTests(PlanCase):
         self.assertIs(self.residency.state(load.id, "m"), ModelState.COLD)
 
 
-class SpillTests(PlanCase):
+class SpillTests(SpillCase):
     """Warm copies all full: a further copy only when their wait exceeds a load elsewhere."""
-
-    def setUp(self) -> None:
-        super().setUp()
-        self.learnCapacity("B", ("x", "y"))
-        self.hold(A=("m",), B=("x",), C=())
-        self.serve("A", 2, 1.0)  # two slots, a second each: two requests a second
-        self.start("A", "m", 2)
-
-    def rival(self) -> None:
-        """x, resident on B, in as much demand as m (m does not lead: ``ROOM_WAIT``
-        decides its second copy in free room, not ``LEAD_WAIT``)."""
-        for _ in range(2):
-            self.begin("B", "x")
-            self.residency.ended("B", "x")
 
     def test_waitShorterThanALoad(self) -> None:
         """Predicted wait ((ahead + 1) / 2 per second) under the 10 s default load: the warm
@@ -278,37 +208,6 @@ class SpillTests(PlanCase):
         self.assertEqual(self.plan(ahead=1000, waited=1000.0), LoadPlan((A,)))
         self.start("A", "m", 6)  # m: 8 a minute, 4 per copy with one more
         self.assertEqual(self.plan(waited=1000.0), LoadPlan((B,), B))
-
-    def test_leaderTakesRoomSooner(self) -> None:
-        """A model with one copy whose demand per copy with one more leads every other
-        model's by ``LEAD`` takes free room once its queue waited ``LEAD_WAIT`` of a load
-        (bin-packing gives the most popular model its second copy first); one that does not
-        lead waits ``ROOM_WAIT`` of a load, and the leader waits while a copy loads."""
-        soon = LEAD_WAIT * 10 + 0.1  # the default load: 10 s
-        self.assertEqual(self.plan(waited=soon - 0.2), LoadPlan((A,)))
-        self.assertEqual(self.plan(waited=soon), LoadPlan((B,), B))
-        self.rival()  # x: 2 a minute, 1 per copy with one more; m: 1 per copy with one more
-        self.assertEqual(self.plan(waited=soon), LoadPlan((A,)))
-        self.start("A", "m", 1)  # m: 3 a minute, 1.5 per copy with one more: 1.5 × x's
-        self.assertGreater(self.residency.demand("m") / 2, LEAD * self.residency.neediest("m"))
-        self.assertEqual(self.plan(waited=soon), LoadPlan((B,), B))
-        self.residency.loadStarted("B", "m")
-        self.assertEqual(self.plan(waited=soon), LoadPlan((A, B)))
-
-    def test_leaderNeverEvicts(self) -> None:
-        """Leading counts in free room only: where a copy would evict, a whole load."""
-        self.learnCapacity("C", ("x",))
-        self.hold(A=("m", "x"), C=("x",))
-        self.assertEqual(self.plan(waited=9.5, owners=(A, C)), LoadPlan((A,)))
-
-    def test_leaderThirdCopyWaits(self) -> None:
-        """Leading counts for a second copy only: with two, a third into free room waits
-        ``ROOM_WAIT`` of a load per copy (demand above one node's capacity makes exactly
-        one more copy)."""
-        self.hold(C=("m",))
-        self.serve("C", 2, 1.0)
-        self.start("C", "m", 2)
-        self.assertEqual(self.plan(waited=ROOM_WAIT * 10), LoadPlan((A, C)))
 
     def test_evictingWaitsAWholeLoad(self) -> None:
         """Where the copy would evict (an idle copy of x, resident on A too), what was
