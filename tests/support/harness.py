@@ -158,9 +158,15 @@ class ProxyFixture:
         self.process.notify(method, params)
 
     async def enable(self, engine: str, port: int | None = None, **extra: Any) -> int:
-        """Enable a facade on ``port`` (a free one by default); returns the bound port."""
-        params = {"engine": engine, "port": port if port is not None else freePort(), **extra}
-        result = await self.process.request("facade/enable", params)
+        """Enable a facade on ``port`` (by default one held for it until the proxy answers,
+        as ``PortReservation`` says); returns the bound port."""
+        held = PortReservation() if port is None else None
+        try:
+            params = {"engine": engine, "port": port if held is None else held.port, **extra}
+            result = await self.process.request("facade/enable", params)
+        finally:
+            if held is not None:
+                held.release()
         assert isinstance(result, dict), result
         return int(result["port"])
 
