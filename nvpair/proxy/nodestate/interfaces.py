@@ -130,10 +130,10 @@ class IResidency(Interface):
         model: fewer than it can hold, or, never seen evicting, fewer than another node was
         seen holding (loads expected counted)."""
 
-    def neediest(besides: str | None = None) -> float:
+    def neediest() -> float:
         """The most fleet demand per copy, one more copy counted, among the models held
-        anywhere, loading ones too, ``besides`` left out (0 when none): what a further copy
-        in free room must come near."""
+        anywhere, loading ones too (0 when none): what a further copy in free room must
+        come near."""
 
     def residentDemand(nodeId: str) -> float:
         """The most fleet demand per copy (requests per minute over its holders) among the

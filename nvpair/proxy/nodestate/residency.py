@@ -352,8 +352,8 @@ class Residency:
                 return True
         return False
 
-    def neediest(self, besides: str | None = None) -> float:
-        models = {m for n, nd in self._nodes.items() for m in self._holding(n, nd) if m != besides}
+    def neediest(self) -> float:
+        models = {m for n, node in self._nodes.items() for m in self._holding(n, node)}
         return max((self.demand(m) / (len(self.holders(m)) + 1) for m in models), default=0.0)
 
     def residentDemand(self, nodeId: str) -> float:

@@ -16,9 +16,7 @@ router's sleeping child).  ``LoadPlanner.plan`` answers the owners a request may
    The queue stays longer than a load when what the model's requests waited in the proxy
    since its last load started (``Backlog.waited``, decayed over a minute) exceeds a
    load's seconds times the copies there are (``ROOM_WAIT`` of that where the copy would
-   go into free room: it evicts nothing; ``LEAD_WAIT`` for a model's second copy there when
-   its demand per copy with one more leads every other model's by ``LEAD``: bin-packing
-   gives it the room first), no copy loading; or when the wait predicted
+   go into free room: it evicts nothing), no copy loading; or when the wait predicted
    for this request does: ``(ahead + 1)`` over the sum of the copies' ``capacity /
    service time`` (a loading copy at the warm copies' mean rate; unknown while a warm
    copy's capacity or service time is, and then nothing spills on it: stay warm when
@@ -66,13 +64,11 @@ from nvpair.proxy.placement.choose import mix
 from nvpair.proxy.placement.interfaces import Backlog, ILoadPlanner, LoadPlan
 from nvpair.proxy.routing.nodes import Node
 
-__all__ = ["IDLE_DEMAND", "LEAD", "LEAD_WAIT", "ROOM_WAIT", "SHARE_MARGIN", "LoadPlanner", "Tier"]
+__all__ = ["IDLE_DEMAND", "ROOM_WAIT", "SHARE_MARGIN", "LoadPlanner", "Tier"]
 
 IDLE_DEMAND = 0.1  # requests a minute: below it a model is not used lately
 SHARE_MARGIN = 1.5  # a copy gives way to a model with this much more demand per copy
 ROOM_WAIT = 0.25  # of a load's seconds per copy waited: enough for a copy in free room
-LEAD = 1.2  # demand per copy with one more over every other model's: the free room's first
-LEAD_WAIT = 0.05  # of a load's seconds waited: enough for such a model's second copy there
 
 _WARM = (ModelState.LOADED, ModelState.UNKNOWN)
 
@@ -196,21 +192,14 @@ class LoadPlanner:
         copies = len(warm) + len(loading)
         owners = (*warm, *loading, *cold)
         predicted = self._predicted(warm, model, copies, backlog)
-        room = LEAD_WAIT if copies == 1 and self._leads(model) else ROOM_WAIT
         for best in sorted((self._cold(node, model, True) for node in cold), key=lambda c: c.key):
-            share = room if best.tier <= Tier.UNKNOWN else 1.0  # room evicts nothing
+            share = ROOM_WAIT if best.tier <= Tier.UNKNOWN else 1.0  # room evicts nothing
             waited = not loading and backlog.waited > best.seconds * copies * share
             if (waited or predicted > best.seconds) and self._spillable(
                 best, model, owners, copies
             ):
                 return best.node
         return None
-
-    def _leads(self, model: str) -> bool:
-        """Whether ``model``'s demand per copy with one more leads every other model held
-        anywhere by ``LEAD`` (bin-packing by popularity gives it the free room first)."""
-        ours = self.residency.demand(model) / 2
-        return ours > 0 and ours >= LEAD * self.residency.neediest(model)
 
     def _predicted(self, warm: Sequence[Node], model: str, copies: int, backlog: Backlog) -> float:
         """The wait predicted for the next request: ``(ahead + 1)`` over the copies' rate
