@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
+from twisted.internet import defer
 from zope.interface.verify import verifyObject
 
 from nvpair.proxy.facade.standalone import startStandalone
@@ -50,6 +51,26 @@ class WaitTests(QueueCase):
         self.assertEqual(len(self.upstream.calls), 3)
         self.assertEqual(self.upstream.calls[2].nodeId, "A")
         self.assertEqual(self.depth(), 0)
+
+    def test_crowdedWhileAnyWaitsOrIsHeld(self) -> None:
+        """``crowded``: a request waiting in the queue, or one held for a full node, makes
+        the proxy crowded; neither, it is not."""
+        self.assertFalse(self.queueing.crowded())
+        self.start(client(b"k1"))
+        self.start(client(b"k2"))
+        first = self.commit(0)
+        self.commit(1)
+        self.assertFalse(self.queueing.crowded(), "full, but nobody waits")
+        self.start(client(b"k3"))
+        self.assertTrue(self.queueing.crowded())
+        first.end()
+        self.assertFalse(self.queueing.crowded(), "let out")
+        held = self.queueing.holdFor("B", 5.0)
+        assert held is not None
+        self.assertTrue(self.queueing.crowded())
+        held.addErrback(lambda f: f.trap(defer.CancelledError))
+        held.cancel()
+        self.assertFalse(self.queueing.crowded())
 
     def test_fullQueueRefusedAtOnce(self) -> None:
         """Past --queue-max the client with the most waiting is refused: 503 queue_full at

@@ -132,6 +132,35 @@ class SlotTests(SynchronousTestCase):
         self.assertNotEqual(moved, home)
         self.assertIs(result, Placed.OVERRIDDEN)
 
+    def test_spentHoldWhileCrowdedWaitsAtTheHolder(self) -> None:
+        """A spent hold while other requests wait in the proxy goes to its full holder (to
+        wait in its engine) instead of recomputing where a slot is free: one of those
+        waiting is about to take that slot.  A request not yet held is still held, and one
+        whose hold was spent with nobody else waiting still recomputes."""
+        fleet = Fleet()
+        home, _ = fleet.place(request(tenantPrompt(1), "q"))
+        for node in NODES:
+            fleet.report(node.id, busy=2 if node.id == home else 0)
+        key = request(tenantPrompt(1), "other user")
+        spent = fleet.place(key, serve=False, hold=Hold.SPENT, crowded=True)
+        self.assertEqual(spent, (home, Placed.HIT))
+        assert fleet.choice is not None
+        self.assertIsNone(fleet.choice.hold)
+        self.assertEqual(
+            fleet.place(key, serve=False, hold=Hold.ALLOWED, crowded=True), (home, None)
+        )
+        moved, result = fleet.place(key, serve=False, hold=Hold.SPENT, crowded=False)
+        self.assertEqual((moved != home, result), (True, Placed.OVERRIDDEN))
+
+    def test_spentHoldCrowdedButSlotsUnknown(self) -> None:
+        """Crowded, but the holder's room is not known (its engine reports no slots): the
+        spent hold follows the usual rule."""
+        fleet = Fleet(states=False)
+        home, _ = fleet.place(request(tenantPrompt(2), "q"))
+        key = request(tenantPrompt(2), "other user")
+        expected = fleet.place(key, serve=False, hold=Hold.SPENT)
+        self.assertEqual(fleet.place(key, serve=False, hold=Hold.SPENT, crowded=True), expected)
+
     def test_unknownSlotsNotHeld(self) -> None:
         """Without the engines' slots (load alone says the holder is busy) nothing is held:
         the long prefix waits there as before."""

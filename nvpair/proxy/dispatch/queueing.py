@@ -107,15 +107,13 @@ class Queueing:
         return line.usable(self.clock.seconds(), self.loads)
 
     def backlog(self, facade: IFleetView, model: str) -> Backlog:
-        """How many requests for ``model`` wait in ``facade``'s queue, and what its requests
-        waited lately."""
+        """``model``'s queue in ``facade``: how many wait, what its requests waited lately."""
         line = self.lines.get((facade.engine.id, model))
         return NO_BACKLOG if line is None else self._backlog(line)
 
     def loadStarted(self, facade: IFleetView, model: str) -> None:
         """A request for ``model`` goes to start a load: what its queue waited is paid."""
-        line = self.lines.get((facade.engine.id, model))
-        if line is not None:
+        if (line := self.lines.get((facade.engine.id, model))) is not None:
             line.loadStarted(self.clock.seconds())
 
     def _backlog(self, line: Line) -> Backlog:
@@ -204,6 +202,9 @@ class Queueing:
         if self._hasRoom(nodeId):
             return defer.succeed(None)  # room came back since the engine's last report
         return self.holds.hold(nodeId, seconds)
+
+    def crowded(self) -> bool:  # IQueueing.crowded
+        return bool(self.holds) or anyWaiting(self.lines.values())
 
     def drainRate(self, line: Line) -> float | None:
         """How fast ``line`` can let requests out, per second (``flow.predicted``), or None."""
@@ -355,12 +356,11 @@ class Queueing:
 
     def roomMayHaveAppeared(self, nodeId: str) -> None:
         """The ledger says ``nodeId`` may have room now: drain, unless that would do nothing."""
-        if self.holds or self._busyTimer is not None or anyWaiting(self.lines.values()):
+        if self._busyTimer is not None or self.crowded():
             self.drain()
 
     def busyAnswer(self, nodeId: str, status: int | None, retryAfter: float | None) -> bool:
-        """Whether ``nodeId``'s refusal with ``status`` says it is busy (the ledger then
-        learns its limit): no breaker failure, whoever sent it."""
+        """Whether ``nodeId``'s refusal with ``status`` is busy (the ledger learns its limit)."""
         return status is not None and self.ledger.busyAnswer(nodeId, status, retryAfter)
 
     def nodeFailed(self, nodeId: str, retryAfter: float | None) -> None:

@@ -94,6 +94,11 @@ class QueueSeat:
         if queueing is not None and ex.model is not None:
             queueing.loadStarted(ex.facade, ex.model)
 
+    def crowded(self) -> bool:
+        """Whether other requests wait in the proxy (``IQueueing.crowded``; never under a
+        broker)."""
+        return self.queueing is not None and self.queueing.crowded()
+
     def backlog(self) -> Backlog:
         """Its model's queue: how many wait, what they waited lately (none under a broker)."""
         queueing, ex = self.queueing, self.exchange

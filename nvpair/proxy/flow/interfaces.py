@@ -56,6 +56,10 @@ class IQueueing(Interface):
         """Hold a request for ``nodeId``'s next free slot, at most ``seconds``: a Deferred
         firing then (cancel it when the client goes), or None when it cannot be held."""
 
+    def crowded() -> bool:
+        """Whether requests wait in the proxy (held for a prefix holder, or in a fair
+        queue): a slot that frees will be taken by one of them."""
+
     def demote(owners: Sequence[Node], model: str | None = None) -> OwnerSplit:
         """``owners`` split: those to order as usual, then the known-full ones (while another
         has room; for ``model`` as ``knownFull`` says), then those whose breaker is open."""

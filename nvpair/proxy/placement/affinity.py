@@ -126,16 +126,18 @@ class Affinity:
         model: str | None,
         hold: Hold,
         engineId: str | None,
+        crowded: bool = False,
     ) -> Choice | None:
         """Choose the request's node among ``ordered`` (``choose.choose``; None when there
         is none) and move it to the front (the caller reserves it).  ``model`` is the model
         asked for (whether engines have it loaded); ``hold`` whether it may be held;
-        ``engineId`` counts the outcome (None: not again).  A choice to hold is neither
-        counted nor recorded: the caller holds the request, then places it again."""
+        ``engineId`` counts the outcome (None: not again); ``crowded`` whether other
+        requests wait in the proxy.  A choice to hold is neither counted nor recorded: the
+        caller holds the request, then places it again."""
         if not ordered:
             return None
         owners = self.owners(ordered, key, model)
-        choice = choose(owners, key, hold)
+        choice = choose(owners, key, hold, crowded)
         if choice.hold is not None:
             return choice  # counted where it goes once let out
         if engineId is not None:

@@ -25,14 +25,18 @@ node).
    what it lacks of the best's prefix costs at most ``RECOMPUTE_SECONDS`` there, unless
    the proxy can hold the request and the best's expected wait for a slot (*wait*: the
    time ours hold a slot there over its capacity, from the room ledger) is shorter than
-   that recompute (or the hold was spent).  Otherwise, where the best's room is known and
+   that recompute (or the hold was spent, unless the proxy is *crowded*: below).  Otherwise,
+   where the best's room is known and
    the proxy can hold the request (``Hold.ALLOWED``), the choice is to *hold* it in the
    proxy for the best's next free slot, at most as long as recomputing the difference
    would take on the owner with room (``holdBudget``); let out because the best has room
    (``Hold.ROOMY``) it goes there.  Waiting at most as long as recomputing costs keeps its
    time to first token within twice the better of the two choices (the ski-rental bound).
    With no hold in the proxy (``Hold.NONE``) the request waits for the best inside its
-   engine.
+   engine.  A hold that was spent while the proxy is crowded (other requests wait in it,
+   held or queued) also goes to the best, whose room is known, to wait in its engine: a
+   slot free elsewhere is about to be taken by one of them, so recomputing there would
+   cost the fleet the recompute and this request's cache, not buy a free slot.
 2. No owner holds a prefix (a new prompt family: a new tenant's system prompt, a new
    conversation): among the owners not unloaded, those holding the fewest prompt families
    that have room; failing that, those holding at most ``ROOT_SLACK`` more that have room;
@@ -158,8 +162,9 @@ def familyRoot(ends: Sequence[int], msPerToken: float | None) -> int | None:
     return None
 
 
-def choose(owners: Sequence[Owner], key: AffinityKey, hold: Hold) -> Choice:
-    """Choose among ``owners`` (non-empty) for the request ``key`` by the rules above."""
+def choose(owners: Sequence[Owner], key: AffinityKey, hold: Hold, crowded: bool = False) -> Choice:
+    """Choose among ``owners`` (non-empty) for the request ``key`` by the rules above
+    (``crowded``: whether other requests wait in the proxy)."""
     ends = key.ends
     matched = [
         o.matched
@@ -179,6 +184,8 @@ def choose(owners: Sequence[Owner], key: AffinityKey, hold: Hold) -> Choice:
             if best < 0 or score > bestScore:
                 best, bestScore = position, score
     if best >= 0:
+        if crowded and hold is Hold.SPENT and owners[best].known:
+            return Choice(best, owners[best].node, Placed.HIT, matched[best])
         return _prefixChoice(owners, key, hold, matched, best)
     top = max(o.ready for o in owners)
     pool = [i for i, o in enumerate(owners) if o.ready == top]

@@ -131,6 +131,10 @@ class ISeat(Interface):
         """Whether every one of ``owners`` is known full (always False under a broker); a
         node where the request's model is loading counts as full."""
 
+    def crowded() -> bool:
+        """Whether other requests wait in the proxy (held, or queued): a slot that frees
+        elsewhere will be taken by one of them (always False under a broker)."""
+
     def loadStarted() -> None:
         """It goes to start a load of its model: what its queue waited so far is paid."""
 

@@ -147,7 +147,9 @@ class _Round:
         ordered, pinApplied = orderCandidates(preferred, facade.pin, reservations.rank)
         choice = None
         if key is not None and affinity is not None and not pinApplied:
-            choice = affinity.place(ordered, key, self.model, self.hold, self.counted)
+            # A spent hold asks whether others wait in the proxy (choose: "crowded").
+            crowded = self.hold is Hold.SPENT and ex.seat.crowded()
+            choice = affinity.place(ordered, key, self.model, self.hold, self.counted, crowded)
             target = choice.node if choice is not None and choice.hold is None else None
         else:
             target = placeReservation(ordered, pinApplied, reservations)

@@ -62,10 +62,15 @@ class Fleet:
         self.ledger.probed(nodeId, busy, total, 1.0)
 
     def place(
-        self, key: AffinityKey, serve: bool = True, model: str = "m", hold: Hold = Hold.NONE
+        self,
+        key: AffinityKey,
+        serve: bool = True,
+        model: str = "m",
+        hold: Hold = Hold.NONE,
+        crowded: bool = False,
     ) -> tuple[str, Placed | None]:
         """Where ``key`` goes and how (None: held for that node, ``self.choice.hold``)."""
-        choice = self.choice = self.affinity.place(list(NODES), key, model, hold, "e")
+        choice = self.choice = self.affinity.place(list(NODES), key, model, hold, "e", crowded)
         assert choice is not None
         if choice.hold is not None:
             return choice.node.id, None
