@@ -25,12 +25,11 @@ node).
    what it lacks of the best's prefix costs at most ``RECOMPUTE_SECONDS`` there, unless
    the proxy can hold the request and the best's expected wait for a slot (*wait*: the
    time ours hold a slot there over its capacity, from the room ledger) is shorter than
-   that recompute (or the hold was spent, unless the proxy is *crowded*: below).  Otherwise,
-   where the best's room is known and
-   the proxy can hold the request (``Hold.ALLOWED``), the choice is to *hold* it in the
-   proxy for the best's next free slot, at most as long as recomputing the difference
-   would take on the owner with room (``holdBudget``); let out because the best has room
-   (``Hold.ROOMY``) it goes there.  Waiting at most as long as recomputing costs keeps its
+   that recompute (or the hold was spent, unless the proxy is *crowded*: below).
+   Otherwise, where the best's room is known and the proxy can hold the request
+   (``Hold.ALLOWED``), the choice is to *hold* it in the proxy for the best's next free
+   slot, at most as long as recomputing the difference would take on the owner with room
+   (``holdBudget``); let out because the best has room (``Hold.ROOMY``) it goes there.  Waiting at most as long as recomputing costs keeps its
    time to first token within twice the better of the two choices (the ski-rental bound).
    With no hold in the proxy (``Hold.NONE``) the request waits for the best inside its
    engine.  A hold that was spent while the proxy is crowded (other requests wait in it,
