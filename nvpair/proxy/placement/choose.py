@@ -29,8 +29,9 @@ node).
    Otherwise, where the best's room is known and the proxy can hold the request
    (``Hold.ALLOWED``), the choice is to *hold* it in the proxy for the best's next free
    slot, at most as long as recomputing the difference would take on the owner with room
-   (``holdBudget``); let out because the best has room (``Hold.ROOMY``) it goes there.  Waiting at most as long as recomputing costs keeps its
-   time to first token within twice the better of the two choices (the ski-rental bound).
+   (``holdBudget``); let out because the best has room (``Hold.ROOMY``) it goes there.
+   Waiting at most as long as recomputing costs keeps its time to first token within twice
+   the better of the two choices (the ski-rental bound).
    With no hold in the proxy (``Hold.NONE``) the request waits for the best inside its
    engine.  A hold that was spent while the proxy is crowded (other requests wait in it,
    held or queued) also goes to the best, whose room is known, to wait in its engine: a
