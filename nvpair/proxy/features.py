@@ -159,7 +159,7 @@ def useStandalone(context: StandaloneContext, affinity: bool | None = None) -> S
     context.activity.listener = _listener(ledger, residency)
     placing = None
     if settings.affinity == "prefix" if affinity is None else affinity:
-        placing = Affinity(context.clock, context.reservations, ledger, states)
+        placing = Affinity(context.clock, context.reservations, ledger, states, residency=residency)
     loads = LoadPlanner(residency, ledger)
     queueing = Queueing(settings, context.clock, ledger, loads)
     context.ledger, context.engineStates = ledger, states

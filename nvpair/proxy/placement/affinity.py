@@ -23,7 +23,7 @@ from typing import Protocol
 
 from twisted.internet.interfaces import IReactorTime
 
-from nvpair.proxy.nodestate.interfaces import IEngineStates, IRoomLedger
+from nvpair.proxy.nodestate.interfaces import IEngineStates, IResidency, IRoomLedger
 from nvpair.proxy.placement.agedtable import MAX_AGE, MAX_ENTRIES, AgedTable
 from nvpair.proxy.placement.choose import (
     MAX_IMBALANCE,
@@ -76,12 +76,14 @@ class Affinity:
         index: PrefixIndex | None = None,
         maxEntries: int = MAX_ENTRIES,
         maxAge: float = MAX_AGE,
+        residency: IResidency | None = None,
     ) -> None:
         self.table = AffinityTable(clock, maxEntries, maxAge)
         self.index = index if index is not None else PrefixIndex()
         self.reservations = reservations
         self.ledger = ledger
         self.states = states
+        self.residency = residency
         self.counts: dict[str, Counter[Placed]] = {}  # per engine id (three at most)
         self.expectedHits = 0  # requests the index expected cached, confirmed by the engine
         self.expectedMisses = 0  # ... and refuted (a confirmed miss)
@@ -102,11 +104,15 @@ class Affinity:
         home = self.table.lookup(key.lookups)
         roots = self.index.roots
         ledger, states = self.ledger, self.states
+        residency = None if model is None else self.residency  # its per-model slots
+        wanted = model or ""
         records = []
         for node, value in zip(nodes, loads, strict=True):
             nodeId = node.id
             free = None if ledger is None else ledger.free(nodeId)
             room = value <= least + MAX_IMBALANCE if free is None else free > 0
+            if room and residency is not None and residency.modelFull(nodeId, wanted):
+                room, free = False, 0  # the model's own slots there are all ours (Ollama)
             wait = None if room or ledger is None else _expectedWait(ledger, nodeId)
             loaded = prefill = None
             if states is not None:
