@@ -73,13 +73,17 @@ class ResidencyObserver(RequestObserver):
     the requests waiting for it go (``RoomLedger.changed``); a warm one, with the number of
     ours for its model on the node when it was dispatched, teaches what an engine reporting
     no slots serves at once per model (``ConcurrencyEstimator.observe``, once the end says
-    how much of it was a load); an engine's reported load time (Ollama's
-    ``load_duration``) is what the load cost."""
+    how much of it was a load), and what it waited inside the engine for a slot beyond
+    that (``ConcurrencyEstimator.queued``) counts in its model's queue towards a further
+    copy (``IQueueing.engineWaited``: before the slots are learnt, requests queue in the
+    engine, not the proxy); an engine's reported load time (Ollama's ``load_duration``) is
+    what the load cost."""
 
-    def __init__(self, residency: Residency, ledger: RoomLedger) -> None:
+    def __init__(self, residency: Residency, ledger: RoomLedger, queueing: IQueueing) -> None:
         self.residency = residency
         self.ledger = ledger
-        self.firstBytes: dict[IExchangeReport, tuple[int, float]] = {}
+        self.queueing = queueing
+        self.firstBytes: dict[IExchangeReport, tuple[int, float, float]] = {}
 
     def committed(self, exchange: IExchangeReport, nodeId: str, firstByte: float) -> None:
         model, dispatched = exchange.model, exchange.dispatchedAt
@@ -90,7 +94,7 @@ class ResidencyObserver(RequestObserver):
             self.residency.coldFirstByte(nodeId, model, seconds)
             self.ledger.changed(nodeId)
         elif len(self.firstBytes) < MAX_TRACKED:
-            self.firstBytes[exchange] = (exchange.dispatchedWith, seconds)
+            self.firstBytes[exchange] = (exchange.dispatchedWith, seconds, dispatched + seconds)
 
     def requestEnded(self, exchange: IExchangeReport) -> None:
         measured = self.firstBytes.pop(exchange, None)
@@ -101,11 +105,15 @@ class ResidencyObserver(RequestObserver):
         load = _reportedSeconds(exchange, "loadMs")
         if load > 0:
             self.residency.loadDuration(nodeId, model, int(load * 1e9))
-        if measured is not None:
-            running, seconds = measured
-            self.residency.concurrency.observe(
-                nodeId, running, seconds, load + _reportedSeconds(exchange, "promptMs")
-            )
+        if measured is None:
+            return
+        running, seconds, at = measured
+        work = load + _reportedSeconds(exchange, "promptMs")
+        concurrency = self.residency.concurrency
+        queued = concurrency.queued(nodeId, seconds - work if work > 0.0 else seconds)
+        concurrency.observe(nodeId, running, seconds, work)
+        if queued > 0.0:
+            self.queueing.engineWaited(exchange.engine.id, model, queued, at)
 
 
 class StandaloneContext(Protocol):
@@ -167,7 +175,7 @@ def useStandalone(context: StandaloneContext, affinity: bool | None = None) -> S
     context.residency, context.loads = residency, loads
     engineQueues = context.engineQueues = EngineQueues(context.clock, ledger, states, residency)
     context.observe(ServedObserver(ledger, states, placing))
-    context.observe(ResidencyObserver(residency, ledger))
+    context.observe(ResidencyObserver(residency, ledger, queueing))
     return Standalone(ledger, states, residency, placing, queueing, engineQueues)
 
 

@@ -107,6 +107,22 @@ class ConcurrencyTests(SynchronousTestCase):
         clock.advance(FORGET_AFTER + 1)
         self.assertIsNone(estimator.learnt("o"))
 
+    def test_queued(self) -> None:
+        """What a wait shows queued inside the engine: beyond the baseline when over twice
+        it plus the slack (0.1 s of unknown service time; an eighth of it, at least 0.04 s,
+        for short answers); nothing before a baseline."""
+        services = {"o": 0.32}
+        estimator = ConcurrencyEstimator(Clock(), service=services.get)
+        self.assertEqual(estimator.queued("o", 5.0), 0.0)
+        self.feed(estimator, 1, 0.02)
+        self.assertEqual(estimator.queued("o", 0.07), 0.0)
+        self.assertAlmostEqual(estimator.queued("o", 0.09), 0.07)
+        self.assertAlmostEqual(estimator.queued("o", 2.02), 2.0)
+        del services["o"]
+        estimator.learnt("o")
+        self.assertEqual(estimator.queued("o", 0.13), 0.0)
+        self.assertAlmostEqual(estimator.queued("o", 0.15), 0.13)
+
     def test_ignoresNonsense(self) -> None:
         """Levels out of range and non-finite times are not samples."""
         estimator = ConcurrencyEstimator(Clock(), maxNodes=1)

@@ -208,6 +208,55 @@ class PaidTests(LoadsCase):
         self.assertEqual(self.waited(), 3.0)
 
 
+class EngineWaitTests(LoadsCase):
+    """Before an engine's slots are known the proxy does not hold its requests: they queue
+    inside it.  What a request waited there for a slot (its first byte's wait beyond the
+    baseline) counts in its model's queue towards a further copy, as a wait in the proxy's
+    queue does."""
+
+    nodes = ("A", "B")
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.hold(A=("m1",), B=())
+        for _ in range(3):  # a baseline: 20 ms before the first byte with one running
+            self.residency.concurrency.observe("A", 1, 0.02)
+
+    def waited(self) -> float:
+        return self.features.queueing.backlog(self.facade, "m1").waited
+
+    def serve(self, firstByte: float) -> None:
+        """One request for m1, served by A, its first byte after ``firstByte`` seconds."""
+        self.start()
+        self.assertEqual(self.upstream.calls[-1].nodeId, "A")
+        self.clock.advance(firstByte)
+        self.commit(len(self.upstream.calls) - 1).end()
+
+    def test_queuedInsideTheEngine(self) -> None:
+        """A first byte after 2 s where 20 ms is the baseline: 1.98 s waited; one at the
+        baseline, or under a rise (twice it and 40 ms, answers being that short), adds
+        nothing."""
+        self.serve(0.02)
+        self.assertEqual(self.waited(), 0.0)
+        self.serve(2.0)
+        self.assertAlmostEqual(self.waited(), 1.98)
+        self.serve(0.07)
+        self.assertAlmostEqual(self.waited(), 1.98, places=2)  # decayed over 0.07 s only
+
+    def test_noBaselineNothingCounted(self) -> None:
+        """On a node with no baseline yet, no wait is told from the work."""
+        self.residency.concurrency.forget("A")
+        self.serve(2.0)
+        self.assertEqual(self.waited(), 0.0)
+
+    def test_whileALoadPays(self) -> None:
+        """While another model loads beside the copy (the load holds A), the wait is that
+        load's to pay."""
+        self.residency.loadStarted("A", "m2")
+        self.serve(2.0)
+        self.assertEqual(self.waited(), 0.0)
+
+
 class PerModelSlotsTests(LoadsCase):
     """Ollama's parallel slots are per model (``OLLAMA_NUM_PARALLEL``): a node holding two
     models runs that many of each at once."""

@@ -1,6 +1,13 @@
-"""Chat conversations for placement tests: the message list of a conversation's n-th turn."""
+"""Chat conversations for placement tests: the message list of a conversation's n-th turn,
+and a chat request's placement key."""
 
 from __future__ import annotations
+
+from typing import Any
+
+from nvpair.proxy.placement.keys import AffinityKey, keyFor
+
+CHAT = b"/v1/chat/completions"
 
 # Enough text that a home counts: the prompt is worth ``choose.MIN_MATCH_SECONDS`` of
 # recomputing at the default prefill rate.
@@ -16,3 +23,10 @@ def turn(n: int, topic: str = "weather", detail: str = DETAIL) -> list[dict[str,
         if i + 1 < n:
             messages.append({"role": "assistant", "content": f"{topic} answer {i}"})
     return messages
+
+
+def chatKey(messages: list[Any], model: str = "m1") -> AffinityKey:
+    """The placement key of a llama.cpp chat request for ``model`` with ``messages``."""
+    key = keyFor("llamacpp", model, CHAT, {"model": model, "messages": messages})
+    assert key is not None
+    return key

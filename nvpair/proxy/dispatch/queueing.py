@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 from twisted.internet import defer
@@ -116,13 +117,17 @@ class Queueing:
         if (line := self.lines.get((facade.engine.id, model))) is not None:
             line.loadStarted(self.clock.seconds())
 
+    def engineWaited(self, engineId: str, model: str, seconds: float, until: float) -> None:
+        """One of ``model``'s requests waited ``seconds`` for a slot inside an engine."""
+        if (line := self.lines.get((engineId, model))) is not None:
+            line.engineWaited(seconds, until, self.clock.seconds(), self.loads)
+
     def _backlog(self, line: Line) -> Backlog:
         return line.backlog(self.clock.seconds(), self.loads)
 
     def _line(self, facade: IFleetView, model: str) -> Line | None:
         key = (facade.engine.id, model)
-        line = self.lines.get(key)
-        if line is not None:
+        if (line := self.lines.get(key)) is not None:
             line.facade = facade
             self.lines.move_to_end(key)
             return line
@@ -134,13 +139,8 @@ class Queueing:
                     break
             else:
                 return None
-        engineId = facade.engine.id
-        line = self.lines[key] = Line(
-            facade,
-            model,
-            self.settings.queueMax,
-            lambda client: self.clients.countDispatch(engineId, client),
-        )
+        charge = partial(self.clients.countDispatch, facade.engine.id)
+        self.lines[key] = line = Line(facade, model, self.settings.queueMax, charge)
         return line
 
     def clientOf(self, authorization: bytes | None, identity: Identity) -> Client:

@@ -109,6 +109,15 @@ class Line:
         self.waits.observe(now - since)
         self.waited.add(now - max(since, self.paidAt), now)
 
+    def engineWaited(
+        self, seconds: float, until: float, now: float, loads: ILoadPlanner | None
+    ) -> None:
+        """One of the model's requests waited ``seconds`` for a slot inside its engine, up
+        to ``until``: it counts as a wait in the queue does (only what came after a load
+        was last seen paying)."""
+        self.paid(now, loads)
+        self.waited.add(min(seconds, until - self.paidAt), now)
+
     def paid(
         self, now: float, loads: ILoadPlanner | None, owners: tuple[Node, ...] | None = None
     ) -> None:

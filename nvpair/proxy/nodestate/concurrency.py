@@ -108,13 +108,29 @@ class ConcurrencyEstimator:
         cached = self._learnt.get(nodeId)
         if cached is not None and now - cached[1] < REUSE:
             return cached[0]  # read on every room check: reckoned at most once a second
-        service = self.service(nodeId)
-        slack = RISE_SLACK
-        if service is not None:
-            slack = min(RISE_SLACK, max(RISE_FLOOR, RISE_SHARE * service))
-        learnt = self._reckon(levels, now, slack)
+        learnt = self._reckon(levels, now, self._slack(nodeId))
         self._learnt[nodeId] = (learnt, now)
         return learnt
+
+    def queued(self, nodeId: str, wait: float) -> float:
+        """Of a request's ``wait`` on ``nodeId`` (as ``observe`` takes it), the seconds it
+        queued inside the engine for a slot: what exceeds the baseline, when the wait is
+        over the level a rise is told by (``RISE_FACTOR`` × baseline + the slack); else 0,
+        and 0 while no level has a baseline."""
+        levels = self._nodes.get(nodeId)
+        baseline = math.inf
+        for level in () if levels is None else levels.values():
+            if level.samples >= MIN_SAMPLES and level.average < baseline:
+                baseline = level.average
+        if baseline == math.inf or wait <= RISE_FACTOR * baseline + self._slack(nodeId):
+            return 0.0
+        return wait - baseline
+
+    def _slack(self, nodeId: str) -> float:
+        service = self.service(nodeId)
+        if service is None:
+            return RISE_SLACK
+        return min(RISE_SLACK, max(RISE_FLOOR, RISE_SHARE * service))
 
     def _reckon(self, levels: dict[int, _Level], now: float, slack: float) -> int | None:
         # Reckoned after every sample: plain loops, nothing sorted or built (the lowest
