@@ -123,6 +123,15 @@ class ConcurrencyTests(SynchronousTestCase):
         self.assertEqual(estimator.queued("o", 0.13), 0.0)
         self.assertAlmostEqual(estimator.queued("o", 0.15), 0.13)
 
+    def test_queuedForgetsAStaleBaseline(self) -> None:
+        """A baseline unseen for ``FORGET_AFTER`` seconds is no baseline, as for ``learnt``."""
+        clock = Clock()
+        estimator = ConcurrencyEstimator(clock)
+        self.feed(estimator, 1, 0.02)
+        self.assertAlmostEqual(estimator.queued("o", 2.02), 2.0)
+        clock.advance(FORGET_AFTER + 1)
+        self.assertEqual(estimator.queued("o", 2.02), 0.0)
+
     def test_ignoresNonsense(self) -> None:
         """Levels out of range and non-finite times are not samples."""
         estimator = ConcurrencyEstimator(Clock(), maxNodes=1)

@@ -61,6 +61,20 @@ class _Level:
         self.at = at
 
 
+def _baseline(levels: dict[int, _Level], now: float) -> float:
+    """The lowest average wait of a level with ``MIN_SAMPLES`` samples that is not stale
+    (infinity when there is none)."""
+    baseline = math.inf
+    for level in levels.values():
+        if (
+            level.samples >= MIN_SAMPLES
+            and level.average < baseline
+            and now - level.at <= FORGET_AFTER
+        ):
+            baseline = level.average
+    return baseline
+
+
 class ConcurrencyEstimator:
     """Learnt parallel slots per node (the module docstring says the rule)."""
 
@@ -118,10 +132,7 @@ class ConcurrencyEstimator:
         over the level a rise is told by (``RISE_FACTOR`` × baseline + the slack); else 0,
         and 0 while no level has a baseline."""
         levels = self._nodes.get(nodeId)
-        baseline = math.inf
-        for level in () if levels is None else levels.values():
-            if level.samples >= MIN_SAMPLES and level.average < baseline:
-                baseline = level.average
+        baseline = math.inf if levels is None else _baseline(levels, self.clock.seconds())
         if baseline == math.inf or wait <= RISE_FACTOR * baseline + self._slack(nodeId):
             return 0.0
         return wait - baseline
@@ -133,18 +144,11 @@ class ConcurrencyEstimator:
         return min(RISE_SLACK, max(RISE_FLOOR, RISE_SHARE * service))
 
     def _reckon(self, levels: dict[int, _Level], now: float, slack: float) -> int | None:
-        # Reckoned after every sample: plain loops, nothing sorted or built (the lowest
-        # risen level is a min; with no level known, nothing rises above infinity).
-        stale: list[int] = []
-        baseline = math.inf
-        for k, level in levels.items():
-            if now - level.at > FORGET_AFTER:
-                stale.append(k)
-            elif level.samples >= MIN_SAMPLES and level.average < baseline:
-                baseline = level.average
-        for k in stale:
+        # Reckoned after every sample: plain loops, nothing sorted (the lowest risen level
+        # is a min; with no level known, nothing rises above infinity).
+        limit = RISE_FACTOR * _baseline(levels, now) + slack
+        for k in [k for k, level in levels.items() if now - level.at > FORGET_AFTER]:
             del levels[k]
-        limit = RISE_FACTOR * baseline + slack
         risen: int | None = None
         for k, level in levels.items():
             if level.samples >= MIN_SAMPLES and level.average > limit:
