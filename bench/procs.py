@@ -142,6 +142,12 @@ def startEngine(chunks: int, chunkDelay: float = 0.0) -> Server:
         server = Server("direct", port, proc.pid, [proc])
         server.engineKind, server.extraEvents = "node", 1  # [DONE]
         return server
+    missing = "node" if node is None else NODE_ENGINE
+    print(
+        f"bench: {missing} not found: the Python fake engine serves instead (slower, and its"
+        " figures are not comparable with the Node engine's; BENCH_ENGINE_JS names the file)",
+        file=sys.stderr,
+    )
     proc = spawn(
         [
             PYTHON,

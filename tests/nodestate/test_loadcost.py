@@ -95,13 +95,20 @@ class ConcurrencyTests(SynchronousTestCase):
         self.assertEqual(estimator.snapshot("o")["learnt"], 4)
 
     def test_needsSamplesAndForgets(self) -> None:
-        """A level counts from three samples; a level unseen for ten minutes is forgotten,
+        """A level counts from two samples; a level unseen for ten minutes is forgotten,
         so a limit lapses unless traffic confirms it."""
         clock = Clock()
         estimator = ConcurrencyEstimator(clock)
-        self.feed(estimator, 1, 0.01)
+        self.feed(estimator, 1, 0.01, n=1)
         self.feed(estimator, 2, 5.0, n=2)
+        self.assertIsNone(estimator.learnt("o"), "no baseline: one sample at level 1")
+        self.feed(estimator, 1, 0.01, n=1)
+        self.assertEqual(estimator.learnt("o"), 1)
+        clock.advance(FORGET_AFTER + 1)
         self.assertIsNone(estimator.learnt("o"))
+        self.feed(estimator, 1, 0.01, n=2)
+        self.feed(estimator, 2, 5.0, n=1)
+        self.assertIsNone(estimator.learnt("o"), "one sample at the risen level")
         self.feed(estimator, 2, 5.0, n=1)
         self.assertEqual(estimator.learnt("o"), 1)
         clock.advance(FORGET_AFTER + 1)

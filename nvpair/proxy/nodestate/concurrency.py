@@ -37,7 +37,7 @@ from twisted.internet.interfaces import IReactorTime
 __all__ = ["ConcurrencyEstimator"]
 
 MAX_LEVEL = 64
-MIN_SAMPLES = 3
+MIN_SAMPLES = 2
 WEIGHT = 0.25
 RISE_FACTOR = 2.0
 RISE_SLACK = 0.1
