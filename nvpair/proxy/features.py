@@ -94,7 +94,7 @@ class ResidencyObserver(RequestObserver):
             self.residency.coldFirstByte(nodeId, model, seconds)
             self.ledger.changed(nodeId)
         elif len(self.firstBytes) < MAX_TRACKED:
-            self.firstBytes[exchange] = (exchange.dispatchedWith, seconds, dispatched + seconds)
+            self.firstBytes[exchange] = (exchange.dispatchedWith, seconds, dispatched)
 
     def requestEnded(self, exchange: IExchangeReport) -> None:
         measured = self.firstBytes.pop(exchange, None)
@@ -107,13 +107,13 @@ class ResidencyObserver(RequestObserver):
             self.residency.loadDuration(nodeId, model, int(load * 1e9))
         if measured is None:
             return
-        running, seconds, at = measured
+        running, seconds, dispatched = measured
         work = load + _reportedSeconds(exchange, "promptMs")
         concurrency = self.residency.concurrency
         queued = concurrency.queued(nodeId, seconds - work if work > 0.0 else seconds)
         concurrency.observe(nodeId, running, seconds, work)
         if queued > 0.0:
-            self.queueing.engineWaited(exchange.engine.id, model, queued, at)
+            self.queueing.engineWaited(exchange.engine.id, model, queued, dispatched)
 
 
 class StandaloneContext(Protocol):

@@ -207,6 +207,29 @@ class PaidTests(LoadsCase):
         self.commit(1).end()
         self.assertEqual(self.waited(), 3.0)
 
+    def test_queueBuiltDuringALoadIsPaid(self) -> None:
+        """A request that came while another model loaded beside m1's only copy (A, one
+        slot) and waited on after that load was done, the queue draining: its whole wait is
+        the load's to pay; one that came after the load counts."""
+        self.hold(A=("m1",), B=())
+        self.features.ledger.configure("A", 1)
+        self.residency.loadStarted("A", "m2")
+        self.start()
+        first = self.commit(0)
+        self.start()
+        self.assertEqual(self.depth(), 1)
+        self.clock.advance(1.0)
+        self.residency.loadDone("A", "m2")
+        self.clock.advance(3.0)
+        first.end()
+        self.assertEqual(self.depth(), 0)
+        self.assertEqual(self.waited(), 0.0)
+        self.start()
+        self.assertEqual(self.depth(), 1)
+        self.clock.advance(2.0)
+        self.commit(1).end()
+        self.assertEqual(self.waited(), 2.0)
+
 
 class EngineWaitTests(LoadsCase):
     """Before an engine's slots are known the proxy does not hold its requests: they queue
@@ -248,6 +271,26 @@ class EngineWaitTests(LoadsCase):
         self.residency.concurrency.forget("A")
         self.serve(2.0)
         self.assertEqual(self.waited(), 0.0)
+
+    def test_drainAfterALoadIsPaid(self) -> None:
+        """Three requests wait in the proxy for m1's load on A and go to A together once it
+        is done; what they then wait inside A (its slots not known) is the load's to pay.
+        A request sent later that waits there counts (beyond the baseline, which the three
+        raised: level 1 now averages 0.02 + (2 - 0.02) / 4)."""
+        self.residency.loadStarted("A", "m1")
+        for _ in range(3):
+            self.start()
+        self.assertEqual(self.depth(), 3)
+        self.clock.advance(3.0)
+        self.residency.loadDone("A", "m1")
+        self.features.queueing.drain()
+        self.assertEqual([call.nodeId for call in self.upstream.calls], ["A"] * 3)
+        self.clock.advance(2.0)
+        for index in range(3):
+            self.commit(index).end()
+        self.assertEqual(self.waited(), 0.0)
+        self.serve(2.0)
+        self.assertAlmostEqual(self.waited(), 2.0 - (0.02 + 1.98 / 4), places=3)
 
     def test_whileALoadPays(self) -> None:
         """While another model loads beside the copy (the load holds A), the wait is that

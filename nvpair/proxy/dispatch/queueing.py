@@ -117,10 +117,10 @@ class Queueing:
         if (line := self.lines.get((facade.engine.id, model))) is not None:
             line.loadStarted(self.clock.seconds())
 
-    def engineWaited(self, engineId: str, model: str, seconds: float, until: float) -> None:
+    def engineWaited(self, engineId: str, model: str, seconds: float, since: float) -> None:
         """One of ``model``'s requests waited ``seconds`` for a slot inside an engine."""
         if (line := self.lines.get((engineId, model))) is not None:
-            line.engineWaited(seconds, until, self.clock.seconds(), self.loads)
+            line.engineWaited(seconds, since, self.clock.seconds(), self.loads)
 
     def _backlog(self, line: Line) -> Backlog:
         return line.backlog(self.clock.seconds(), self.loads)
@@ -174,7 +174,7 @@ class Queueing:
         if remaining <= 0:
             return None  # the loop answers deadline_exceeded before any dispatch
         line = self._line(facade, model)
-        waiter = Waiter(ex)
+        waiter = Waiter(ex, line is not None and line.paid(now, self.loads))
         ticket = Ticket(client, now, waiter)
         if line is not None:
             line.queue.maxDepth = self._bound(self.drainRate(line))
@@ -327,7 +327,7 @@ class Queueing:
             waiter = ticket.payload
             if waiter.timer is not None and waiter.timer.active():
                 waiter.timer.cancel()
-            line.left(ticket.since, now, self.loads)
+            line.left(ticket.since, now, self.loads, waiter.underLoad)
             waiter.deferred.callback(None)
 
     def _armBusyTimer(self) -> None:

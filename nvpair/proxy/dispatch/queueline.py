@@ -24,9 +24,10 @@ from nvpair.proxy.placement.interfaces import (
 if TYPE_CHECKING:
     from nvpair.proxy.routing.nodes import Node
 
-__all__ = ["WAITED_TAU", "Accrued", "Line", "Waiter", "anyWaiting"]
+__all__ = ["DRAIN_TURN", "WAITED_TAU", "Accrued", "Line", "Waiter", "anyWaiting"]
 
 WAITED_TAU = 60.0  # seconds: the time constant of what a queue's requests waited lately
+DRAIN_TURN = 0.01  # seconds: dispatched this soon after a drain, it was let out by it
 
 
 class Accrued:
@@ -53,12 +54,14 @@ class Accrued:
 
 
 class Waiter:
-    """One request waiting in a queue: its exchange, its Deferred and its timeout."""
+    """One request waiting in a queue: its exchange, its Deferred and its timeout, and
+    whether a load was paying for its queue when it came (``Line.paid``)."""
 
-    __slots__ = ("exchange", "deferred", "timer")
+    __slots__ = ("exchange", "underLoad", "deferred", "timer")
 
-    def __init__(self, exchange: IPlacementExchange) -> None:
+    def __init__(self, exchange: IPlacementExchange, underLoad: bool = False) -> None:
         self.exchange = exchange
+        self.underLoad = underLoad
         self.deferred: defer.Deferred[None]  # set once queued: its canceller needs the ticket
         self.timer: IDelayedCall | None = None
 
@@ -66,7 +69,7 @@ class Waiter:
 class Line:
     """One facade and model's queue, with what it needs to find the model's owners."""
 
-    __slots__ = ("facade", "model", "queue", "waits", "waited", "paidAt")
+    __slots__ = ("facade", "model", "queue", "waits", "waited", "paidAt", "drainedAt")
 
     def __init__(
         self,
@@ -81,6 +84,7 @@ class Line:
         self.waits = WaitHistogram()
         self.waited = Accrued()  # seconds its requests waited lately (decayed)
         self.paidAt = -math.inf  # the last moment a load of the model was seen paying
+        self.drainedAt = -math.inf  # ... a request that came while one paid was let out
 
     def loadStarted(self, now: float) -> None:
         """A request goes to start a load of the model: what the queue waited is paid."""
@@ -101,35 +105,45 @@ class Line:
             return NO_BACKLOG if not self.waited.value else Backlog(0, self.waited.now(now))
         return Backlog(depth, self.waited.now(now))
 
-    def left(self, since: float, now: float, loads: ILoadPlanner | None) -> None:
+    def left(
+        self, since: float, now: float, loads: ILoadPlanner | None, underLoad: bool = False
+    ) -> None:
         """A request queued at ``since`` leaves the queue at ``now``: what counts towards
         a further copy is only what it waited after a load of the model was last seen in
-        progress (while a copy loads, the wait is that copy's to pay)."""
+        progress (while a copy loads, the wait is that copy's to pay), and nothing when it
+        came while a load paid (``underLoad``: the queue built up during a load drains
+        once it is done, and that drain is the load's to pay too)."""
         self.paid(now, loads)
         self.waits.observe(now - since)
-        self.waited.add(now - max(since, self.paidAt), now)
+        if underLoad:
+            self.drainedAt = now
+        else:
+            self.waited.add(now - max(since, self.paidAt), now)
 
     def engineWaited(
-        self, seconds: float, until: float, now: float, loads: ILoadPlanner | None
+        self, seconds: float, since: float, now: float, loads: ILoadPlanner | None
     ) -> None:
-        """One of the model's requests waited ``seconds`` for a slot inside its engine, up
-        to ``until``: it counts as a wait in the queue does (only what came after a load
-        was last seen paying)."""
+        """One of the model's requests, dispatched at ``since``, waited ``seconds`` for a
+        slot inside its engine: it counts as a wait in the queue does, unless a load was
+        seen paying since it was dispatched, or it was dispatched no later than the queue
+        that built up during a load was let out (that drain is the load's to pay)."""
         self.paid(now, loads)
-        self.waited.add(min(seconds, until - self.paidAt), now)
+        if since > self.paidAt and since > self.drainedAt + DRAIN_TURN:
+            self.waited.add(seconds, now)
 
     def paid(
         self, now: float, loads: ILoadPlanner | None, owners: tuple[Node, ...] | None = None
-    ) -> None:
+    ) -> bool:
         """Note ``now`` as paid when a load on an owner (``owners``: as ``owners()`` says
         now) pays what the model's requests wait (``ILoadPlanner.paying``: a copy loading,
-        or another model loading beside a copy)."""
+        or another model loading beside a copy); whether one does."""
         if loads is None:
-            return
+            return False
         for node in self.owners() if owners is None else owners:
             if loads.paying(node.id, self.model):
                 self.paidAt = now
-                return
+                return True
+        return False
 
     def usable(self, now: float, loads: ILoadPlanner | None) -> tuple[Node, ...]:
         """The owners this line's requests may use now (``ILoadPlanner.plan``)."""

@@ -42,11 +42,11 @@ class IQueueing(Interface):
     def loadStarted(facade: IFleetView, model: str) -> None:
         """A request for ``model`` goes to start a load: what its queue waited is paid."""
 
-    def engineWaited(engineId: str, model: str, seconds: float, until: float) -> None:
-        """One of ``model``'s requests in the facade of ``engineId`` waited ``seconds`` for a
-        slot inside its engine, up to ``until`` (the first byte's wait beyond the baseline,
-        ``ConcurrencyEstimator.queued``): it counts towards a further copy as a wait in the
-        queue does."""
+    def engineWaited(engineId: str, model: str, seconds: float, since: float) -> None:
+        """One of ``model``'s requests in the facade of ``engineId``, dispatched at
+        ``since``, waited ``seconds`` for a slot inside its engine (the first byte's wait
+        beyond the baseline, ``ConcurrencyEstimator.queued``): it counts towards a further
+        copy as a wait in the queue does."""
 
     def backlog(facade: IFleetView, model: str) -> Backlog:
         """How many requests for ``model`` wait in ``facade``'s queue, and what its requests
