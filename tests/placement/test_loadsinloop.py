@@ -184,18 +184,24 @@ class PaidTests(LoadsCase):
         self.assertEqual(self.upstream.calls[3].nodeId, "A")
         self.assertEqual(self.waited(), 3.0)
 
-    def test_loadBesideACopyIsPaid(self) -> None:
-        """Another model loading on A, where m1's only copy is: a request for m1 that
-        waited meanwhile adds nothing towards a further copy (the load held A's slots);
-        once that load is done, a request's wait counts again."""
+    def queueBesideALoad(self) -> FakeResponse:
+        """m1's only copy on A (one slot) with m2 loading beside it: one request for m1
+        runs there (its answer returned), one waits in the proxy."""
         self.hold(A=("m1",), B=())
         self.features.ledger.configure("A", 1)
         self.residency.loadStarted("A", "m2")
-        self.assertTrue(self.residency.loadingOn("A"))
         self.start()
         first = self.commit(0)
         self.start()
         self.assertEqual(self.depth(), 1)
+        return first
+
+    def test_loadBesideACopyIsPaid(self) -> None:
+        """Another model loading on A, where m1's only copy is: a request for m1 that
+        waited meanwhile adds nothing towards a further copy (the load held A's slots);
+        once that load is done, a request's wait counts again."""
+        first = self.queueBesideALoad()
+        self.assertTrue(self.residency.loadingOn("A"))
         self.clock.advance(5.0)
         first.end()
         self.assertEqual(self.waited(), 0.0)
@@ -211,13 +217,7 @@ class PaidTests(LoadsCase):
         """A request that came while another model loaded beside m1's only copy (A, one
         slot) and waited on after that load was done, the queue draining: its whole wait is
         the load's to pay; one that came after the load counts."""
-        self.hold(A=("m1",), B=())
-        self.features.ledger.configure("A", 1)
-        self.residency.loadStarted("A", "m2")
-        self.start()
-        first = self.commit(0)
-        self.start()
-        self.assertEqual(self.depth(), 1)
+        first = self.queueBesideALoad()
         self.clock.advance(1.0)
         self.residency.loadDone("A", "m2")
         self.clock.advance(3.0)
