@@ -16,7 +16,8 @@ router's sleeping child).  ``LoadPlanner.plan`` answers the owners a request may
    The queue stays longer than a load when what the model's requests waited in the proxy
    since its last load started (``Backlog.waited``, decayed over a minute) exceeds a
    load's seconds times the copies there are (``ROOM_WAIT`` of that where the copy would
-   go into free room: it evicts nothing), no copy loading; or when the wait predicted
+   go into free room: it evicts nothing; or in place of an only copy that moves into free
+   room elsewhere), no copy loading; or when the wait predicted
    for this request does: ``(ahead + 1)`` over the sum of the copies' ``capacity /
    service time`` (a loading copy at the warm copies' mean rate; unknown while a warm
    copy's capacity or service time is, and then nothing spills on it: stay warm when
@@ -193,13 +194,22 @@ class LoadPlanner:
         owners = (*warm, *loading, *cold)
         predicted = self._predicted(warm, model, copies, backlog)
         for best in sorted((self._cold(node, model, True) for node in cold), key=lambda c: c.key):
-            share = ROOM_WAIT if best.tier <= Tier.UNKNOWN else 1.0  # room evicts nothing
+            share = ROOM_WAIT if self._intoRoom(best) else 1.0
             waited = not loading and backlog.waited > best.seconds * copies * share
             if (waited or predicted > best.seconds) and self._spillable(
                 best, model, owners, copies
             ):
                 return best.node
         return None
+
+    def _intoRoom(self, best: _Cold) -> bool:
+        """Whether a further copy where ``best`` says fills free room: the node has room,
+        or the only copy it would evict moves into room on another node (the room the
+        fleet has, left beside this model's own copy, where it cannot serve)."""
+        if best.tier <= Tier.UNKNOWN:
+            return True
+        moves = best.tier in (Tier.ONLY, Tier.BUSY)  # its victim is an only copy
+        return moves and self.residency.roomElsewhere(best.node.id)
 
     def _predicted(self, warm: Sequence[Node], model: str, copies: int, backlog: Backlog) -> float:
         """The wait predicted for the next request: ``(ahead + 1)`` over the copies' rate

@@ -1,0 +1,159 @@
+"""Placement that counts loads, rule 2 (spec §11): the warm copies all full, a further
+copy only when their queue outlasts a load elsewhere, and only where one may go."""
+
+from __future__ import annotations
+
+from nvpair.proxy.placement.interfaces import LoadPlan
+from nvpair.proxy.placement.loads import ROOM_WAIT, Tier
+from tests.support.cases.loadplan import A, B, C, PlanCase
+
+
+class SpillTests(PlanCase):
+    """Warm copies all full: a further copy only when their wait exceeds a load elsewhere."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.learnCapacity("B", ("x", "y"))
+        self.hold(A=("m",), B=("x",), C=())
+        self.serve("A", 2, 1.0)  # two slots, a second each: two requests a second
+        self.start("A", "m", 2)
+
+    def test_waitShorterThanALoad(self) -> None:
+        """Predicted wait ((ahead + 1) / 2 per second) under the 10 s default load: the warm
+        owners only (the request waits for them in the proxy)."""
+        self.assertEqual(self.plan(ahead=18), LoadPlan((A,)))
+
+    def test_waitLongerThanALoad(self) -> None:
+        """Past it: the cheapest cold owner alone (B has room), where the request loads."""
+        self.assertEqual(self.plan(ahead=20), LoadPlan((B,), B))
+
+    def test_oneCopyAtATime(self) -> None:
+        """While that copy loads it counts at the warm copies' rate: another load only once
+        the wait beyond both exceeds a load."""
+        self.residency.loadStarted("B", "m")
+        self.assertEqual(self.plan(ahead=38), LoadPlan((A, B)))
+        self.assertEqual(self.plan(ahead=40), LoadPlan((C,), C))
+
+    def test_waitedLongerThanALoad(self) -> None:
+        """What the model's requests waited lately past a load's seconds times the copies
+        (``ROOM_WAIT`` of it where the copy goes into free room: it evicts nothing): a
+        further copy, however short the queue now; not while a copy loads."""
+        self.assertEqual(self.plan(waited=ROOM_WAIT * 10 - 0.1), LoadPlan((A,)))
+        self.assertEqual(self.plan(waited=ROOM_WAIT * 10 + 0.1), LoadPlan((B,), B))
+        self.residency.loadStarted("B", "m")
+        self.assertEqual(self.plan(waited=1000.0), LoadPlan((A, B)))
+
+    def test_roomForTheNeediest(self) -> None:
+        """Free room goes to the model bin-packing would give it: not to this one while a
+        resident model's demand per copy with one more exceeds this one's by
+        ``SHARE_MARGIN`` (x: 10 a minute, 5 with one more copy; m: 2, 1 with one more)."""
+        for _ in range(10):
+            self.begin("B", "x")
+            self.residency.ended("B", "x")
+        self.assertEqual(self.residency.neediest(), 5.0)
+        self.assertEqual(self.plan(ahead=1000, waited=1000.0), LoadPlan((A,)))
+        self.start("A", "m", 6)  # m: 8 a minute, 4 per copy with one more
+        self.assertEqual(self.plan(waited=1000.0), LoadPlan((B,), B))
+
+    def test_evictingWaitsAWholeLoad(self) -> None:
+        """Where the copy would evict (an idle copy of x, resident on A too), what was
+        waited must pass a whole load's seconds."""
+        self.learnCapacity("C", ("x",))
+        self.hold(A=("m", "x"), C=("x",))
+        self.assertEqual(self.plan(waited=9.5, owners=(A, C)), LoadPlan((A,)))
+        self.assertEqual(self.plan(waited=10.5, owners=(A, C)), LoadPlan((C,), C))
+
+    def test_unknownRateStaysWarm(self) -> None:
+        """A warm copy whose service time is not known yet: no spill for the queue's length,
+        however long (stay warm when uncertain); what was waited still counts."""
+        self.ledger.forget("A")
+        self.ledger.configure("A", 2)
+        self.assertEqual(self.plan(ahead=1000), LoadPlan((A,)))
+        self.assertEqual(self.plan(ahead=1000, waited=11.0), LoadPlan((B,), B))
+
+    def test_notKnownFull(self) -> None:
+        """A node never seen evicting takes a further copy only while it holds fewer models
+        than another owner was seen holding (B, full, was seen holding two); holding as
+        many, a load there is taken to evict (an idle copy of x or y, resident on the other
+        too, not used lately: a whole load waited)."""
+        self.hold(B=("x", "y"), C=("x",))
+        self.assertEqual(self.planner.cheapest((B, C), "m").tier, Tier.UNKNOWN)
+        self.assertEqual(self.plan(waited=11.0), LoadPlan((C,), C))
+        self.hold(C=("x", "y"))
+        self.assertEqual(self.planner.cheapest((B, C), "m").tier, Tier.COPY)
+        self.assertEqual(self.plan(waited=9.0), LoadPlan((A,)))
+        self.assertIn(self.plan(waited=11.0).load, (B, C))
+
+    def test_neverEvictAnOnlyCopy(self) -> None:
+        """With no room on any other node, a further copy never pushes out the only copy of
+        a model, used lately or not, idle or busy."""
+        self.hold(A=("m", "z"), B=("x", "z"))
+        self.learnCapacity("C", ("y",))
+        self.hold(C=("y",))
+        self.assertEqual(self.plan(ahead=1000, owners=(A, C)), LoadPlan((A,)))
+        self.begin("C", "y")
+        self.residency.ended("C", "y")
+        self.assertEqual(self.plan(ahead=1000, owners=(A, C)), LoadPlan((A,)))
+        self.start("C", "y", 1)
+        self.assertEqual(self.plan(ahead=1000, owners=(A, C)), LoadPlan((A,)))
+
+    def test_copyGivesWayByDemandPerCopy(self) -> None:
+        """A copy of a model resident elsewhere makes room when it was not used on that
+        node lately, or when its model's demand per copy is under 1 / ``SHARE_MARGIN`` of
+        this model's per copy with one more (bin-packing by popularity's order); else it
+        stays."""
+        self.learnCapacity("C", ("x",))
+        self.hold(A=("m", "x"), C=("x",))
+        self.assertEqual(self.planner.cheapest((C,), "m").tier, Tier.COPY)
+        self.assertEqual(self.plan(ahead=50, owners=(A, C)), LoadPlan((C,), C))
+        self.begin("C", "x")  # x: 1 a minute over 2 copies; m: 2 over 2
+        self.residency.ended("C", "x")
+        self.assertEqual(self.plan(ahead=50, owners=(A, C)), LoadPlan((C,), C))
+        for _ in range(3):  # x: 4 a minute over 2 copies
+            self.begin("C", "x")
+            self.residency.ended("C", "x")
+        self.assertEqual(self.plan(ahead=50, owners=(A, C)), LoadPlan((A,)))
+
+    def test_onlyCopyMovesToRoom(self) -> None:
+        """With room on another node (B holds one of two), the only copy of a model whose
+        demand is under 1 / ``SHARE_MARGIN`` of this one's per copy with one more gives way
+        (its next request loads it there): the popular model's second copy is not left
+        without a place because the room was beside its first; a popular one stays."""
+        self.learnCapacity("C", ("y",))
+        self.hold(C=("y",))
+        for _ in range(4):  # m: 6 a minute, 3 per copy with one more
+            self.begin("A", "m")
+            self.residency.ended("A", "m")
+        self.start("C", "y", 1)  # y: 1 a minute, one copy
+        self.assertTrue(self.residency.roomElsewhere("C"))
+        self.assertEqual(self.plan(ahead=1000, owners=(A, C)), LoadPlan((C,), C))
+        self.start("C", "y", 2)  # y: 3 a minute
+        self.assertEqual(self.plan(ahead=1000, owners=(A, C)), LoadPlan((A,)))
+
+    def test_moveIntoRoomWaitsAQuarter(self) -> None:
+        """The only room in the fleet beside this model's own copy (A holds m alone): a
+        copy in place of an only copy that moves there needs what free room needs,
+        ``ROOM_WAIT`` of a load's seconds waited, not a whole load (the layout bin-packing
+        gives, one load later, before the queue costs a whole load)."""
+        self.learnCapacity("C", ("y",))
+        self.hold(C=("y",))
+        self.assertEqual(self.planner.cheapest((C,), "m").tier, Tier.ONLY)
+        self.assertTrue(self.residency.roomElsewhere("C"))
+        self.assertEqual(self.plan(waited=ROOM_WAIT * 10 - 0.1, owners=(A, C)), LoadPlan((A,)))
+        self.assertEqual(self.plan(waited=ROOM_WAIT * 10 + 0.1, owners=(A, C)), LoadPlan((C,), C))
+        self.hold(A=("m", "x"), B=("x", "y"))  # no room elsewhere, y a copy: a whole load
+        self.assertFalse(self.residency.roomElsewhere("C"))
+        self.assertEqual(self.plan(waited=9.5, owners=(A, C)), LoadPlan((A,)))
+        self.assertEqual(self.plan(waited=10.5, owners=(A, C)), LoadPlan((C,), C))
+
+    def test_busyCopyGivesWayByDemandPerCopy(self) -> None:
+        """A busy copy of a model resident elsewhere gives way by the same rule (it drains
+        first): the most popular model's second copy takes the place of a less popular
+        one's, never the other way round."""
+        self.learnCapacity("C", ("x",))
+        self.hold(A=("m", "x"), C=("x",))
+        self.start("C", "x", 1)  # x: 1 a minute over 2 copies; m: 2 over 2
+        self.assertEqual(self.planner.cheapest((C,), "m").tier, Tier.DISPLACE)
+        self.assertEqual(self.plan(ahead=50, owners=(A, C)), LoadPlan((C,), C))
+        self.start("C", "x", 3)  # x: 4 a minute over 2 copies
+        self.assertEqual(self.plan(ahead=50, owners=(A, C)), LoadPlan((A,)))
