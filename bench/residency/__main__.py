@@ -2,12 +2,14 @@
 
     python -m bench.residency [--nodes 3] [--models 5] [--clients 8] [--duration 75]
         [--think 0.5] [--zipf 1.0] [--max-loaded 2] [--load-ms 3000] [--slots 2]
-        [--decode-ms 20] [--seed 1] [--routers least-busy,warm-first,swapper,oracle,nvpair]
+        [--decode-ms 20] [--seed 1] [--start-loaded m0;m1,m4;m2,m3]
+        [--routers least-busy,warm-first,swapper,oracle,nvpair]
         [--no-write]
 
-Each router gets fresh engines that start empty; the engines' counters are zeroed once the
-router is ready, so its probes are not counted.  Results: ``bench/out/residency.json`` and
-(unless ``--no-write``) a dated section of ``bench/RESULTS.md`` before the earlier runs.
+Each router gets fresh engines that start empty (or holding what ``--start-loaded`` names:
+a fleet whose layout is already wrong); the engines' counters are zeroed once the router is
+ready, so its probes are not counted.  Results: ``bench/out/residency.json`` and (unless
+``--no-write``) a dated section of ``bench/RESULTS.md`` before the earlier runs.
 """
 
 from __future__ import annotations
@@ -58,6 +60,12 @@ def parseArgs(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--slots", type=int, default=2, help="per engine")
     p.add_argument("--decode-ms", type=float, default=20.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--start-loaded",
+        default="",
+        metavar="LAYOUT",
+        help="what each engine holds at start, engines by ';', models by ',': m0;m1,m4;m2,m3",
+    )
     p.add_argument("--routers", default=",".join(ROUTERS))
     p.add_argument("--no-write", action="store_true", help="leave bench/RESULTS.md alone")
     p.add_argument(
@@ -143,6 +151,8 @@ async def run(reactor: Any, args: argparse.Namespace) -> None:
         seed=args.seed,
     )
     settings = EngineSettings(args.slots, args.max_loaded, args.load_ms, args.decode_ms)
+    if args.start_loaded:
+        settings = attrs.evolve(settings, startLoaded=tuple(args.start_loaded.split(";")))
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": " ".join(["python -m bench.residency", *sys.argv[1:]]),

@@ -47,15 +47,20 @@ class EngineSettings:
     loadMs: float = 3000.0
     decodeMs: float = 20.0
     prefillMs: float = 0.5
+    startLoaded: tuple[str, ...] = ()  # per engine: the models it holds at start
 
 
 def startEngines(n: int, models: Sequence[str], settings: EngineSettings) -> list[procs.Server]:
-    """``n`` fresh simulated Ollama engines named e0, e1, ..., holding nothing."""
+    """``n`` fresh simulated Ollama engines named e0, e1, ..., holding nothing, or what
+    ``settings.startLoaded`` names for each (at most ``maxLoaded`` of them)."""
     servers = []
     for i in range(n):
+        names = settings.startLoaded[i].split(",") if i < len(settings.startLoaded) else []
+        loaded = ",".join(f"{m}:latest" for m in names if m)
+        loaded = ",".join(loaded.split(",")[: settings.maxLoaded]) if loaded else ""
         argv = [
             procs.PYTHON, "-m", "nvpair.proxy.testing.simengine", "--port", "0",
-            "--dialect", "ollama", "--models", ",".join(models), "--loaded", "",
+            "--dialect", "ollama", "--models", ",".join(models), "--loaded", loaded,
             "--name", f"e{i}", "--slots", str(settings.slots), "--queue-max", "4096",
             "--max-loaded", str(settings.maxLoaded), "--load-ms", str(settings.loadMs),
             "--decode-ms", str(settings.decodeMs), "--prefill-ms", str(settings.prefillMs),

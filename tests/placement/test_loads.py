@@ -103,12 +103,6 @@ class ColdTests(PlanCase):
         self.residency.ended("B", "y")
         self.assertEqual(self.plan(owners=(A, B)).load, B)
 
-    def use(self, node: str, model: str, count: int) -> None:
-        """``count`` of ours for ``model`` on ``node``, each ended."""
-        for _ in range(count):
-            self.begin(node, model)
-            self.residency.ended(node, model)
-
     def test_firstCopyBesideThePopular(self) -> None:
         """Room on both, one model each: a model's first copy goes beside the one with the
         most demand per copy (the room left stays beside the less popular one, where a

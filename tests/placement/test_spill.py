@@ -4,7 +4,7 @@ copy only when their queue outlasts a load elsewhere, and only where one may go.
 from __future__ import annotations
 
 from nvpair.proxy.placement.interfaces import LoadPlan
-from nvpair.proxy.placement.loads import ROOM_WAIT, Tier
+from nvpair.proxy.placement.loads import GIVE_WAY, ROOM_WAIT, SHARE_MARGIN, Tier
 from tests.support.cases.loadplan import A, B, C, PlanCase
 
 
@@ -112,6 +112,23 @@ class SpillTests(PlanCase):
         for _ in range(3):  # x: 4 a minute over 2 copies
             self.begin("C", "x")
             self.residency.ended("C", "x")
+        self.assertEqual(self.plan(ahead=50, owners=(A, C)), LoadPlan((A,)))
+
+    def test_furtherCopyGivesWayAtGiveWay(self) -> None:
+        """A copy of a model that keeps another gives way at the smaller margin,
+        ``GIVE_WAY``: the most popular model's second copy takes the place of the second
+        copy the next one took early on (its demand then looked even), as soon as its
+        demand per copy with one more is ``GIVE_WAY`` times the other's, not
+        ``SHARE_MARGIN`` times (x: 11 a minute over three copies, on A, B and C; m: 10, 5
+        each with one more; at 13 a minute x stays)."""
+        self.learnCapacity("C", ("x",))
+        self.hold(A=("m", "x"), C=("x",))
+        self.start("A", "m", 8)
+        self.use("C", "x", 11)
+        self.assertLess(11 / 3 * GIVE_WAY, 5.0)
+        self.assertLess(5.0, 11 / 3 * SHARE_MARGIN)
+        self.assertEqual(self.plan(ahead=50, owners=(A, C)), LoadPlan((C,), C))
+        self.use("C", "x", 2)
         self.assertEqual(self.plan(ahead=50, owners=(A, C)), LoadPlan((A,)))
 
     def test_onlyCopyMovesToRoom(self) -> None:

@@ -65,10 +65,11 @@ from nvpair.proxy.placement.choose import mix
 from nvpair.proxy.placement.interfaces import Backlog, ILoadPlanner, LoadPlan
 from nvpair.proxy.routing.nodes import Node
 
-__all__ = ["IDLE_DEMAND", "ROOM_WAIT", "SHARE_MARGIN", "LoadPlanner", "Tier"]
+__all__ = ["GIVE_WAY", "IDLE_DEMAND", "ROOM_WAIT", "SHARE_MARGIN", "LoadPlanner", "Tier"]
 
 IDLE_DEMAND = 0.1  # requests a minute: below it a model is not used lately
 SHARE_MARGIN = 1.5  # a copy gives way to a model with this much more demand per copy
+GIVE_WAY = 1.25  # SHARE_MARGIN for a copy of a model that keeps another copy
 ROOM_WAIT = 0.25  # of a load's seconds per copy waited: enough for a copy in free room
 
 _WARM = (ModelState.LOADED, ModelState.UNKNOWN)
@@ -248,7 +249,8 @@ class LoadPlanner:
         if eviction.idle and eviction.copies > 1 and eviction.demand < IDLE_DEMAND:
             return True
         theirs = eviction.fleetDemand / max(1, eviction.copies)
-        return theirs * SHARE_MARGIN < residency.demand(model) / (copies + 1)
+        margin = GIVE_WAY if eviction.copies > 1 else SHARE_MARGIN
+        return theirs * margin < residency.demand(model) / (copies + 1)
 
     def _rate(self, nodeId: str, model: str) -> float | None:
         """Requests for ``model`` a second ``nodeId`` serves (capacity / service time), if

@@ -66,6 +66,12 @@ class PlanCase(SynchronousTestCase):
             self.ours[node] = self.ours.get(node, 0) + 1
             self.begin(node, model)
 
+    def use(self, node: str, model: str, count: int) -> None:
+        """``count`` of ours for ``model`` on ``node``, each ended."""
+        for _ in range(count):
+            self.begin(node, model)
+            self.residency.ended(node, model)
+
     def plan(
         self, ahead: int = 0, owners: tuple[Node, ...] = NODES, waited: float = 0.0
     ) -> LoadPlan:
