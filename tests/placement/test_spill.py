@@ -4,7 +4,7 @@ copy only when their queue outlasts a load elsewhere, and only where one may go.
 from __future__ import annotations
 
 from nvpair.proxy.placement.interfaces import LoadPlan
-from nvpair.proxy.placement.loads import GIVE_WAY, ROOM_WAIT, SHARE_MARGIN, Tier
+from nvpair.proxy.placement.loads import GIVE_WAY, SHARE_MARGIN, SPILL_WAIT, Tier
 from tests.support.cases.loadplan import A, B, C, PlanCase
 
 
@@ -36,10 +36,10 @@ class SpillTests(PlanCase):
 
     def test_waitedLongerThanALoad(self) -> None:
         """What the model's requests waited lately past a load's seconds times the copies
-        (``ROOM_WAIT`` of it where the copy goes into free room: it evicts nothing): a
-        further copy, however short the queue now; not while a copy loads."""
-        self.assertEqual(self.plan(waited=ROOM_WAIT * 10 - 0.1), LoadPlan((A,)))
-        self.assertEqual(self.plan(waited=ROOM_WAIT * 10 + 0.1), LoadPlan((B,), B))
+        times ``SPILL_WAIT``: a further copy, however short the queue now; not while a
+        copy loads."""
+        self.assertEqual(self.plan(waited=SPILL_WAIT * 10 - 0.1), LoadPlan((A,)))
+        self.assertEqual(self.plan(waited=SPILL_WAIT * 10 + 0.1), LoadPlan((B,), B))
         self.residency.loadStarted("B", "m")
         self.assertEqual(self.plan(waited=1000.0), LoadPlan((A, B)))
 
@@ -55,13 +55,21 @@ class SpillTests(PlanCase):
         self.start("A", "m", 6)  # m: 8 a minute, 4 per copy with one more
         self.assertEqual(self.plan(waited=1000.0), LoadPlan((B,), B))
 
-    def test_evictingWaitsAWholeLoad(self) -> None:
-        """Where the copy would evict (an idle copy of x, resident on A too), what was
-        waited must pass a whole load's seconds."""
+    def test_sameWaitWhereverItGoes(self) -> None:
+        """Where the copy would evict (an idle copy of x, resident on A too), or take the
+        place of an only copy that moves into room elsewhere (y, while B has room), the
+        same ``SPILL_WAIT`` of a load's seconds waited as into free room: what may be
+        evicted is the demand rule's to say, and each costs one load."""
         self.learnCapacity("C", ("x",))
         self.hold(A=("m", "x"), C=("x",))
-        self.assertEqual(self.plan(waited=9.5, owners=(A, C)), LoadPlan((A,)))
-        self.assertEqual(self.plan(waited=10.5, owners=(A, C)), LoadPlan((C,), C))
+        self.assertEqual(self.planner.cheapest((C,), "m").tier, Tier.COPY)
+        self.assertEqual(self.plan(waited=SPILL_WAIT * 10 - 0.1, owners=(A, C)), LoadPlan((A,)))
+        self.assertEqual(self.plan(waited=SPILL_WAIT * 10 + 0.1, owners=(A, C)), LoadPlan((C,), C))
+        self.hold(A=("m",), C=("y",))
+        self.assertEqual(self.planner.cheapest((C,), "m").tier, Tier.ONLY)
+        self.assertTrue(self.residency.roomElsewhere("C"))
+        self.assertEqual(self.plan(waited=SPILL_WAIT * 10 - 0.1, owners=(A, C)), LoadPlan((A,)))
+        self.assertEqual(self.plan(waited=SPILL_WAIT * 10 + 0.1, owners=(A, C)), LoadPlan((C,), C))
 
     def test_unknownRateStaysWarm(self) -> None:
         """A warm copy whose service time is not known yet: no spill for the queue's length,
@@ -75,14 +83,14 @@ class SpillTests(PlanCase):
         """A node never seen evicting takes a further copy only while it holds fewer models
         than another owner was seen holding (B, full, was seen holding two); holding as
         many, a load there is taken to evict (an idle copy of x or y, resident on the other
-        too, not used lately: a whole load waited)."""
+        too, not used lately: the same wait)."""
         self.hold(B=("x", "y"), C=("x",))
         self.assertEqual(self.planner.cheapest((B, C), "m").tier, Tier.UNKNOWN)
         self.assertEqual(self.plan(waited=11.0), LoadPlan((C,), C))
         self.hold(C=("x", "y"))
         self.assertEqual(self.planner.cheapest((B, C), "m").tier, Tier.COPY)
-        self.assertEqual(self.plan(waited=9.0), LoadPlan((A,)))
-        self.assertIn(self.plan(waited=11.0).load, (B, C))
+        self.assertEqual(self.plan(waited=2.4), LoadPlan((A,)))
+        self.assertIn(self.plan(waited=2.6).load, (B, C))
 
     def test_neverEvictAnOnlyCopy(self) -> None:
         """With no room on any other node, a further copy never pushes out the only copy of
@@ -147,21 +155,18 @@ class SpillTests(PlanCase):
         self.start("C", "y", 2)  # y: 3 a minute
         self.assertEqual(self.plan(ahead=1000, owners=(A, C)), LoadPlan((A,)))
 
-    def test_moveIntoRoomWaitsAQuarter(self) -> None:
-        """The only room in the fleet beside this model's own copy (A holds m alone): a
-        copy in place of an only copy that moves there needs what free room needs,
-        ``ROOM_WAIT`` of a load's seconds waited, not a whole load (the layout bin-packing
-        gives, one load later, before the queue costs a whole load)."""
+    def test_moveLeavesRoomToTheNeediest(self) -> None:
+        """An only copy moves into room elsewhere only while that room is not for a model
+        more in need, as free room is not: a less popular model's second copy does not
+        move y into the room on B that x's second copy needs (x: 10 a minute, 5 per copy
+        with one more; m: 2, 1 with one more; then 8, 4)."""
         self.learnCapacity("C", ("y",))
         self.hold(C=("y",))
-        self.assertEqual(self.planner.cheapest((C,), "m").tier, Tier.ONLY)
+        self.use("B", "x", 10)
         self.assertTrue(self.residency.roomElsewhere("C"))
-        self.assertEqual(self.plan(waited=ROOM_WAIT * 10 - 0.1, owners=(A, C)), LoadPlan((A,)))
-        self.assertEqual(self.plan(waited=ROOM_WAIT * 10 + 0.1, owners=(A, C)), LoadPlan((C,), C))
-        self.hold(A=("m", "x"), B=("x", "y"))  # no room elsewhere, y a copy: a whole load
-        self.assertFalse(self.residency.roomElsewhere("C"))
-        self.assertEqual(self.plan(waited=9.5, owners=(A, C)), LoadPlan((A,)))
-        self.assertEqual(self.plan(waited=10.5, owners=(A, C)), LoadPlan((C,), C))
+        self.assertEqual(self.plan(waited=1000.0, owners=(A, C)), LoadPlan((A,)))
+        self.start("A", "m", 6)
+        self.assertEqual(self.plan(waited=1000.0, owners=(A, C)), LoadPlan((C,), C))
 
     def test_busyCopyGivesWayByDemandPerCopy(self) -> None:
         """A busy copy of a model resident elsewhere gives way by the same rule (it drains

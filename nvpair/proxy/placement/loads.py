@@ -15,9 +15,9 @@ router's sleeping child).  ``LoadPlanner.plan`` answers the owners a request may
    (below) alone, where the request starts *a further copy*.
    The queue stays longer than a load when what the model's requests waited in the proxy
    since its last load started (``Backlog.waited``, decayed over a minute) exceeds a
-   load's seconds times the copies there are (``ROOM_WAIT`` of that where the copy would
-   go into free room: it evicts nothing; or in place of an only copy that moves into free
-   room elsewhere), no copy loading; or when the wait predicted
+   load's seconds times the copies there are, times ``SPILL_WAIT`` (where the copy goes
+   and what it may evict, the rules below decide), no copy loading; or when the wait
+   predicted
    for this request does: ``(ahead + 1)`` over the sum of the copies' ``capacity /
    service time`` (a loading copy at the warm copies' mean rate; unknown while a warm
    copy's capacity or service time is, and then nothing spills on it: stay warm when
@@ -27,10 +27,11 @@ router's sleeping child).  ``LoadPlanner.plan`` answers the owners a request may
    this model's by ``SHARE_MARGIN``: the room is for the model most in need), or in
    place of a copy of a model resident elsewhere: an idle one not used there lately
    (under ``IDLE_DEMAND`` requests a minute), or an idle or busy one whose demand per
-   copy is under ``1 / SHARE_MARGIN`` of this model's per copy with one more (the order
+   copy is under ``1 / GIVE_WAY`` of this model's per copy with one more (the order
    bin-packing by popularity gives; a busy copy drains first); the only copy of a model
-   by the same rule only while another node has room for it (it moves there: its next
-   request loads it), else never.
+   under ``1 / SHARE_MARGIN`` of it only while another node has room for it that is not
+   for a model more in need (as above: it moves there, its next request loads it), else
+   never.
 3. **No warm owner, one loading**: the loading owners: the request waits in the proxy for
    the load to finish (no further copy: no copy's rate is known yet).
 4. **Cold everywhere**: exactly one owner, the cheapest to load on: room known for one
@@ -65,12 +66,12 @@ from nvpair.proxy.placement.choose import mix
 from nvpair.proxy.placement.interfaces import Backlog, ILoadPlanner, LoadPlan
 from nvpair.proxy.routing.nodes import Node
 
-__all__ = ["GIVE_WAY", "IDLE_DEMAND", "ROOM_WAIT", "SHARE_MARGIN", "LoadPlanner", "Tier"]
+__all__ = ["GIVE_WAY", "IDLE_DEMAND", "SHARE_MARGIN", "SPILL_WAIT", "LoadPlanner", "Tier"]
 
 IDLE_DEMAND = 0.1  # requests a minute: below it a model is not used lately
 SHARE_MARGIN = 1.5  # a copy gives way to a model with this much more demand per copy
 GIVE_WAY = 1.25  # SHARE_MARGIN for a copy of a model that keeps another copy
-ROOM_WAIT = 0.25  # of a load's seconds per copy waited: enough for a copy in free room
+SPILL_WAIT = 0.25  # of a load's seconds per copy, waited: enough for a further copy
 
 _WARM = (ModelState.LOADED, ModelState.UNKNOWN)
 
@@ -195,22 +196,12 @@ class LoadPlanner:
         owners = (*warm, *loading, *cold)
         predicted = self._predicted(warm, model, copies, backlog)
         for best in sorted((self._cold(node, model, True) for node in cold), key=lambda c: c.key):
-            share = ROOM_WAIT if self._intoRoom(best) else 1.0
-            waited = not loading and backlog.waited > best.seconds * copies * share
+            waited = not loading and backlog.waited > best.seconds * copies * SPILL_WAIT
             if (waited or predicted > best.seconds) and self._spillable(
                 best, model, owners, copies
             ):
                 return best.node
         return None
-
-    def _intoRoom(self, best: _Cold) -> bool:
-        """Whether a further copy where ``best`` says fills free room: the node has room,
-        or the only copy it would evict moves into room on another node (the room the
-        fleet has, left beside this model's own copy, where it cannot serve)."""
-        if best.tier <= Tier.UNKNOWN:
-            return True
-        moves = best.tier in (Tier.ONLY, Tier.BUSY)  # its victim is an only copy
-        return moves and self.residency.roomElsewhere(best.node.id)
 
     def _predicted(self, warm: Sequence[Node], model: str, copies: int, backlog: Backlog) -> float:
         """The wait predicted for the next request: ``(ahead + 1)`` over the copies' rate
@@ -229,12 +220,13 @@ class LoadPlanner:
         one's by ``SHARE_MARGIN`` (the room goes to the model bin-packing would give it
         to), or in place of a copy of a model resident elsewhere: an idle one not used
         there lately, or one (idle or busy: it drains) whose demand per copy is under ``1 /
-        SHARE_MARGIN`` of what this model's would be with one more (as bin-packing by
-        popularity would place them); the only copy of a model by the same rule only while
-        another node has room for it."""
+        GIVE_WAY`` of what this model's would be with one more (as bin-packing by
+        popularity would place them); the only copy of a model under ``1 / SHARE_MARGIN``
+        of it only while another node has room for it, and that room is not for a model
+        more in need (as free room)."""
         residency = self.residency
+        ours = residency.demand(model) / (copies + 1)
         if best.tier <= Tier.UNKNOWN:
-            ours = residency.demand(model) / (copies + 1)
             if ours * SHARE_MARGIN < residency.neediest():
                 return False  # the room is for a model more in need of a copy
             if best.tier is Tier.ROOM:
@@ -244,13 +236,16 @@ class LoadPlanner:
         eviction = residency.likelyEviction(best.node.id, model)
         if eviction is None:
             return False
-        if eviction.copies <= 1 and not residency.roomElsewhere(best.node.id):
-            return False  # the only copy of a model, with nowhere else to go
-        if eviction.idle and eviction.copies > 1 and eviction.demand < IDLE_DEMAND:
+        if eviction.copies <= 1:  # the only copy moves into the room elsewhere, or stays
+            if not residency.roomElsewhere(best.node.id):
+                return False
+            if ours * SHARE_MARGIN < residency.neediest():
+                return False  # that room is for a model more in need of a copy
+        elif eviction.idle and eviction.demand < IDLE_DEMAND:
             return True
         theirs = eviction.fleetDemand / max(1, eviction.copies)
         margin = GIVE_WAY if eviction.copies > 1 else SHARE_MARGIN
-        return theirs * margin < residency.demand(model) / (copies + 1)
+        return theirs * margin < ours
 
     def _rate(self, nodeId: str, model: str) -> float | None:
         """Requests for ``model`` a second ``nodeId`` serves (capacity / service time), if
