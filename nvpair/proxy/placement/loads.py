@@ -17,8 +17,7 @@ router's sleeping child).  ``LoadPlanner.plan`` answers the owners a request may
    since its last load started (``Backlog.waited``, decayed over a minute) exceeds a
    load's seconds times the copies there are, times ``SPILL_WAIT`` (where the copy goes
    and what it may evict, the rules below decide), no copy loading; or when the wait
-   predicted
-   for this request does: ``(ahead + 1)`` over the sum of the copies' ``capacity /
+   predicted for this request does: ``(ahead + 1)`` over the sum of the copies' ``capacity /
    service time`` (a loading copy at the warm copies' mean rate; unknown while a warm
    copy's capacity or service time is, and then nothing spills on it: stay warm when
    uncertain).  A further copy goes only where there is room: room known, or a node not
