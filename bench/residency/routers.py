@@ -56,8 +56,7 @@ def startEngines(n: int, models: Sequence[str], settings: EngineSettings) -> lis
     servers = []
     for i in range(n):
         names = settings.startLoaded[i].split(",") if i < len(settings.startLoaded) else []
-        loaded = ",".join(f"{m}:latest" for m in names if m)
-        loaded = ",".join(loaded.split(",")[: settings.maxLoaded]) if loaded else ""
+        loaded = ",".join([f"{m}:latest" for m in names if m][: settings.maxLoaded])
         argv = [
             procs.PYTHON, "-m", "nvpair.proxy.testing.simengine", "--port", "0",
             "--dialect", "ollama", "--models", ",".join(models), "--loaded", loaded,

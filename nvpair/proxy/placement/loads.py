@@ -225,9 +225,11 @@ class LoadPlanner:
         more in need (as free room)."""
         residency = self.residency
         ours = residency.demand(model) / (copies + 1)
+        # Free room, or the room an only copy would move into, is for the model most in need.
+        needier = ours * SHARE_MARGIN < residency.neediest()
         if best.tier <= Tier.UNKNOWN:
-            if ours * SHARE_MARGIN < residency.neediest():
-                return False  # the room is for a model more in need of a copy
+            if needier:
+                return False
             if best.tier is Tier.ROOM:
                 return True
             most = max(residency.mostHeld(node.id) for node in owners)
@@ -236,15 +238,14 @@ class LoadPlanner:
         if eviction is None:
             return False
         if eviction.copies <= 1:  # the only copy moves into the room elsewhere, or stays
-            if not residency.roomElsewhere(best.node.id):
+            if needier or not residency.roomElsewhere(best.node.id):
                 return False
-            if ours * SHARE_MARGIN < residency.neediest():
-                return False  # that room is for a model more in need of a copy
+            margin = SHARE_MARGIN
         elif eviction.idle and eviction.demand < IDLE_DEMAND:
             return True
-        theirs = eviction.fleetDemand / max(1, eviction.copies)
-        margin = GIVE_WAY if eviction.copies > 1 else SHARE_MARGIN
-        return theirs * margin < ours
+        else:
+            margin = GIVE_WAY
+        return eviction.fleetDemand / max(1, eviction.copies) * margin < ours
 
     def _rate(self, nodeId: str, model: str) -> float | None:
         """Requests for ``model`` a second ``nodeId`` serves (capacity / service time), if
