@@ -46,13 +46,18 @@ class SpillTests(PlanCase):
     def test_roomForTheNeediest(self) -> None:
         """Free room goes to the model bin-packing would give it: not to this one while a
         resident model's demand per copy with one more exceeds this one's by
-        ``SHARE_MARGIN`` (x: 10 a minute, 5 with one more copy; m: 2, 1 with one more)."""
-        for _ in range(10):
-            self.begin("B", "x")
-            self.residency.ended("B", "x")
+        ``GIVE_WAY``, the margin a copy gives way at (x: 10 a minute, 5 with one more copy;
+        m: 2, 1 with one more; then 7, 3.5, still refused, where ``SHARE_MARGIN`` let the
+        less needy model take the last free room, and the neediest's copy had to evict it
+        later; then 8, 4)."""
+        self.use("B", "x", 10)
         self.assertEqual(self.residency.neediest(), 5.0)
         self.assertEqual(self.plan(ahead=1000, waited=1000.0), LoadPlan((A,)))
-        self.start("A", "m", 6)  # m: 8 a minute, 4 per copy with one more
+        self.start("A", "m", 5)  # m: 7 a minute, 3.5 per copy with one more
+        self.assertLess(3.5 * GIVE_WAY, 5.0)
+        self.assertLess(5.0, 3.5 * SHARE_MARGIN)
+        self.assertEqual(self.plan(waited=1000.0), LoadPlan((A,)))
+        self.start("A", "m", 1)  # m: 8 a minute, 4 per copy with one more
         self.assertEqual(self.plan(waited=1000.0), LoadPlan((B,), B))
 
     def test_sameWaitWhereverItGoes(self) -> None:

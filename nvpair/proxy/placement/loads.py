@@ -23,7 +23,7 @@ router's sleeping child).  ``LoadPlanner.plan`` answers the owners a request may
    uncertain).  A further copy goes only where there is room: room known, or a node not
    known to be full that holds fewer models than another owner was seen holding (either
    only while no resident model's demand per copy with one more, ``neediest``, exceeds
-   this model's by ``SHARE_MARGIN``: the room is for the model most in need), or in
+   this model's by ``GIVE_WAY``: the room is for the model most in need), or in
    place of a copy of a model resident elsewhere: an idle one not used there lately
    (under ``IDLE_DEMAND`` requests a minute), or an idle or busy one whose demand per
    copy is under ``1 / GIVE_WAY`` of this model's per copy with one more (the order
@@ -216,17 +216,18 @@ class LoadPlanner:
         """Whether a further copy may go where ``best`` says: where there is room, or a
         node not known to be full that holds fewer models than another owner was seen
         holding, when no resident model's demand per copy with one more exceeds this
-        one's by ``SHARE_MARGIN`` (the room goes to the model bin-packing would give it
-        to), or in place of a copy of a model resident elsewhere: an idle one not used
-        there lately, or one (idle or busy: it drains) whose demand per copy is under ``1 /
-        GIVE_WAY`` of what this model's would be with one more (as bin-packing by
-        popularity would place them); the only copy of a model under ``1 / SHARE_MARGIN``
+        one's by ``GIVE_WAY`` (the room goes to the model bin-packing would give it to,
+        by the margin a copy gives way at), or in place of a copy of a model resident
+        elsewhere: an idle one not used there lately, or one (idle or busy: it drains)
+        whose demand per copy is under ``1 / GIVE_WAY`` of what this model's would be
+        with one more (as bin-packing by popularity would place them); the only copy of
+        a model under ``1 / SHARE_MARGIN``
         of it only while another node has room for it, and that room is not for a model
         more in need (as free room)."""
         residency = self.residency
         ours = residency.demand(model) / (copies + 1)
         # Free room, or the room an only copy would move into, is for the model most in need.
-        needier = ours * SHARE_MARGIN < residency.neediest()
+        needier = ours * GIVE_WAY < residency.neediest()
         if best.tier <= Tier.UNKNOWN:
             if needier:
                 return False
