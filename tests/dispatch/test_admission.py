@@ -95,6 +95,6 @@ class PredictedWaitTests(PredictedWaitCase):
         for _ in range(OBSERVED_SAMPLES + 1):
             self.serveOne()
         line = next(iter(self.queueing.lines.values()))
-        rate = self.queueing.drainRate(line)
+        rate = self.queueing.shedding.drainRate(line.queue, lambda: self.queueing.usable(line))
         assert rate is not None
         self.assertLess(abs(rate - 1.0), 0.15)

@@ -1,7 +1,8 @@
 """Standalone flow control (spec §11 "The queue", "The breaker"): the fair queue in the
 proxy while every owner is known full, and the per-node breakers.
 
-``Queueing`` composes the pure pieces (``flow.fairqueue``, ``flow.breaker``) and the room
+``Queueing`` composes the pure pieces (``flow.fairqueue``, ``flow.breaker``,
+``flow.shedding`` for the bound and ``Retry-After`` a drain rate gives) and the room
 ledger (``nodestate.ledger``, which says whether a node is known full) with the clock: a
 waiting request is a Deferred the placement loop yields, holding no attempt, reservation or
 engine connection; it fires when an owner has room (the ledger says room may have appeared:
@@ -15,9 +16,8 @@ its job deadline) 503 ``queue_timeout`` (or ``deadline_exceeded``), both with a
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -30,16 +30,9 @@ from nvpair.proxy.dispatch.queueline import Line, Waiter, anyWaiting, oldestFirs
 from nvpair.proxy.flow.breaker import Breakers
 from nvpair.proxy.flow.clientbook import ClientBook
 from nvpair.proxy.flow.clients import Client
-from nvpair.proxy.flow.fairqueue import MAX_RETRY_AFTER, Ticket
+from nvpair.proxy.flow.fairqueue import Ticket
 from nvpair.proxy.flow.interfaces import IQueueing, QueueRefusal
-from nvpair.proxy.flow.predicted import (
-    OBSERVED_SAMPLES,
-    allKept,
-    bound,
-    ceilingRate,
-    keptInTime,
-    serviceRate,
-)
+from nvpair.proxy.flow.shedding import Shedding
 from nvpair.proxy.flow.waits import WaitHistogram
 from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.placement.interfaces import (
@@ -76,6 +69,7 @@ class Queueing:
         self.ledger = ledger
         self.loads = loads  # which owners a model's requests may use (placement counts loads)
         self.breakers = Breakers()
+        self.shedding = Shedding(settings, clock, ledger)  # the queues' bound and Retry-After
         self.holds = Holds(clock, self._hasRoom, settings.queueMax)  # spec §11 "Placement"
         self.lines: OrderedDict[tuple[str, str], Line] = OrderedDict()
         self.refused: dict[tuple[str, QueueRefusal], int] = {}
@@ -177,7 +171,8 @@ class Queueing:
         waiter = Waiter(ex, line is not None and line.paid(now, self.loads))
         ticket = Ticket(client, now, waiter)
         if line is not None:
-            line.queue.maxDepth = self._bound(self.drainRate(line))
+            rate = self.shedding.drainRate(line.queue, self._owners(line))
+            line.queue.maxDepth = self.shedding.bound(rate)
         left = ticket if line is None else line.queue.push(ticket)
         if line is None or left is ticket:
             self._refuse(ex, line, QueueRefusal.FULL, client)
@@ -206,53 +201,13 @@ class Queueing:
     def crowded(self) -> bool:  # IQueueing.crowded
         return bool(self.holds) or anyWaiting(self.lines.values())
 
-    def drainRate(self, line: Line) -> float | None:
-        """How fast ``line`` can let requests out, per second (``flow.predicted``), or None."""
-        observed = line.queue.drain.perSecond(self.clock.seconds(), OBSERVED_SAMPLES)
-        if observed is not None:
-            return observed
-        ledger, owners = self.ledger, self.usable(line)
-        return serviceRate(
-            (ledger.capacity(n.id), ledger.serviceTime(n.id), ledger.serviceSamples(n.id))
-            for n in owners
-        ) or ceilingRate((ledger.capacity(n.id), ledger.serviceAtLeast(n.id)) for n in owners)
-
-    def _bound(self, rate: float | None) -> int:
-        settings = self.settings
-        return bound(rate, settings.queueTimeout, settings.queueMax)
-
-    def _shed(self, line: Line) -> None:
-        """Refuse at once, once the drain rate is known, the waiting requests of ``line``
-        that could not start before their ``--queue-timeout`` ran out (every owner full:
-        ``keptInTime``), those a full queue gives up first (``FairQueue.shed``)."""
-        queue = line.queue
-        rate = self.drainRate(line)  # once: what bounds the queue is what sheds it
-        queue.maxDepth = self._bound(rate)
-        if rate is None:
-            return
-        now, timeout = self.clock.seconds(), self.settings.queueTimeout
-        if allKept(queue.oldestSince(), len(queue), now, rate, timeout):
-            return  # each starts in time: their waits are not sorted on every drain
-        keep = keptInTime((t.since for t in queue), now, rate, timeout)
-        if len(queue) <= keep:
-            return
-        limit, queue.maxDepth = queue.maxDepth, max(1, keep)  # their Retry-After: what stays
-        while len(queue) > keep:
-            ticket = queue.shed()
-            assert ticket is not None  # the queue is not empty
-            self._displaced(line, ticket)
-        queue.maxDepth = limit
+    def _owners(self, line: Line) -> Callable[[], Sequence[Node]]:
+        return partial(self.usable, line)
 
     def _retryAfter(self, line: Line | None) -> int:
-        """Whole seconds until the requests now waiting in ``line`` (at most its bound) are
-        let out at its drain rate (at least 1, at most ``MAX_RETRY_AFTER``);
-        ``--retry-after`` when the rate is unknown."""
-        fallback = max(1, self.settings.retryAfter)
-        rate = None if line is None else self.drainRate(line)
-        if line is None or rate is None:
-            return fallback
-        ahead = max(1, min(len(line.queue), line.queue.maxDepth))
-        return max(1, min(MAX_RETRY_AFTER, math.ceil(ahead / rate)))
+        if line is None:
+            return self.shedding.retryAfter(None, tuple)
+        return self.shedding.retryAfter(line.queue, self._owners(line))
 
     def _refuse(
         self,
@@ -315,11 +270,11 @@ class Queueing:
 
     def _drainLine(self, line: Line) -> None:
         """Let out the waiting requests of ``line`` while an owner has room; then, every
-        slot taken, refuse those that could not start in time (``_shed``)."""
+        slot taken, refuse those that could not start in time (``Shedding.shed``)."""
         queue = line.queue
         while queue:
             if self.knownFull(self.usable(line), line.model):
-                self._shed(line)
+                self.shedding.shed(line.queue, self._owners(line), partial(self._displaced, line))
                 return
             now = self.clock.seconds()
             ticket = queue.pop(now)
