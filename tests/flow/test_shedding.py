@@ -54,7 +54,7 @@ class SheddingTests(SynchronousTestCase):
 
     def test_unknownRate(self) -> None:
         """Nothing known of the owners: no rate, the bound is ``--queue-max``, nothing is
-        shed, and a refusal says ``--retry-after``; with no queue at all too."""
+        shed, and a refusal says ``--retry-after`` (the fallback, as where there is no queue)."""
         shedding = self.shedding(FixedService())
         self.wait(20)
         self.assertIsNone(shedding.drainRate(self.queue, lambda: OWNERS))
@@ -62,7 +62,7 @@ class SheddingTests(SynchronousTestCase):
         shedding.shed(self.queue, lambda: OWNERS, self.fail)
         self.assertEqual(len(self.queue), 20)
         self.assertEqual(shedding.retryAfter(self.queue, lambda: OWNERS), 7)
-        self.assertEqual(shedding.retryAfter(None, lambda: OWNERS), 7)
+        self.assertEqual(shedding.fallback, 7)
 
     def test_rateFromTheOwners(self) -> None:
         """Two slots each held a second: two a second; five waiting are let out in three

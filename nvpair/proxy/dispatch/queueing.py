@@ -206,7 +206,7 @@ class Queueing:
 
     def _retryAfter(self, line: Line | None) -> int:
         if line is None:
-            return self.shedding.retryAfter(None, tuple)
+            return self.shedding.fallback
         return self.shedding.retryAfter(line.queue, self._owners(line))
 
     def _refuse(

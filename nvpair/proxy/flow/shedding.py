@@ -94,13 +94,17 @@ class Shedding:
             refuse(ticket)
         queue.maxDepth = limit
 
-    def retryAfter(self, queue: FairQueue[T] | None, owners: Callable[[], Sequence[Node]]) -> int:
+    @property
+    def fallback(self) -> int:
+        """``--retry-after`` (at least 1): the ``Retry-After`` while no rate is known."""
+        return max(1, self.settings.retryAfter)
+
+    def retryAfter(self, queue: FairQueue[T], owners: Callable[[], Sequence[Node]]) -> int:
         """Whole seconds until the requests now waiting in ``queue`` (at most its bound)
         are let out at its drain rate (at least 1, at most ``MAX_RETRY_AFTER``);
-        ``--retry-after`` when there is no queue or its rate is unknown."""
-        fallback = max(1, self.settings.retryAfter)
-        rate = None if queue is None else self.drainRate(queue, owners)
-        if queue is None or rate is None:
-            return fallback
+        ``fallback`` while the rate is unknown."""
+        rate = self.drainRate(queue, owners)
+        if rate is None:
+            return self.fallback
         ahead = max(1, min(len(queue), queue.maxDepth))
         return max(1, min(MAX_RETRY_AFTER, math.ceil(ahead / rate)))
