@@ -221,9 +221,8 @@ class LoadPlanner:
         elsewhere: an idle one not used there lately, or one (idle or busy: it drains)
         whose demand per copy is under ``1 / GIVE_WAY`` of what this model's would be
         with one more (as bin-packing by popularity would place them); the only copy of
-        a model under ``1 / SHARE_MARGIN``
-        of it only while another node has room for it, and that room is not for a model
-        more in need (as free room)."""
+        a model under ``1 / SHARE_MARGIN`` of it only while another node has room for it,
+        and that room is not for a model more in need (as free room)."""
         residency = self.residency
         ours = residency.demand(model) / (copies + 1)
         # Free room, or the room an only copy would move into, is for the model most in need.
