@@ -22,7 +22,7 @@ from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import TestCase
 
 from nvpair.proxy.testing.simengine import SimConfig, SimEngine
-from tests.support.harness import freePort
+from tests.support.harness import reservedPort
 from tests.support.standaloneharness import StandaloneProxy, backendUp
 
 reactor: Any = _reactor
@@ -47,7 +47,7 @@ class AgentFleet:
         self.engine = engine
         self.engines: list[SimEngine] = []
         self.urls: list[str] = []
-        self.opsPort = freePort()
+        self.opsPort = reservedPort(test)
 
     async def start(self, configs: list[SimConfig], *extra: str) -> None:
         """Start the engines, then the proxy with them as its fleet; wait until it has read

@@ -13,7 +13,7 @@ from twisted.trial.unittest import TestCase
 
 from nvpair.proxy.testing.fakeengine import Status
 from tests.agents.agentkit import reactor
-from tests.support.harness import freePort, startEngine
+from tests.support.harness import reservedPort, startEngine
 from tests.support.standaloneharness import StandaloneProxy, backendUp
 
 HUGE = "1" + "0" * 400  # 10**400, as JSON digits
@@ -59,7 +59,7 @@ class AbsurdUsageTests(TestCase):
         counts; afterwards /metrics, /status and / answer 200 (twice: no state was
         poisoned), and no error was logged."""
         engine = startEngine(self, reactor, "openai", ["m1"], name="A")
-        opsPort = freePort()
+        opsPort = reservedPort(self)
         proxy = StandaloneProxy(
             self, reactor, ["llamacpp"], [("llamacpp", engine.url)], ["--ops-port", str(opsPort)]
         )

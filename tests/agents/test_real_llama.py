@@ -18,7 +18,7 @@ from twisted.trial.unittest import TestCase
 from nvpair.proxy.engines import LLAMACPP
 from tests.agents.agentkit import SECRET, reactor
 from tests.simengine.helpers import sentence
-from tests.support.harness import freePort
+from tests.support.harness import reservedPort
 from tests.support.llamaserver import LlamaServer, startLlamaServer
 from tests.support.standaloneharness import StandaloneProxy, backendUp
 
@@ -45,7 +45,7 @@ class RealLlamaAgentsTests(TestCase):
         self.server: LlamaServer = await startLlamaServer(
             self, reactor, "-np", "1", "--ctx-size", "4096", "-a", MODEL
         )
-        self.opsPort = freePort()
+        self.opsPort = reservedPort(self)
         self.proxy = StandaloneProxy(
             self,
             reactor,

@@ -20,7 +20,7 @@ from twisted.trial.unittest import SkipTest, TestCase
 from nvpair.proxy.testing.fakeengine import Status
 from tests.browser.chromium import NO_CHROMIUM, chromiumPath, runChromium
 from tests.support.dom import Element, parseDom
-from tests.support.harness import ProxyFixture, directNode, freePort, startEngine
+from tests.support.harness import ProxyFixture, directNode, freePort, reservedPort, startEngine
 from tests.support.standaloneharness import StandaloneProxy
 
 BASELINE = 26.0  # the y of a zero in a sparkline (height 28, padding 2)
@@ -60,7 +60,7 @@ class OpsPageBrowserTests(TestCase):
             raise SkipTest(NO_CHROMIUM)
         engine = startEngine(self, reactor, "openai", ["m1", "m2"], name="A")
         dead = f"http://127.0.0.1:{freePort()}"
-        opsPort = freePort()
+        opsPort = reservedPort(self)
         proxy = StandaloneProxy(
             self,
             reactor,
@@ -193,7 +193,7 @@ class OpsPageBrokerTests(TestCase):
         answering = startEngine(self, reactor, "openai", ["m1"], name="B")
         serving = startEngine(self, reactor, "openai", ["m1"], name="C")
         idle = startEngine(self, reactor, "openai", ["other"], name="D")
-        opsPort = freePort()
+        opsPort = reservedPort(self)
         proxy = ProxyFixture(self, reactor, ["--ops-port", str(opsPort)])
         await proxy.start()
         port = await proxy.enable("llamacpp")

@@ -11,7 +11,7 @@ from twisted.trial.unittest import TestCase
 
 from nvpair.proxy.testing.fakeengine import FakeEngine, Status
 from tests.support.conversations import turn
-from tests.support.harness import freePort, startEngine
+from tests.support.harness import reservedPort, startEngine
 from tests.support.standaloneharness import StandaloneProxy, backendUp
 
 CHAT = "/v1/chat/completions"
@@ -25,7 +25,7 @@ class AffinityTests(TestCase):
     async def start(self, extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
         self.a = startEngine(self, reactor, "openai", ["m1"], name="A")
         self.b = startEngine(self, reactor, "openai", ["m1"], name="B")
-        self.opsPort = freePort()
+        self.opsPort = reservedPort(self)
         self.proxy = StandaloneProxy(
             self,
             reactor,

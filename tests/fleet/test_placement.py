@@ -12,7 +12,7 @@ from twisted.internet.defer import Deferred, gatherResults
 from twisted.trial.unittest import TestCase
 
 from nvpair.proxy.testing.simengine import SimConfig, SimEngine
-from tests.support.harness import freePort
+from tests.support.harness import reservedPort
 from tests.support.standaloneharness import StandaloneProxy, backendUp
 
 CHAT = "/v1/chat/completions"
@@ -49,7 +49,7 @@ class PlacementTests(TestCase):
             self.addCleanup(engine.close)
             self.engines.append(engine)
             self.urls.append(f"http://127.0.0.1:{port}")
-        self.opsPort = freePort()
+        self.opsPort = reservedPort(self)
         self.proxy = StandaloneProxy(
             self,
             reactor,

@@ -14,7 +14,7 @@ from twisted.web.http_headers import Headers
 
 from nvpair.proxy.testing.simengine import SimConfig, SimEngine
 from nvpair.proxy.testing.simengine.config import Failure
-from tests.support.harness import freePort
+from tests.support.harness import reservedPort
 from tests.support.standaloneharness import StandaloneProxy
 
 SECRET = "Bearer sk-queue-integration-secret"
@@ -97,7 +97,7 @@ class QueueProcessTests(TestCase):
             slotsEndpoint=False,
             metricsEndpoint=False,
         )
-        ops = freePort()
+        ops = reservedPort(self)
         proxy = yield defer.Deferred.fromCoroutine(
             self.proxy(
                 [engine], "--queue-max", "3", "--queue-timeout", "60s", "--ops-port", str(ops)

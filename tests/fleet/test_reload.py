@@ -17,7 +17,7 @@ from nvpair.proxy.testing.fakeengine.connection import EngineConnection
 from tests.support.cases.command import COMMAND, TWISTD, run
 from tests.support.cases.fleettext import backend
 from tests.support.cases.requestcase import PLAIN
-from tests.support.harness import freePort
+from tests.support.harness import reservedPort
 from tests.support.standaloneharness import StandaloneProxy, backendUp
 
 CHAT = "/v1/chat/completions"
@@ -123,7 +123,7 @@ class FleetReloadTests(TestCase):
         os.close(fd)
         self.addCleanup(os.remove, self.fleet)
         self.writeAtomically(backend(a.url, "alpha"))
-        self.opsPort = freePort()
+        self.opsPort = reservedPort(self)
         proxy = StandaloneProxy(
             self,
             reactor,

@@ -16,7 +16,7 @@ from twisted.internet import reactor as _reactor
 from twisted.trial.unittest import TestCase
 
 from nvpair.proxy.testing.simengine import SimConfig, SimEngine
-from tests.support.harness import freePort
+from tests.support.harness import reservedPort
 from tests.support.llamaserver import startLlamaRouter
 from tests.support.standaloneharness import StandaloneProxy, backendUp
 
@@ -36,7 +36,7 @@ class ResidencyCase(TestCase):
         return engine
 
     async def proxy(self, engine: str, backends: list[tuple[str, str]], fleet: str = "") -> None:
-        self.opsPort = freePort()
+        self.opsPort = reservedPort(self)
         path = None
         if fleet:
             handle, path = tempfile.mkstemp(suffix=".toml")

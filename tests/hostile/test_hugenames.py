@@ -17,7 +17,7 @@ from twisted.trial.unittest import TestCase
 
 from tests.support.cases.requestcase import asyncTest
 from tests.support.chaos.checks import rssKiB
-from tests.support.harness import freePort, startEngine
+from tests.support.harness import reservedPort, startEngine
 from tests.support.standaloneharness import StandaloneProxy, backendUp
 
 REQUESTS = 50
@@ -44,7 +44,7 @@ class HugeModelNameTests(TestCase):
     async def test_hugeModelNames(self) -> None:
         """Memory stays within 64 MiB of its start; ``/status`` stays small and fast."""
         engine = startEngine(self, reactor, "ollama", ["llama3"], name="O")
-        opsPort = freePort()
+        opsPort = reservedPort(self)
         proxy = StandaloneProxy(
             self, reactor, ["ollama"], [("ollama", engine.url)], extra=("--ops-port", str(opsPort))
         )

@@ -30,8 +30,8 @@ from tests.support.harness import (
     CANARY,
     ProxyFixture,
     directNode,
-    freePort,
     rawExchange,
+    reservedPort,
     startEngine,
 )
 from tests.support.standaloneharness import StandaloneProxy
@@ -85,10 +85,10 @@ class RebindingTests(TestCase):
         rebinding page; the clients still work; counted; logged once, without path or body."""
         ollamaEngine = startEngine(self, reactor, "ollama", ["m1"], name="O")
         llamaEngine = startEngine(self, reactor, "openai", ["m1"], name="L")
-        opsPort = freePort()
+        opsPort = reservedPort(self)
         proxy = ProxyFixture(self, reactor, ["--ops-port", str(opsPort)])
         await proxy.start()
-        aliasPort = freePort()
+        aliasPort = reservedPort(self)
         ollamaPort = await proxy.enable("ollama", aliases=[f"127.0.0.1:{aliasPort}"])
         llamaPort = await proxy.enable("llamacpp")
         await proxy.nodes("ollama", [directNode("O", ollamaEngine)])

@@ -21,7 +21,7 @@ from twisted.internet.interfaces import IAddress
 from twisted.trial.unittest import TestCase
 
 from tests.support.cases.requestcase import FAST, asyncTest
-from tests.support.harness import ProxyFixture, directNode, freePort, startEngine
+from tests.support.harness import ProxyFixture, directNode, reservedPort, startEngine
 
 _MAX_REQUEST = 1 << 16
 CHAT = json.dumps({"model": "m1", "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -324,7 +324,7 @@ class StrictEngineResponseTests(TestCase):
             b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n"
             b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nOK",
         )
-        opsPort = freePort()
+        opsPort = reservedPort(self)
         port = await self.proxyWith([directNode("A", engine)], "--ops-port", str(opsPort))  # type: ignore[arg-type]
         raw = await rawExchange(port, "GET", "/health")
         self.assertTrue(raw.startswith(b"HTTP/1.1 204 No Content\r\n"), raw)

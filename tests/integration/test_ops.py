@@ -12,7 +12,7 @@ from twisted.web.http_headers import Headers
 
 from nvpair.proxy.testing.fakeengine import Status
 from tests.support.cases.metricstext import Samples, labels, parse
-from tests.support.harness import CANARY, ProxyFixture, directNode, freePort, startEngine
+from tests.support.harness import CANARY, ProxyFixture, directNode, reservedPort, startEngine
 
 
 class OpsIntegrationTests(TestCase):
@@ -23,7 +23,7 @@ class OpsIntegrationTests(TestCase):
     async def setUpProxy(self) -> None:
         self.engineA = startEngine(self, reactor, "openai", ["m1"], name="A")
         self.engineB = startEngine(self, reactor, "openai", ["m1"], name="B")
-        self.opsPort = freePort()
+        self.opsPort = reservedPort(self)
         self.proxy = ProxyFixture(self, reactor, ["--ops-port", str(self.opsPort)])
         await self.proxy.start()
         self.port = await self.proxy.enable("llamacpp")

@@ -12,7 +12,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.client import ResponseFailed
 
 from nvpair.proxy.testing.fakeengine import Answer, FakeEngine
-from tests.support.harness import freePort, startEngine
+from tests.support.harness import reservedPort, startEngine
 from tests.support.standaloneharness import StandaloneProxy
 
 CHAT = "/v1/chat/completions"
@@ -26,7 +26,7 @@ class StallTests(TestCase):
 
     async def start(self, idle: str) -> FakeEngine:
         engine = startEngine(self, reactor, "openai", ["m1"], name="A")
-        self.opsPort = freePort()
+        self.opsPort = reservedPort(self)
         self.proxy = StandaloneProxy(
             self,
             reactor,

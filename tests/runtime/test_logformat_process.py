@@ -20,7 +20,7 @@ from zope.interface import implementer
 
 from nvpair.proxy.engines import ENGINES
 from tests.support.cases.requestcase import asyncTest
-from tests.support.harness import freePort, rawExchange
+from tests.support.harness import freePort, rawExchange, reservedPort
 from tests.support.kitprocess import killAtCleanup
 from tests.support.standaloneharness import StandaloneProxy, facadeEnabled
 
@@ -154,7 +154,7 @@ class ControlCharacterTests(TestCase):
         """A standalone proxy writing ``form`` lines, after its ops listener refused the
         hostile ``Host`` (the facades' HTTP layer answers 400 to such a value before the
         rule; the ops listener has no such layer) and it stopped (every line read)."""
-        opsPort = freePort()
+        opsPort = reservedPort(self)
         proxy = StandaloneProxy(
             self, reactor, ("llamacpp",), extra=("--log-format", form, "--ops-port", str(opsPort))
         )

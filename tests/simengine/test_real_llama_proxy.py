@@ -20,7 +20,7 @@ from twisted.internet import task
 from twisted.trial.unittest import TestCase
 
 from tests.simengine.helpers import sentence
-from tests.support.harness import freePort
+from tests.support.harness import reservedPort
 from tests.support.llamaserver import LlamaServer, startLlamaServer
 from tests.support.standaloneharness import StandaloneProxy, backendUp
 
@@ -39,7 +39,7 @@ class RealLlamaProxyTests(TestCase):
         self.server: LlamaServer = await startLlamaServer(
             self, reactor, "-np", "2", "--ctx-size", "8192", "--metrics", "--slots", "-a", MODEL
         )
-        self.opsPort = freePort()
+        self.opsPort = reservedPort(self)
         self.proxy = StandaloneProxy(
             self,
             reactor,

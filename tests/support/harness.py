@@ -70,6 +70,16 @@ class PortReservation:
             self._socket = None
 
 
+def reservedPort(test: Any) -> int:
+    """A port for a child that listens with ``SO_REUSEADDR`` (the proxy's ops listener,
+    facades and aliases), held as ``PortReservation`` says until ``test`` cleans up: a
+    concurrent worker's connection or listener cannot take it before the child binds, nor
+    while a restarted child binds it again.  ``test`` is anything with ``addCleanup``."""
+    held = PortReservation()
+    test.addCleanup(held.release)
+    return held.port
+
+
 def startEngine(
     test: TestCase,
     reactor: Any,

@@ -16,7 +16,7 @@ from tests.support.chaos.checks import Report, SoakChecks, openFds, proxyPid, rs
 from tests.support.chaos.engine import ChaosEngine
 from tests.support.chaos.records import ChaosConfig, Ledger, Sent
 from tests.support.chaos.traffic import SoakTraffic
-from tests.support.harness import ProxyFixture, directNode, freePort
+from tests.support.harness import ProxyFixture, directNode, reservedPort
 
 
 class Soak(SoakTraffic, SoakChecks):
@@ -35,7 +35,7 @@ class Soak(SoakTraffic, SoakChecks):
         self._emptySince: float | None = None
         self.generation = 0
         self.lastPriority: dict[str, Any] | None = None
-        self.opsPort = freePort()
+        self.opsPort = reservedPort(cleanups)
         self.proxy: ProxyFixture | None = None
         self.port = 0
         self.report = Report()
