@@ -121,7 +121,7 @@ class Affinity:
             held = matches.get(nodeId, 0)
             records.append(
                 Owner(node, value, room, free is not None, loaded, held, nodeId == home,
-                      roots(nodeId), prefill, wait)
+                      roots(nodeId), prefill, wait, max(0, free or 0))
             )  # fmt: skip
         return records
 

@@ -36,7 +36,12 @@ node).
    engine.  A hold that was spent while the proxy is crowded (other requests wait in it,
    held or queued) also goes to the best, whose room is known, to wait in its engine: a
    slot free elsewhere is about to be taken by one of them, so recomputing there would
-   cost the fleet the recompute and this request's cache, not buy a free slot.
+   cost the fleet the recompute and this request's cache, not buy a free slot.  The same
+   holds before any hold (*stays*): where the best's room is known, one of its slots is
+   expected within ``HOLD_MAX`` and fewer than ``SPARE_SLOTS`` slots are known free in
+   all, the request goes to the best to wait in its engine, neither held nor moved: the
+   one free slot is the fleet's last, and on a busy fleet its own owner's next request
+   wants it a moment later.
 2. No owner holds a prefix (a new prompt family: a new tenant's system prompt, a new
    conversation): among the owners not unloaded, those holding the fewest prompt families
    that have room; failing that, those holding at most ``ROOT_SLACK`` more that have room;
@@ -68,6 +73,7 @@ RENDEZVOUS_SCAN = 64  # owners scored per new prompt family, at most
 ROOT_SLACK = 1  # families more than the fewest an engine with room may take a new one at
 MISS_SHARE = 0.5  # a reported cached share under half the expected one is a miss
 HOLD_MAX = 5.0  # seconds held at most, however slow the engine
+SPARE_SLOTS = 2  # slots known free in the fleet for a full holder's request to move
 
 _MASK = (1 << 64) - 1
 
@@ -113,6 +119,7 @@ class Owner:
     families: int = 0
     prefillMs: float | None = None
     wait: float | None = None  # expected seconds until one of its slots frees (None: unknown)
+    free: int = 0  # its slots known free now (0 where unknown)
 
     @property
     def ready(self) -> int:
@@ -210,6 +217,8 @@ def _prefixChoice(
     holder = owners[best]
     if holder.room or hold is Hold.ROOMY or not any(o.room for o in owners):
         return Choice(best, holder.node, Placed.HIT, matched[best])
+    if _stays(holder, owners):
+        return Choice(best, holder.node, Placed.HIT, matched[best])
     alt = _pick(owners, [i for i, o in enumerate(owners) if o.room], matched, key.spread)
     other = owners[alt]
     extra = _chars(key.ends, matched[best]) - _chars(key.ends, matched[alt])
@@ -223,6 +232,16 @@ def _prefixChoice(
         if holdable:
             return Choice(best, holder.node, Placed.HIT, matched[best], holdBudget(extra, rate))
     return Choice(best, holder.node, Placed.HIT, matched[best])
+
+
+def _stays(holder: Owner, owners: Sequence[Owner]) -> bool:
+    """Whether a request whose full ``holder``'s room is known waits for it in its engine:
+    fewer than ``SPARE_SLOTS`` slots are known free among ``owners`` and one of its slots
+    is expected to free within ``HOLD_MAX``."""
+    wait = holder.wait
+    if not holder.known or wait is None or wait > HOLD_MAX:
+        return False
+    return sum(o.free for o in owners if o.known) < SPARE_SLOTS
 
 
 def _chars(ends: Sequence[int], matched: int) -> int:
