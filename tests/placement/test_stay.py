@@ -58,8 +58,8 @@ class StayTests(SynchronousTestCase):
             self.assertEqual((moved != home, result), (True, Placed.OVERRIDDEN))
 
     def test_holderRoomUnknown(self) -> None:
-        """Without the engines' slots nothing is known free: the rule does not apply (a
-        holder loaded beyond the others' load goes first as before)."""
+        """Without the engines' slots nothing is known free: the rule does not apply, and
+        a spent hold on a holder loaded beyond the others recomputes elsewhere as before."""
         fleet = Fleet(states=False)
         home, _ = fleet.place(request(tenantPrompt(2), "q"))
         for _ in range(3):

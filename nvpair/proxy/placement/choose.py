@@ -215,9 +215,12 @@ def _prefixChoice(
 ) -> Choice:
     """Rule 1: the best prefix holder ``best``, an owner with room instead, or a hold."""
     holder = owners[best]
-    if holder.room or hold is Hold.ROOMY or not any(o.room for o in owners):
-        return Choice(best, holder.node, Placed.HIT, matched[best])
-    if _stays(holder, owners):
+    if (
+        holder.room
+        or hold is Hold.ROOMY
+        or not any(o.room for o in owners)
+        or _stays(holder, owners)
+    ):
         return Choice(best, holder.node, Placed.HIT, matched[best])
     alt = _pick(owners, [i for i, o in enumerate(owners) if o.room], matched, key.spread)
     other = owners[alt]
@@ -241,7 +244,7 @@ def _stays(holder: Owner, owners: Sequence[Owner]) -> bool:
     wait = holder.wait
     if not holder.known or wait is None or wait > HOLD_MAX:
         return False
-    return sum(o.free for o in owners if o.known) < SPARE_SLOTS
+    return sum(o.free for o in owners) < SPARE_SLOTS
 
 
 def _chars(ends: Sequence[int], matched: int) -> int:
