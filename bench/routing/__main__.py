@@ -18,6 +18,9 @@ engines have K slots held by clients that reach them directly (``direct``).
 
 ``--real-llama-server``: the chat workload on real llama-servers (``llamaserver``).
 
+``--records DIR``: each router's requests as JSON lines (``DIR/<router>.jsonl``), with each
+real llama-server's log beside them (``DIR/<router>-l0.log``, ...).
+
 Results: ``bench/out/routing[-WORKLOAD].json`` and (unless ``--no-write``) a dated section
 of ``bench/RESULTS.md``, put before the earlier runs of that workload, which are kept.
 """
@@ -43,6 +46,7 @@ from bench.routing.direct import Sampler, hold, measure
 from bench.routing.llamaserver import startLlamaServers
 from bench.routing.messages import AgentReplayer
 from bench.routing.options import parseArgs
+from bench.routing.records import writeRecords
 from bench.routing.report import (
     HEADING,
     LABELS,
@@ -118,6 +122,8 @@ async def _one(
             records = await chat.run(load)
         elapsed = time.monotonic() - started
         sampler.stop()
+        if args.records is not None:
+            writeRecords(args.records, name, records, engines if args.real_llama_server else [])
         if args.workload == "freeslot":
             summary = freeslot.summarize(records, sampler, args.decode_ms, load)
         else:

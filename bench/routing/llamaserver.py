@@ -66,21 +66,25 @@ def _healthy(server: procs.Server) -> None:
     raise RuntimeError(f"llama-server {server.name} not healthy within {LOAD_SECONDS:.0f} s")
 
 
+def serverLog(name: str) -> str:
+    """Where the llama-server named ``name`` writes its log (``bench/out/``)."""
+    return os.path.join(procs.ROOT, "bench", "out", f"llama-server-{name}.log")
+
+
 def startLlamaServers(n: int, slots: int, extra: str) -> list[procs.Server]:
     """``n`` fresh llama-servers named l0, l1, ..., each its log in ``bench/out/``."""
     found = locate()
     if isinstance(found, str):
         raise RuntimeError(found)
     binary, model = found
-    out = os.path.join(procs.ROOT, "bench", "out")
-    os.makedirs(out, exist_ok=True)
+    os.makedirs(os.path.dirname(serverLog("l0")), exist_ok=True)
     servers = []
     try:
         for i in range(n):
             port = procs.freePort()
             argv = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port)]
             argv += ["-np", str(slots), "--metrics", "--slots", "-a", MODEL, *shlex.split(extra)]
-            log = open(os.path.join(out, f"llama-server-l{i}.log"), "wb")
+            log = open(serverLog(f"l{i}"), "wb")
             proc = procs.spawn(argv, stdout=log, stderr=subprocess.STDOUT)
             log.close()
             servers.append(procs.Server(f"l{i}", port, proc.pid, [proc]))

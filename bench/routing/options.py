@@ -71,6 +71,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--think", type=float, default=None, help="mean seconds between requests")
     p.add_argument("--ramp", type=float, default=8.0, help="conversations start within this")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--records", metavar="DIR", help="write each router's requests (JSON lines) in DIR"
+    )
     p.add_argument("--apps", type=int, default=6, help="agents: apps")
     p.add_argument("--agents", type=int, default=4, help="agents: per app")
     p.add_argument("--tools", type=int, default=8, help="agents: tool definitions per app")

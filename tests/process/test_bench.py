@@ -154,3 +154,19 @@ class RoutingOptionsTests(SynchronousTestCase):
         stats = statsFromRecords(records, ["a", "b"])
         self.assertEqual([s["name"] for s in stats], ["a", "b", "?"])
         self.assertEqual(sum(int(s["cached_tokens"]) for s in stats), 12)
+
+    def test_recordsWritten(self) -> None:
+        """``--records DIR``: one JSON line per request, every field of its record, sent
+        in seconds from the first request."""
+        from bench.routing.client import Record
+        from bench.routing.records import writeRecords
+
+        where = self.mktemp()
+        records = [Record(1, 0, 0, sent=10.5, engine="l0"), Record(2, 1, 3, sent=12.0, ttft=0.4)]
+        writeRecords(where, "nvpair-prefix", records, [])
+        with open(f"{where}/nvpair-prefix.jsonl") as f:
+            lines = [json.loads(line) for line in f]
+        self.assertEqual(
+            [(d["tenant"], d["turn"], d["sent"]) for d in lines], [(1, 0, 0.0), (2, 3, 1.5)]
+        )
+        self.assertEqual((lines[0]["engine"], lines[1]["ttft"]), ("l0", 0.4))
