@@ -200,11 +200,7 @@ class PlaceTests(SynchronousTestCase):
     def test_newConversationsSpread(self) -> None:
         """Distinct new conversations arriving one at a time on an idle fleet land on every
         owner, and the same conversation always lands on the same one."""
-        chosen = []
-        for i in range(60):
-            key = chatKey(turn(1, f"topic {i}"))
-            chosen.append(self.place(key))
-            self.affinity.served(key, chosen[-1])
+        chosen = [self.place(chatKey(turn(1, f"topic {i}"))) for i in range(60)]
         self.assertEqual(set(chosen), {"A", "B", "C"})
         for count in (chosen.count(n) for n in "ABC"):
             self.assertGreater(count, 5)

@@ -29,7 +29,6 @@ from tests.support.cases.placementfleet import (
     NODES,
     RECOMPUTE_CHARS,
     Fleet,
-    followUp,
     request,
     tenantPrompt,
 )
@@ -183,7 +182,7 @@ class SlotTests(SynchronousTestCase):
         for node in NODES:
             fleet.report(node.id, busy=0)
         fleet.ours[home] = 2
-        moved, result = fleet.place(followUp(short, "x", "y"))
+        moved, result = fleet.place(request(short, "y"))
         self.assertEqual((moved != home, result), (True, Placed.OVERRIDDEN))
         longHome, _ = fleet.place(request(tenantPrompt(4), "x"))
         fleet.ours[longHome] = 2
@@ -198,7 +197,7 @@ class SlotTests(SynchronousTestCase):
         home, _ = fleet.place(request(short, "x"))
         for node in NODES:
             fleet.report(node.id, busy=2 if node.id == home else 1)
-        moved, result = fleet.place(followUp(short, "x", "y"))
+        moved, result = fleet.place(request(short, "y"))
         self.assertNotEqual(moved, home)
         self.assertIs(result, Placed.OVERRIDDEN)
 
@@ -361,6 +360,6 @@ class TimeThresholdTests(SynchronousTestCase):
             home, _ = fleet.place(request(short, "x"))
             for node in NODES:
                 fleet.report(node.id, busy=2 if node.id == home else 0)
-            placed, result = fleet.place(followUp(short, "x", "y"), hold=Hold.ALLOWED, serve=False)
+            placed, result = fleet.place(request(short, "y"), hold=Hold.ALLOWED, serve=False)
             self.assertEqual(placed != home, moves)
             self.assertIs(result, Placed.OVERRIDDEN if moves else None)

@@ -10,7 +10,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from nvpair.proxy.placement.affinity import MAX_UNREAD, requestServed
 from nvpair.proxy.placement.choose import RECOMPUTE_SECONDS, Hold, Placed, recomputeSeconds
 from nvpair.proxy.placement.keys import AffinityKey
-from tests.support.cases.placementfleet import NODES, Fleet, followUp, request, tenantPrompt
+from tests.support.cases.placementfleet import NODES, Fleet, request, tenantPrompt
 
 
 def served(fleet: Fleet, key: AffinityKey, nodeId: str, cached: int) -> None:
@@ -85,7 +85,7 @@ class SoonFreeTests(SynchronousTestCase):
                 fleet.report(node.id, busy=2 if node.id == home else 0)
             if service is not None:
                 fleet.ledger.finished(home, service)
-            placed, result = fleet.place(followUp(short, "x", "y"), hold=Hold.ALLOWED, serve=False)
+            placed, result = fleet.place(request(short, "y"), hold=Hold.ALLOWED, serve=False)
             self.assertEqual(placed == home, held, service)
             self.assertIs(result, None if held else Placed.OVERRIDDEN)
             if held:

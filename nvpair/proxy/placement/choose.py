@@ -18,16 +18,7 @@ recompute on its holder does not count (a one-line system prompt shared by every
 nothing worth grouping, and a short one on a fast engine must not pile users onto one
 node).
 
-1. Some owner holds a prefix (or is the conversation's home).  A new conversation (no
-   owner is its home, and its client named no group) whose holder's prefix is cheap, at
-   most ``RECOMPUTE_SECONDS`` to recompute, goes *apart*: to the least loaded owner with
-   room that holds none of it, where there is one (placed as a miss).  Its family (the
-   system prompt its tenant's other conversations share) is recomputed once there; beside
-   them it would cost more on an engine whose prompt cache hands a saved prompt over to
-   the request matching it best instead of copying it (llama.cpp's ``--cache-ram``): the
-   new conversation takes a sibling's saved turns for the shared prefix alone, and the
-   sibling, its own turns gone, takes the next one's (spec §11 says what was measured).
-   Otherwise the best by (not unloaded,
+1. Some owner holds a prefix (or is the conversation's home): the best by (not unloaded,
    matched, is home) is chosen if it has room, or if no owner has room.  Otherwise the
    best owner with room (by not unloaded, matched, least load, rendezvous) is chosen
    instead (*overridden*) when it is not unloaded while the best is loaded and recomputing
@@ -101,7 +92,7 @@ class Placed(IntEnum):
     """How a request was placed."""
 
     HIT = 0  # on the owner holding its longest prefix (or its home)
-    MISS = 1  # no owner holds a prefix (a new prompt family), or a new conversation apart
+    MISS = 1  # no owner holds a prefix: a new prompt family, spread
     OVERRIDDEN = 2  # the prefix holder had no room: an owner with room, recomputing
 
 
@@ -199,9 +190,6 @@ def choose(owners: Sequence[Owner], key: AffinityKey, hold: Hold, crowded: bool 
             score = (owner.ready, matched[position], home)
             if best < 0 or score > bestScore:
                 best, bestScore = position, score
-    apart = -1 if best < 0 else _apart(owners, key, matched, best)
-    if apart >= 0:
-        return Choice(apart, owners[apart].node, Placed.MISS)
     if best >= 0:
         if crowded and hold is Hold.SPENT and owners[best].known:
             return Choice(best, owners[best].node, Placed.HIT, matched[best])
@@ -247,25 +235,6 @@ def _prefixChoice(
         if holdable:
             return Choice(best, holder.node, Placed.HIT, matched[best], holdBudget(extra, rate))
     return Choice(best, holder.node, Placed.HIT, matched[best])
-
-
-def _apart(owners: Sequence[Owner], key: AffinityKey, matched: list[int], best: int) -> int:
-    """A new conversation's owner apart from its family (rule 1's first clause): the least
-    loaded with room that holds none of the prefix, where recomputing ``best``'s costs at
-    most ``RECOMPUTE_SECONDS``; -1 where none is, or the request is no new conversation."""
-    if key.hinted or any(o.home for o in owners):
-        return -1
-    holder = owners[best]
-    chars = key.ends[matched[best] - 1]
-    pool = [
-        i
-        for i, o in enumerate(owners)
-        if o.room
-        and not matched[i]
-        and o.ready >= holder.ready
-        and recomputeSeconds(chars, o.prefillMs or holder.prefillMs) <= RECOMPUTE_SECONDS
-    ]
-    return _pick(owners, pool, None, key.spread) if pool else -1
 
 
 def _stays(holder: Owner, owners: Sequence[Owner]) -> bool:
