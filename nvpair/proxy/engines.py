@@ -99,6 +99,9 @@ class Engine:
     # llama.cpp router mode (spec §11): a server answering its state probe 400 ("model name
     # is missing") is asked this list; statuses there mean a router, probed per model.
     routerProbe: bytes | None = None
+    # Asked once per backend after its first state report: whether its prompt cache moves a
+    # saved prompt to the request that matches it best (``nodestate.probes.parseIdentity``).
+    identityProbe: bytes | None = None
 
     def listPaths(self, path: bytes) -> tuple[bytes, ...]:
         """Which path(s) to ask each node for a fleet list route: the first that is not 404."""
@@ -226,6 +229,7 @@ LLAMACPP = Engine(
     stateProbes=(b"/slots", b"/metrics"),
     modelRoutes=frozenset((COUNT_TOKENS, INPUT_TOKENS)),
     routerProbe=b"/models",
+    identityProbe=b"/props",
 )
 
 ENGINES: dict[str, Engine] = {e.id: e for e in (OLLAMA, LMSTUDIO, LLAMACPP)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import attrs
 from twisted.internet import defer
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
@@ -17,6 +18,10 @@ from nvpair.proxy.nodestate.probes import EngineReport
 from nvpair.proxy.nodestate.states import EngineStates
 from tests.facade.fleetkit import FakeResponse, FakeUpstream
 from tests.support.fakes.logevents import Events
+
+# The probes' cadence alone: llama.cpp without the identity probe its first report starts
+# (``test_engineidentity`` has that).
+UNIDENTIFIED = attrs.evolve(LLAMACPP, identityProbe=None)
 
 
 def slots(busy: int, total: int = 2) -> FakeResponse:
@@ -39,7 +44,7 @@ class PollerTests(SynchronousTestCase):
         self.events = Events()
         self.patch(EnginePoller, "log", Logger(observer=self.events))
 
-    def poller(self, *urls: str, engine: object = LLAMACPP) -> EnginePoller:
+    def poller(self, *urls: str, engine: object = UNIDENTIFIED) -> EnginePoller:
         poller = EnginePoller(
             engine,  # type: ignore[arg-type]
             urls,

@@ -116,6 +116,14 @@ class RealLlamaProxyTests(TestCase):
         self.assertIn(f'nvpair_proxy_engine_slots_total{{node="{self.server.url}"}} 2.0', metrics)
         self.assertIn(f'nvpair_proxy_engine_state_fresh{{node="{self.server.url}"}} 1.0', metrics)
 
+    async def test_promptCacheMoves(self) -> None:
+        """The proxy asks the server's ``/props`` once and knows its prompt cache moves
+        saved prompts (``/status`` says so): placement keeps a tenant's new conversations
+        apart on it (spec §11 "Placement")."""
+        await self.start()
+        entry = await self.engineState(lambda e: "promptCache" in e)
+        self.assertEqual(entry["promptCache"], "moves")
+
     async def test_cacheHitsCounted(self) -> None:
         """The same long prompt twice: the second answer reports most of it cached, and the
         proxy's /status and /metrics count exactly what the server reported."""

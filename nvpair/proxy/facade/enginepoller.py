@@ -17,6 +17,8 @@ that lists statuses, the backend is probed as a router from then on: ``/models``
 probe never loads a model (without ``autoload=false`` the router would load it).  A
 ``/models`` without statuses sends the backend back to the usual probes for good.  While an
 engine says a model is loading, it is probed every ``FAST`` seconds, traffic or not.
+After a backend's first report it is asked the engine's ``identityProbe`` once (llama.cpp:
+``/props``): whether its prompt cache moves saved prompts (``EngineStates.promptsMove``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from nvpair.proxy.nodestate.probes import (
     BadProbe,
     EngineReport,
     NotThisProbe,
+    parseIdentity,
     parseProbe,
     parseSlots,
     withChildSlots,
@@ -58,7 +61,10 @@ ROUTER_SUFFIX = " (router)"
 
 
 class _Backend:
-    __slots__ = ("url", "probe", "due", "interval", "problem", "asking", "router", "notRouter")
+    __slots__ = (
+        *("url", "probe", "due", "interval", "problem", "asking", "router", "notRouter"),
+        "identifying",
+    )
 
     def __init__(self, url: str, now: float) -> None:
         self.url = url
@@ -69,6 +75,7 @@ class _Backend:
         self.interval = FAST
         self.problem: str | None = None  # the problem last logged, None while fine
         self.asking: defer.Deferred[None] | None = None
+        self.identifying: defer.Deferred[None] | None = None  # its identity probe in flight
 
 
 class EnginePoller(Service):
@@ -108,8 +115,9 @@ class EnginePoller(Service):
         wanted = list(dict.fromkeys(urls))
         for url in [u for u in self.backends if u not in wanted]:
             backend = self.backends.pop(url)
-            if backend.asking is not None:
-                backend.asking.cancel()
+            for asked in (backend.asking, backend.identifying):
+                if asked is not None:
+                    asked.cancel()
             self.states.forget(url)
             self.ledger.forget(url)
             if self.onForget is not None:
@@ -138,8 +146,9 @@ class EnginePoller(Service):
         if loop is not None and loop.running:
             loop.stop()
         for backend in self.backends.values():
-            if backend.asking is not None:
-                backend.asking.cancel()
+            for asked in (backend.asking, backend.identifying):
+                if asked is not None:
+                    asked.cancel()
 
     def busy(self) -> bool:
         """Whether traffic flows: requests now, or within the last ``ACTIVE_WINDOW`` s."""
@@ -308,6 +317,8 @@ class EnginePoller(Service):
             backend.due = min(backend.due, self.clock.seconds() + FAST)
         if report is not None and self.onReport is not None:
             self.onReport(backend.url, report)
+        if report is not None:
+            self.identify(backend)
         if not log:
             return
         if problem and backend.problem is None:
@@ -321,6 +332,28 @@ class EnginePoller(Service):
         elif not problem and backend.problem is not None:
             self.log.info("engine-state-read", engine=self.engine.id, url=backend.url, probe=probe)
         backend.problem = problem or None
+
+    def identify(self, backend: _Backend) -> None:
+        """Ask ``backend`` the engine's identity probe unless it answered or is asked; a
+        2xx answer says whether its prompt cache moves, any other status that it does not,
+        a failure nothing (asked again after its next report)."""
+        path = self.engine.identityProbe
+        if path is None or backend.identifying is not None:
+            return
+        if self.states.identity(backend.url) is not None:
+            return
+
+        def answered(answer: NodeAnswer) -> None:
+            if self.running and self.backends.get(backend.url) is backend:
+                moves = 200 <= answer.status < 300 and parseIdentity(answer.body)
+                self.states.identified(backend.url, moves)
+
+        def settled(result: object) -> None:
+            backend.identifying = None
+
+        asked = self._ask(backend, path).addCallbacks(answered, lambda f: None)
+        backend.identifying = asked
+        asked.addBoth(settled)
 
 
 def startEngineState(

@@ -27,6 +27,10 @@ class IEngineStates(Interface):
         """The engine of ``nodeId``'s prefill time per evaluated prompt token (ms), or None
         before it reported one."""
 
+    def promptsMove(nodeId: str) -> bool:
+        """Whether the engine of ``nodeId`` is known to move a saved prompt to the request
+        that matches it best instead of copying it (llama.cpp's own server)."""
+
 
 class IRoomLedger(Interface):
     """One record per node of the room its engine has for one more of our requests

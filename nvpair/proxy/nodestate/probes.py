@@ -36,6 +36,7 @@ __all__ = [
     "EngineReport",
     "NotThisProbe",
     "ResidentModel",
+    "parseIdentity",
     "parseProbe",
 ]
 
@@ -339,3 +340,15 @@ def parseProbe(path: bytes, body: bytes) -> EngineReport:
     if parser is None:
         raise BadProbe("no parser for this probe")
     return parser(body)
+
+
+def parseIdentity(body: bytes) -> bool:
+    """Whether a 2xx answer to the engine's identity probe is llama.cpp's own server
+    (``llama-server``'s ``/props``: a JSON object naming its ``build_info``), whose prompt
+    cache (``--cache-ram``, on by default) moves a saved prompt into the slot of the request
+    that matches it best instead of copying it.  Anything else, malformed or not, is not."""
+    try:
+        doc = _json(body)
+    except BadProbe:
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("build_info"), str)

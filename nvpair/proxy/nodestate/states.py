@@ -5,7 +5,8 @@ node's state is *fresh* while its last probe succeeded and is at most two probe 
 old; otherwise it is unknown (every reader gets ``None``), never idle.  How much room a node
 has is not kept here but in the room ledger (``nodestate.ledger``), which the poller feeds
 the same reports; ``status`` shows both.  Also kept per node: the prompt and cached-prompt
-tokens its answers reported (its cache-hit ratio) and its prefill time per token.
+tokens its answers reported (its cache-hit ratio), its prefill time per token, and whether
+its prompt cache moves saved prompts (the engine's identity probe, asked once).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class EngineStates:
         self._states: dict[str, _State] = {}
         self.cache: dict[str, CacheCounts] = {}  # what each node's engine reported
         self.prefill: dict[str, float] = {}  # node -> prefill ms per evaluated token (EWMA)
+        self.moving: dict[str, bool] = {}  # node -> whether its prompt cache moves (identity)
         self.residency: IResidency | None = None  # which models each node holds (standalone)
 
     def served(self, nodeId: str, prompt: int, cached: int, promptMs: float | None = None) -> None:
@@ -106,11 +108,24 @@ class EngineStates:
         state.problem = problem
         state.probe = probe
 
+    def identified(self, nodeId: str, moves: bool) -> None:
+        """The identity probe of ``nodeId`` answered: whether its prompt cache moves."""
+        if nodeId in self.moving or len(self.moving) < self.maxNodes:
+            self.moving[nodeId] = moves
+
+    def identity(self, nodeId: str) -> bool | None:
+        """What the identity probe of ``nodeId`` said, or None before it answered."""
+        return self.moving.get(nodeId)
+
+    def promptsMove(self, nodeId: str) -> bool:
+        return self.moving.get(nodeId, False)
+
     def forget(self, nodeId: str) -> None:
         """``nodeId`` left its fleet: drop its state and counts."""
         self._states.pop(nodeId, None)
         self.cache.pop(nodeId, None)
         self.prefill.pop(nodeId, None)
+        self.moving.pop(nodeId, None)
 
     def fresh(self, nodeId: str) -> EngineReport | None:
         """The report of ``nodeId``'s last probe if it succeeded within two intervals."""
@@ -153,6 +168,8 @@ class EngineStates:
             counts = self.cache.get(nodeId)
             if counts is not None:
                 entry.update(_cacheStatus(counts, self.prefill.get(nodeId)))
+            if self.moving.get(nodeId):
+                entry["promptCache"] = "moves"
             out[nodeId] = entry
         return out
 

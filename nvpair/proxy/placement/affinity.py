@@ -115,13 +115,15 @@ class Affinity:
                 room, free = False, 0  # the model's own slots there are all ours (Ollama)
             wait = None if room or ledger is None else _expectedWait(ledger, nodeId)
             loaded = prefill = None
+            moves = False
             if states is not None:
                 loaded = None if model is None else states.modelLoaded(nodeId, model)
                 prefill = states.prefillMs(nodeId)
+                moves = states.promptsMove(nodeId)
             held = matches.get(nodeId, 0)
             records.append(
                 Owner(node, value, room, free is not None, loaded, held, nodeId == home,
-                      roots(nodeId), prefill, wait, max(0, free or 0))
+                      roots(nodeId), prefill, wait, max(0, free or 0), moves)
             )  # fmt: skip
         return records
 

@@ -18,7 +18,15 @@ recompute on its holder does not count (a one-line system prompt shared by every
 nothing worth grouping, and a short one on a fast engine must not pile users onto one
 node).
 
-1. Some owner holds a prefix (or is the conversation's home): the best by (not unloaded,
+1. Some owner holds a prefix (or is the conversation's home).  A new conversation (no
+   owner is its home, its client named no group) whose best holder's engine *moves* a
+   saved prompt to the request that matches it best instead of copying it (llama.cpp's
+   own server, ``--cache-ram``: ``Owner.moves``) goes *apart*: to the least loaded owner
+   with room that holds none of its prefix, where there is one (placed as a miss).  Beside
+   its family (the system prompt its tenant's other conversations share) it would take a
+   sibling's saved turns for the shared prefix alone, and the sibling, its own turns gone,
+   the next one's; apart, the family is recomputed once and each keeps its own turns.
+   Otherwise the best by (not unloaded,
    matched, is home) is chosen if it has room, or if no owner has room.  Otherwise the
    best owner with room (by not unloaded, matched, least load, rendezvous) is chosen
    instead (*overridden*) when it is not unloaded while the best is loaded and recomputing
@@ -92,7 +100,7 @@ class Placed(IntEnum):
     """How a request was placed."""
 
     HIT = 0  # on the owner holding its longest prefix (or its home)
-    MISS = 1  # no owner holds a prefix: a new prompt family, spread
+    MISS = 1  # no owner holds a prefix (a new prompt family), or a new conversation apart
     OVERRIDDEN = 2  # the prefix holder had no room: an owner with room, recomputing
 
 
@@ -120,6 +128,7 @@ class Owner:
     prefillMs: float | None = None
     wait: float | None = None  # expected seconds until one of its slots frees (None: unknown)
     free: int = 0  # its slots known free now (0 where unknown)
+    moves: bool = False  # its engine's prompt cache moves a saved prompt (llama-server's)
 
     @property
     def ready(self) -> int:
@@ -190,6 +199,9 @@ def choose(owners: Sequence[Owner], key: AffinityKey, hold: Hold, crowded: bool 
             score = (owner.ready, matched[position], home)
             if best < 0 or score > bestScore:
                 best, bestScore = position, score
+    apart = -1 if best < 0 else _apart(owners, key, matched, best)
+    if apart >= 0:
+        return Choice(apart, owners[apart].node, Placed.MISS)
     if best >= 0:
         if crowded and hold is Hold.SPENT and owners[best].known:
             return Choice(best, owners[best].node, Placed.HIT, matched[best])
@@ -235,6 +247,19 @@ def _prefixChoice(
         if holdable:
             return Choice(best, holder.node, Placed.HIT, matched[best], holdBudget(extra, rate))
     return Choice(best, holder.node, Placed.HIT, matched[best])
+
+
+def _apart(owners: Sequence[Owner], key: AffinityKey, matched: list[int], best: int) -> int:
+    """A new conversation's owner apart from its family (rule 1's first clause): the least
+    loaded with room that holds none of its prefix, where the best holder's engine moves
+    saved prompts; -1 where none is, or the request is no new conversation."""
+    holder = owners[best]
+    if not holder.moves or key.hinted or any(o.home for o in owners):
+        return -1
+    pool = [
+        i for i, o in enumerate(owners) if o.room and not matched[i] and o.ready >= holder.ready
+    ]
+    return _pick(owners, pool, None, key.spread) if pool else -1
 
 
 def _stays(holder: Owner, owners: Sequence[Owner]) -> bool:

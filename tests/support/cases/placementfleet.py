@@ -30,14 +30,24 @@ def tenantPrompt(tenant: int) -> str:
     return f"You are the assistant of tenant {tenant}. Follow these rules carefully! " * 40
 
 
-def request(system: str, user: str, model: str = "m") -> AffinityKey:
-    doc = {
-        "model": model,
-        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
-    }
-    key = keyFor("llamacpp", model, CHAT, doc)
+def request(system: str, user: str, model: str = "m", *earlier: str) -> AffinityKey:
+    """A chat request: ``system``, then the conversation's ``earlier`` questions (each with
+    an answer), then ``user``."""
+    messages = [{"role": "system", "content": system}]
+    for question in earlier:
+        messages += [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": f"answer to {question}"},
+        ]
+    messages.append({"role": "user", "content": user})
+    key = keyFor("llamacpp", model, CHAT, {"model": model, "messages": messages})
     assert key is not None
     return key
+
+
+def followUp(system: str, first: str, then: str) -> AffinityKey:
+    """The next turn of the conversation ``request(system, first)`` began."""
+    return request(system, then, "m", first)
 
 
 RECOMPUTE_CHARS = int(RECOMPUTE_SECONDS * 1000 / DEFAULT_MS_PER_TOKEN * CHARS_PER_TOKEN)
