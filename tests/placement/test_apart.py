@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.placement.choose import Placed
+from nvpair.proxy.placement.choose import HOLD_MAX, Hold, Placed
 from nvpair.proxy.placement.keys import AffinityKey, keyFor
 from tests.support.cases.placementfleet import (
     CHAT,
@@ -60,13 +60,31 @@ class ApartTests(SynchronousTestCase):
             second = fleet.place(request(tenantPrompt(1), "second user"))
             self.assertEqual(second, (first, Placed.HIT), others)
 
-    def test_noRoomApartStaysWithItsFamily(self) -> None:
-        """Every owner without the family full: the family's holder, as before."""
+    def test_fullApartHeldForAWhile(self) -> None:
+        """Every owner without the family full, the holder with room: with the queue on, the
+        request is held for the least loaded of them, at most ``HOLD_MAX``; that hold spent,
+        or without the queue, it goes to its family's holder (never waiting in an engine
+        while a slot is free)."""
         fleet = moving(Fleet())
         first, _ = fleet.place(request(tenantPrompt(1), "first user"))
         for node in NODES:
             fleet.report(node.id, busy=0 if node.id == first else 2)
-        self.assertEqual(fleet.place(request(tenantPrompt(1), "second user")), (first, Placed.HIT))
+        key = request(tenantPrompt(1), "second user")
+        heldFor, result = fleet.place(key, hold=Hold.ALLOWED, serve=False)
+        assert fleet.choice is not None
+        self.assertEqual((heldFor != first, result, fleet.choice.hold), (True, None, HOLD_MAX))
+        for hold in (Hold.SPENT, Hold.NONE):
+            self.assertEqual(fleet.place(key, hold=hold, serve=False), (first, Placed.HIT))
+
+    def test_everyoneFullWaitsApart(self) -> None:
+        """No owner has room at all: it waits apart, in the engine of an owner without the
+        family."""
+        fleet = moving(Fleet())
+        first, _ = fleet.place(request(tenantPrompt(1), "first user"))
+        for node in NODES:
+            fleet.report(node.id, busy=2)
+        placed, result = fleet.place(request(tenantPrompt(1), "second user"))
+        self.assertEqual((placed != first, result), (True, Placed.MISS))
 
     def test_clientNamedGroupStaysTogether(self) -> None:
         """A client that names its group (``prompt_cache_key``) asked for it together."""

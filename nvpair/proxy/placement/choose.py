@@ -22,7 +22,10 @@ node).
    owner is its home, its client named no group) whose best holder's engine *moves* a
    saved prompt to the request that matches it best instead of copying it (llama.cpp's
    own server, ``--cache-ram``: ``Owner.moves``) goes *apart*: to the least loaded owner
-   with room that holds none of its prefix, where there is one (placed as a miss).  Beside
+   with room that holds none of its prefix (placed as a miss); where every such owner is
+   full, it is held in the proxy for the least loaded of them (``Hold.ALLOWED``, its room
+   known) at most ``HOLD_MAX``, then placed by the rules below (the hold spent); where no
+   owner has room at all, it waits apart, in that owner's engine.  Beside
    its family (the system prompt its tenant's other conversations share) it would take a
    sibling's saved turns for the shared prefix alone, and the sibling, its own turns gone,
    the next one's; apart, the family is recomputed once and each keeps its own turns.
@@ -199,9 +202,9 @@ def choose(owners: Sequence[Owner], key: AffinityKey, hold: Hold, crowded: bool 
             score = (owner.ready, matched[position], home)
             if best < 0 or score > bestScore:
                 best, bestScore = position, score
-    apart = -1 if best < 0 else _apart(owners, key, matched, best)
-    if apart >= 0:
-        return Choice(apart, owners[apart].node, Placed.MISS)
+    apart = None if best < 0 else _apart(owners, key, hold, matched, best)
+    if apart is not None:
+        return apart
     if best >= 0:
         if crowded and hold is Hold.SPENT and owners[best].known:
             return Choice(best, owners[best].node, Placed.HIT, matched[best])
@@ -249,17 +252,28 @@ def _prefixChoice(
     return Choice(best, holder.node, Placed.HIT, matched[best])
 
 
-def _apart(owners: Sequence[Owner], key: AffinityKey, matched: list[int], best: int) -> int:
-    """A new conversation's owner apart from its family (rule 1's first clause): the least
-    loaded with room that holds none of its prefix, where the best holder's engine moves
-    saved prompts; -1 where none is, or the request is no new conversation."""
+def _apart(
+    owners: Sequence[Owner], key: AffinityKey, hold: Hold, matched: list[int], best: int
+) -> Choice | None:
+    """A new conversation apart from its family (rule 1's first clause): the least loaded
+    owner with room that holds none of its prompt; failing that, a hold for the least
+    loaded such owner (at most ``HOLD_MAX``), or that owner where none has room at all.
+    None where the best holder's engine does not move saved prompts, the request is no
+    new conversation, or the hold was spent."""
     holder = owners[best]
-    if not holder.moves or key.hinted or any(o.home for o in owners):
-        return -1
-    pool = [
-        i for i, o in enumerate(owners) if o.room and not matched[i] and o.ready >= holder.ready
-    ]
-    return _pick(owners, pool, None, key.spread) if pool else -1
+    if hold is Hold.SPENT or not holder.moves or key.hinted or any(o.home for o in owners):
+        return None
+    away = [i for i, o in enumerate(owners) if not matched[i] and o.ready >= holder.ready]
+    roomy = [i for i in away if owners[i].room]
+    if roomy or (away and not any(o.room for o in owners)):
+        position = _pick(owners, roomy or away, None, key.spread)
+        return Choice(position, owners[position].node, Placed.MISS)
+    if not away or hold is not Hold.ALLOWED:
+        return None
+    position = _pick(owners, away, None, key.spread)
+    if not owners[position].known:
+        return None
+    return Choice(position, owners[position].node, Placed.MISS, hold=HOLD_MAX)
 
 
 def _stays(holder: Owner, owners: Sequence[Owner]) -> bool:
