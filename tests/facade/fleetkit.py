@@ -27,6 +27,7 @@ from twisted.web.resource import Resource
 from zope.interface import implementer
 
 from nvpair.proxy.engines import Engine
+from nvpair.proxy.facade.enginepoller import EnginePoller
 from nvpair.proxy.facade.facade import Facade
 from nvpair.proxy.facade.fleet import Fleet
 from nvpair.proxy.interfaces import IUpstream
@@ -206,3 +207,28 @@ class FleetCase(SynchronousTestCase):
             for name, values in response.headers.getAllRawHeaders()
             if name.lower().startswith(b"access-control-")
         }
+
+
+def runningPoller(
+    test: SynchronousTestCase,
+    engine: Engine,
+    urls: list[str],
+    upstream: FakeUpstream,
+    clock: Any,
+    states: Any,
+    ledger: Any,
+    active: Callable[[], bool],
+    onReport: Callable[[str, Any], None] | None = None,
+) -> EnginePoller:
+    """An ``EnginePoller`` of ``urls`` started for ``test``, stopped at its cleanup."""
+    poller = EnginePoller(
+        engine, urls, upstream, clock, states, ledger, active=active, onReport=onReport
+    )
+    poller.startService()
+
+    def stop() -> None:
+        if poller.running:
+            poller.stopService()
+
+    test.addCleanup(stop)
+    return poller

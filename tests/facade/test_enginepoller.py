@@ -11,12 +11,12 @@ from twisted.internet.task import Clock
 from twisted.logger import Logger
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.engines import LLAMACPP, LMSTUDIO, OLLAMA
+from nvpair.proxy.engines import LLAMACPP, LMSTUDIO, OLLAMA, Engine
 from nvpair.proxy.facade.enginepoller import FAST, PROBE_TIMEOUT, SLOW, EnginePoller
 from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.nodestate.probes import EngineReport
 from nvpair.proxy.nodestate.states import EngineStates
-from tests.facade.fleetkit import FakeResponse, FakeUpstream
+from tests.facade.fleetkit import FakeResponse, FakeUpstream, runningPoller
 from tests.support.fakes.logevents import Events
 
 # The probes' cadence alone: llama.cpp without the identity probe its first report starts
@@ -44,24 +44,18 @@ class PollerTests(SynchronousTestCase):
         self.events = Events()
         self.patch(EnginePoller, "log", Logger(observer=self.events))
 
-    def poller(self, *urls: str, engine: object = UNIDENTIFIED) -> EnginePoller:
-        poller = EnginePoller(
-            engine,  # type: ignore[arg-type]
-            urls,
+    def poller(self, *urls: str, engine: Engine = UNIDENTIFIED) -> EnginePoller:
+        return runningPoller(
+            self,
+            engine,
+            list(urls),
             self.up,
             self.clock,
             self.states,
             self.ledger,
-            active=lambda: self.traffic,
-            onReport=lambda n, r: self.reports.append((n, r)),
+            lambda: self.traffic,
+            lambda n, r: self.reports.append((n, r)),
         )
-        poller.startService()
-        self.addCleanup(self.stop, poller)
-        return poller
-
-    def stop(self, poller: EnginePoller) -> None:
-        if poller.running:
-            poller.stopService()
 
     def probeTimes(self, seconds: float) -> list[float]:
         """The clock times at which the backends were asked, over ``seconds``."""

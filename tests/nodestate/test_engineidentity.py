@@ -11,12 +11,12 @@ from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from nvpair.proxy.engines import LLAMACPP, OLLAMA
+from nvpair.proxy.engines import LLAMACPP, OLLAMA, Engine
 from nvpair.proxy.facade.enginepoller import FAST, EnginePoller
 from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.nodestate.probes import parseIdentity
 from nvpair.proxy.nodestate.states import EngineStates
-from tests.facade.fleetkit import FakeResponse, FakeUpstream
+from tests.facade.fleetkit import FakeResponse, FakeUpstream, runningPoller
 
 SLOTS = FakeResponse(200, json.dumps([{"id": 0, "is_processing": False}]).encode())
 PROPS = {"total_slots": 2, "build_info": "b7100-1a2b3c4", "model_path": "/m.gguf"}
@@ -52,23 +52,10 @@ class IdentityProbeTests(SynchronousTestCase):
         self.ledger = RoomLedger(self.clock, {})
         self.states = EngineStates(self.clock, self.ledger)
 
-    def poller(self, engine: object = LLAMACPP) -> EnginePoller:
-        poller = EnginePoller(
-            engine,  # type: ignore[arg-type]
-            ["http://a"],
-            self.up,
-            self.clock,
-            self.states,
-            self.ledger,
-            active=lambda: True,
+    def poller(self, engine: Engine = LLAMACPP) -> EnginePoller:
+        return runningPoller(
+            self, engine, ["http://a"], self.up, self.clock, self.states, self.ledger, lambda: True
         )
-        poller.startService()
-        self.addCleanup(self.stop, poller)
-        return poller
-
-    def stop(self, poller: EnginePoller) -> None:
-        if poller.running:
-            poller.stopService()
 
     def paths(self) -> list[bytes]:
         return [call[3] for call in self.up.calls]
