@@ -25,15 +25,15 @@ node).
    with room that holds none of its prefix (placed as a miss); where every such owner is
    full, it is held in the proxy for the least loaded of them (``Hold.ALLOWED``, its room
    known) at most ``HOLD_MAX``, then placed by the rules below (the hold spent); where no
-   owner has room at all, it waits apart, in that owner's engine.  Beside
-   its family (the system prompt its tenant's other conversations share) it would take a
-   sibling's saved turns for the shared prefix alone, and the sibling, its own turns gone,
-   the next one's; apart, the family is recomputed once and each keeps its own turns.
-   Otherwise the best by (not unloaded,
-   matched, is home) is chosen if it has room, or if no owner has room.  Otherwise the
-   best owner with room (by not unloaded, matched, least load, rendezvous) is chosen
-   instead (*overridden*) when it is not unloaded while the best is loaded and recomputing
-   what it lacks of the best's prefix costs at most ``RECOMPUTE_SECONDS`` there, unless
+   owner has room at all, it waits apart, in that owner's engine.  Beside its family (the
+   system prompt its tenant's other conversations share) it would take a sibling's saved
+   turns for the shared prefix alone, and the sibling, its own turns gone, the next one's;
+   apart, the family is recomputed once and each keeps its own turns.  Otherwise the best
+   by (not unloaded, matched, is home) is chosen if it has room, or if no owner has room.
+   Otherwise the best owner with room (by not unloaded, matched, least load, rendezvous)
+   is chosen instead (*overridden*) when it is not unloaded while the best is loaded and
+   recomputing what it lacks of the best's prefix costs at most ``RECOMPUTE_SECONDS``
+   there, unless
    the proxy can hold the request and the best's expected wait for a slot (*wait*: the
    time ours hold a slot there over its capacity, from the room ledger) is shorter than
    that recompute (or the hold was spent, unless the proxy is *crowded*: below).
