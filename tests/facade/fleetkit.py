@@ -14,7 +14,7 @@ from typing import Any, Protocol, cast
 
 from treq.testing import StubTreq
 from twisted.internet import defer
-from twisted.internet.interfaces import IProtocol, IPushProducer
+from twisted.internet.interfaces import IProtocol, IPushProducer, IReactorTime
 from twisted.internet.protocol import ServerFactory
 from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
@@ -31,6 +31,9 @@ from nvpair.proxy.facade.enginepoller import EnginePoller
 from nvpair.proxy.facade.facade import Facade
 from nvpair.proxy.facade.fleet import Fleet
 from nvpair.proxy.interfaces import IUpstream
+from nvpair.proxy.nodestate.ledger import RoomLedger
+from nvpair.proxy.nodestate.probes import EngineReport
+from nvpair.proxy.nodestate.states import EngineStates
 from nvpair.proxy.routing.candidates import Snapshot
 from nvpair.proxy.routing.nodes import Node
 from nvpair.proxy.testing.fakecontext import FakeContext
@@ -214,11 +217,11 @@ def runningPoller(
     engine: Engine,
     urls: list[str],
     upstream: FakeUpstream,
-    clock: Any,
-    states: Any,
-    ledger: Any,
+    clock: IReactorTime,
+    states: EngineStates,
+    ledger: RoomLedger,
     active: Callable[[], bool],
-    onReport: Callable[[str, Any], None] | None = None,
+    onReport: Callable[[str, EngineReport], None] | None = None,
 ) -> EnginePoller:
     """An ``EnginePoller`` of ``urls`` started for ``test``, stopped at its cleanup."""
     poller = EnginePoller(
