@@ -43,6 +43,25 @@ class IdentityParseTests(SynchronousTestCase):
         self.assertIsInstance(parseIdentity(body), bool)
 
 
+class IdentityTableTests(SynchronousTestCase):
+    """What the identity probes said, kept per node: bounded, and forgotten with the node."""
+
+    def test_boundedByNodes(self) -> None:
+        """Beyond ``maxNodes`` nodes an answer is not kept (the node is taken as copying);
+        a kept node's answer may change, and leaving frees its place."""
+        clock = Clock()
+        states = EngineStates(clock, RoomLedger(clock, {}), maxNodes=2)
+        for nodeId in ("a", "b", "c"):
+            states.identified(nodeId, True)
+        self.assertEqual([states.identity(n) for n in "abc"], [True, True, None])
+        self.assertFalse(states.promptsMove("c"))
+        states.identified("a", False)
+        self.assertIs(states.identity("a"), False)
+        states.forget("b")
+        states.identified("c", True)
+        self.assertTrue(states.promptsMove("c"))
+
+
 class IdentityProbeTests(SynchronousTestCase):
     """The poller asks ``/props`` once per backend after its first report."""
 
