@@ -77,6 +77,12 @@ class _Backend:
         self.asking: defer.Deferred[None] | None = None
         self.identifying: defer.Deferred[None] | None = None  # its identity probe in flight
 
+    def abandon(self) -> None:
+        """Cancel its probes in flight (the state probe and the identity probe)."""
+        for asked in (self.asking, self.identifying):
+            if asked is not None:
+                asked.cancel()
+
 
 class EnginePoller(Service):
     """Keeps one facade's backends' engine state in ``EngineStates``."""
@@ -114,10 +120,7 @@ class EnginePoller(Service):
         now = self.clock.seconds()
         wanted = list(dict.fromkeys(urls))
         for url in [u for u in self.backends if u not in wanted]:
-            backend = self.backends.pop(url)
-            for asked in (backend.asking, backend.identifying):
-                if asked is not None:
-                    asked.cancel()
+            self.backends.pop(url).abandon()
             self.states.forget(url)
             self.ledger.forget(url)
             if self.onForget is not None:
@@ -146,9 +149,7 @@ class EnginePoller(Service):
         if loop is not None and loop.running:
             loop.stop()
         for backend in self.backends.values():
-            for asked in (backend.asking, backend.identifying):
-                if asked is not None:
-                    asked.cancel()
+            backend.abandon()
 
     def busy(self) -> bool:
         """Whether traffic flows: requests now, or within the last ``ACTIVE_WINDOW`` s."""
