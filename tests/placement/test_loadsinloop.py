@@ -184,9 +184,9 @@ class PaidTests(LoadsCase):
         self.assertEqual(self.upstream.calls[3].nodeId, "A")
         self.assertEqual(self.waited(), 3.0)
 
-    def queueBesideALoad(self) -> FakeResponse:
-        """m1's only copy on A (one slot) with m2 loading beside it: one request for m1
-        runs there (its answer returned), one waits in the proxy."""
+    def test_loadBesideACopyCounts(self) -> None:
+        """Another model loading on A, where m1's only copy is (one slot), holds none of
+        m1's slots: a request for m1 that waited meanwhile counts what it waited."""
         self.hold(A=("m1",), B=())
         self.features.ledger.configure("A", 1)
         self.residency.loadStarted("A", "m2")
@@ -194,40 +194,35 @@ class PaidTests(LoadsCase):
         first = self.commit(0)
         self.start()
         self.assertEqual(self.depth(), 1)
-        return first
-
-    def test_loadBesideACopyIsPaid(self) -> None:
-        """Another model loading on A, where m1's only copy is: a request for m1 that
-        waited meanwhile adds nothing towards a further copy (the load held A's slots);
-        once that load is done, a request's wait counts again."""
-        first = self.queueBesideALoad()
-        self.assertTrue(self.residency.loadingOn("A"))
         self.clock.advance(5.0)
         first.end()
-        self.assertEqual(self.waited(), 0.0)
-        self.residency.loadDone("A", "m2")
-        self.assertFalse(self.residency.loadingOn("A"))
+        self.assertEqual([call.nodeId for call in self.upstream.calls], ["A", "A"])
+        self.assertIs(self.residency.state("A", "m2"), ModelState.LOADING)
+        self.assertEqual(self.waited(), 5.0)
+
+    def test_queueBuiltDuringALoadIsPaid(self) -> None:
+        """Requests that came while m1's first copy loaded (one slot) and waited on after
+        the load was done, the queue draining: their whole wait is the load's to pay; one
+        that came after the load counts."""
+        self.hold(A=(), B=())
+        self.features.ledger.configure("A", 1)
+        self.features.ledger.configure("B", 1)
+        self.start()
+        loader = self.upstream.calls[0].nodeId
         self.start()
         self.assertEqual(self.depth(), 1)
         self.clock.advance(3.0)
-        self.commit(1).end()
-        self.assertEqual(self.waited(), 3.0)
-
-    def test_queueBuiltDuringALoadIsPaid(self) -> None:
-        """A request that came while another model loaded beside m1's only copy (A, one
-        slot) and waited on after that load was done, the queue draining: its whole wait is
-        the load's to pay; one that came after the load counts."""
-        first = self.queueBesideALoad()
-        self.clock.advance(1.0)
-        self.residency.loadDone("A", "m2")
-        self.clock.advance(3.0)
+        first = self.commit(0)
+        self.assertIs(self.residency.state(loader, "m1"), ModelState.LOADED)
+        self.clock.advance(2.0)
         first.end()
-        self.assertEqual(self.depth(), 0)
+        self.assertEqual([call.nodeId for call in self.upstream.calls], [loader] * 2)
         self.assertEqual(self.waited(), 0.0)
+        second = self.commit(1)
         self.start()
         self.assertEqual(self.depth(), 1)
         self.clock.advance(2.0)
-        self.commit(1).end()
+        second.end()
         self.assertEqual(self.waited(), 2.0)
 
 
@@ -292,12 +287,12 @@ class EngineWaitTests(LoadsCase):
         self.serve(2.0)
         self.assertAlmostEqual(self.waited(), 2.0 - (0.02 + 1.98 / 4), places=3)
 
-    def test_whileALoadPays(self) -> None:
-        """While another model loads beside the copy (the load holds A), the wait is that
-        load's to pay."""
+    def test_loadBesideCounts(self) -> None:
+        """While another model loads beside the copy, what m1 waited inside A counts: that
+        load holds none of m1's slots."""
         self.residency.loadStarted("A", "m2")
         self.serve(2.0)
-        self.assertEqual(self.waited(), 0.0)
+        self.assertAlmostEqual(self.waited(), 1.98)
 
 
 class PerModelSlotsTests(LoadsCase):

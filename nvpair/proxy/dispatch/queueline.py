@@ -134,13 +134,14 @@ class Line:
     def paid(
         self, now: float, loads: ILoadPlanner | None, owners: tuple[Node, ...] | None = None
     ) -> bool:
-        """Note ``now`` as paid when a load on an owner (``owners``: as ``owners()`` says
-        now) pays what the model's requests wait (``ILoadPlanner.paying``: a copy loading,
-        or another model loading beside a copy); whether one does."""
+        """Note ``now`` as paid when a copy of the model is loading on an owner
+        (``owners``: as ``owners()`` says now): what its requests wait meanwhile is that
+        load's to pay; whether one is.  Another model loading beside a copy pays nothing:
+        each model's slots are its own (Ollama's runners, llama-server's children)."""
         if loads is None:
             return False
         for node in self.owners() if owners is None else owners:
-            if loads.paying(node.id, self.model):
+            if loads.loading(node.id, self.model):
                 self.paidAt = now
                 return True
         return False

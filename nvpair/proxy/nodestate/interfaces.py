@@ -126,9 +126,6 @@ class IResidency(Interface):
     def holders(model: str) -> tuple[str, ...]:
         """The nodes where ``model`` is loaded or loading."""
 
-    def loadingOn(nodeId: str) -> bool:
-        """Whether some model is loading on ``nodeId`` (its engine says, or ours started)."""
-
     def roomElsewhere(nodeId: str) -> bool:
         """Whether a node other than ``nodeId`` (its state fresh) has room for one more
         model: fewer than it can hold, or, never seen evicting, fewer than another node was

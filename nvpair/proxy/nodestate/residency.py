@@ -46,7 +46,7 @@ from nvpair.proxy.nodestate.holdings import MAX_MODELS, NodeHoldings, residentBy
 from nvpair.proxy.nodestate.interfaces import Eviction, IModelActions, IResidency, ModelState
 from nvpair.proxy.nodestate.ledger import RoomLedger
 from nvpair.proxy.nodestate.loadcost import DEFAULT_LOAD_SECONDS, LoadCosts, LoadEvidence
-from nvpair.proxy.nodestate.probes import LOADING, EngineReport
+from nvpair.proxy.nodestate.probes import EngineReport
 from nvpair.proxy.nodestate.residencystatus import nodeStatus
 from nvpair.proxy.nodestate.states import EngineStates
 
@@ -329,15 +329,6 @@ class Residency:
     def holders(self, model: str) -> tuple[str, ...]:
         held = (ModelState.LOADED, ModelState.LOADING)
         return tuple(n for n in self._nodes if self.state(n, model) in held)
-
-    def loadingOn(self, nodeId: str) -> bool:
-        node = self._nodes.get(nodeId)
-        if node is None:
-            return False
-        now = self.clock.seconds()
-        if any(self._expecting(nodeId, node, m, now) for m in list(node.expected)):
-            return True
-        return any(m.state == LOADING for m in node.resident.values())
 
     def _mostSeen(self) -> int:
         return max((node.capacity for node in self._nodes.values()), default=0)

@@ -81,11 +81,6 @@ class ILoadPlanner(Interface):
         loading there, or its own parallel slots there are all ours
         (``IResidency.modelFull``)."""
 
-    def paying(nodeId: str, model: str) -> bool:
-        """Whether a load on ``nodeId`` pays what requests for ``model`` wait now: the model
-        is loading there, or another model is while this one is resident there (the load
-        holds the node's slots)."""
-
     def warm(owners: Sequence[Node], model: str) -> bool:
         """Whether every one of ``owners`` is warm for ``model`` (``plan`` then answers them
         all, and no load)."""

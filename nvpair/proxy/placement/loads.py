@@ -112,12 +112,6 @@ class LoadPlanner:
         residency = self.residency
         return residency.modelFull(nodeId, model) or self.loading(nodeId, model)
 
-    def paying(self, nodeId: str, model: str) -> bool:
-        found = self.residency.state(nodeId, model)
-        if found is ModelState.LOADING:
-            return True
-        return found is ModelState.LOADED and self.residency.loadingOn(nodeId)
-
     def warm(self, owners: Sequence[Node], model: str) -> bool:
         state = self.residency.state
         for node in owners:
