@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from treq.testing import StubTreq
+from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.internet.interfaces import IProtocol, IPushProducer, IReactorTime
 from twisted.internet.protocol import ServerFactory
@@ -227,11 +228,19 @@ def runningPoller(
     poller = EnginePoller(
         engine, urls, upstream, clock, states, ledger, active=active, onReport=onReport
     )
-    poller.startService()
+    return started(test, poller)
+
+
+S = TypeVar("S", bound=Service)
+
+
+def started(test: SynchronousTestCase, service: S) -> S:
+    """``service`` started for ``test``, and stopped at its cleanup unless it already is."""
+    service.startService()
 
     def stop() -> None:
-        if poller.running:
-            poller.stopService()
+        if service.running:
+            service.stopService()
 
     test.addCleanup(stop)
-    return poller
+    return service

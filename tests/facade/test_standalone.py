@@ -17,7 +17,7 @@ from nvpair.proxy.facade.standalone import (
     startStandalone,
 )
 from nvpair.proxy.testing.fakecontext import FakeContext
-from tests.facade.fleetkit import FakeResponse, FakeUpstream, openaiList
+from tests.facade.fleetkit import FakeResponse, FakeUpstream, openaiList, started
 from tests.support.fakes.logevents import Events
 from tests.support.fakes.standalone import TIMEOUT, FakeService, RecordingFacade
 
@@ -55,15 +55,7 @@ class FleetPollerTests(SynchronousTestCase):
         self.facade = RecordingFacade()
 
     def poller(self, *urls: str) -> FleetPoller:
-        poller = FleetPoller(self.facade, urls, self.up, self.clock, TIMEOUT)
-        poller.startService()
-
-        def stop() -> None:
-            if poller.running:
-                poller.stopService()
-
-        self.addCleanup(stop)
-        return poller
+        return started(self, FleetPoller(self.facade, urls, self.up, self.clock, TIMEOUT))
 
     def test_startPublishesThenPolls(self) -> None:
         """At start the fleet is published with empty inventories, then each engine is asked
