@@ -44,6 +44,27 @@ def summarize(records: list[Record], stats: list[dict[str, Any]]) -> dict[str, A
     }
 
 
+def pooled(runs: list[tuple[list[Record], list[dict[str, Any]]]]) -> dict[str, Any]:
+    """One router's runs (each its requests and its engines' counters) as one summary: the
+    TTFT quantiles and the shares over every request, the loads and evictions per run."""
+    summary = summarize(
+        [r for records, _ in runs for r in records], [s for _, stats in runs for s in stats]
+    )
+    if len(runs) > 1:  # which engine served what, and held what at the end, is per run
+        del summary["perEngine"], summary["loadedAtEnd"]
+    for key in ("loads", "evictions"):
+        summary[f"{key}PerRun"] = [
+            sum(int(s["residency"][key]) for s in stats) for _, stats in runs
+        ]
+    return summary
+
+
+def _ratio(s: dict[str, Any], oracle: dict[str, Any] | None) -> str:
+    """``s``'s TTFT p90 over the oracle's, or a dash without one."""
+    mine, theirs = s["ttft"]["p90"], oracle["ttft"]["p90"] if oracle else None
+    return "–" if mine is None or not theirs else f"{mine / theirs:.2f}×"
+
+
 def _s(value: float | None) -> str:
     return "–" if value is None else f"{value:.3f} s"
 
@@ -51,6 +72,15 @@ def _s(value: float | None) -> str:
 def markdown(results: dict[str, Any]) -> str:
     """The dated section: setup, then one row per router."""
     w, e = results["workload"], results["engines"]
+    runs = results.get("runs", [])
+    seeds = f"seed {w['seed']}"
+    if len(runs) > 1:
+        seeds = (
+            f"{len(runs)} runs, seeds {runs[0]['seed']}–{runs[-1]['seed']}, every router in "
+            "turn on each seed; the first table pools them (TTFT quantiles over every "
+            "request of every run; loads and evictions per run), the second gives each run's "
+            "TTFT p90"
+        )
     lines = [
         f"{HEADING}, run of {results['date']}",
         "",
@@ -59,23 +89,33 @@ def markdown(results: dict[str, Any]) -> str:
         f"at a time, least recently used idle model evicted; {e['slots']} slots per model), "
         f"starting empty; {w['models']} models, Zipf {w['zipf']:g} popularity, "
         f"{w['clients']} clients in closed loops (think {w['think']:g} s), "
-        f"{w['duration']:g} s, seed {w['seed']}. "
+        f"{w['duration']:g} s, {seeds}. "
         "Loads and evictions are the engines' own counts.",
         "",
         "| router | requests | errors | loads | evictions | waited for a load | TTFT p50 | "
-        "p90 | p99 |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "p90 | p99 | p90 / oracle's |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    oracle = results["routers"].get("oracle")
     for name, s in results["routers"].items():
-        if "skipped" in s:
-            lines.append(f"| {LABELS.get(name, name)} | skipped: {s['skipped']} |||||||| |")
-            continue
         t = s["ttft"]
+        loads = ", ".join(str(n) for n in s.get("loadsPerRun", [s["loads"]]))
+        evictions = ", ".join(str(n) for n in s.get("evictionsPerRun", [s["evictions"]]))
         lines.append(
-            f"| {LABELS.get(name, name)} | {s['requests']} | {s['errors']} | {s['loads']} | "
-            f"{s['evictions']} | {s['waitedForLoad'] * 100:.0f} % | {_s(t['p50'])} | "
-            f"{_s(t['p90'])} | {_s(t['p99'])} |"
+            f"| {LABELS.get(name, name)} | {s['requests']} | {s['errors']} | {loads} | "
+            f"{evictions} | {s['waitedForLoad'] * 100:.0f} % | {_s(t['p50'])} | "
+            f"{_s(t['p90'])} | {_s(t['p99'])} | {_ratio(s, oracle)} |"
         )
+    if len(runs) > 1:
+        names = list(results["routers"])
+        lines += ["", "| seed | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        for run in runs:
+            each = run["routers"]
+            cells = [
+                f"{_s(each[n]['ttft']['p90'])} ({_ratio(each[n], each.get('oracle'))})"
+                for n in names
+            ]
+            lines.append(f"| {run['seed']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
